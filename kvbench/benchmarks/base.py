@@ -1,0 +1,67 @@
+"""The benchmark contract and registry.
+
+A benchmark is a class with a dataclass `Params` (its YAML parameters), a static table of the
+metrics it reports (so claims and tolerances naming a metric are checked before anything runs),
+`check` for impossible settings, and `run`, which measures one case.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from kvbench.methods.base import Method
+from kvbench.models.info import ModelInfo
+from kvbench.registry import Registry
+from kvbench.results import Direction, Metric
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    unit: str
+    direction: Direction
+    description: str = ""
+    timed: bool = False  # varies run to run: recorded with repeats, gated with its spread
+
+    def of(self, value: float) -> Metric:
+        return Metric(value=float(value), unit=self.unit, direction=self.direction)
+
+    def of_samples(self, samples: list[float]) -> Metric:
+        return Metric.from_samples(samples, self.unit, self.direction)
+
+
+@dataclass
+class RunContext:
+    device: torch.device
+    seed: int
+    repeats: int
+    model: str | None  # the suite's model spec; load it with load_model
+    load_model: Callable[[str, torch.device], Any]  # cached across cases by the runner
+    status: Callable[[str], None] = lambda message: None  # progress text for the current case
+
+
+@dataclass
+class BenchmarkOutput:
+    metrics: dict[str, Metric]
+    info: dict[str, Any] = field(default_factory=dict)
+    # Must match for two runs of the case to be compared (e.g. {"tokens_sha256": ...}).
+    comparable: dict[str, str] = field(default_factory=dict)
+
+
+class Benchmark(ABC):
+    name: ClassVar[str] = ""
+    Params: ClassVar[type]
+    metrics: ClassVar[dict[str, MetricSpec]]
+    uses_model: ClassVar[bool] = False
+
+    def check(self, params: Any, model: ModelInfo | None) -> None:
+        """Raise ValueError(message) for a setting that cannot run (checked before any work)."""
+
+    @abstractmethod
+    def run(self, params: Any, method: Method, ctx: RunContext) -> BenchmarkOutput: ...
+
+
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")
+register_benchmark = BENCHMARKS.register

@@ -1,0 +1,117 @@
+"""The two method contracts (Codec, LayerCachePolicy), the Method config base and its registry.
+
+Tensor layout everywhere: keys/values are (batch, kv_heads, tokens, head_dim), as transformers
+and mlx-lm hold them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from kvbench.registry import Registry
+
+
+@dataclass
+class Packed:
+    """A codec's stored form: every tensor in `tensors` is a stored byte that counts."""
+
+    tensors: dict[str, torch.Tensor]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Codec(ABC):
+    """Turns (..., tokens, head_dim) tensors into fewer bytes and back."""
+
+    # Tokens a codec must see at once (per-channel quantization groups over tokens).
+    token_block: int = 1
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor) -> Packed: ...
+
+    @abstractmethod
+    def decode(self, packed: Packed) -> torch.Tensor: ...
+
+    def nbytes(self, packed: Packed) -> int:
+        """Every stored byte: indices, scales, zero points, norms."""
+        return sum(t.numel() * t.element_size() for t in packed.tensors.values())
+
+    def layout(self) -> str:
+        """What a ratio built on this codec's bytes is made of."""
+        return type(self).__name__
+
+
+class LayerCachePolicy(ABC):
+    """Decides what one layer keeps; its attention_inputs() is what attention reads."""
+
+    @abstractmethod
+    def append(
+        self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None = None
+    ) -> None: ...
+
+    @abstractmethod
+    def attention_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(keys, values, additive bias per cached key or None) for the next queries."""
+
+    def end_prefill(self) -> None:
+        """Called once after the prompt is in; compaction methods compress here."""
+
+    @property
+    @abstractmethod
+    def seen_tokens(self) -> int:
+        """Tokens appended so far; new tokens take positions from here."""
+
+    @property
+    @abstractmethod
+    def retained_tokens(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def retained_bytes(self) -> int:
+        """Accounted bytes: what the layout stores, keys and values both."""
+
+    @abstractmethod
+    def measured_bytes(self) -> int:
+        """Bytes of the tensors this object actually holds right now."""
+
+
+@dataclass
+class Method(ABC):
+    """Base of every method. Subclasses are dataclasses: the fields are the configuration,
+    ranges are checked in __post_init__ (raise ValueError naming the field)."""
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
+        """A fresh policy for one layer of one sequence."""
+
+    def codec(self) -> Codec | None:
+        """The codec behind this method, if it has one (the proofs benchmark needs it)."""
+        return None
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+METHODS: Registry[Method] = Registry("method", entry_point_group="kvbench.methods")
+register_method = METHODS.register
+
+
+def tensor_bytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def storage_bytes(*tensors: torch.Tensor | None) -> int:
+    """Bytes of the distinct storages behind `tensors`: what is really held, views included."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())

@@ -1,0 +1,64 @@
+"""A codec as a layer cache policy: packed storage, decoded on read (the reference path)."""
+from __future__ import annotations
+
+import torch
+
+from kvbench.methods.base import Codec, LayerCachePolicy, Packed, storage_bytes, tensor_bytes
+
+
+class CodecCache(LayerCachePolicy):
+    """Stores keys and values packed by `codec`; the newest `window` tokens (and any tokens that
+    do not yet fill a whole `codec.token_block`) stay in full precision and count at their dtype."""
+
+    def __init__(self, key_codec: Codec, value_codec: Codec, window: int = 0):
+        self.key_codec = key_codec
+        self.value_codec = value_codec
+        self.window = window
+        self._block = max(key_codec.token_block, value_codec.token_block)
+        self._packed: list[tuple[Packed, Packed]] = []
+        self._packed_tokens = 0
+        self._raw_k: torch.Tensor | None = None
+        self._raw_v: torch.Tensor | None = None
+
+    def append(self, keys, values, queries=None) -> None:
+        if self._raw_k is None:
+            self._raw_k, self._raw_v = keys, values
+        else:
+            self._raw_k = torch.cat([self._raw_k, keys], dim=-2)
+            self._raw_v = torch.cat([self._raw_v, values], dim=-2)
+        spill = self._raw_k.shape[-2] - self.window
+        spill -= spill % self._block
+        if spill > 0:
+            # clone() so the kept tail does not pin the storage of what was packed
+            k_old, self._raw_k = self._raw_k[..., :spill, :], self._raw_k[..., spill:, :].clone()
+            v_old, self._raw_v = self._raw_v[..., :spill, :], self._raw_v[..., spill:, :].clone()
+            self._packed.append((self.key_codec.encode(k_old), self.value_codec.encode(v_old)))
+            self._packed_tokens += spill
+
+    def attention_inputs(self):
+        keys = [self.key_codec.decode(pk) for pk, _ in self._packed]
+        values = [self.value_codec.decode(pv) for _, pv in self._packed]
+        dtype = self._raw_k.dtype
+        keys = torch.cat([k.to(dtype) for k in keys] + [self._raw_k], dim=-2)
+        values = torch.cat([v.to(dtype) for v in values] + [self._raw_v], dim=-2)
+        return keys, values, None
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.retained_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        raw = 0 if self._raw_k is None else self._raw_k.shape[-2]
+        return self._packed_tokens + raw
+
+    @property
+    def retained_bytes(self) -> int:
+        packed = sum(
+            self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._packed
+        )
+        return packed + tensor_bytes(self._raw_k, self._raw_v)
+
+    def measured_bytes(self) -> int:
+        held = [t for pk, pv in self._packed for t in (*pk.tensors.values(), *pv.tensors.values())]
+        return storage_bytes(*held, self._raw_k, self._raw_v)

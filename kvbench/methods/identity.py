@@ -1,0 +1,55 @@
+"""`identity`: keeps every key and value; the reference every other method is measured against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvbench.methods.base import Codec, Method, Packed, register_method
+from kvbench.methods.codec_cache import CodecCache
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class CastCodec(Codec):
+    """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact)."""
+
+    def __init__(self, dtype: str = "auto"):
+        self.dtype = dtype
+
+    def encode(self, x: torch.Tensor) -> Packed:
+        stored = x if self.dtype == "auto" else x.to(_DTYPES[self.dtype])
+        return Packed({"values": stored.contiguous()}, tuple(x.shape), x.dtype)
+
+    def decode(self, packed: Packed) -> torch.Tensor:
+        return packed.tensors["values"].to(packed.dtype)
+
+    def layout(self) -> str:
+        return f"identity ({self.dtype}), K and V"
+
+
+@register_method("identity")
+@dataclass
+class Identity(Method):
+    """Keeps everything.
+
+    Must reproduce the unmodified model exactly with dtype "auto" (stores what the model gives).
+
+    Parameters:
+        dtype: "auto" | "float16" | "bfloat16" | "float32" — storage dtype (default "auto").
+    """
+
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", *_DTYPES):
+            raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+
+    def codec(self) -> Codec:
+        return CastCodec(self.dtype)
+
+    def new_layer_cache(self, layer_idx: int) -> CodecCache:
+        # Everything stays "raw" (window covers all tokens) when no cast is asked for.
+        window = 1 << 62 if self.dtype == "auto" else 0
+        return CodecCache(self.codec(), self.codec(), window=window)

@@ -1,0 +1,70 @@
+"""Name -> class registries with entry points, `module:Class` paths and did-you-mean."""
+from __future__ import annotations
+
+import difflib
+import importlib
+from importlib.metadata import entry_points
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownName(LookupError):
+    """A registry lookup failed; the message carries the suggestions."""
+
+
+def did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(str(name), list(choices), n=3, cutoff=0.5)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+class Registry(Generic[T]):
+    """Classes registered by name, plus an entry-point group and lazy `module:Class` strings."""
+
+    def __init__(self, kind: str, entry_point_group: str | None = None):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._classes: dict[str, type[T]] = {}
+        self._entry_points_loaded = False
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        def decorate(cls: type[T]) -> type[T]:
+            if name in self._classes and self._classes[name] is not cls:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            cls.name = name  # type: ignore[attr-defined]
+            self._classes[name] = cls
+            return cls
+
+        return decorate
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded or not self.entry_point_group:
+            return
+        self._entry_points_loaded = True
+        for ep in entry_points(group=self.entry_point_group):
+            if ep.name not in self._classes:
+                cls = ep.load()
+                cls.name = ep.name
+                self._classes[ep.name] = cls
+
+    def names(self) -> list[str]:
+        self._load_entry_points()
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type[T]:
+        if ":" in name:
+            module_name, _, attr = name.partition(":")
+            try:
+                cls = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise UnknownName(f"cannot import {self.kind} {name!r}: {exc}") from exc
+            if not getattr(cls, "name", ""):
+                cls.name = name
+            return cls
+        self._load_entry_points()
+        if name not in self._classes:
+            raise UnknownName(
+                f"unknown {self.kind} {name!r}.{did_you_mean(name, self._classes)}"
+                f" Known: {', '.join(sorted(self._classes))}."
+            )
+        return self._classes[name]

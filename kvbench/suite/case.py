@@ -1,0 +1,53 @@
+"""What the suite loader produces and the runner consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvbench.claims import Claim
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A metric may move this far in its worse direction before the gate calls it a regression."""
+
+    abs: float | None = None
+    rel: float | None = None
+
+    def allowed(self, baseline: float) -> float:
+        slack = [0.0]
+        if self.abs is not None:
+            slack.append(self.abs)
+        if self.rel is not None:
+            slack.append(self.rel * abs(baseline))
+        return max(slack)
+
+
+@dataclass
+class Case:
+    id: str  # stable and readable: "<benchmark>/<method label>/<bench params>"
+    benchmark: str
+    bench_params: dict[str, Any]
+    method: str
+    method_label: str
+    method_params: dict[str, Any]
+    model: str | None
+    device: str
+    seed: int
+    repeats: int
+    timeout_s: float | None
+    claims: list[Claim] = field(default_factory=list)
+
+
+@dataclass
+class LoadedSuite:
+    name: str
+    path: str
+    hash: str
+    resolved: dict[str, Any]  # the suite after includes and defaults, as plain data
+    cases: list[Case]
+    tolerances: dict[str, Tolerance]  # per metric
+    default_tolerance: Tolerance
+
+    def tolerance_for(self, metric: str) -> Tolerance:
+        return self.tolerances.get(metric, self.default_tolerance)
