@@ -23,6 +23,10 @@ class Tolerance:
         return max(slack)
 
 
+# When a suite names none: a metric may move 5% in its worse direction.
+DEFAULT_TOLERANCE = Tolerance(rel=0.05)
+
+
 @dataclass
 class Case:
     id: str  # stable and readable: "<benchmark>/<method label>/<bench params>"

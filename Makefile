@@ -1,0 +1,22 @@
+# The two quickstart commands: `make demo` runs the default suite, `make test` runs the tests.
+# torch is pinned to the CPU build (2.13.0) so a plain requirement does not pull CUDA wheels.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+$(BIN)/kvbench: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[torch,dev]"
+	touch $@
+
+.PHONY: install demo test
+install: $(BIN)/kvbench
+
+demo: install
+	$(BIN)/kvbench run suites/quick.yaml
+
+test: install
+	$(BIN)/kvbench models prepare smollm2-135m
+	$(BIN)/python -m pytest -q

@@ -1,0 +1,200 @@
+"""`perplexity`: the continuation is scored through the method's cache, never around it.
+
+Protocol: prefill `context` tokens through a KVBenchCache built from the method (one forward),
+call end_prefill() (compaction methods compress here), then decode the continuation through the
+same cache `decode_chunk` tokens at a time. Token i is scored from the logits at position i-1; the
+first continuation token from the prefill's last logits. The reference is the same protocol with
+a plain transformers DynamicCache on the same tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from kvbench.backends.torch_backend import timed
+from kvbench.benchmarks.base import (
+    Benchmark,
+    BenchmarkOutput,
+    MetricSpec,
+    RunContext,
+    register_benchmark,
+)
+from kvbench.data.text import load_text, parse_hf_source, tokens_sha256
+from kvbench.methods.base import Method
+from kvbench.models.hf_cache import KVBenchCache
+from kvbench.models.info import ModelInfo
+
+# Both memos live for the process: every case of a run shares one tokenization and one reference.
+_TOKENS: dict[tuple[str, str], list[int]] = {}
+_REFERENCE: dict[tuple, float] = {}
+
+
+@dataclass
+class PerplexityParams:
+    """Parameters of the perplexity benchmark.
+
+    context: int = 1024 — prompt tokens prefilled into the cache.
+    continuation: int = 256 — tokens scored through the cache (at least 2: one decode step).
+    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
+    offset: int = 0 — token offset into the tokenised text.
+    decode_chunk: int = 1 — tokens per decode step; 1 is true token-by-token decode.
+    """
+
+    context: int = 1024
+    continuation: int = 256
+    text: str = "pydoc"
+    offset: int = 0
+    decode_chunk: int = 1
+
+    def __post_init__(self):
+        for name, low in (("context", 1), ("continuation", 2), ("decode_chunk", 1), ("offset", 0)):
+            value = getattr(self, name)
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value!r}")
+        if self.text.startswith("hf:"):
+            parse_hf_source(self.text)  # a malformed source is refused before anything runs
+
+
+@dataclass
+class _Pass:
+    ppl: float
+    prefill_s: float
+    decode_s: float
+
+
+@register_benchmark("perplexity")
+class Perplexity(Benchmark):
+    """Perplexity of a continuation read through the method's cache, against the plain model."""
+
+    Params = PerplexityParams
+    uses_model = True
+    metrics = {
+        "perplexity": MetricSpec("ppl", "lower", "exp(mean NLL) of the continuation via the cache"),
+        "ppl_reference": MetricSpec("ppl", "none", "the plain model (DynamicCache), same tokens"),
+        "ppl_rel_delta": MetricSpec("", "lower", "(perplexity - ppl_reference) / ppl_reference"),
+        "kv_bytes": MetricSpec("bytes", "lower", "accounted K+V bytes kept at the end, all layers"),
+        "kv_bytes_measured": MetricSpec("bytes", "lower", "bytes of the tensors the cache holds"),
+        "compression_ratio": MetricSpec("x", "higher", "16-bit bytes of the kept K+V / kv_bytes"),
+        "prefill_s": MetricSpec("s", "lower", "prefill forward plus end_prefill", timed=True),
+        "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second", timed=True),
+    }
+
+    def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
+        if model is None:
+            raise ValueError("perplexity needs a model; set the suite's model")
+        total = params.context + params.continuation
+        if model.max_context is not None and total > model.max_context:
+            raise ValueError(
+                f"context + continuation = {params.context} + {params.continuation} = {total}"
+                f" tokens is above the {model.max_context} that model {model.spec} is good for"
+            )
+
+    def run(self, params: PerplexityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
+        if ctx.model is None:
+            raise ValueError("perplexity needs a model; set the suite's model")
+        loaded = ctx.load_model(ctx.model, ctx.device)
+        window = _window(loaded, params)
+        sha = tokens_sha256(window)
+        ids = torch.tensor([window], device=ctx.device)
+        model = loaded.model
+
+        key = (loaded.spec, sha, params.context, params.decode_chunk, str(ctx.device))
+        if key not in _REFERENCE:
+            ctx.status("reference")
+            _REFERENCE[key] = _run_pass(model, ids, params, DynamicCache(config=model.config)).ppl
+        reference = _REFERENCE[key]
+
+        passes, cache = [], None
+        for _ in range(ctx.repeats):
+            torch.manual_seed(ctx.seed)  # methods drawing random rotations draw the same ones
+            cache = KVBenchCache(method, loaded.num_layers)
+            passes.append(_run_pass(model, ids, params, cache, ctx.status))
+        ppl = passes[0].ppl
+        if any(not math.isclose(p.ppl, ppl, rel_tol=1e-6) for p in passes):
+            # Fresh caches on the same tokens must agree; otherwise state leaks between runs.
+            raise RuntimeError(f"perplexity differs across repeats: {[p.ppl for p in passes]}")
+
+        kv_bytes = cache.accounted_bytes()
+        bytes_16bit = 2 * 2 * loaded.num_kv_heads * loaded.head_dim * sum(cache.retained_tokens())
+        decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
+        m = self.metrics
+        codec = method.codec()
+        return BenchmarkOutput(
+            metrics={
+                "perplexity": m["perplexity"].of(ppl),
+                "ppl_reference": m["ppl_reference"].of(reference),
+                "ppl_rel_delta": m["ppl_rel_delta"].of((ppl - reference) / reference),
+                "kv_bytes": m["kv_bytes"].of(kv_bytes),
+                "kv_bytes_measured": m["kv_bytes_measured"].of(cache.measured_bytes()),
+                "compression_ratio": m["compression_ratio"].of(bytes_16bit / kv_bytes),
+                "prefill_s": m["prefill_s"].of_samples([p.prefill_s for p in passes]),
+                "decode_tok_s": m["decode_tok_s"].of_samples(decode_tok_s),
+            },
+            info={
+                "layout": codec.layout() if codec is not None else type(method).__name__,
+                "tokens": len(window),
+                "text": params.text,
+            },
+            comparable={"tokens_sha256": sha, "model": loaded.spec},
+        )
+
+
+def _window(loaded, params: PerplexityParams) -> list[int]:
+    """The context + continuation tokens the case scores."""
+    key = (loaded.spec, params.text)
+    if key not in _TOKENS:
+        _TOKENS[key] = loaded.tokenizer.encode(load_text(params.text, None))
+    tokens = _TOKENS[key]
+    need = params.context + params.continuation
+    if params.offset + need > len(tokens):
+        raise ValueError(
+            f"text {params.text!r} has {len(tokens)} tokens; offset + context + continuation ="
+            f" {params.offset} + {params.context} + {params.continuation} needs"
+            f" {params.offset + need}"
+        )
+    return tokens[params.offset : params.offset + need]
+
+
+@torch.inference_mode()
+def _run_pass(
+    model, ids: torch.Tensor, params: PerplexityParams, cache,
+    status: Callable[[str], None] = lambda message: None,
+) -> _Pass:
+    """Prefill, end_prefill (KVBenchCache only), then decode and score through `cache`."""
+    context, total, chunk = params.context, ids.shape[1], params.decode_chunk
+
+    def prefill():
+        logits = model(
+            ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1
+        ).logits
+        if isinstance(cache, KVBenchCache):
+            cache.end_prefill()
+        return logits
+
+    status("prefill")
+    logits, prefill_s = timed(prefill, ids.device)
+    nll = _nll_sum(logits[:, -1:], ids[:, context : context + 1])
+
+    # The last token is only scored, never fed: its logits are not needed.
+    starts = range(context, total - 1, chunk)
+    decode_s = 0.0
+    for i, start in enumerate(starts):
+        status(f"decode {i + 1}/{len(starts)}")
+        end = min(start + chunk, total - 1)
+        logits, seconds = timed(
+            lambda: model(ids[:, start:end], past_key_values=cache, use_cache=True).logits,
+            ids.device,
+        )
+        decode_s += seconds
+        nll += _nll_sum(logits, ids[:, start + 1 : end + 1])
+    return _Pass(ppl=math.exp(nll / (total - context)), prefill_s=prefill_s, decode_s=decode_s)
+
+
+def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    return F.cross_entropy(flat, targets.reshape(-1), reduction="sum").item()

@@ -1,0 +1,191 @@
+"""`proofs`: what a codec does to vectors: bytes, reconstruction error, inner products, attention.
+
+Keys and values (1, heads, T, D) are cast to `dtype` (the original the cache would hold), encoded
+and decoded by the method's codec; every error is measured against that original in float64.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from kvbench.backends.torch_backend import timed
+from kvbench.benchmarks.base import (
+    Benchmark,
+    BenchmarkOutput,
+    MetricSpec,
+    RunContext,
+    register_benchmark,
+)
+from kvbench.data.synthetic import KINDS, make_queries, make_vectors
+from kvbench.methods.base import Codec, Method
+from kvbench.models.info import ModelInfo
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class ProofsParams:
+    """Parameters of the proofs benchmark.
+
+    data: "gaussian" | "sphere" | "outliers" | "captured" = "gaussian" — synthetic vectors, or
+        K/V captured from the suite's model over the bundled pydoc text.
+    n_vectors: int = 4096 — synthetic vectors per tensor (keys and values are independent draws).
+    dim: int = 64 — synthetic head_dim.
+    dtype: "float16" | "bfloat16" | "float32" = "float16" — the original the cache would hold.
+    layers: list[int] = [0] — captured layers; their heads are stacked.
+    tokens: int = 512 — captured tokens.
+    n_queries: int = 64 — queries for the inner-product and attention errors.
+    data_seed: int = 0 — seed of the synthetic data (queries use the run's seed).
+    """
+
+    data: Literal["gaussian", "sphere", "outliers", "captured"] = "gaussian"
+    n_vectors: int = 4096
+    dim: int = 64
+    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    layers: list[int] = field(default_factory=lambda: [0])
+    tokens: int = 512
+    n_queries: int = 64
+    data_seed: int = 0
+
+    def __post_init__(self):
+        if self.data not in (*KINDS, "captured"):
+            raise ValueError(f"data must be one of {[*KINDS, 'captured']}, got {self.data!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        for name in ("n_vectors", "dim", "tokens", "n_queries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.layers or any(layer < 0 for layer in self.layers):
+            raise ValueError(f"layers must be a non-empty list of indices >= 0, got {self.layers}")
+
+
+def _time_ms(fn, ctx: RunContext) -> list[float]:
+    """ctx.repeats wall times of fn() in ms, the device drained before each clock read."""
+    return [timed(fn, ctx.device)[1] * 1e3 for _ in range(ctx.repeats)]
+
+
+def _sha256(*tensors: torch.Tensor) -> str:
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-vector cosine in float64; sqrt(|a|^2 |b|^2) keeps a == b at exactly 1."""
+    dot, na, nb = (a * b).sum(-1), (a * a).sum(-1), (b * b).sum(-1)
+    denom = (na * nb).sqrt()
+    # Two zero vectors are identical (1), one zero vector against another is unrelated (0).
+    cos = torch.where(denom > 0, dot / denom.clamp_min(1e-300), (na == nb).double())
+    return cos.clamp(max=1.0)
+
+
+def _rel_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((approx - exact).norm() / exact.norm())
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v
+
+
+@register_benchmark("proofs")
+class Proofs(Benchmark):
+    """Codec fidelity on synthetic or captured K/V: ratio, bits/value, MSE, cosine, inner-product
+    and attention-output error, encode/decode time. Needs a method with a codec."""
+
+    Params = ProofsParams
+    # Synthetic data needs no model; check() refuses data "captured" when the suite names none.
+    uses_model = False
+    metrics = {
+        "compression_ratio": MetricSpec("x", "higher", "16-bit bytes of K and V / codec bytes"),
+        "bits_per_value": MetricSpec("bits", "lower", "8 * codec bytes / values, K and V"),
+        "mse": MetricSpec("", "lower", "mean squared error over K and V"),
+        "cosine": MetricSpec("", "higher", "mean per-vector cosine similarity, K and V"),
+        "ip_rel_error": MetricSpec("", "lower", "||Q K_hat^T - Q K^T||_F / ||Q K^T||_F"),
+        "attn_output_error": MetricSpec("", "lower", "relative Frobenius error of attention out"),
+        "nbytes": MetricSpec("bytes", "none", "codec bytes of K and V"),
+        "encode_ms": MetricSpec("ms", "lower", "encode K and V", timed=True),
+        "decode_ms": MetricSpec("ms", "lower", "decode K and V", timed=True),
+    }
+
+    def check(self, params: ProofsParams, model: ModelInfo | None) -> None:
+        if params.data != "captured":
+            return
+        if model is None:
+            raise ValueError("data: captured needs a model; set the suite's model")
+        if model.max_context is not None and params.tokens > model.max_context:
+            raise ValueError(
+                f"tokens: {params.tokens} is above the model's context of {model.max_context}"
+            )
+
+    def run(self, params: ProofsParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
+        codec = method.codec()
+        if codec is None:
+            raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec()")
+        dtype = _DTYPES[params.dtype]
+        keys, values = (t.to(ctx.device, dtype) for t in self._data(params, ctx))
+        return self._measure(codec, keys, values, params, ctx)
+
+    def _data(self, params: ProofsParams, ctx: RunContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (1, heads, T, D), float32; captured layers stack their heads."""
+        if params.data != "captured":
+            n, d = params.n_vectors, params.dim
+            both = make_vectors(params.data, 2 * n, d, params.data_seed)
+            return both[:n].reshape(1, 1, n, d), both[n:].reshape(1, 1, n, d)
+        from kvbench.data.text import pydoc_text
+        from kvbench.models.capture import capture_kv
+
+        if ctx.model is None:
+            raise ValueError("data: captured needs a model; set the suite's model")
+        loaded = ctx.load_model(ctx.model, ctx.device)
+        token_ids = loaded.tokenizer.encode(pydoc_text())
+        if len(token_ids) < params.tokens:
+            raise ValueError(f"tokens: the text has only {len(token_ids)} tokens")
+        kv = capture_kv(loaded, token_ids[: params.tokens], params.layers)
+        keys = torch.cat([kv[layer][0] for layer in params.layers], dim=1)
+        values = torch.cat([kv[layer][1] for layer in params.layers], dim=1)
+        return keys, values
+
+    def _measure(
+        self, codec: Codec, keys: torch.Tensor, values: torch.Tensor, params: ProofsParams,
+        ctx: RunContext,
+    ) -> BenchmarkOutput:
+        packed_k, packed_v = codec.encode(keys), codec.encode(values)
+        nbytes = codec.nbytes(packed_k) + codec.nbytes(packed_v)
+        numel = keys.numel() + values.numel()
+        encode_ms = _time_ms(lambda: [codec.encode(t) for t in (keys, values)], ctx)
+        decode_ms = _time_ms(lambda: [codec.decode(p) for p in (packed_k, packed_v)], ctx)
+
+        k, v = keys.cpu().double(), values.cpu().double()
+        k_hat, v_hat = codec.decode(packed_k).cpu().double(), codec.decode(packed_v).cpu().double()
+        original, decoded = torch.cat([k, v], dim=-2), torch.cat([k_hat, v_hat], dim=-2)
+        # Queries with the keys' RMS. ip_rel_error does not depend on their scale; attention
+        # sharpness does (near-flat on sphere data, near-one-hot on outlier channels).
+        queries = make_queries(params.n_queries, k.shape[-1], ctx.seed).double()
+        queries = queries * k.pow(2).mean().sqrt()
+        m = self.metrics
+        metrics = {
+            "compression_ratio": m["compression_ratio"].of(2 * numel / nbytes),
+            "bits_per_value": m["bits_per_value"].of(8 * nbytes / numel),
+            "mse": m["mse"].of(float((decoded - original).pow(2).mean())),
+            "cosine": m["cosine"].of(float(_cosine(decoded, original).mean())),
+            "ip_rel_error": m["ip_rel_error"].of(
+                _rel_error(queries @ k_hat.transpose(-1, -2), queries @ k.transpose(-1, -2))
+            ),
+            "attn_output_error": m["attn_output_error"].of(
+                _rel_error(_attention(queries, k_hat, v_hat), _attention(queries, k, v))
+            ),
+            "nbytes": m["nbytes"].of(nbytes),
+            "encode_ms": m["encode_ms"].of_samples(encode_ms),
+            "decode_ms": m["decode_ms"].of_samples(decode_ms),
+        }
+        return BenchmarkOutput(
+            metrics=metrics,
+            info={"layout": codec.layout(), "shape": list(keys.shape)},
+            comparable={"data_sha256": _sha256(keys, values)},
+        )

@@ -1,0 +1,448 @@
+"""kvbench's command line: parse, call the library, render with rich."""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvbench import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CRASHED, EXIT_BASELINE = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = EXIT_INVALID):
+    err.print(f"[bold red]error:[/] {escape(message)}")
+    sys.exit(code)
+
+
+def _load_suite_or_exit(path: str):
+    from kvbench.suite.errors import SuiteError
+    from kvbench.suite.loader import load_suite
+
+    try:
+        return load_suite(path)
+    except SuiteError as exc:
+        err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
+        for line in str(exc).splitlines():
+            err.print(f"  {escape(line)}")
+        sys.exit(EXIT_INVALID)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kvbench")
+def main():
+    """Benchmark and validate KV-cache compression methods.
+
+    Suites are YAML files (see `kvbench schema`); `kvbench run SUITE` runs one and writes
+    results.json, results.jsonl and report.md. Exit codes: 0 all claims hold and no regression,
+    1 a claim failed or a regression, 2 invalid suite or command, 3 a case crashed,
+    4 baseline missing or not comparable.
+    """
+
+
+# ---------------------------------------------------------------- run
+
+
+class _RichProgress:
+    """Progress bar over cases, the running case's status, one line per finished case."""
+
+    def __init__(self):
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=console,
+        )
+        self.task = None
+        self.case_id = ""
+
+    def start(self, total, skipped):
+        if skipped:
+            console.print(f"resuming: {skipped} finished case(s) kept, {total} to run")
+        self.bar.start()
+        self.task = self.bar.add_task("cases", total=total, status="")
+
+    def case_started(self, case):
+        self.case_id = case.id
+        self.bar.update(self.task, status=escape(case.id))
+
+    def status(self, text):
+        self.bar.update(self.task, status=escape(f"{self.case_id}: {text}"))
+
+    def case_finished(self, result):
+        mark = {"ok": "[green]ok[/]", "error": "[red]error[/]", "timeout": "[red]timeout[/]"}
+        line = f"{mark[result.status]} {escape(result.id)} ({result.duration_s:.1f} s)"
+        if result.claims:
+            held = sum(c.verdict == "held" for c in result.claims)
+            line += f"  claims {held}/{len(result.claims)}"
+        if result.error:
+            line += f"  [red]{escape(result.error.type)}: {escape(result.error.message[:200])}[/]"
+        self.bar.console.print(line)
+        self.bar.advance(self.task)
+
+    def stop(self):
+        self.bar.stop()
+
+
+def _select_cases(suite, only, methods, limit):
+    from kvbench.registry import did_you_mean
+
+    cases = suite.cases
+    if methods:
+        wanted = [m.strip() for m in methods.split(",") if m.strip()]
+        labels = {c.method_label for c in cases} | {c.method for c in cases}
+        for name in wanted:
+            if not any(fnmatch.fnmatchcase(label, name) for label in labels):
+                _fail(f"--methods: no method {name!r} in {suite.path}.{did_you_mean(name, labels)}")
+        cases = [
+            c for c in cases
+            if any(fnmatch.fnmatchcase(c.method_label, w) or c.method == w for w in wanted)
+        ]
+    if only:
+        pattern = only if any(ch in only for ch in "*?[") else f"*{only}*"
+        cases = [c for c in cases if fnmatch.fnmatchcase(c.id, pattern)]
+        if not cases:
+            _fail(f"--only {only!r} matches no case; see `kvbench run {suite.path} --dry-run`")
+    if limit is not None:
+        cases = cases[:limit]
+    return cases
+
+
+def _load_baseline_or_exit(path: str, suite, device: str):
+    from kvbench.hardware import machine_key
+    from kvbench.results import SCHEMA_VERSION, load_results
+
+    if not Path(path).exists():
+        _fail(f"baseline {path} does not exist (make one with `kvbench baseline save`)",
+              EXIT_BASELINE)
+    try:
+        baseline = load_results(path)
+    except ValueError as exc:
+        _fail(f"baseline {path} is not comparable: {exc}", EXIT_BASELINE)
+    problems = []
+    if baseline.schema_version != SCHEMA_VERSION:
+        problems.append(f"schema version {baseline.schema_version} != {SCHEMA_VERSION}")
+    if baseline.suite.name != suite.name:
+        problems.append(f"it is for suite {baseline.suite.name!r}, not {suite.name!r}")
+    key = machine_key(device)
+    if baseline.machine.get("key") != key:
+        problems.append(f"machine key {baseline.machine.get('key')!r} != this machine's {key!r}")
+    if problems:
+        _fail(f"baseline {path} is not comparable: " + "; ".join(problems), EXIT_BASELINE)
+    return baseline
+
+
+def _claims_table(result) -> Table:
+    table = Table(title="Claims", show_lines=False)
+    for column in ("case", "claim", "measured", "verdict"):
+        table.add_column(column)
+    style = {"held": "[green]held[/]", "failed": "[red]FAILED[/]", "missing": "[yellow]missing[/]"}
+    for case in result.cases:
+        for claim in case.claims:
+            measured = "-" if claim.measured is None else f"{claim.measured:.6g}"
+            table.add_row(escape(case.id), escape(claim.claim), measured, style[claim.verdict])
+    return table
+
+
+def _exit_code(result, gate_report) -> int:
+    if gate_report is not None and gate_report.exit_code() == EXIT_BASELINE:
+        return EXIT_BASELINE
+    if any(c.status != "ok" for c in result.cases):
+        return EXIT_CRASHED
+    claims_ok = all(cl.verdict == "held" for c in result.cases for cl in c.claims)
+    if not claims_ok or (gate_report is not None and gate_report.exit_code() != EXIT_OK):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _summary(result, gate_report, out_dir: Path) -> None:
+    claims = [cl for c in result.cases for cl in c.claims]
+    held = sum(cl.verdict == "held" for cl in claims)
+    errors = [c for c in result.cases if c.status != "ok"]
+    if claims:
+        console.print(_claims_table(result))
+    parts = [f"claims held {held}/{len(claims)}"]
+    if gate_report is not None:
+        parts.append(f"regressions {len(gate_report.regressions)}")
+        parts.append(f"improvements {len(gate_report.improvements)}")
+    parts.append(f"errors {len(errors)}")
+    console.print("[bold]summary:[/] " + ", ".join(parts))
+    for case in errors:
+        console.print(f"  [red]{case.status}[/] {escape(case.id)}: "
+                      f"{escape(case.error.type)}: {escape(case.error.message[:300])}")
+    if gate_report is not None:
+        from kvbench.report.tables import fmt_number
+
+        for reason in gate_report.reasons:
+            console.print(f"  [yellow]gate:[/] {escape(reason)}")
+        for row in gate_report.regressions:
+            console.print(f"  [red]regression[/] {escape(row.case_id)} {row.metric}: "
+                          f"{fmt_number(row.baseline)} -> {fmt_number(row.current)}")
+    console.print(f"reports: {out_dir / 'report.md'}, {out_dir / 'results.json'}")
+
+
+@main.command()
+@click.argument("suite_path", metavar="SUITE", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Output folder (default: runs/<suite name>). An earlier run there is moved "
+                   "to previous/ unless --resume.")
+@click.option("--only", help="Run cases whose id matches this glob (or contains this text).")
+@click.option("--methods", help="Comma-separated method labels or names (globs allowed).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
+              help="Override the suite's device.")
+@click.option("--repeats", type=click.IntRange(min=1), help="Repeats for timed metrics.")
+@click.option("--limit", type=click.IntRange(min=1), help="Run at most N cases (after filters).")
+@click.option("--baseline", type=click.Path(dir_okay=False),
+              help="Gate against this stored results file (exit 1 on regression).")
+@click.option("--resume", is_flag=True, help="Keep finished cases from --out and run the rest.")
+@click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
+def run(suite_path, out_dir, only, methods, device, repeats, limit, baseline, resume, dry_run):
+    """Run a suite: every case, its claims, and the baseline gate."""
+    from kvbench.backends.torch_backend import resolve_device
+
+    suite = _load_suite_or_exit(suite_path)
+    overrides = {k: v for k, v in (("device", device), ("repeats", repeats)) if v is not None}
+    if overrides:
+        suite.cases = [dataclasses.replace(c, **overrides) for c in suite.cases]
+    cases = _select_cases(suite, only, methods, limit)
+    if dry_run:
+        table = Table(title=f"{suite.name}: {len(cases)} case(s)")
+        for column in ("case", "model", "claims"):
+            table.add_column(column)
+        for case in cases:
+            table.add_row(escape(case.id), case.model or "-",
+                          escape("; ".join(c.text for c in case.claims)))
+        console.print(table)
+        return
+    try:
+        device_name = str(resolve_device(cases[0].device if cases else "cpu"))
+    except ValueError as exc:
+        _fail(str(exc))
+    baseline_result = _load_baseline_or_exit(baseline, suite, device_name) if baseline else None
+
+    from kvbench.gate import gate, tolerances_from_resolved
+    from kvbench.report.markdown import write_reports
+    from kvbench.runner import ResumeError, run_suite
+
+    out_dir = Path(out_dir or Path("runs") / suite.name)
+    try:
+        outcome = run_suite(suite, out_dir, cases=cases, resume=resume, progress=_RichProgress())
+    except ResumeError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        err.print(
+            f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / 'results.jsonl'}. "
+            f"Continue with:\n  kvbench run {suite_path} --out {out_dir} --resume"
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    result = outcome.result
+    gate_report = None
+    if baseline_result is not None:
+        default, per_metric = tolerances_from_resolved(result.suite.resolved)
+        filtered = len(cases) != len(suite.cases)
+        gate_report = gate(result, baseline_result, default, per_metric, expect_all=not filtered)
+    write_reports(result, out_dir, gate=gate_report)
+    _summary(result, gate_report, out_dir)
+    sys.exit(_exit_code(result, gate_report))
+
+
+@main.command()
+@click.argument("suite_path", metavar="SUITE", type=click.Path(dir_okay=False))
+def validate(suite_path):
+    """Check a suite without running it (exit 2 with file:line: key for each problem)."""
+    suite = _load_suite_or_exit(suite_path)
+    console.print(f"[green]valid:[/] {suite.name}: {len(suite.cases)} case(s)")
+
+
+# ---------------------------------------------------------------- list, env, schema
+
+
+@main.command("list")
+@click.argument("what", type=click.Choice(["methods", "benchmarks", "models", "suites"]))
+def list_(what):
+    """List registered methods, benchmarks, bundled models, or the suites under ./suites."""
+    table = Table()
+    if what in ("methods", "benchmarks"):
+        from kvbench.benchmarks import BENCHMARKS
+        from kvbench.methods import METHODS
+
+        registry = METHODS if what == "methods" else BENCHMARKS
+        table.add_column(what[:-1])
+        table.add_column("parameters")
+        table.add_column("description")
+        for name in registry.names():
+            cls = registry.get(name)
+            config = cls if what == "methods" else cls.Params
+            params = ", ".join(
+                f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name
+                for f in dataclasses.fields(config)
+            )
+            doc = (cls.__doc__ or "").strip().splitlines()
+            table.add_row(name, escape(params), escape(doc[0] if doc else ""))
+    elif what == "models":
+        from kvbench.models import BUNDLED, kvbench_home
+
+        table.add_column("model")
+        table.add_column("prepared")
+        table.add_column("notes")
+        for name, meta in BUNDLED.items():
+            prepared = (kvbench_home() / "models" / name / "kvbench.json").exists()
+            table.add_row(f"bundled:{name}", "yes" if prepared else "no",
+                          escape(str(meta.get("description", ""))))
+        for name in ("llama", "qwen3"):
+            table.add_row(f"tiny:{name}", "-", "random weights, made in code (tests)")
+    else:
+        table.add_column("suite")
+        table.add_column("description")
+        import yaml
+
+        for path in sorted(Path("suites").rglob("*.yaml")):
+            try:
+                description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+            except yaml.YAMLError:
+                description = "(not valid YAML)"
+            table.add_row(str(path), escape(str(description).strip().splitlines()[0]
+                                            if description else ""))
+    console.print(table)
+
+
+@main.command()
+@click.option("--device", default="auto", type=click.Choice(["auto", "cpu", "cuda", "mps"]))
+def env(device):
+    """Print the machine fingerprint stored with every result."""
+    from kvbench.backends.torch_backend import resolve_device
+    from kvbench.hardware import fingerprint, git_sha
+
+    info = fingerprint(str(resolve_device(device)))
+    info["git_sha"] = git_sha()
+    for key, value in info.items():
+        console.print(f"[bold]{key}[/]: {escape(str(value))}")
+
+
+@main.command()
+def schema():
+    """Print the suite file JSON schema."""
+    from kvbench.suite.schema import suite_json_schema
+
+    click.echo(json.dumps(suite_json_schema(), indent=2, sort_keys=True))
+
+
+# ---------------------------------------------------------------- reports
+
+
+def _load_results_or_exit(path: str, code: int = EXIT_INVALID):
+    from kvbench.results import load_results
+
+    if not Path(path).exists():
+        _fail(f"{path} does not exist", code)
+    try:
+        return load_results(path)
+    except (ValueError, OSError) as exc:
+        _fail(f"cannot read {path}: {exc}", code)
+
+
+@main.command()
+@click.argument("results_path", metavar="RESULTS", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md",
+              show_default=True)
+@click.option("--readme", type=click.Path(dir_okay=False),
+              help="Inject the tables into this file between kvbench markers.")
+@click.option("--section", help="The marker name in --readme: <!-- kvbench:start NAME -->.")
+def report(results_path, fmt, readme, section):
+    """Render a report from results.json (or results.jsonl) alone, without re-running."""
+    result = _load_results_or_exit(results_path)
+    if bool(readme) != bool(section):
+        _fail("--readme and --section go together")
+    if readme:
+        from kvbench.report.readme import inject_section, render_section_table
+
+        try:
+            inject_section(readme, section, render_section_table(result))
+        except (ValueError, OSError) as exc:
+            _fail(str(exc))
+        console.print(f"updated section {section!r} in {readme}")
+        return
+    if fmt == "json":
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        from kvbench.report.markdown import render_markdown
+
+        click.echo(render_markdown(result))
+
+
+@main.command()
+@click.argument("a_path", metavar="A", type=click.Path(dir_okay=False))
+@click.argument("b_path", metavar="B", type=click.Path(dir_okay=False))
+def compare(a_path, b_path):
+    """Side by side: A, B, ratio B/A and a mark (better, worse, ~ not significant, x not
+    comparable), with the tolerances of A's suite."""
+    from kvbench.gate import tolerances_from_resolved
+    from kvbench.report.compare import render_compare
+
+    a, b = _load_results_or_exit(a_path), _load_results_or_exit(b_path)
+    default, per_metric = tolerances_from_resolved(a.suite.resolved)
+    click.echo(render_compare(a, b, default, per_metric))
+
+
+@main.group()
+def baseline():
+    """Store results as a baseline that later runs are gated against."""
+
+
+@baseline.command("save")
+@click.argument("results_path", metavar="RESULTS", type=click.Path(dir_okay=False))
+@click.option("--to", "to_path", required=True, type=click.Path(dir_okay=False),
+              help="Where to store it, e.g. baselines/quick.linux-x86_64-cpu.json")
+@click.option("--allow-errors", is_flag=True, help="Store it even if some cases crashed.")
+def baseline_save(results_path, to_path, allow_errors):
+    """Copy a finished run's results.json to a baseline file."""
+    from kvbench.results import save_results
+
+    result = _load_results_or_exit(results_path)
+    if result.interrupted:
+        _fail(f"{results_path} is from an interrupted run; finish it with --resume first")
+    bad = [c.id for c in result.cases if c.status != "ok"]
+    if bad and not allow_errors:
+        _fail(f"{len(bad)} case(s) did not finish ok ({', '.join(bad[:5])}); "
+              "fix them or pass --allow-errors")
+    save_results(to_path, result)
+    console.print(f"saved baseline for suite {result.suite.name!r} "
+                  f"(machine {result.machine.get('key')}) to {to_path}")
+
+
+# ---------------------------------------------------------------- models
+
+
+@main.group()
+def models():
+    """Prepare and inspect models."""
+
+
+@models.command("prepare")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Convert again even if already prepared.")
+def models_prepare(name, force):
+    """Convert a bundled model (e.g. smollm2-135m) into a local checkpoint once, and verify it."""
+    from kvbench.models import BUNDLED, prepare_bundled
+    from kvbench.registry import did_you_mean
+
+    name = name.removeprefix("bundled:")
+    if name not in BUNDLED:
+        _fail(f"unknown bundled model {name!r}.{did_you_mean(name, BUNDLED)} "
+              f"Known: {', '.join(BUNDLED)}")
+    path = prepare_bundled(name, force=force, log=lambda m: console.print(escape(m)))
+    console.print(f"[green]ready:[/] bundled:{name} at {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Offline text for perplexity and friends.
+
+A text source is "pydoc" (Python's own topic help, shipped with every Python), a file path, or
+"hf:<dataset>[:<config>]:<split>:<column>" read from the local `datasets` cache, never the network.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def pydoc_text() -> str:
+    """The pydoc topic pages in sorted key order, blank lines between them."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def load_text(source: str = "pydoc", base_dir: Path | None = None) -> str:
+    if source == "pydoc":
+        return pydoc_text()
+    if source.startswith("hf:"):
+        return _hf_text(source)
+    path = Path(source).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise ValueError(f"text file {str(path)!r} does not exist")
+    return path.read_text(encoding="utf-8")
+
+
+def parse_hf_source(source: str) -> tuple[str, str | None, str, str]:
+    """"hf:<dataset>[:<config>]:<split>:<column>" -> (dataset, config, split, column)."""
+    parts = source.removeprefix("hf:").split(":")
+    if len(parts) == 3:
+        return parts[0], None, parts[1], parts[2]
+    if len(parts) == 4:
+        return parts[0], parts[1], parts[2], parts[3]
+    raise ValueError(f"text {source!r}: expected hf:<dataset>[:<config>]:<split>:<column>")
+
+
+def _hf_text(source: str) -> str:
+    name, config, split, column = parse_hf_source(source)
+    # kvbench has no network at run time; set before `datasets` is imported, which reads it once.
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ValueError(
+            f"text {source!r} needs the datasets package: pip install datasets"
+        ) from exc
+    try:
+        rows = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # datasets raises many kinds for "not cached"
+        raise ValueError(
+            f"text {source!r}: dataset {name!r} could not be read from the local cache"
+            f" (kvbench reads datasets offline): {exc}"
+        ) from exc
+    if column not in rows.column_names:
+        raise ValueError(f"text {source!r}: no column {column!r}; columns: {rows.column_names}")
+    return "\n\n".join(str(value) for value in rows[column])
+
+
+def tokens_sha256(ids: list[int]) -> str:
+    """Identifies a token sequence: results over different tokens are not comparable."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()

@@ -1,0 +1,82 @@
+"""The machine fingerprint stored with every result; its `key` decides which baselines apply."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+LIBRARIES = ("torch", "transformers", "numpy", "mlx", "mlx-lm", "triton", "pydantic")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return round(pages * page_size / 2**30, 1)
+
+
+def _library_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def git_sha(path: str | Path | None = None) -> str | None:
+    """HEAD of the repository around `path` (default: the current folder), '+dirty' if changed."""
+    cwd = str(path or Path.cwd())
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=5,
+        )
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def accelerator(device: str = "cpu") -> str:
+    """'cpu', or the accelerator's name for cuda/mps."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return "apple-mps" if device == "mps" else "cpu"
+
+
+def machine_key(device: str = "cpu") -> str:
+    """Coarse on purpose: baselines hold across machines of one kind, not one host."""
+    name = accelerator(device).lower().replace(" ", "-")
+    return f"{platform.system().lower()}-{platform.machine().lower()}-{name}"
+
+
+def fingerprint(device: str = "cpu") -> dict:
+    return {
+        "key": machine_key(device),
+        "os": f"{platform.system()} {platform.release()}",
+        "arch": platform.machine(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "device": accelerator(device),
+        "python": platform.python_version(),
+        **{lib: _library_version(lib) for lib in LIBRARIES if _library_version(lib)},
+    }

@@ -1,0 +1,66 @@
+"""b-bit codes packed contiguously into bytes, little-endian bit order, spanning byte boundaries.
+
+Code i of a row occupies bits [i*b, (i+1)*b) of the row's little-endian bit stream (bit k of the
+stream is bit k % 8 of byte k // 8). Any 8 consecutive codes fill exactly b bytes, so rows are cut
+into groups of 8 codes and the same few uint8 shifts run on every group at once: the only Python
+loop is over the 8 slots of a group, never over codes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def packed_length(n: int, bits: int) -> int:
+    """Bytes that n codes of `bits` bits take: ceil(n * bits / 8)."""
+    return (n * bits + 7) // 8
+
+
+def _check_bits(bits: int) -> None:
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in 1..8, got {bits}")
+
+
+def _slots(bits: int):
+    """For each code slot j of a group: its first byte, its bit offset there, and whether it
+    spills into the next byte."""
+    for j in range(8):
+        byte, shift = divmod(j * bits, 8)
+        yield j, byte, shift, shift + bits > 8
+
+
+def pack_bits(indices: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack uint8 codes (..., n), each < 2**bits, into uint8 (..., ceil(n * bits / 8))."""
+    _check_bits(bits)
+    if indices.dtype != torch.uint8:
+        raise ValueError(f"indices must be uint8, got {indices.dtype}")
+    if (indices >> bits).any():
+        raise ValueError(f"indices must be below 2**bits = {1 << bits}")
+    n = indices.shape[-1]
+    groups = -(-n // 8)
+    codes = F.pad(indices, (0, groups * 8 - n)).unflatten(-1, (groups, 8))
+    out = torch.zeros(*codes.shape[:-1], bits, dtype=torch.uint8, device=indices.device)
+    for j, byte, shift, spills in _slots(bits):
+        out[..., byte] |= codes[..., j] << shift  # uint8: bits past this byte fall off here
+        if spills:
+            out[..., byte + 1] |= codes[..., j] >> (8 - shift)
+    # Padding codes are zero, so the dropped tail bytes hold no information.
+    return out.flatten(-2)[..., : packed_length(n, bits)]
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of pack_bits: uint8 (..., ceil(n * bits / 8)) -> uint8 codes (..., n)."""
+    _check_bits(bits)
+    if packed.shape[-1] != packed_length(n, bits):
+        raise ValueError(
+            f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got {packed.shape[-1]}"
+        )
+    groups = -(-n // 8)
+    grouped = F.pad(packed, (0, groups * bits - packed.shape[-1])).unflatten(-1, (groups, bits))
+    codes = torch.empty(*grouped.shape[:-1], 8, dtype=torch.uint8, device=packed.device)
+    for j, byte, shift, spills in _slots(bits):
+        code = grouped[..., byte] >> shift
+        if spills:
+            code |= grouped[..., byte + 1] << (8 - shift)
+        codes[..., j] = code & ((1 << bits) - 1)
+    return codes.flatten(-2)[..., :n]

@@ -1,0 +1,120 @@
+"""A transformers Cache whose per-layer storage is a kvbench LayerCachePolicy.
+
+Attention reads what the policy returns from attention_inputs(): the compressed state itself, no
+shadow copy. Positions continue from the tokens the policy has seen, and the causal mask is sized
+to the keys it actually returns. Batch size 1.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvbench.methods.base import LayerCachePolicy, Method
+
+
+class PolicyLayer(CacheLayerMixin):
+    """One layer of KVBenchCache: appends to the policy and hands attention what it retains."""
+
+    is_sliding = False
+
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int):
+        super().__init__()
+        self.policy = policy
+        self.layer_idx = layer_idx
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if key_states.shape[0] != 1:
+            raise NotImplementedError(
+                f"KVBenchCache supports batch size 1, got {key_states.shape[0]}"
+            )
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.policy.append(key_states, value_states)
+        keys, values, bias = self.policy.attention_inputs()
+        if bias is not None:
+            raise NotImplementedError(
+                "additive key bias is not supported by the transformers adapter yet"
+            )
+        self._check(keys)
+        return keys, values
+
+    def _check(self, keys: torch.Tensor) -> None:
+        """A policy that keeps nothing, more than it saw, or not what it reports is a bug."""
+        policy, name = self.policy, type(self.policy).__name__
+        seen, retained = policy.seen_tokens, policy.retained_tokens
+        if not 0 < retained <= seen:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {name} retains {retained} tokens after seeing {seen}"
+                " (must be between 1 and the tokens seen)"
+            )
+        if keys.shape[-2] != retained:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {name} returned {keys.shape[-2]} keys"
+                f" but reports {retained} retained tokens"
+            )
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if not self.is_initialized:  # a policy need not answer before its first append
+            return query_length, 0
+        # Keys returned = retained + new. The offset maps the new keys to their true positions
+        # (seen .. seen+q-1) so they stay causal; every retained key lies before them.
+        retained, seen = self.policy.retained_tokens, self.policy.seen_tokens
+        return retained + query_length, seen - retained
+
+    def get_seq_length(self) -> int:
+        return self.policy.seen_tokens if self.is_initialized else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class KVBenchCache(Cache):
+    """The cache of a transformers model, made of one `method.new_layer_cache(i)` per layer."""
+
+    def __init__(self, method: Method, num_layers: int):
+        layers = [PolicyLayer(method.new_layer_cache(i), i) for i in range(num_layers)]
+        super().__init__(layers=layers)
+        self._mask_kv_length: int | None = None
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        sizes = super().get_mask_sizes(query_length, layer_idx)
+        # The model builds one mask (from one layer) and shares it with every layer.
+        self._mask_kv_length = sizes[0]
+        return sizes
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        # A one-token step needs no mask (SDPA attends to every key); a longer one uses the shared
+        # mask, which only fits if this layer returned as many keys as it was sized for.
+        query_length = key_states.shape[-2]
+        if query_length > 1 and self._mask_kv_length not in (None, keys.shape[-2]):
+            raise RuntimeError(
+                f"layer {layer_idx}: {keys.shape[-2]} keys for a {query_length}-token step, but the"
+                f" causal mask was sized for {self._mask_kv_length}; a policy that drops tokens"
+                " inside a multi-token step, or keeps a different count per layer, needs"
+                " one-token decode steps"
+            )
+        return keys, values
+
+    @property
+    def policies(self) -> list[LayerCachePolicy]:
+        return [layer.policy for layer in self.layers]
+
+    def end_prefill(self) -> None:
+        for policy in self.policies:
+            policy.end_prefill()
+
+    def accounted_bytes(self) -> int:
+        """What the methods' layouts store, keys and values, summed over layers."""
+        return sum(policy.retained_bytes for policy in self.policies)
+
+    def measured_bytes(self) -> int:
+        """Bytes of the tensors the policies actually hold right now."""
+        return sum(policy.measured_bytes() for policy in self.policies)
+
+    def retained_tokens(self) -> list[int]:
+        return [policy.retained_tokens for policy in self.policies]

@@ -1,0 +1,70 @@
+"""Tiny random-weight models built in code (no files, no network) for fast tests.
+
+`tiny:llama` and `tiny:qwen3`: 2 layers, hidden 64, 4 query heads, 2 KV heads of 16, a byte-level
+vocabulary of 260. The weights come from a fixed seed, so they are the same on every call.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+TINY_MAX_CONTEXT = 4096
+_SEED = 1234
+_SHAPE = dict(
+    vocab_size=260,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=TINY_MAX_CONTEXT,
+    # Wider than the usual 0.02 so attention is peaked enough for cache errors to show in logits.
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past 4 special ids (pad, bos, eos, unk)."""
+
+    offset = 4
+    vocab_size = 256 + offset
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.offset for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i - self.offset for i in ids if i >= self.offset).decode("utf-8", "replace")
+
+
+def _config(kind: str):
+    if kind == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(**_SHAPE)
+    if kind == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**_SHAPE)
+    raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_KINDS)}")
+
+
+TINY_KINDS = ("llama", "qwen3")
+
+
+@functools.cache
+def build_tiny(kind: str):
+    """(model, tokenizer) for a tiny kind; built once per process, float32, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    config = _config(kind)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng():  # leave the caller's RNG stream untouched
+        torch.manual_seed(_SEED)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval(), ByteTokenizer()

@@ -1,0 +1,79 @@
+"""Two runs side by side, marked like asv compare; the verdicts come from the gate."""
+from __future__ import annotations
+
+from collections import Counter
+
+from kvbench.gate import GateReport, gate
+from kvbench.report.tables import fmt_ratio, md_table, metric_cell, metric_header
+from kvbench.results import Metric, RunResult
+from kvbench.suite.case import Tolerance
+
+# Fingerprint keys worth seeing next to each other; the full fingerprint is in each report.
+SIDE_FIELDS = ("cpu", "cores", "memory", "gpu", "device", "backend", "os", "python", "torch")
+
+MARKS = {
+    "regression": "worse", "improvement": "better",
+    "same": "~", "not significant": "~", "not gated": "",
+    "not comparable": "x", "missing": "x", "new": "x", "error": "x",
+}
+LEGEND = (
+    "<sub>worse / better: moved beyond the tolerance (timed metrics: and the spreads do not "
+    "overlap) · ~: within tolerance or not significant · x: not comparable (missing on one side, "
+    "other `comparable` values, or the case did not run ok) · blank: no better direction · "
+    "timed metrics: median ± IQR/2</sub>"
+)
+
+
+def render_compare(
+    a: RunResult, b: RunResult, default_tolerance: Tolerance, per_metric: dict[str, Tolerance],
+) -> str:
+    # B is judged against A; a compare is often across machines, so run-level reasons are notes.
+    report = gate(b, a, default_tolerance, per_metric, expect_all=False)
+    names = a.suite.name if a.suite.name == b.suite.name else f"{a.suite.name} vs {b.suite.name}"
+    parts = [f"# kvbench compare: {names}", _sides(a, b),
+             _table(a, b, report), _summary(report)]
+    return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def _sides(a: RunResult, b: RunResult) -> str:
+    fields = [f for f in SIDE_FIELDS if f in a.machine or f in b.machine]
+    rows = [
+        ["suite", a.suite.name, b.suite.name],
+        ["machine key", a.machine.get("key", ""), b.machine.get("key", "")],
+        *[[f, _text(a.machine.get(f)), _text(b.machine.get(f))] for f in fields],
+        ["git sha", (a.git_sha or "")[:12], (b.git_sha or "")[:12]],
+        ["kvbench", a.kvbench_version, b.kvbench_version],
+        ["started", a.started, b.started],
+    ]
+    return md_table(["", "A", "B"], rows)
+
+
+def _table(a: RunResult, b: RunResult, report: GateReport) -> str:
+    metrics_a, metrics_b = _metrics(a), _metrics(b)
+    rows = []
+    for row in report.rows:
+        key = (row.case_id, row.metric)
+        shown_a, shown_b = metrics_a.get(key), metrics_b.get(key)
+        rows.append([
+            MARKS[row.verdict], row.case_id, metric_header(row.metric, row.unit, row.direction),
+            metric_cell(shown_a) if shown_a else "", metric_cell(shown_b) if shown_b else "",
+            fmt_ratio(row.ratio),
+        ])
+    if not rows:
+        return "No metrics to compare."
+    return md_table(["mark", "case", "metric", "A", "B", "B/A"], rows, right={3, 4, 5})
+
+
+def _summary(report: GateReport) -> str:
+    counts = Counter(MARKS[row.verdict] for row in report.rows)
+    line = " · ".join(f"{counts[mark]} {mark}" for mark in ("worse", "better", "~", "x"))
+    notes = "\n".join(f"- {reason}" for reason in report.reasons)
+    return "\n\n".join(part for part in (line, LEGEND, notes) if part)
+
+
+def _metrics(result: RunResult) -> dict[tuple[str, str], Metric]:
+    return {(c.id, name): m for c in result.cases for name, m in c.metrics.items()}
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,96 @@
+"""The Markdown report of one run, made from its results file alone (no time, no re-run)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from kvbench.gate import GateReport, GateRow
+from kvbench.report.tables import (
+    benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table,
+)
+from kvbench.results import RunResult, atomic_write_text
+
+STATUSES = ("ok", "error", "timeout")
+VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing"}
+
+
+def render_markdown(result: RunResult, gate: GateReport | None = None) -> str:
+    parts = [f"# kvbench: {result.suite.name}", _run_lines(result)]
+    for benchmark, cases in by_benchmark(result.cases).items():
+        parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
+    claims = _claims_section(result)
+    if claims:
+        parts.append(claims)
+    if gate is not None:
+        parts.append(_gate_section(gate))
+    parts.append(_environment_section(result.machine))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_reports(result: RunResult, out_dir: str | Path, gate: GateReport | None = None) -> Path:
+    path = Path(out_dir) / "report.md"
+    atomic_write_text(path, render_markdown(result, gate))
+    return path
+
+
+def _run_lines(result: RunResult) -> str:
+    sha = f"git `{result.git_sha[:12]}`" if result.git_sha else "git sha unknown"
+    run = [f"kvbench {result.kvbench_version}", sha, f"machine `{result.machine.get('key', '?')}`",
+           f"started {result.started}", f"finished {result.finished or '—'}"]
+    if result.interrupted:
+        run.append("**interrupted**")
+    statuses = Counter(case.status for case in result.cases)
+    cases = f"{len(result.cases)} cases: " + ", ".join(f"{statuses[s]} {s}" for s in STATUSES if statuses[s])
+    claims = Counter(c.verdict for case in result.cases for c in case.claims)
+    if claims:
+        cases += " · claims: " + ", ".join(f"{claims[v]} {v}" for v in VERDICT_MARKS if claims[v])
+    suite = f"suite `{result.suite.path}` (sha256 `{result.suite.hash[:12]}`)"
+    return " · ".join(run) + "  \n" + suite + "  \n" + cases
+
+
+def _claims_section(result: RunResult) -> str:
+    rows = []
+    for case in result.cases:
+        for claim in case.claims:
+            metric = case.metrics.get(claim.metric)
+            measured = fmt_number(claim.measured, metric.unit if metric else "")
+            rows.append([case.id, claim.claim, measured or "—", VERDICT_MARKS[claim.verdict],
+                         claim.source])
+    if not rows:
+        return ""
+    return "## Claims\n\n" + md_table(["case", "claim", "measured", "verdict", "source"], rows)
+
+
+def _gate_section(gate: GateReport) -> str:
+    lines = ["## Gate against the baseline", ""]
+    if gate.exit_code() == 4:
+        lines.append("**Not comparable** with the baseline (exit 4).")
+    else:
+        verdict = "**regression**" if gate.regressed() else "no regression"
+        lines.append(f"{verdict} (exit {gate.exit_code()}): {len(gate.regressions)} regressed "
+                     f"metrics, {len(gate.improvements)} improved.")
+    if gate.reasons:
+        lines += [""] + [f"- {reason}" for reason in gate.reasons]
+    for title, rows in (("Regressions", gate.regressions), ("Improvements", gate.improvements)):
+        if rows:
+            lines += ["", f"### {title}", "", _gate_rows_table(rows)]
+    missing_note = " (count as regressions: the run was not filtered)" if gate.expect_all else ""
+    for title, ids in ((f"Missing cases{missing_note}", gate.missing_cases),
+                       ("New cases (not in the baseline)", gate.new_cases),
+                       ("Failed cases", gate.failed_cases)):
+        if ids:
+            lines += ["", f"### {title}", ""] + [f"- `{case_id}`" for case_id in ids]
+    return "\n".join(lines)
+
+
+def _gate_rows_table(rows: list[GateRow]) -> str:
+    body = [[r.case_id, r.metric, fmt_number(r.baseline, r.unit), fmt_number(r.current, r.unit),
+             fmt_ratio(r.ratio)] for r in rows]
+    return md_table(["case", "metric", "baseline", "current", "ratio"], body, right={2, 3, 4})
+
+
+def _environment_section(machine: dict) -> str:
+    rows = [[key, value if isinstance(value, str) else json.dumps(value, sort_keys=True)]
+            for key, value in sorted(machine.items())]
+    return "## Environment\n\n" + md_table(["key", "value"], rows)

@@ -1,0 +1,169 @@
+"""Markdown table pieces shared by the report, the README injection and the comparison."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from kvbench.results import CaseResult, Metric
+
+ARROWS = {"higher": "↑", "lower": "↓", "none": ""}
+BYTE_UNITS = {"B", "bytes"}
+_BINARY_PREFIXES = ["KiB", "MiB", "GiB", "TiB"]
+ERROR_CHARS = 120  # an error's first line is cut here so the table stays readable
+
+
+def fmt_number(value: float | None, unit: str = "") -> str:
+    """About 4 significant digits; whole numbers with thousands separators; bytes in KiB/MiB."""
+    if value is None:
+        return ""
+    if unit in BYTE_UNITS:
+        return fmt_bytes(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if abs(value) >= 1000:  # .4g would switch to 1e+04 notation near 10,000
+        return f"{value:,.0f}"
+    if abs(value) < 1e-3:
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}"
+
+
+def fmt_bytes(value: float) -> str:
+    if not math.isfinite(value) or abs(value) < 1024:
+        return f"{fmt_number(value)} B"
+    for prefix in _BINARY_PREFIXES:
+        value /= 1024
+        if abs(value) < 1024:
+            break
+    return f"{value:.4g} {prefix}"
+
+
+def is_timed(metric: Metric) -> bool:
+    return metric.samples is not None and len(metric.samples) >= 2
+
+
+def fmt_spread(value: float, unit: str = "") -> str:
+    """Two significant digits are all a spread deserves."""
+    if unit in BYTE_UNITS:
+        return fmt_bytes(value)
+    return fmt_number(round(value)) if abs(value) >= 100 else f"{value:.2g}"
+
+
+def metric_cell(metric: Metric) -> str:
+    """The value; a timed metric as median ± IQR/2 of its repeats."""
+    text = fmt_number(metric.value, metric.unit)
+    if is_timed(metric) and metric.iqr is not None:
+        text += f" ± {fmt_spread(metric.iqr / 2, metric.unit)}"
+    return text
+
+
+def metric_header(name: str, unit: str, direction: str) -> str:
+    shown_unit = f" ({unit})" if unit and unit not in BYTE_UNITS else ""
+    arrow = ARROWS.get(direction, "")
+    return f"{name}{shown_unit} {arrow}".rstrip()
+
+
+def fmt_param(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
+
+
+def escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    """A pipe table; columns whose index is in `right` are right-aligned (numbers)."""
+    rule = ["---:" if i in right else "---" for i in range(len(header))]
+    lines = [header, rule] + rows
+    return "\n".join("| " + " | ".join(escape(c) for c in line) + " |" for line in lines)
+
+
+def by_benchmark(cases: list[CaseResult]) -> dict[str, list[CaseResult]]:
+    """Cases grouped by benchmark, both in order of first appearance."""
+    groups: dict[str, list[CaseResult]] = {}
+    for case in cases:
+        groups.setdefault(case.benchmark, []).append(case)
+    return groups
+
+
+def benchmark_table(cases: list[CaseResult]) -> str:
+    """One row per case (method and the settings that vary), one column per metric, then a legend.
+
+    Settings (bench params, model, device) equal in every row are stated once above the table.
+    """
+    labels = [_settings(case) for case in cases]
+    keys = _ordered_keys(labels)
+    fixed = [k for k in keys if _same_in_all(labels, k)]
+    varying = [k for k in keys if k not in fixed]
+    metrics: dict[str, Metric] = {}  # first occurrence gives each column its unit and direction
+    for case in cases:
+        for name, metric in case.metrics.items():
+            metrics.setdefault(name, metric)
+    show_status = any(case.status != "ok" for case in cases)
+
+    header = ["method", *varying, *(metric_header(n, m.unit, m.direction) for n, m in metrics.items())]
+    if show_status:
+        header.append("status")
+    rows = []
+    for case, label in zip(cases, labels):
+        row = [case.method_label, *(label.get(k, "") for k in varying)]
+        row += [metric_cell(case.metrics[n]) if n in case.metrics else "" for n in metrics]
+        if show_status:
+            row.append(_status_cell(case))
+        rows.append(row)
+    right = set(range(1 + len(varying), 1 + len(varying) + len(metrics)))
+    caption = " · ".join(f"{k}={labels[0][k]}" for k in fixed)
+    parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
+             _legend(cases, metrics)]
+    return "\n\n".join(part for part in parts if part)
+
+
+def _settings(case: CaseResult) -> dict[str, str]:
+    shown = {k: fmt_param(v) for k, v in case.bench_params.items()}
+    shown.update({k: v for k, v in (("model", case.model), ("device", case.device)) if v})
+    shown["seed"] = str(case.seed)
+    return shown
+
+
+def _status_cell(case: CaseResult) -> str:
+    if case.status == "ok":
+        return "ok"
+    if case.error is None:
+        return case.status
+    return f"{case.status}: {first_line(f'{case.error.type}: {case.error.message}')}"
+
+
+def _legend(cases: list[CaseResult], metrics: dict[str, Metric]) -> str:
+    parts = []
+    directions = {m.direction for m in metrics.values()}
+    if "higher" in directions:
+        parts.append("↑ higher is better")
+    if "lower" in directions:
+        parts.append("↓ lower is better")
+    repeats = {len(m.samples) for c in cases for m in c.metrics.values() if is_timed(m)}
+    if repeats:
+        of = f"{repeats.pop()} repeats" if len(repeats) == 1 else "the repeats"
+        parts.append(f"timed metrics: median ± IQR/2 of {of}")
+    return f"<sub>{' · '.join(parts)}</sub>" if parts else ""
+
+
+def _same_in_all(labels: list[dict[str, str]], key: str) -> bool:
+    return all(key in label and label[key] == labels[0][key] for label in labels)
+
+
+def _ordered_keys(dicts) -> list[str]:
+    keys: dict[str, None] = {}
+    for d in dicts:
+        keys.update(dict.fromkeys(d))
+    return list(keys)

@@ -1,0 +1,390 @@
+"""Methods x benchmarks -> Cases, checking on the way what the schema cannot: registry names,
+parameters, claims, selectors, models, and each benchmark's own `check`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+
+from kvbench import models
+from kvbench.benchmarks.base import BENCHMARKS
+from kvbench.claims import Claim, parse_claim
+from kvbench.methods.base import METHODS
+from kvbench.models.info import ModelInfo
+from kvbench.registry import Registry, UnknownName, did_you_mean
+from kvbench.suite.case import Case
+from kvbench.suite.errors import Issues, dotted
+from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim, explain_error
+from kvbench.suite.yaml_lines import YamlDoc
+
+T = TypeVar("T")
+
+
+@dataclass
+class Placed(Generic[T]):
+    """A value and where it was written: the file's YamlDoc and the key path in it."""
+
+    value: T
+    doc: YamlDoc
+    path: tuple
+
+    def at(self, *more) -> tuple:
+        return self.path + more
+
+    def where(self) -> str:
+        return f"{dotted(self.path)} ({self.doc.file}:{self.doc.line(self.path)})"
+
+
+@dataclass
+class _Variant:
+    """One method setting: an entry of `methods:` with one combination of its matrix."""
+
+    entry: Placed[MethodEntry]
+    label: str
+    params: dict[str, Any] | None  # None: the method or these params are invalid
+    claims: list[Placed[Claim]] = field(default_factory=list)
+
+
+def expand_cases(
+    methods: list[Placed[MethodEntry]],
+    benchmarks: list[Placed[BenchmarkEntry]],
+    defaults: Defaults,
+    default_model: Placed[str] | None,
+    issues: Issues,
+) -> list[Case]:
+    """Every case, in the order written: benchmarks, each one's matrix, then methods.
+
+    Problems go to `issues`; the cases of a broken entry are left out.
+    """
+    variants = _method_variants(methods, issues)
+    describe = _ModelDescriber(issues)
+    cases: list[Case] = []
+    made_by: dict[str, Placed[BenchmarkEntry]] = {}
+    metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
+    for bench in benchmarks:
+        chosen = _select(bench, variants, issues)
+        for case in _bench_cases(bench, chosen, defaults, default_model, describe, issues):
+            if made_by.get(case.id) is bench:
+                issues.add(bench.doc, bench.path, f"case id {case.id!r} is produced twice here",
+                           "a matrix value or a method label is repeated")
+            elif case.id in made_by:
+                issues.add(bench.doc, bench.path,
+                           f"case id {case.id!r} is also produced by {made_by[case.id].where()}",
+                           "give the two different matrix values or methods")
+            made_by.setdefault(case.id, bench)
+            cases.append(case)
+        metrics = _declared(bench.value.kind)
+        for variant in chosen:
+            known = metrics_of.get(variant.label, set())
+            both = None if known is None or metrics is None else known | metrics
+            metrics_of[variant.label] = both
+    for variant in variants:
+        metrics = metrics_of.get(variant.label)
+        if metrics is not None:  # not run, or run by an unknown benchmark: nothing to check
+            for claim in variant.claims:
+                _check_metric(claim, metrics, "the benchmarks running this method do not report",
+                              issues)
+    return cases
+
+
+def check_gate_metrics(
+    names: list[Placed[str]], benchmarks: list[Placed[BenchmarkEntry]], issues: Issues
+) -> None:
+    """A gate tolerance must name a metric some benchmark of the suite reports."""
+    declared = [_declared(b.value.kind) for b in benchmarks]
+    if None in declared or not declared:
+        return  # an unknown benchmark, or none: reported already; the metrics cannot be known
+    known = set().union(*declared)
+    for name in names:
+        if name.value not in known:
+            hint = did_you_mean(name.value, known).strip() or f"metrics: {', '.join(sorted(known))}"
+            issues.add(name.doc, name.path,
+                       f"no benchmark of this suite reports metric {name.value!r}", hint)
+
+
+# ---- methods ----------------------------------------------------------------------------------
+
+def _method_variants(methods: list[Placed[MethodEntry]], issues: Issues) -> list[_Variant]:
+    variants: list[_Variant] = []
+    for placed in methods:
+        entry = placed.value
+        cls = _lookup(METHODS, entry.name, placed.doc, placed.at("name"), issues)
+        claims = [_parse(text, placed.doc, placed.at("claims", i), issues)
+                  for i, text in enumerate(entry.claims)]
+        combos = _combos(entry.matrix)
+        settings = (_settings(cls, placed, f"method {entry.name!r}", issues) if cls
+                    else [None] * len(combos))
+        base = entry.label or entry.name.rpartition(":")[2]  # module:Class -> Class
+        for combo, instance in zip(combos, settings, strict=True):
+            variants.append(_Variant(
+                placed, base + "".join(f"-{k}{_text(v)}" for k, v in combo.items()),
+                None if instance is None else dataclasses.asdict(instance),
+                [c for c in claims if c is not None],
+            ))
+    first: dict[str, _Variant] = {}
+    for variant in variants:
+        if variant.label in first:
+            issues.add(variant.entry.doc, variant.entry.path,
+                       f"method label {variant.label!r} is also used by "
+                       f"{first[variant.label].entry.where()}", "give one of them a `label:`")
+        first.setdefault(variant.label, variant)
+    return variants
+
+
+def _select(bench: Placed[BenchmarkEntry], variants: list[_Variant], issues: Issues):
+    """The method variants a benchmark runs, in the suite's method order."""
+    selectors = bench.value.methods
+    if selectors is None:
+        return variants
+    labels = [v.label for v in variants]
+    for i, pattern in enumerate(selectors):
+        if not any(fnmatch.fnmatchcase(label, pattern) for label in labels):
+            hint = did_you_mean(pattern, labels).strip() or f"method labels: {', '.join(labels)}"
+            issues.add(bench.doc, bench.at("methods", i),
+                       f"{pattern!r} matches no method label", hint)
+    return [v for v in variants if any(fnmatch.fnmatchcase(v.label, p) for p in selectors)]
+
+
+# ---- benchmarks -------------------------------------------------------------------------------
+
+def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults: Defaults,
+                 default_model: Placed[str] | None, describe, issues: Issues) -> list[Case]:
+    entry = bench.value
+    cls = _lookup(BENCHMARKS, entry.kind, bench.doc, bench.at("kind"), issues)
+    claims = _bench_claims(bench, cls, issues)
+    combos = _combos(entry.matrix)
+    suffixes = ["/" + ",".join(f"{k}={_text(v)}" for k, v in c.items()) if c else ""
+                for c in combos]
+    ids = [f"{entry.kind}/{v.label}{s}" for s in suffixes for v in chosen]
+    _check_scopes(bench, claims, ids, issues)
+    if cls is None:
+        return []
+    model = Placed(entry.model, bench.doc, bench.at("model")) if entry.model else default_model
+    info, model_ok = describe(model) if model else (None, not cls.uses_model)
+    if cls.uses_model and model is None:
+        issues.add(bench.doc, bench.at("kind"), f"benchmark {entry.kind!r} needs a model",
+                   "set defaults.model, or model: on this benchmark, e.g. tiny:llama")
+    cases = []
+    settings = _settings(cls.Params, bench, f"benchmark {entry.kind!r}", issues)
+    for combo, suffix, params in zip(combos, suffixes, settings, strict=True):
+        if params is None:
+            continue
+        if model_ok:  # a missing or unusable model was reported already
+            try:
+                cls().check(params, info)
+            except ValueError as exc:
+                issues.add(bench.doc, _blame(str(exc), combo, bench), str(exc))
+                continue
+        for variant in chosen:
+            if variant.params is None:
+                continue
+            case_id = f"{entry.kind}/{variant.label}{suffix}"
+            cases.append(Case(
+                id=case_id, benchmark=entry.kind, bench_params=dataclasses.asdict(params),
+                method=variant.entry.value.name, method_label=variant.label,
+                method_params=variant.params,
+                model=_model_spec(model) if model else None,
+                device=defaults.device,
+                seed=_first(entry.seed, defaults.seed),
+                repeats=_first(entry.repeats, defaults.repeats),
+                timeout_s=_first(entry.timeout_s, defaults.timeout_s),
+                claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
+                + [c.value for c, pattern, _ in claims
+                   if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
+            ))
+    return cases
+
+
+def _first(override, default):
+    return default if override is None else override
+
+
+def _declared(kind: str) -> set[str] | None:
+    """The metrics a benchmark kind reports; None for an unknown kind."""
+    try:
+        return set(BENCHMARKS.get(kind).metrics)
+    except UnknownName:
+        return None
+
+
+# ---- parameters -------------------------------------------------------------------------------
+
+def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any | None]:
+    """One validated `cls` instance (or None) per combination of the entry's matrix."""
+    params, matrix = placed.value.params, placed.value.matrix
+    combos = _combos(matrix)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    ok = True
+    for section, keys in (("params", params), ("matrix", matrix)):
+        for key in keys:
+            problem, hint = "", ""
+            if key not in names:
+                problem = f"unknown parameter {key!r} of {what}"
+                hint = (did_you_mean(key, names).strip()
+                        or f"parameters: {', '.join(names) or 'none'}")
+            elif section == "matrix" and key in params:
+                problem = f"{key!r} is set in both params and matrix"
+            elif section == "matrix" and not matrix[key]:
+                problem = "the matrix lists no values"
+            if problem:
+                issues.add(placed.doc, placed.at(section, key), problem, hint)
+                ok = False
+    if not ok:
+        return [None] * len(combos)
+    out = []
+    for combo in combos:
+        try:
+            out.append(_adapter(cls).validate_python({**params, **combo}))
+        except ValidationError as exc:
+            out.append(None)
+            for err in exc.errors():
+                path = _param_path(err["loc"], combo, placed)
+                if not err["loc"]:  # __post_init__ refused the whole: blame the key it names
+                    path = _blame(str(err["msg"]), combo, placed)
+                issues.add(placed.doc, path, explain_error(err, path)[0])
+        except (TypeError, ValueError) as exc:  # raised by __post_init__ outside pydantic
+            out.append(None)
+            issues.add(placed.doc, _blame(str(exc), combo, placed), str(exc))
+    return out
+
+
+_ADAPTERS: dict[type, TypeAdapter] = {}
+
+
+def _adapter(cls: type) -> TypeAdapter:
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = TypeAdapter(cls)
+    return _ADAPTERS[cls]
+
+
+def _param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:
+    """Where a field error belongs: the matrix value that set the field, else params."""
+    if loc and loc[0] in combo:
+        return placed.at("matrix", loc[0], _index(placed.value.matrix[loc[0]], combo[loc[0]]),
+                         *loc[1:])
+    return placed.at("params", *loc)
+
+
+def _blame(message: str, combo: dict, placed: Placed) -> tuple:
+    """The key a message about a whole setting belongs to: the parameter it names, else params."""
+    words = set(re.findall(r"[A-Za-z_]\w*", message))
+    for key, value in combo.items():
+        if key in words:
+            return placed.at("matrix", key, _index(placed.value.matrix[key], value))
+    for key in placed.value.params:
+        if key in words:
+            return placed.at("params", key)
+    if placed.value.params or not combo:
+        return placed.at("params")
+    return placed.at("matrix")
+
+
+def _index(values: list, value: Any) -> int:
+    return next(i for i, v in enumerate(values) if v is value)
+
+
+def _combos(matrix: dict[str, list]) -> list[dict[str, Any]]:
+    """The cartesian product of a matrix, in the order written ([{}] for no matrix)."""
+    return [dict(zip(matrix, values, strict=True))
+            for values in itertools.product(*matrix.values())]
+
+
+def _text(value: Any) -> str:
+    """A matrix value as it appears in labels and case ids: 4, 0.5, gaussian, true, [0,1]."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+# ---- names, claims, models --------------------------------------------------------------------
+
+def _lookup(registry: Registry, name: str, doc: YamlDoc, path: tuple, issues: Issues):
+    try:
+        return registry.get(name)
+    except UnknownName as exc:
+        message, _, hint = str(exc).partition(". ")
+        issues.add(doc, path, message, hint or f"see `kvbench list {registry.kind}s`")
+        return None
+
+
+def _parse(text: str, doc: YamlDoc, path: tuple, issues: Issues) -> Placed[Claim] | None:
+    try:
+        return Placed(parse_claim(text, source=f"{doc.file}:{doc.line(path)}"), doc, path)
+    except ValueError as exc:
+        issues.add(doc, path, str(exc))
+        return None
+
+
+def _bench_claims(bench: Placed[BenchmarkEntry], cls, issues: Issues):
+    """(claim, case glob or None, index) for each parsable claim of a benchmark entry."""
+    out = []
+    for i, item in enumerate(bench.value.claims):
+        scoped = isinstance(item, ScopedClaim)
+        path = bench.at("claims", i, "claim") if scoped else bench.at("claims", i)
+        claim = _parse(item.claim if scoped else item, bench.doc, path, issues)
+        if claim is None:
+            continue
+        if cls is not None:
+            who = f"benchmark {bench.value.kind!r} does not report"
+            _check_metric(claim, set(cls.metrics), who, issues)
+        out.append((claim, item.cases if scoped else None, i))
+    return out
+
+
+def _check_metric(claim: Placed[Claim], metrics: set[str], who: str, issues: Issues) -> None:
+    """`who` says who lacks it: "benchmark 'proofs' does not report" (metric X)."""
+    name = claim.value.metric
+    if name not in metrics:
+        hint = did_you_mean(name, metrics).strip() or f"known: {', '.join(sorted(metrics))}"
+        issues.add(claim.doc, claim.path, f"{who} metric {name!r}", hint)
+
+
+def _check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues: Issues) -> None:
+    for _, pattern, i in claims:
+        if pattern is not None and not any(fnmatch.fnmatchcase(c, pattern) for c in ids):
+            hint = did_you_mean(pattern, ids).strip() or (
+                f"case ids look like {ids[0]!r}" if ids else "this benchmark has no cases")
+            issues.add(bench.doc, bench.at("claims", i, "cases"),
+                       f"{pattern!r} matches no case of this benchmark", hint)
+
+
+def _model_spec(model: Placed[str]) -> str:
+    """A checkpoint path relative to the suite file becomes absolute; other specs stay."""
+    spec = model.value
+    if spec.startswith(("bundled:", "tiny:")):
+        return spec
+    path = Path(spec).expanduser()
+    if path.is_absolute():
+        return str(path)
+    local = Path(model.doc.file).parent / path
+    if local.exists() or spec.startswith("."):
+        return str(local.resolve())
+    return spec  # a hub id such as HuggingFaceTB/SmolLM2-135M
+
+
+class _ModelDescriber:
+    """describe_model once per spec; each place that names a bad model gets the issue."""
+
+    def __init__(self, issues: Issues):
+        self.issues = issues
+        self.known: dict[str, tuple[ModelInfo | None, str]] = {}
+
+    def __call__(self, model: Placed[str]) -> tuple[ModelInfo | None, bool]:
+        spec = _model_spec(model)
+        if spec not in self.known:
+            try:
+                self.known[spec] = (models.describe_model(spec), "")
+            except ValueError as exc:
+                self.known[spec] = (None, str(exc))
+        info, problem = self.known[spec]
+        if problem:
+            self.issues.add(model.doc, model.path, problem)
+        return info, not problem

@@ -1,0 +1,144 @@
+"""load_suite: a YAML file (and its includes) -> a validated LoadedSuite, or a SuiteError that
+names every problem with its file, line and key.
+
+Two passes: first each file's shape (YAML syntax, keys, types), then, when every file is well
+formed, what needs the registries and models (names, parameters, claims, selectors, models).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kvbench.suite.case import DEFAULT_TOLERANCE, LoadedSuite, Tolerance
+from kvbench.suite.errors import Issues, SuiteError, SuiteIssue
+from kvbench.suite.expand import Placed, check_gate_metrics, expand_cases
+from kvbench.suite.schema import (
+    SCHEMA_VERSION,
+    Defaults,
+    SuiteFile,
+    ToleranceSpec,
+    schema_issues,
+)
+from kvbench.suite.yaml_lines import YamlDoc, load_yaml
+
+
+def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
+    """Load and check a suite; keyword arguments override its `defaults:` (device="cpu", ...)."""
+    shown = str(path)
+    if not Path(shown).is_file():
+        raise SuiteError([SuiteIssue(shown, 1, "", "no such suite file")])
+    issues = Issues()
+    files: list[tuple[YamlDoc, SuiteFile]] = []
+    _read(shown, issues, [], set(), files)
+    issues.raise_if_any()
+
+    top_doc, top = files[-1]
+    methods = [Placed(m, doc, ("methods", i)) for doc, f in files for i, m in enumerate(f.methods)]
+    benchmarks = [Placed(b, doc, ("benchmarks", i))
+                  for doc, f in files for i, b in enumerate(f.benchmarks)]
+    for key, entries in (("methods", methods), ("benchmarks", benchmarks)):
+        if not entries:
+            issues.add(top_doc, (key,), f"the suite has no {key}",
+                       "list at least one, here or in an included file")
+    settings, default_model = _merge_defaults(files, defaults, issues)
+    default_tol, tolerances, gate_names = _merge_gate(files)
+    check_gate_metrics(gate_names, benchmarks, issues)
+    cases = expand_cases(methods, benchmarks, settings, default_model, issues)
+    issues.raise_if_any()
+
+    resolved = {
+        "kvbench": SCHEMA_VERSION,
+        "name": top.name or Path(shown).stem,
+        "description": top.description,
+        "defaults": settings.model_dump(),
+        "gate": {"default": default_tol.model_dump(),
+                 "metrics": {k: v.model_dump() for k, v in tolerances.items()}},
+        "methods": [m.value.model_dump() for m in methods],
+        "benchmarks": [b.value.model_dump() for b in benchmarks],
+    }
+    canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
+    return LoadedSuite(
+        name=resolved["name"],
+        path=shown,
+        hash=hashlib.sha256(canonical.encode()).hexdigest(),
+        resolved=resolved,
+        cases=cases,
+        tolerances={k: Tolerance(v.abs, v.rel) for k, v in tolerances.items()},
+        default_tolerance=Tolerance(default_tol.abs, default_tol.rel),
+    )
+
+
+def _read(file: str, issues: Issues, stack: list[str], done: set[Path], out: list) -> None:
+    """Append (doc, SuiteFile) for `file`, after those of its includes (depth first, each once)."""
+    done.add(Path(file).resolve())
+    try:
+        doc = load_yaml(Path(file).read_text(encoding="utf-8"), file)
+    except SuiteError as exc:
+        issues.extend(exc.issues)
+        return
+    except (OSError, UnicodeDecodeError) as exc:
+        issues.extend([SuiteIssue(file, 1, "", f"cannot read the file: {exc}")])
+        return
+    if doc.data is None:
+        issues.add(doc, (), "the file is empty", f"a suite starts with `kvbench: {SCHEMA_VERSION}`")
+        return
+    try:
+        suite = SuiteFile.model_validate(doc.data)
+    except ValidationError as exc:
+        for path, message, hint in schema_issues(exc, doc.data):
+            issues.add(doc, path, message, hint)
+        return
+    for i, name in enumerate(suite.include):
+        target = os.path.normpath(os.path.join(os.path.dirname(file), name))
+        chain = [Path(f).resolve() for f in stack + [file]]
+        if Path(target).resolve() in chain:
+            cycle = [*stack, file][chain.index(Path(target).resolve()):] + [target]
+            issues.add(doc, ("include", i), f"include cycle: {' -> '.join(cycle)}")
+        elif not Path(target).is_file():
+            issues.add(doc, ("include", i), f"no such file: {target}",
+                       "include paths are relative to the including file")
+        elif Path(target).resolve() not in done:
+            _read(target, issues, stack + [file], done, out)
+    out.append((doc, suite))
+
+
+def _merge_defaults(files, overrides: dict[str, Any], issues: Issues):
+    """Defaults key by key, later files winning, then the caller's overrides; and where the
+    default model was written (relative checkpoint paths are relative to that file)."""
+    merged: dict[str, Any] = {}
+    model: Placed[str] | None = None
+    for doc, suite in files:
+        written = suite.defaults.model_dump(exclude_unset=True)
+        merged.update(written)
+        if "model" in written:
+            model = written["model"] and Placed(written["model"], doc, ("defaults", "model"))
+    if overrides:
+        # An override model path is relative to the working directory, as on a command line.
+        doc = YamlDoc("(overrides)", overrides)
+        merged.update(overrides)
+        if "model" in overrides:
+            model = overrides["model"] and Placed(overrides["model"], doc, ("defaults", "model"))
+    try:
+        return Defaults.model_validate(merged), model
+    except ValidationError as exc:
+        for path, message, hint in schema_issues(exc, merged):
+            issues.add(YamlDoc("(overrides)", overrides), ("defaults", *path), message, hint)
+        return Defaults(), model
+
+
+def _merge_gate(files):
+    """(default tolerance, per-metric tolerances, where each metric was named)."""
+    default = ToleranceSpec(abs=DEFAULT_TOLERANCE.abs, rel=DEFAULT_TOLERANCE.rel)
+    tolerances: dict[str, ToleranceSpec] = {}
+    names: dict[str, Placed[str]] = {}
+    for doc, suite in files:
+        default = suite.gate.default or default
+        for metric, tolerance in suite.gate.metrics.items():
+            tolerances[metric] = tolerance
+            names[metric] = Placed(metric, doc, ("gate", "metrics", metric))
+    return default, tolerances, list(names.values())

@@ -1,0 +1,14 @@
+"""Shared fixtures.
+
+The bundled model is prepared once per session (into KVBENCH_HOME if set, else the default home);
+tests that use it are marked `model`.
+"""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """The bundled model as a LoadedModel, prepared on first use (about half a minute, once)."""
+    from kvbench.models import load_model
+
+    return load_model("bundled:smollm2-135m", "cpu")

@@ -1,0 +1,230 @@
+"""The perplexity benchmark and its offline text sources."""
+import math
+
+import pytest
+import torch
+
+from kvbench.benchmarks import perplexity as ppl_module
+from kvbench.benchmarks.base import RunContext
+from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
+from kvbench.data.text import load_text, pydoc_text, tokens_sha256
+from kvbench.methods.base import Codec, Method, Packed
+from kvbench.methods.codec_cache import CodecCache
+from kvbench.methods.identity import Identity
+from kvbench.models import load_model
+from kvbench.models.info import ModelInfo
+
+
+class TernaryCodec(Codec):
+    """Each value becomes -1, 0 or +1 times its vector's max |x|: lossy enough to show."""
+
+    def encode(self, x):
+        scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-8)
+        q = torch.round(x / scale).to(torch.int8)
+        return Packed({"q": q, "scale": scale.half()}, tuple(x.shape), x.dtype)
+
+    def decode(self, packed):
+        return (packed.tensors["q"].float() * packed.tensors["scale"].float()).to(packed.dtype)
+
+
+class Ternary(Method):
+    def codec(self):
+        return TernaryCodec()
+
+    def new_layer_cache(self, layer_idx):
+        return CodecCache(TernaryCodec(), TernaryCodec())
+
+
+class Leaky(Method):
+    """Scales stored values by how many caches it has made: state leaking between runs."""
+
+    def __init__(self):
+        self.made = 0
+
+    def new_layer_cache(self, layer_idx):
+        self.made += 1
+        return CodecCache(_Scale(1 + 0.05 * self.made), _Scale(1 + 0.05 * self.made))
+
+
+class _Scale(Codec):
+    def __init__(self, factor):
+        self.factor = factor
+
+    def encode(self, x):
+        return Packed({"x": x * self.factor}, tuple(x.shape), x.dtype)
+
+    def decode(self, packed):
+        return packed.tensors["x"]
+
+
+def _ctx(model="tiny:llama", repeats=1, status=lambda message: None):
+    return RunContext(
+        device=torch.device("cpu"), seed=0, repeats=repeats, model=model,
+        load_model=load_model, status=status,
+    )
+
+
+def _run(method, model="tiny:llama", repeats=1, **params):
+    params = {"context": 48, "continuation": 16, **params}
+    return Perplexity().run(PerplexityParams(**params), method, _ctx(model, repeats))
+
+
+# --- parameters and check ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value", [("context", 0), ("continuation", 1), ("decode_chunk", 0), ("offset", -1)]
+)
+def test_params_out_of_range_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be >="):
+        PerplexityParams(**{field: value})
+
+
+def test_params_refuse_a_malformed_hf_source():
+    with pytest.raises(ValueError, match="hf:<dataset>"):
+        PerplexityParams(text="hf:wikitext")
+
+
+def test_check_refuses_more_tokens_than_the_model_is_good_for():
+    info = ModelInfo("bundled:smollm2-135m", 8192)
+    Perplexity().check(PerplexityParams(context=8000, continuation=192), info)  # exactly the limit
+    with pytest.raises(ValueError, match=r"8000 \+ 256 = 8256 .*8192.*bundled:smollm2-135m"):
+        Perplexity().check(PerplexityParams(context=8000, continuation=256), info)
+    with pytest.raises(ValueError, match="needs a model"):
+        Perplexity().check(PerplexityParams(), None)
+
+
+# --- the benchmark on tiny models -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["tiny:llama", "tiny:qwen3"])
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_identity_reproduces_the_plain_model(model, chunk):
+    out = _run(Identity(), model=model, decode_chunk=chunk)
+    ppl, ref = out.metrics["perplexity"].value, out.metrics["ppl_reference"].value
+    assert math.isclose(ppl, ref, rel_tol=1e-4)
+    assert abs(out.metrics["ppl_rel_delta"].value) < 1e-4
+    assert 1 < ref < 1e4
+
+
+def test_reference_matches_a_full_forward_without_cache():
+    loaded = load_model("tiny:llama", "cpu")
+    tokens = loaded.tokenizer.encode(pydoc_text())[:64]
+    with torch.inference_mode():
+        logits = loaded.model(torch.tensor([tokens])).logits[0, 47:63]
+    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(tokens[48:64]))
+    out = _run(Identity())
+    assert math.isclose(out.metrics["ppl_reference"].value, math.exp(nll.item()), rel_tol=1e-4)
+
+
+def test_a_lossy_codec_changes_perplexity_and_saves_bytes():
+    identity, lossy = _run(Identity()), _run(Ternary())
+    assert identity.metrics["ppl_reference"].value == lossy.metrics["ppl_reference"].value
+    assert abs(lossy.metrics["ppl_rel_delta"].value) > 1e-2
+    assert lossy.metrics["kv_bytes"].value < identity.metrics["kv_bytes"].value / 3
+    # 63 tokens fed, 2 layers, K+V, 2 heads: int8 per value plus an fp16 scale per vector
+    assert lossy.metrics["kv_bytes"].value == 63 * 2 * 2 * 2 * (16 + 2)
+    assert lossy.metrics["compression_ratio"].value == pytest.approx(32 / 18)
+    assert lossy.info["layout"] == "TernaryCodec"
+
+
+def test_identity_accounting_and_records():
+    out = _run(Identity(), repeats=3)
+    fp32_bytes = 63 * 2 * 2 * 2 * 16 * 4
+    assert out.metrics["kv_bytes"].value == fp32_bytes
+    assert out.metrics["kv_bytes_measured"].value == fp32_bytes
+    assert out.metrics["compression_ratio"].value == 0.5  # fp32 storage is twice 16-bit
+    assert len(out.metrics["prefill_s"].samples) == 3
+    assert len(out.metrics["decode_tok_s"].samples) == 3
+    assert out.metrics["perplexity"].samples is None
+    assert out.info == {"layout": "identity (auto), K and V", "tokens": 64, "text": "pydoc"}
+    tokens = load_model("tiny:llama", "cpu").tokenizer.encode(pydoc_text())[:64]
+    assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama"}
+    assert set(out.metrics) == set(Perplexity.metrics)
+
+
+def test_state_leaking_between_repeats_is_caught():
+    with pytest.raises(RuntimeError, match="differs across repeats"):
+        _run(Leaky(), repeats=2)
+
+
+def test_reference_is_computed_once_per_tokens_and_chunk(monkeypatch):
+    caches = []
+    real = ppl_module._run_pass
+
+    def counting(model, ids, params, cache, *rest):
+        caches.append(type(cache).__name__)
+        return real(model, ids, params, cache, *rest)
+
+    monkeypatch.setattr(ppl_module, "_REFERENCE", {})
+    monkeypatch.setattr(ppl_module, "_run_pass", counting)
+    _run(Identity())
+    _run(Ternary())  # same tokens and chunk: reuses the reference
+    _run(Identity(), decode_chunk=4)
+    assert caches.count("DynamicCache") == 2 and caches.count("KVBenchCache") == 3
+
+
+def test_progress_is_reported():
+    seen = []
+    params = PerplexityParams(context=8, continuation=4)
+    Perplexity().run(params, Identity(), _ctx(status=seen.append))
+    assert seen[-4:] == ["prefill", "decode 1/3", "decode 2/3", "decode 3/3"]
+
+
+def test_text_too_short_for_the_window():
+    with pytest.raises(ValueError, match="needs 10000064"):
+        _run(Identity(), offset=10_000_000)
+
+
+def test_a_text_file_is_scored(tmp_path):
+    path = tmp_path / "story.txt"
+    path.write_text("once upon a time " * 20)
+    out = _run(Identity(), text=str(path), context=16, continuation=8)
+    assert out.info["text"] == str(path)
+    assert out.metrics["ppl_reference"].value > 1
+
+
+# --- text sources -----------------------------------------------------------------------------
+
+
+def test_pydoc_text_is_the_topics_in_key_order():
+    from pydoc_data.topics import topics
+
+    text = pydoc_text()
+    first, second = sorted(topics)[:2]
+    assert text.startswith(topics[first] + "\n\n" + topics[second])
+    assert load_text("pydoc") == text
+
+
+def test_load_text_file_relative_to_base_dir(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    assert load_text("a.txt", tmp_path) == "hello"
+    with pytest.raises(ValueError, match="does not exist"):
+        load_text("missing.txt", tmp_path)
+
+
+def test_hf_text_is_offline_only():
+    with pytest.raises(ValueError, match="datasets|local cache"):
+        load_text("hf:kvbench-test/no-such-dataset:train:text")
+
+
+def test_tokens_sha256_identifies_the_sequence():
+    assert tokens_sha256([1, 2, 3]) == tokens_sha256([1, 2, 3])
+    assert tokens_sha256([1, 2, 3]) != tokens_sha256([1, 23])
+    assert len(tokens_sha256([])) == 64
+
+
+# --- the bundled model ------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_bundled_identity_parity(bundled):
+    ctx = RunContext(
+        device=torch.device("cpu"), seed=0, repeats=1, model=bundled.spec,
+        load_model=lambda spec, device: bundled,
+    )
+    out = Perplexity().run(PerplexityParams(context=128, continuation=32), Identity(), ctx)
+    ppl, ref = out.metrics["perplexity"].value, out.metrics["ppl_reference"].value
+    assert math.isclose(ppl, ref, rel_tol=1e-4)
+    assert 1.5 < ref < 100  # a real model on English text, not a random one
+    assert out.metrics["kv_bytes"].value == 159 * 30 * 2 * 3 * 64 * 4

@@ -1,0 +1,172 @@
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kvbench.benchmarks.base import RunContext
+from kvbench.benchmarks.proofs import Proofs, ProofsParams, _cosine
+from kvbench.data.synthetic import KINDS, make_queries, make_vectors
+from kvbench.methods.base import Method
+from kvbench.methods.identity import Identity
+from kvbench.methods.intq import IntQ
+
+CTX = RunContext(device=torch.device("cpu"), seed=0, repeats=2, model=None,
+                 load_model=lambda spec, device: None)
+
+
+def _run(method, **params):
+    params = {"n_vectors": 512, "dim": 64, **params}
+    return Proofs().run(ProofsParams(**params), method, CTX)
+
+
+def _values(out):
+    return {name: metric.value for name, metric in out.metrics.items()}
+
+
+# --- synthetic data -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_vectors_are_seeded_float32(kind):
+    a = make_vectors(kind, 100, 16, seed=3)
+    assert a.shape == (100, 16) and a.dtype == torch.float32
+    assert torch.equal(a, make_vectors(kind, 100, 16, seed=3))
+    assert not torch.equal(a, make_vectors(kind, 100, 16, seed=4))
+
+
+def test_kinds_have_their_shape():
+    sphere = make_vectors("sphere", 1000, 32, seed=0)
+    assert torch.allclose(sphere.norm(dim=-1), torch.ones(1000), atol=1e-6)
+    gaussian = make_vectors("gaussian", 20000, 8, seed=0)
+    assert abs(float(gaussian.mean())) < 0.02 and abs(float(gaussian.std()) - 1) < 0.02
+    spread = make_vectors("outliers", 4000, 64, seed=0).std(dim=0)
+    assert int((spread > 10).sum()) == 4 and int((spread < 1.2).sum()) == 60
+
+
+def test_queries_are_not_the_vectors():
+    queries = make_queries(64, 16, seed=0)
+    assert queries.shape == (64, 16) and queries.dtype == torch.float32
+    assert not torch.equal(queries, make_vectors("gaussian", 64, 16, seed=0))
+    assert torch.equal(queries, make_queries(64, 16, seed=0))
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown synthetic data kind 'uniform'"):
+        make_vectors("uniform", 4, 4, seed=0)
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
+def test_identity_is_exact():
+    out = _values(_run(Identity()))
+    assert out["mse"] == 0.0
+    assert out["cosine"] == 1.0
+    assert out["compression_ratio"] == 1.0 and out["bits_per_value"] == 16.0
+    assert out["ip_rel_error"] == 0.0 and out["attn_output_error"] == 0.0
+    assert out["nbytes"] == 2 * 512 * 64 * 2
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_more_bits_are_more_faithful(kind):
+    runs = [_values(_run(IntQ(bits=bits), data=kind)) for bits in (8, 4, 2)]
+    cosine = [r["cosine"] for r in runs]
+    assert 1.0 >= cosine[0] > cosine[1] > cosine[2]
+    for lower_is_better in ("mse", "ip_rel_error", "attn_output_error"):
+        errors = [r[lower_is_better] for r in runs]
+        assert 0 < errors[0] < errors[1] < errors[2], lower_is_better
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("bits, group", [(2, 32), (4, 16), (8, 48)])
+def test_ratio_is_the_byte_formula(bits, group, dtype):
+    n, dim = 300, 80
+    out = _values(_run(IntQ(bits=bits, group_size=group), n_vectors=n, dim=dim, dtype=dtype))
+    per_vector = math.ceil(dim * bits / 8) + 4 * math.ceil(dim / group)
+    nbytes = 2 * n * per_vector  # K and V
+    assert out["nbytes"] == nbytes
+    assert out["compression_ratio"] == pytest.approx(2 * n * dim * 2 / nbytes, rel=1e-12)
+    assert out["bits_per_value"] == pytest.approx(8 * nbytes / (2 * n * dim), rel=1e-12)
+
+
+def test_cosine_never_exceeds_one():
+    a = torch.randn(1000, 64, dtype=torch.float64)
+    for b in (a, a * 3.0, a * 1e-3 + 0.0):
+        assert (_cosine(a, b) <= 1.0).all()
+    zeros = torch.zeros(2, 4, dtype=torch.float64)
+    assert _cosine(zeros, zeros).tolist() == [1.0, 1.0]
+    assert _cosine(zeros, torch.ones(2, 4, dtype=torch.float64)).tolist() == [0.0, 0.0]
+    for kind in sorted(KINDS):
+        for method in (Identity(dtype="bfloat16"), IntQ(bits=8)):
+            out = _values(_run(method, data=kind, dtype="float32", n_vectors=128))
+            assert 0.999 < out["cosine"] <= 1.0
+
+
+def test_output_records_layout_shape_hash_and_timings():
+    out = _run(IntQ(bits=4), data_seed=1)
+    assert out.info["shape"] == [1, 1, 512, 64]
+    assert out.info["layout"] == IntQ(bits=4).codec().layout()
+    sha = out.comparable["data_sha256"]
+    assert sha == _run(Identity(), data_seed=1).comparable["data_sha256"]
+    assert sha != _run(Identity(), data_seed=2).comparable["data_sha256"]
+    assert sha != _run(Identity(), data_seed=1, dtype="float32").comparable["data_sha256"]
+    for name in ("encode_ms", "decode_ms"):
+        metric = out.metrics[name]
+        assert len(metric.samples) == CTX.repeats and metric.min > 0 and metric.unit == "ms"
+
+
+def test_metric_table_matches_the_output():
+    out = _run(IntQ())
+    assert set(out.metrics) == set(Proofs.metrics)
+    for name, spec in Proofs.metrics.items():
+        assert out.metrics[name].direction == spec.direction
+        assert out.metrics[name].unit == spec.unit
+        assert spec.timed == name.endswith("_ms")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("data", "uniform"), ("n_vectors", 0), ("dim", 0), ("dtype", "int8"), ("tokens", 0),
+     ("n_queries", 0), ("layers", []), ("layers", [-1])],
+)
+def test_invalid_params_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        ProofsParams(**{field: value})
+
+
+def test_a_method_without_codec_is_refused():
+    @dataclass
+    class NoCodec(Method):
+        def new_layer_cache(self, layer_idx):
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match="proofs needs a codec method"):
+        _run(NoCodec())
+
+
+def test_captured_needs_a_model():
+    from kvbench.models.info import ModelInfo
+
+    with pytest.raises(ValueError, match="needs a model"):
+        Proofs().check(ProofsParams(data="captured"), None)
+    with pytest.raises(ValueError, match="tokens"):
+        Proofs().check(ProofsParams(data="captured", tokens=9000), ModelInfo("tiny:x", 8192))
+    Proofs().check(ProofsParams(data="gaussian"), None)
+
+
+@pytest.mark.model
+def test_captured_keys_and_values():
+    from kvbench.models.bundled import is_prepared
+
+    if not is_prepared("smollm2-135m"):
+        pytest.skip("bundled model not prepared (kvbench models prepare smollm2-135m)")
+    models = pytest.importorskip("kvbench.models")
+    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1,
+                     model="bundled:smollm2-135m", load_model=models.load_model)
+    params = ProofsParams(data="captured", layers=[0, 5], tokens=128, dtype="float32")
+    exact = _values(Proofs().run(params, Identity(), ctx))
+    assert exact["mse"] == 0.0 and exact["cosine"] == 1.0
+    out = Proofs().run(params, IntQ(bits=4), ctx)
+    assert out.info["shape"] == [1, 2 * 3, 128, 64]  # two layers of 3 KV heads
+    assert 0.9 < out.metrics["cosine"].value < 1.0

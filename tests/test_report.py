@@ -1,0 +1,130 @@
+"""Reports made from a stored results file: the Markdown report, README injection, compare."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvbench.gate import gate, tolerances_from_resolved
+from kvbench.report.compare import render_compare
+from kvbench.report.markdown import render_markdown, write_reports
+from kvbench.report.readme import inject_section, markers, render_section_table
+from kvbench.report.tables import fmt_number
+from kvbench.results import Metric, RunResult, load_results
+
+DATA = Path(__file__).parent / "data"
+GOLDEN = DATA / "report_small.md"
+
+
+@pytest.fixture
+def small() -> RunResult:
+    return load_results(DATA / "results_small.json")
+
+
+def _case(result: RunResult, case_id: str):
+    return next(c for c in result.cases if c.id == case_id)
+
+
+def test_markdown_matches_golden(small):
+    text = render_markdown(small)
+    if os.environ.get("KVBENCH_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "rerun with KVBENCH_UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_markdown_is_deterministic_and_shows_the_essentials(small):
+    text = render_markdown(small)
+    assert text == render_markdown(small)
+    assert "encode_ms (ms) ↓" in text and "cosine ↑" in text
+    assert "error: ValueError: group_size 48 does not divide dim 64 |" in text
+    assert "hint:" not in text  # only the error's first line
+    assert "✅ held" in text and "❌ failed" in text and "⚠ missing" in text
+    assert "| torch | 2.13.0 |" in text
+
+
+def test_write_reports_writes_report_md(small, tmp_path):
+    path = write_reports(small, tmp_path / "out")
+    assert path == tmp_path / "out" / "report.md"
+    assert path.read_text() == render_markdown(small)
+    assert [p.name for p in path.parent.iterdir()] == ["report.md"]  # no temp file left
+
+
+def test_markdown_gate_section(small):
+    current = small.model_copy(deep=True)
+    _case(current, "perplexity/intq-4bit-g32/context=512").metrics["perplexity"].value = 14.0
+    _case(current, "proofs/intq-4bit-g32/data=gaussian").metrics["mse"].value = 0.004
+    default, per_metric = tolerances_from_resolved(small.suite.resolved)
+    report = gate(current, small, default, per_metric)
+    text = render_markdown(current, report)
+    section = text.split("## Gate against the baseline")[1]
+    assert "**regression** (exit 1)" in section
+    assert "### Regressions" in section and "| perplexity/intq-4bit-g32/context=512 | perplexity |" in section
+    assert "### Improvements" in section and "| mse | 0.009123 | 0.004 | 0.44 |" in section
+
+
+@pytest.mark.parametrize("value, unit, shown", [
+    (1.0, "", "1"), (3.5556, "x", "3.556"), (0.009123456, "", "0.009123"), (1.2e-5, "", "1.200e-05"),
+    (123456.7, "", "123,457"), (9999.7, "", "10,000"), (2654208.0, "bytes", "2.531 MiB"), (512.0, "B", "512 B"),
+    (float("nan"), "", "nan"),
+])
+def test_fmt_number(value, unit, shown):
+    assert fmt_number(value, unit) == shown
+
+
+def test_readme_injection_round_trip(small, tmp_path):
+    readme = tmp_path / "README.md"
+    start, end = markers("perplexity")
+    readme.write_text(f"# Title\n\nintro\n\n{start}\nold table\n{end}\n\nafter\n")
+    table = render_section_table(small, "perplexity")
+    inject_section(readme, "perplexity", table)
+    once = readme.read_text()
+    assert once == f"# Title\n\nintro\n\n{start}\n{table}\n{end}\n\nafter\n"
+    assert "old table" not in once and "## proofs" not in once
+    inject_section(readme, "perplexity", table)
+    assert readme.read_text() == once  # idempotent
+
+
+@pytest.mark.parametrize("body", ["no markers here\n", "{start}\n{start}\n{end}\n", "{end}\n{start}\n"])
+def test_readme_injection_refuses_bad_markers(tmp_path, body):
+    start, end = markers("speed")
+    readme = tmp_path / "README.md"
+    readme.write_text(body.format(start=start, end=end))
+    with pytest.raises(ValueError) as info:
+        inject_section(readme, "speed", "table")
+    message = str(info.value)
+    assert str(readme) in message and "'speed'" in message and start in message and end in message
+
+
+def test_section_table_for_all_benchmarks_and_unknown_one(small):
+    both = render_section_table(small)
+    assert "### proofs" in both and "### perplexity" in both
+    with pytest.raises(ValueError, match="niah"):
+        render_section_table(small, "niah")
+
+
+def test_compare_marks(small):
+    b = small.model_copy(deep=True)
+    b.machine = {**b.machine, "key": "linux-x86_64-nvidia-h100", "device": "NVIDIA H100"}
+    _case(b, "proofs/intq-4bit-g32/data=gaussian").metrics["mse"].value = 0.004  # better
+    _case(b, "proofs/intq-4bit-g32/data=gaussian").metrics["cosine"].value = 0.996  # ~
+    slow = Metric.from_samples([300.0, 301.0, 302.0, 303.0, 304.0], "tok/s", "higher")
+    _case(b, "perplexity/intq-4bit-g32/context=512").metrics["tokens_per_s"] = slow  # worse
+    _case(b, "perplexity/fp16/context=512").comparable["tokens_sha256"] = "other text"  # x
+    b.cases = [c for c in b.cases if c.id != "proofs/fp16/data=gaussian"]  # x: missing in B
+    default, per_metric = tolerances_from_resolved(small.suite.resolved)
+    text = render_compare(small, b, default, per_metric)
+
+    def mark(case_id: str, metric: str) -> str:
+        line = next(l for l in text.splitlines() if f"| {case_id} | {metric}" in l)
+        return line.split("|")[1].strip()
+
+    assert mark("proofs/intq-4bit-g32/data=gaussian", "mse") == "better"
+    assert mark("proofs/intq-4bit-g32/data=gaussian", "cosine") == "~"
+    assert mark("proofs/intq-4bit-g32/data=gaussian", "nbytes") == ""
+    assert mark("perplexity/intq-4bit-g32/context=512", "tokens_per_s") == "worse"
+    assert mark("perplexity/fp16/context=512", "perplexity") == "x"
+    assert mark("proofs/fp16/data=gaussian", "cosine") == "x"
+    assert "| machine key | linux-x86_64-cpu | linux-x86_64-nvidia-h100 |" in text
+    assert "| device | cpu | NVIDIA H100 |" in text
+    assert "tokens_sha256 differs" in text

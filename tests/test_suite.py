@@ -1,0 +1,358 @@
+"""Suite loading: expansion into cases, and every class of bad input named by file, line and key.
+
+Most tests use a method and benchmarks registered here (names start with "_test") so that they do
+not move when the shipped methods and benchmarks change; the last ones use the real ones.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from kvbench.benchmarks.base import BENCHMARKS, Benchmark, MetricSpec
+from kvbench.methods.base import METHODS, Method
+from kvbench.suite.errors import SuiteError, SuiteIssue
+from kvbench.suite.loader import load_suite
+from kvbench.suite.schema import SCHEMA_FILE, schema_text, suite_json_schema
+
+SUITES = Path(__file__).parent / "suites"
+
+
+@dataclass
+class _TestCodec(Method):
+    bits: int = 4
+    group_size: int = 32
+    mode: Literal["fast", "exact"] = "fast"
+
+    def __post_init__(self):
+        if self.bits not in (2, 4, 8):
+            raise ValueError(f"bits must be 2, 4 or 8, got {self.bits}")
+
+    def new_layer_cache(self, layer_idx):
+        raise NotImplementedError
+
+
+@dataclass
+class _BenchParams:
+    data: str = "gaussian"
+    n: int = 16
+    context: int = 128
+
+
+class _TestBench(Benchmark):
+    Params = _BenchParams
+    metrics = {"cosine": MetricSpec("", "higher"), "mse": MetricSpec("", "lower")}
+
+    def run(self, params, method, ctx):
+        raise NotImplementedError
+
+
+class _TestLM(Benchmark):
+    Params = _BenchParams
+    metrics = {"perplexity": MetricSpec("ppl", "lower")}
+    uses_model = True
+
+    def check(self, params, model):
+        if model.max_context is not None and params.context > model.max_context:
+            raise ValueError(f"context {params.context} is above the model's {model.max_context}")
+
+    def run(self, params, method, ctx):
+        raise NotImplementedError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    """The test-only method and benchmarks exist for this module only: registries are global."""
+    added = [(METHODS, "_test_codec", _TestCodec), (BENCHMARKS, "_test_bench", _TestBench),
+             (BENCHMARKS, "_test_lm", _TestLM)]
+    for registry, name, cls in added:
+        registry.register(name)(cls)
+    yield
+    for registry, name, _ in added:
+        del registry._classes[name]
+
+
+def _load(name: str):
+    return load_suite(str(SUITES / name))
+
+
+def _issues(name: str) -> list[SuiteIssue]:
+    with pytest.raises(SuiteError) as caught:
+        _load(name)
+    assert str(caught.value) == "\n".join(map(str, caught.value.issues))
+    return caught.value.issues
+
+
+def _line(name: str, text: str, nth: int = 1) -> int:
+    """1-based line of the nth line of a fixture that contains `text`."""
+    hits = [i for i, line in enumerate((SUITES / name).read_text().splitlines(), 1) if text in line]
+    return hits[nth - 1]
+
+
+def _issue(issues: list[SuiteIssue], key: str, name: str = "") -> SuiteIssue:
+    found = [i for i in issues if i.key == key and i.file.endswith(name)]
+    assert len(found) == 1, f"{key!r} in {[str(i) for i in issues]}"
+    return found[0]
+
+
+def _assert_issue(issues, name, key, line_text, message, hint="", nth=1):
+    issue = _issue(issues, key, name)
+    assert issue.file == str(SUITES / name)
+    assert issue.line == _line(name, line_text, nth), str(issue)
+    assert message in issue.message, str(issue)
+    assert hint in issue.hint, str(issue)
+
+
+# ---- a valid suite ----------------------------------------------------------------------------
+
+def test_valid_suite_expands_methods_matrix_and_selectors():
+    suite = _load("valid.yaml")
+    ids = [c.id for c in suite.cases]
+    labels = ["identity", "_test_codec-bits8", "_test_codec-bits4", "_test_codec-bits2", "exact"]
+    assert ids == (
+        [f"_test_bench/{label}/data=gaussian" for label in labels]
+        + [f"_test_bench/{label}/data=outliers" for label in labels]
+        + ["_test_lm/identity", "_test_lm/_test_codec-bits8", "_test_lm/_test_codec-bits4"]
+    )
+    assert suite.name == "valid-suite"
+
+
+def test_valid_suite_fills_params_and_defaults():
+    cases = {c.id: c for c in _load("valid.yaml").cases}
+    case = cases["_test_bench/_test_codec-bits2/data=outliers"]
+    assert case.bench_params == {"data": "outliers", "n": 16, "context": 128}
+    assert case.method == "_test_codec"
+    assert case.method_params == {"bits": 2, "group_size": 16, "mode": "fast"}
+    # device and repeats from the include, seed and model from the including file
+    assert (case.device, case.seed, case.repeats, case.model) == ("cpu", 7, 2, "tiny:llama")
+    assert case.timeout_s == 900
+    lm = cases["_test_lm/identity"]
+    assert (lm.repeats, lm.timeout_s, lm.bench_params["context"]) == (1, 30, 64)
+    assert cases["_test_bench/exact/data=gaussian"].method_params["mode"] == "exact"
+
+
+def test_claims_reach_the_cases_they_name():
+    cases = {c.id: c for c in _load("valid.yaml").cases}
+    texts = {i: [c.text for c in case.claims] for i, case in cases.items()}
+    assert texts["_test_bench/identity/data=gaussian"] == ["mse >= 0"]
+    assert texts["_test_bench/_test_codec-bits2/data=outliers"] == [
+        "cosine >= 0.5", "mse >= 0", "mse <= 0.1"]
+    # the method's cosine claim skips a benchmark that does not report cosine
+    assert texts["_test_lm/_test_codec-bits4"] == []
+    claim = cases["_test_bench/_test_codec-bits2/data=outliers"].claims[2]
+    assert claim.source == f"{SUITES / 'valid.yaml'}:{_line('valid.yaml', 'mse <= 0.1')}"
+
+
+def test_gate_merges_includes_and_hash_is_stable():
+    suite = _load("valid.yaml")
+    assert suite.default_tolerance.abs == 0.01  # from common.yaml
+    assert suite.tolerance_for("cosine").rel == 0.01  # valid.yaml wins, written 1e-2
+    assert suite.tolerance_for("mse").abs == 0.001
+    assert suite.resolved["defaults"]["seed"] == 7
+    names = [m["name"] for m in suite.resolved["methods"]]
+    assert names == ["identity", "_test_codec", "_test_codec"]
+    assert "include" not in suite.resolved
+    assert suite.hash == _load("valid.yaml").hash and len(suite.hash) == 64
+
+
+def test_hash_changes_with_the_suite(tmp_path):
+    for name in ("valid.yaml", "common.yaml"):
+        (tmp_path / name).write_text((SUITES / name).read_text())
+    before = load_suite(tmp_path / "valid.yaml").hash
+    common = tmp_path / "common.yaml"
+    common.write_text(common.read_text().replace("repeats: 2", "repeats: 3"))
+    assert load_suite(tmp_path / "valid.yaml").hash != before
+
+
+def test_default_tolerance_and_name_when_absent():
+    suite = _load("local_model.yaml")
+    assert suite.name == "local_model"
+    assert (suite.default_tolerance.abs, suite.default_tolerance.rel) == (None, 0.05)
+
+
+def test_relative_checkpoint_path_resolves_against_the_suite_folder():
+    case = _load("local_model.yaml").cases[0]
+    assert case.model == str((SUITES / "ckpt").resolve())
+
+
+def test_keyword_overrides_replace_defaults():
+    suite = load_suite(SUITES / "valid.yaml", device="cuda", seed=3)
+    assert {(c.device, c.seed) for c in suite.cases} == {("cuda", 3)}
+
+
+# ---- bad input, shape ---------------------------------------------------------------------------
+
+def test_yaml_syntax_error_names_the_parser_line():
+    (issue,) = _issues("bad_syntax.yaml")
+    assert issue.file == str(SUITES / "bad_syntax.yaml")
+    assert issue.line == _line("bad_syntax.yaml", "benchmarks:")  # where the parser stopped
+    assert "YAML syntax error" in issue.message
+
+
+def test_duplicate_yaml_key_is_refused():
+    (issue,) = _issues("bad_duplicate_key.yaml")
+    assert issue.key == "methods[0].params"
+    assert issue.line == _line("bad_duplicate_key.yaml", "params", 2)
+    assert f"first written at line {_line('bad_duplicate_key.yaml', 'params')}" in issue.message
+
+
+def test_other_schema_version_is_refused_naming_the_supported_one():
+    issues = _issues("bad_version.yaml")
+    _assert_issue(issues, "bad_version.yaml", "kvbench", "kvbench: 2",
+                  "schema version 2 is not supported", "kvbench: 1")
+
+
+def test_shape_errors_are_all_reported_with_line_and_key():
+    issues = _issues("bad_schema.yaml")
+    name = "bad_schema.yaml"
+    _assert_issue(issues, name, "defaults.device", "device: gpu", "'auto', 'cpu', 'cuda' or 'mps'")
+    _assert_issue(issues, name, "defaults.repeats", "repeats: 0", "greater than or equal to 1")
+    _assert_issue(issues, name, "defaults.timeout_s", "timeout_s: 0", "greater than 0")
+    _assert_issue(issues, name, "gate.default.rel", "rel: -0.1", "greater than or equal to 0")
+    _assert_issue(issues, name, "gate.metrics.mse", "mse: {}", "give abs and/or rel")
+    _assert_issue(issues, name, "methods[0].parmas", "parmas:", "unknown key 'parmas'",
+                  "Did you mean 'params'")
+    _assert_issue(issues, name, "methods[1].name", "label: nameless", "missing required key 'name'")
+    _assert_issue(issues, name, "benchmarks[0].seed", 'seed: "3"', "valid integer, got text '3'")
+    _assert_issue(issues, name, "benchmarks[0].methods", "methods: identity", "valid list")
+    _assert_issue(issues, name, "benchmarks[1].claims[0].note", "note: why", "unknown key 'note'",
+                  "allowed: cases, claim")
+    assert len(issues) == 10
+
+
+def test_empty_file_is_refused():
+    (issue,) = _issues("empty.yaml")
+    assert (issue.line, issue.message) == (1, "the file is empty")
+    assert issue.hint == "a suite starts with `kvbench: 1`"
+
+
+def test_suite_without_methods_is_refused():
+    issues = _issues("empty_methods.yaml")
+    assert [(i.key, i.line) for i in issues] == [("methods", 1)]
+
+
+# ---- bad input, meaning -----------------------------------------------------------------------
+
+def test_names_parameters_claims_and_selectors():
+    issues = _issues("bad_names.yaml")
+    name = "bad_names.yaml"
+    _assert_issue(issues, name, "methods[0].name", "_test_codex", "unknown method '_test_codex'",
+                  "Did you mean '_test_codec'?")
+    _assert_issue(issues, name, "methods[1].params.bitz", "bitz: 4",
+                  "unknown parameter 'bitz' of method '_test_codec'", "Did you mean 'bits'?")
+    _assert_issue(issues, name, "methods[2].params.group_size", "group_size: many",
+                  "must be a valid integer")
+    _assert_issue(issues, name, "methods[3].matrix.bits[1]", "bits: [4, 0]",
+                  "bits must be 2, 4 or 8, got 0")
+    _assert_issue(issues, name, "methods[4].params.bits", "bits: 3",
+                  "bits must be 2, 4 or 8, got 3")
+    _assert_issue(issues, name, "benchmarks[0].kind", "_test_bnech",
+                  "unknown benchmark '_test_bnech'", "Did you mean '_test_bench'")
+    _assert_issue(issues, name, "benchmarks[1].params.dat", "dat: x",
+                  "unknown parameter 'dat' of benchmark '_test_bench'", "Did you mean 'data'?")
+    _assert_issue(issues, name, "benchmarks[1].methods[1]", '"zero-*", nope',
+                  "'nope' matches no method label")
+    _assert_issue(issues, name, "benchmarks[1].claims[0]", "cosine >= high", "is not a number")
+    _assert_issue(issues, name, "benchmarks[1].claims[1]", "cosin >= 0.9",
+                  "benchmark '_test_bench' does not report metric 'cosin'",
+                  "Did you mean 'cosine'?")
+    _assert_issue(issues, name, "benchmarks[1].claims[2].cases", "*bits9*",
+                  "'*bits9*' matches no case of this benchmark")
+    assert len(issues) == 11
+
+
+def test_metric_names_in_gate_and_method_claims():
+    issues = _issues("bad_metrics.yaml")
+    name = "bad_metrics.yaml"
+    _assert_issue(issues, name, "gate.metrics.cosin", "cosin:",
+                  "no benchmark of this suite reports metric 'cosin'", "Did you mean 'cosine'?")
+    _assert_issue(issues, name, "methods[0].claims[0]", "perplexity <= 2",
+                  "the benchmarks running this method do not report metric 'perplexity'",
+                  "known: cosine, mse")
+    assert len(issues) == 2
+
+
+def test_models_missing_unknown_or_too_short():
+    issues = _issues("bad_models.yaml")
+    name = "bad_models.yaml"
+    _assert_issue(issues, name, "benchmarks[0].kind", "kind: _test_lm",
+                  "benchmark '_test_lm' needs a model", "defaults.model")
+    _assert_issue(issues, name, "benchmarks[1].model", "./no/such/checkpoint", "does not exist")
+    _assert_issue(issues, name, "benchmarks[2].model", "bundled:nosuchmodel", "nosuchmodel")
+    _assert_issue(issues, name, "benchmarks[3].params.context", "context: 100000",
+                  "context 100000 is above the model's 4096")
+    assert len(issues) == 4
+
+
+def test_missing_include_and_include_cycle():
+    issues = _issues("bad_include.yaml")
+    _assert_issue(issues, "bad_include.yaml", "include[0]", "missing.yaml", "no such file")
+    cycle = _issue(issues, "include[0]", "cycle_b.yaml")
+    assert cycle.line == _line("cycle_b.yaml", "include:")
+    assert cycle.message.endswith("cycle_a.yaml -> " + str(SUITES / "cycle_b.yaml") + " -> "
+                                  + str(SUITES / "cycle_a.yaml"))
+    assert len(issues) == 2
+
+
+def test_duplicate_labels_and_case_ids_name_both_places():
+    issues = _issues("bad_duplicates.yaml")
+    name = "bad_duplicates.yaml"
+    label = _issue(issues, "methods[1]")
+    assert label.line == _line(name, "- name: _test_codec", 2)
+    assert f"methods[0] ({SUITES / name}:{_line(name, '- name: _test_codec')})" in label.message
+    dup = _issue(issues, "benchmarks[1]")
+    assert dup.line == _line(name, "- kind: _test_bench", 2)
+    assert "case id '_test_bench/_test_codec-bits4' is also produced by benchmarks[0]" in (
+        dup.message)
+
+
+def test_missing_suite_file():
+    with pytest.raises(SuiteError, match="no such suite file"):
+        load_suite(SUITES / "nope.yaml")
+
+
+# ---- the JSON schema --------------------------------------------------------------------------
+
+def test_committed_json_schema_is_up_to_date():
+    # After changing kvbench/suite/schema.py: python -m kvbench.suite.schema
+    assert SCHEMA_FILE.read_text() == schema_text()
+
+
+def test_json_schema_names_the_version_and_forbids_unknown_keys():
+    schema = suite_json_schema()
+    assert schema["properties"]["kvbench"]["const"] == 1
+    assert schema["additionalProperties"] is False
+    assert json.loads(SCHEMA_FILE.read_text())["required"] == ["kvbench"]
+
+
+# ---- the shipped methods and benchmarks ---------------------------------------------------------
+
+_SHIPPED = ("kvbench.methods.intq", "kvbench.benchmarks.proofs", "kvbench.benchmarks.perplexity")
+_real = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in _SHIPPED),
+    reason="intq, proofs or perplexity not there yet",
+)
+
+
+@_real
+def test_real_methods_and_benchmarks_expand():
+    suite = _load("real.yaml")
+    ids = [c.id for c in suite.cases]
+    assert len(ids) == 2 * 4 + 2
+    assert "proofs/intq-bits2/data=outliers" in ids and ids[-1] == "perplexity/intq-bits4"
+    case = next(c for c in suite.cases if c.id == "proofs/intq-bits4/data=gaussian")
+    assert case.method_params["bits"] == 4 and case.method_params["group_size"] == 32
+    assert case.bench_params["n_vectors"] == 64 and case.bench_params["dim"] == 32
+
+
+@_real
+def test_real_impossible_settings_are_refused():
+    issues = _issues("real_bad.yaml")
+    bits = _issue(issues, "methods[0].params.bits")
+    assert bits.line == _line("real_bad.yaml", "bits: 3") and "3" in bits.message
+    context = _issue(issues, "benchmarks[0].params.context")
+    assert context.line == _line("real_bad.yaml", "context: 8000")
