@@ -145,7 +145,7 @@ def _load_baseline_or_exit(path: str, suite, device: str):
 def _claims_table(result) -> Table:
     table = Table(title="Claims", show_lines=False)
     for column in ("case", "claim", "measured", "verdict"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     style = {"held": "[green]held[/]", "failed": "[red]FAILED[/]", "missing": "[yellow]missing[/]"}
     for case in result.cases:
         for claim in case.claims:
@@ -218,7 +218,7 @@ def run(suite_path, out_dir, only, methods, device, repeats, limit, baseline, re
     if dry_run:
         table = Table(title=f"{suite.name}: {len(cases)} case(s)")
         for column in ("case", "model", "claims"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for case in cases:
             table.add_row(escape(case.id), case.model or "-",
                           escape("; ".join(c.text for c in case.claims)))

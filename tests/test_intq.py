@@ -160,3 +160,23 @@ def test_layout_names_the_layout():
     layout = IntQ(bits=2, group_size=64, axis="channel", window=128).codec().layout()
     for part in ("2-bit", "64", "channel", "fp16 scale+min", "window 128", "K and V"):
         assert part in layout
+
+
+@pytest.mark.parametrize("axis,group,bits", [("token", 32, 4), ("token", 24, 2), ("channel", 8, 2),
+                                             ("channel", 4, 8)])
+def test_merge_decodes_like_the_parts(axis, group, bits):
+    codec = IntQ(bits=bits, group_size=group, axis=axis).codec()
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.randn(1, 2, group * n, 40, generator=g) for n in (3, 1, 2)]
+    parts = [codec.encode(c) for c in chunks]
+    merged = codec.merge(parts)
+    assert merged is not None and merged.shape == (1, 2, group * 6, 40)
+    expected = torch.cat([codec.decode(p) for p in parts], dim=-2)
+    assert torch.equal(codec.decode(merged), expected)
+    assert codec.nbytes(merged) == sum(codec.nbytes(p) for p in parts)
+
+
+def test_channel_merge_refuses_parts_that_end_mid_byte():
+    codec = IntQ(bits=2, group_size=3, axis="channel").codec()
+    parts = [codec.encode(torch.randn(1, 1, 3, 8)) for _ in range(2)]  # 3 tokens x 2 bits: 6 bits
+    assert codec.merge(parts) is None

@@ -228,3 +228,20 @@ def test_bundled_identity_parity(bundled):
     assert math.isclose(ppl, ref, rel_tol=1e-4)
     assert 1.5 < ref < 100  # a real model on English text, not a random one
     assert out.metrics["kv_bytes"].value == 159 * 30 * 2 * 3 * 64 * 4
+
+
+@pytest.mark.model
+def test_bundled_intq_two_bits_changes_perplexity_eight_bits_barely(bundled):
+    from kvbench.methods.intq import IntQ
+
+    ctx = RunContext(
+        device=torch.device("cpu"), seed=0, repeats=1, model=bundled.spec,
+        load_model=lambda spec, device: bundled,
+    )
+    params = PerplexityParams(context=128, continuation=32)
+    two = Perplexity().run(params, IntQ(bits=2), ctx).metrics
+    eight = Perplexity().run(params, IntQ(bits=8), ctx).metrics
+    assert two["ppl_rel_delta"].value > 0.05
+    assert abs(eight["ppl_rel_delta"].value) < 0.01
+    # 2-bit codes + fp16 scale and min per 32 values: 3 bits per value against 16
+    assert math.isclose(two["compression_ratio"].value, 16 / 3, rel_tol=1e-9)

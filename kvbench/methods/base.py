@@ -41,6 +41,11 @@ class Codec(ABC):
         """Every stored byte: indices, scales, zero points, norms."""
         return sum(t.numel() * t.element_size() for t in packed.tensors.values())
 
+    def merge(self, parts: list[Packed]) -> Packed | None:
+        """One Packed equal to `parts` concatenated along tokens, or None if the layout cannot.
+        Lets a cache hold one block instead of a chunk per decode step (decode cost per step)."""
+        return None
+
     def layout(self) -> str:
         """What a ratio built on this codec's bytes is made of."""
         return type(self).__name__

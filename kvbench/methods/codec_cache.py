@@ -34,6 +34,15 @@ class CodecCache(LayerCachePolicy):
             v_old, self._raw_v = self._raw_v[..., :spill, :], self._raw_v[..., spill:, :].clone()
             self._packed.append((self.key_codec.encode(k_old), self.value_codec.encode(v_old)))
             self._packed_tokens += spill
+            self._merge_packed()
+
+    def _merge_packed(self) -> None:
+        if len(self._packed) < 2:
+            return
+        keys = self.key_codec.merge([pk for pk, _ in self._packed])
+        values = self.value_codec.merge([pv for _, pv in self._packed])
+        if keys is not None and values is not None:
+            self._packed = [(keys, values)]
 
     def attention_inputs(self):
         keys = [self.key_codec.decode(pk) for pk, _ in self._packed]

@@ -65,6 +65,18 @@ class IntQCodec(Codec):
         rows = (self._grouped(codes, 0.0) * scale + zero).flatten(-2)[..., :length]
         return self._rows(rows).to(packed.dtype)
 
+    def merge(self, parts: list[Packed]) -> Packed | None:
+        if self.axis == "token":
+            dim = -2  # rows are tokens: blocks stack
+        elif all(p.shape[-2] % self.group_size == 0 and p.shape[-2] * self.bits % 8 == 0
+                 for p in parts[:-1]):
+            dim = -1  # rows are channels: whole groups and whole bytes join end to end
+        else:
+            return None
+        tensors = {name: torch.cat([p.tensors[name] for p in parts], dim) for name in parts[0].tensors}
+        tokens = sum(p.shape[-2] for p in parts)
+        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+
     def layout(self) -> str:
         along = "channels per token" if self.axis == "token" else "tokens per channel"
         return (

@@ -120,7 +120,9 @@ def _cached_hub_folder(repo_id: str) -> str:
 
 def _load_transformers(folder: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # its bar would tear kvbench's own progress display
     # SDPA: the KVBench adapter relies on it needing no mask for one-token steps.
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True

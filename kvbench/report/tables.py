@@ -27,7 +27,9 @@ def fmt_number(value: float | None, unit: str = "") -> str:
         return f"{value:,.0f}"
     if abs(value) < 1e-3:
         return f"{value:.3e}"
-    return f"{value:.4g}"
+    short = f"{value:.4g}"
+    # 0.99999 must not print as "1": near-integers get the digits that tell them apart
+    return f"{value:.6g}" if float(short) == int(float(short)) else short
 
 
 def fmt_ratio(ratio: float | None) -> str:

@@ -1,0 +1,91 @@
+"""Test-only benchmarks and a method for the CLI and runner tests; no model, no real work.
+
+Suites name them with `module:Class` strings, e.g. `kind: tests.plugins.kvb_testplugin:Crash`,
+so nothing is registered globally and a subprocess finds them with the repo root on PYTHONPATH.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvbench.benchmarks.base import Benchmark, BenchmarkOutput, MetricSpec
+from kvbench.methods.base import Method
+
+CRASH_MESSAGE = "kvb_testplugin: deliberate crash"
+
+
+@dataclass
+class Nop(Method):
+    """A method with one knob that does nothing; the test benchmarks report it back."""
+
+    knob: int = 1
+
+    def __post_init__(self):
+        if self.knob < 0:
+            raise ValueError(f"knob must be >= 0, got {self.knob!r}")
+
+    def new_layer_cache(self, layer_idx):
+        raise NotImplementedError("Nop is for test benchmarks only")
+
+
+@dataclass
+class StepParams:
+    """i: an index to tell cases apart; sleep_s: how long run() takes; log: a file each run
+    appends its case index to (relative to the working folder; "" for none)."""
+
+    i: int = 0
+    sleep_s: float = 0.0
+    log: str = ""
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep in small steps so that signals (SIGALRM, SIGINT) land promptly."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(0.02, max(0.0, end - time.monotonic())))
+
+
+class Step(Benchmark):
+    """Appends its index to `log`, sleeps, and reports values drawn from the seeded RNGs."""
+
+    Params = StepParams
+    metrics = {
+        "value": MetricSpec("", "lower", "the case index i"),
+        "rand_py": MetricSpec("", "none", "random.random() after seeding"),
+        "rand_np": MetricSpec("", "none", "np.random.rand() after seeding"),
+        "rand_torch": MetricSpec("", "none", "torch.rand(()) after seeding"),
+    }
+
+    def run(self, params, method, ctx):
+        if params.log:
+            with open(Path(params.log), "a") as fh:
+                fh.write(f"{params.i}\n")
+                fh.flush()
+        _sleep(params.sleep_s)
+        m = self.metrics
+        return BenchmarkOutput(
+            metrics={
+                "value": m["value"].of(params.i),
+                "rand_py": m["rand_py"].of(random.random()),
+                "rand_np": m["rand_np"].of(float(np.random.rand())),
+                "rand_torch": m["rand_torch"].of(float(torch.rand(()))),
+            },
+            info={"seed": ctx.seed, "method": type(method).__name__},
+        )
+
+
+class Crash(Step):
+    """Always raises ValueError(CRASH_MESSAGE) from a nested call."""
+
+    def run(self, params, method, ctx):
+        _explode(params.i)
+
+
+def _explode(i: int):
+    raise ValueError(f"{CRASH_MESSAGE} (i={i})")
+
