@@ -107,10 +107,12 @@ def test_output_records_layout_shape_hash_and_timings():
     out = _run(IntQ(bits=4), data_seed=1)
     assert out.info["shape"] == [1, 1, 512, 64]
     assert out.info["layout"] == IntQ(bits=4).codec().layout()
-    sha = out.comparable["data_sha256"]
-    assert sha == _run(Identity(), data_seed=1).comparable["data_sha256"]
-    assert sha != _run(Identity(), data_seed=2).comparable["data_sha256"]
-    assert sha != _run(Identity(), data_seed=1, dtype="float32").comparable["data_sha256"]
+    sha = out.info["data_sha256"]
+    assert sha == _run(Identity(), data_seed=1).info["data_sha256"]
+    assert sha != _run(Identity(), data_seed=2).info["data_sha256"]
+    assert sha != _run(Identity(), data_seed=1, dtype="float32").info["data_sha256"]
+    # comparable names the recipe: runs on CPUs whose float bits differ still compare
+    assert out.comparable == {"data": "gaussian", "shape": "512x64", "data_seed": "1"}
     for name in ("encode_ms", "decode_ms"):
         metric = out.metrics[name]
         assert len(metric.samples) == CTX.repeats and metric.min > 0 and metric.unit == "ms"
@@ -156,17 +158,13 @@ def test_captured_needs_a_model():
 
 
 @pytest.mark.model
-def test_captured_keys_and_values():
-    from kvbench.models.bundled import is_prepared
-
-    if not is_prepared("smollm2-135m"):
-        pytest.skip("bundled model not prepared (kvbench models prepare smollm2-135m)")
-    models = pytest.importorskip("kvbench.models")
+def test_captured_keys_and_values(bundled):
     ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1,
-                     model="bundled:smollm2-135m", load_model=models.load_model)
+                     model=bundled.spec, load_model=lambda spec, device: bundled)
     params = ProofsParams(data="captured", layers=[0, 5], tokens=128, dtype="float32")
     exact = _values(Proofs().run(params, Identity(), ctx))
     assert exact["mse"] == 0.0 and exact["cosine"] == 1.0
     out = Proofs().run(params, IntQ(bits=4), ctx)
     assert out.info["shape"] == [1, 2 * 3, 128, 64]  # two layers of 3 KV heads
     assert 0.9 < out.metrics["cosine"].value < 1.0
+    assert out.comparable["layers"] == "0,5" and out.comparable["model"] == bundled.spec

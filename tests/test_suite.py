@@ -356,3 +356,12 @@ def test_real_impossible_settings_are_refused():
     assert bits.line == _line("real_bad.yaml", "bits: 3") and "3" in bits.message
     context = _issue(issues, "benchmarks[0].params.context")
     assert context.line == _line("real_bad.yaml", "context: 8000")
+
+
+@_real
+def test_text_files_resolve_against_the_suite_folder_and_missing_ones_are_refused():
+    issues = _issues("real_text.yaml")
+    missing = _issue(issues, "benchmarks[1].params.text")
+    assert missing.line == _line("real_text.yaml", "texts/missing.txt")
+    assert "missing.txt" in missing.message and "does not exist" in missing.message
+    assert not [i for i in issues if i.key.startswith("benchmarks[0]")]

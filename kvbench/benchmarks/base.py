@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -55,6 +56,10 @@ class Benchmark(ABC):
     Params: ClassVar[type]
     metrics: ClassVar[dict[str, MetricSpec]]
     uses_model: ClassVar[bool] = False
+
+    def resolve_paths(self, params: Any, base_dir: Path) -> Any:
+        """Params with file parameters made absolute against the suite's folder."""
+        return params
 
     def check(self, params: Any, model: ModelInfo | None) -> None:
         """Raise ValueError(message) for a setting that cannot run (checked before any work)."""

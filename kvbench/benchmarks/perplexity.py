@@ -8,8 +8,10 @@ a plain transformers DynamicCache on the same tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -84,7 +86,15 @@ class Perplexity(Benchmark):
         "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second", timed=True),
     }
 
+    def resolve_paths(self, params: PerplexityParams, base_dir: Path) -> PerplexityParams:
+        if params.text == "pydoc" or params.text.startswith("hf:"):
+            return params
+        path = Path(params.text).expanduser()
+        return dataclasses.replace(params, text=str(path if path.is_absolute() else base_dir / path))
+
     def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
+        if not (params.text == "pydoc" or params.text.startswith("hf:") or Path(params.text).is_file()):
+            raise ValueError(f"text file {params.text!r} does not exist")
         if model is None:
             raise ValueError("perplexity needs a model; set the suite's model")
         total = params.context + params.continuation

@@ -128,16 +128,21 @@ class Proofs(Benchmark):
         if codec is None:
             raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec()")
         dtype = _DTYPES[params.dtype]
-        keys, values = (t.to(ctx.device, dtype) for t in self._data(params, ctx))
-        return self._measure(codec, keys, values, params, ctx)
+        keys, values, source = self._data(params, ctx)
+        keys, values = keys.to(ctx.device, dtype), values.to(ctx.device, dtype)
+        output = self._measure(codec, keys, values, params, ctx)
+        output.comparable = source
+        return output
 
-    def _data(self, params: ProofsParams, ctx: RunContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (1, heads, T, D), float32; captured layers stack their heads."""
+    def _data(self, params: ProofsParams, ctx: RunContext):
+        """Keys and values (1, heads, T, D), float32 (captured layers stack their heads), and
+        what identifies them for comparison: the recipe, not float bits that differ by CPU."""
         if params.data != "captured":
             n, d = params.n_vectors, params.dim
             both = make_vectors(params.data, 2 * n, d, params.data_seed)
-            return both[:n].reshape(1, 1, n, d), both[n:].reshape(1, 1, n, d)
-        from kvbench.data.text import pydoc_text
+            source = {"data": params.data, "shape": f"{n}x{d}", "data_seed": str(params.data_seed)}
+            return both[:n].reshape(1, 1, n, d), both[n:].reshape(1, 1, n, d), source
+        from kvbench.data.text import pydoc_text, tokens_sha256
         from kvbench.models.capture import capture_kv
 
         if ctx.model is None:
@@ -149,7 +154,11 @@ class Proofs(Benchmark):
         kv = capture_kv(loaded, token_ids[: params.tokens], params.layers)
         keys = torch.cat([kv[layer][0] for layer in params.layers], dim=1)
         values = torch.cat([kv[layer][1] for layer in params.layers], dim=1)
-        return keys, values
+        source = {
+            "model": ctx.model, "tokens_sha256": tokens_sha256(token_ids[: params.tokens]),
+            "layers": ",".join(map(str, params.layers)),
+        }
+        return keys, values, source
 
     def _measure(
         self, codec: Codec, keys: torch.Tensor, values: torch.Tensor, params: ProofsParams,
@@ -186,6 +195,8 @@ class Proofs(Benchmark):
         }
         return BenchmarkOutput(
             metrics=metrics,
-            info={"layout": codec.layout(), "shape": list(keys.shape)},
-            comparable={"data_sha256": _sha256(keys, values)},
+            info={
+                "layout": codec.layout(), "shape": list(keys.shape),
+                "data_sha256": _sha256(keys, values),
+            },
         )

@@ -177,6 +177,8 @@ def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults
     for combo, suffix, params in zip(combos, suffixes, settings, strict=True):
         if params is None:
             continue
+        if cls is not None:
+            params = cls().resolve_paths(params, Path(bench.doc.file).parent)
         if model_ok:  # a missing or unusable model was reported already
             try:
                 cls().check(params, info)
