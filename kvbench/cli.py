@@ -23,7 +23,7 @@ err = Console(stderr=True)
 
 
 def _fail(message: str, code: int = EXIT_INVALID):
-    err.print(f"[bold red]error:[/] {escape(message)}")
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)
 
 
@@ -36,7 +36,7 @@ def _load_suite_or_exit(path: str):
     except SuiteError as exc:
         err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
         for line in str(exc).splitlines():
-            err.print(f"  {escape(line)}")
+            err.print(f"  {escape(line)}", soft_wrap=True)  # one issue per line, greppable
         sys.exit(EXIT_INVALID)
 
 
@@ -298,7 +298,7 @@ def list_(what):
         for name, meta in BUNDLED.items():
             prepared = (kvbench_home() / "models" / name / "kvbench.json").exists()
             table.add_row(f"bundled:{name}", "yes" if prepared else "no",
-                          escape(str(meta.get("description", ""))))
+                          escape(meta.description))
         for name in ("llama", "qwen3"):
             table.add_row(f"tiny:{name}", "-", "random weights, made in code (tests)")
     else:

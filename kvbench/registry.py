@@ -58,7 +58,7 @@ class Registry(Generic[T]):
                 cls = getattr(importlib.import_module(module_name), attr)
             except (ImportError, AttributeError) as exc:
                 raise UnknownName(f"cannot import {self.kind} {name!r}: {exc}") from exc
-            if not getattr(cls, "name", ""):
+            if not cls.__dict__.get("name"):  # not a name inherited from a registered parent
                 cls.name = name
             return cls
         self._load_entry_points()

@@ -147,12 +147,17 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
 
 def _archive_previous(out_dir: Path) -> None:
     """Move an earlier run's files aside instead of overwriting them."""
+    names = [name for name in (JSONL, JSON, "report.md") if (out_dir / name).exists()]
+    if not names:
+        return
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    archive = out_dir / "previous" / stamp
-    for name in (JSONL, JSON, "report.md"):
-        if (out_dir / name).exists():
-            archive.mkdir(parents=True, exist_ok=True)
-            (out_dir / name).rename(archive / name)
+    archive, n = out_dir / "previous" / stamp, 1
+    while archive.exists():  # two runs in one second must not share (and overwrite) a folder
+        n += 1
+        archive = out_dir / "previous" / f"{stamp}-{n}"
+    archive.mkdir(parents=True)
+    for name in names:
+        (out_dir / name).rename(archive / name)
 
 
 def _drop_torn_line(path: Path) -> None:

@@ -1,0 +1,473 @@
+"""The command line, end to end through click: exit codes, what each command prints and writes.
+
+Runs use small synthetic proofs suites and the test-only benchmarks of tests/plugins (named by
+`module:Class` in tests/suites/cli/*.yaml); no model is loaded anywhere in this file.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...
+    sys.path.insert(0, str(ROOT))
+
+from kvbench import cli  # noqa: E402
+from kvbench.results import SCHEMA_VERSION  # noqa: E402
+from tests.plugins.kvb_testplugin import CRASH_MESSAGE  # noqa: E402
+
+SUITES = ROOT / "tests" / "suites" / "cli"
+TINY = SUITES / "tiny.yaml"
+TINY_IDS = [
+    f"proofs/{label}/data={data}"
+    for data in ("gaussian", "sphere") for label in ("identity", "intq-bits8", "intq-bits4")
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _wide_consoles():
+    """rich wraps at 80 columns without a terminal; keep file:line and case ids on one line."""
+    saved = [(c, c._width) for c in (cli.console, cli.err)]
+    for console, _ in saved:
+        console.width = 1000
+    yield
+    for console, width in saved:
+        console._width = width
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def line_of(path: Path, text: str) -> int:
+    """1-based line of the first line of `path` containing `text`."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def case_ids(output: str) -> list[str]:
+    return re.findall(r"proofs/[\w.=-]+/data=\w+", output)
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def cases_by_id(results: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in results["cases"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One run of tiny.yaml (6 proofs cases, every claim holds), shared read-only."""
+    out = tmp_path_factory.mktemp("tiny") / "out"
+    result = invoke("run", TINY, "--out", out)
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+# ---------------------------------------------------------------- validate
+
+
+def test_validate_good_suite_exits_0_and_counts_cases():
+    result = invoke("validate", TINY)
+    assert result.exit_code == 0, result.output
+    assert "valid: cli-tiny: 6 case(s)" in result.output
+
+
+@pytest.mark.parametrize("name, anchor, key, words", [
+    ("bad_key.yaml", "parmas:", "benchmarks[0].parmas",
+     ["unknown key 'parmas'", "Did you mean 'params'"]),
+    ("bad_method.yaml", "name: intk", "methods[1].name",
+     ["unknown method 'intk'", "Did you mean 'intq'"]),
+    ("bad_bits.yaml", "bits: 0", "methods[0].params.bits", ["bits must be 2, 4 or 8, got 0"]),
+    ("bad_model_path.yaml", "model: ./no/such", "benchmarks[0].model",
+     ["no/such/checkpoint", "does not exist"]),
+    # tiny:llama is good for 4096 tokens: 4096 + 64 is refused, 128 + 64 (same entry) is not.
+    ("bad_context.yaml", "context: [128, 4096]", "benchmarks[0].matrix.context[1]",
+     ["4096 + 64 = 4160", "above the 4096", "tiny:llama"]),
+])
+def test_validate_bad_suite_names_file_line_and_key(name, anchor, key, words):
+    path = SUITES / name
+    result = invoke("validate", path)
+    assert result.exit_code == 2, result.output
+    assert "1 problem(s)" in result.output
+    assert f"{path}:{line_of(path, anchor)}: {key}: " in result.output
+    for word in words:
+        assert word in result.output
+    assert "valid:" not in result.output
+
+
+def test_tiny_llama_context_limit_is_what_the_context_suite_assumes():
+    from kvbench.models import describe_model
+
+    assert describe_model("tiny:llama").max_context == 4096
+
+
+def test_validate_missing_file_exits_2():
+    result = invoke("validate", SUITES / "no_such_suite.yaml")
+    assert result.exit_code == 2
+    assert "no such suite file" in result.output
+
+
+# ---------------------------------------------------------------- run: selection
+
+
+def test_dry_run_lists_expanded_case_ids_and_runs_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    result = invoke("run", TINY, "--out", out, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert case_ids(result.output) == TINY_IDS
+    assert "cli-tiny: 6 case(s)" in result.output
+    assert "cosine >= 0.999" in result.output  # the claims column
+    assert not out.exists() and not (tmp_path / "runs").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("options, expected", [
+    (["--only", "sphere"], [i for i in TINY_IDS if "sphere" in i]),
+    (["--only", "proofs/intq-*/data=gaussian"],
+     ["proofs/intq-bits8/data=gaussian", "proofs/intq-bits4/data=gaussian"]),
+    (["--methods", "intq-bits8"], [i for i in TINY_IDS if "bits8" in i]),
+    (["--methods", "intq"], [i for i in TINY_IDS if "intq" in i]),  # the method name
+    (["--methods", "identity,intq-bits4"], [i for i in TINY_IDS if "bits8" not in i]),
+    (["--methods", "intq-*"], [i for i in TINY_IDS if "intq" in i]),
+    (["--limit", "2"], TINY_IDS[:2]),
+    (["--methods", "intq*", "--only", "sphere", "--limit", "1"], ["proofs/intq-bits8/data=sphere"]),
+])
+def test_selection_options(options, expected):
+    result = invoke("run", TINY, "--dry-run", *options)
+    assert result.exit_code == 0, result.output
+    assert case_ids(result.output) == expected
+    assert f"{len(expected)} case(s)" in result.output
+
+
+def test_unknown_method_label_exits_2_with_did_you_mean():
+    result = invoke("run", TINY, "--dry-run", "--methods", "intq-bits3")
+    assert result.exit_code == 2
+    assert "--methods: no method 'intq-bits3'" in result.output
+    assert "Did you mean" in result.output and "'intq-bits8'" in result.output
+    assert case_ids(result.output) == []
+
+
+def test_only_matching_nothing_exits_2():
+    result = invoke("run", TINY, "--dry-run", "--only", "no-such-case")
+    assert result.exit_code == 2
+    assert "matches no case" in result.output
+
+
+def test_run_with_only_writes_just_those_cases(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("run", TINY, "--out", out, "--only", "intq-bits4")
+    assert result.exit_code == 0, result.output
+    assert [c["id"] for c in load_json(out / "results.json")["cases"]] == [
+        "proofs/intq-bits4/data=gaussian", "proofs/intq-bits4/data=sphere"]
+
+
+# ---------------------------------------------------------------- run: outputs and exit codes
+
+
+def test_run_writes_results_json_jsonl_and_report(tiny_run):
+    out, output = tiny_run
+    results = load_json(out / "results.json")
+    assert results["schema_version"] == SCHEMA_VERSION
+    assert results["suite"]["name"] == "cli-tiny"
+    assert results["interrupted"] is False and results["finished"]
+    assert [c["id"] for c in results["cases"]] == TINY_IDS
+    assert all(c["status"] == "ok" for c in results["cases"])
+    by_id = cases_by_id(results)
+    identity = by_id["proofs/identity/data=gaussian"]
+    assert identity["metrics"]["mse"]["value"] == 0
+    assert identity["metrics"]["compression_ratio"]["value"] == 1
+    assert [cl["verdict"] for cl in identity["claims"]] == ["held", "held"]
+    # fewer bits, more error; and intq really compresses
+    bits8, bits4 = by_id["proofs/intq-bits8/data=gaussian"], by_id["proofs/intq-bits4/data=gaussian"]
+    assert 0 < bits8["metrics"]["mse"]["value"] < bits4["metrics"]["mse"]["value"]
+    assert bits4["metrics"]["compression_ratio"]["value"] > 2
+    assert bits4["method_params"]["bits"] == 4 and bits4["bench_params"]["n_vectors"] == 256
+
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [line["type"] for line in lines] == ["header"] + ["case"] * 6
+    assert lines[0]["header"]["suite"]["hash"] == results["suite"]["hash"]
+    assert [line["case"]["id"] for line in lines[1:]] == TINY_IDS
+
+    report = (out / "report.md").read_text()
+    assert report.startswith("# kvbench: cli-tiny")
+    assert "## proofs" in report and "## Claims" in report
+    assert all(case_id in report for case_id in TINY_IDS)
+    assert "claims held 8/8" in output and "errors 0" in output
+
+
+def test_run_exits_1_when_a_claim_fails(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("run", SUITES / "tiny_fail.yaml", "--out", out)
+    assert result.exit_code == 1, result.output
+    by_id = cases_by_id(load_json(out / "results.json"))
+    assert {c["status"] for c in by_id.values()} == {"ok"}
+    assert [cl["verdict"] for cl in by_id["proofs/identity"]["claims"]] == ["held"]
+    failed = by_id["proofs/intq"]["claims"]
+    assert [(cl["claim"], cl["verdict"]) for cl in failed] == [("mse == 0", "failed")]
+    assert failed[0]["measured"] > 0
+    assert "FAILED" in result.output and "claims held 1/2" in result.output
+    assert (out / "report.md").exists()
+
+
+def test_run_exits_3_when_a_case_crashes_and_runs_the_others(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("run", SUITES / "crash.yaml", "--out", out)
+    assert result.exit_code == 3, result.output
+    results = load_json(out / "results.json")
+    crash_id = "tests.plugins.kvb_testplugin:Crash/identity"
+    step_id = "tests.plugins.kvb_testplugin:Step/identity"
+    assert [(c["id"], c["status"]) for c in results["cases"]] == [
+        ("proofs/identity", "ok"), (crash_id, "error"), (step_id, "ok")]
+    crash, step = results["cases"][1], results["cases"][2]
+    assert crash["error"]["type"] == "ValueError"
+    assert CRASH_MESSAGE in crash["error"]["message"]
+    trace = crash["error"]["traceback"]
+    assert trace.startswith("Traceback") and "_explode" in trace and "kvb_testplugin.py" in trace
+    assert crash["metrics"] == {}
+    assert step["metrics"]["value"]["value"] == 7  # the case after the crash ran
+    assert [cl["verdict"] for cl in step["claims"]] == ["held"]
+    assert "errors 1" in result.output and CRASH_MESSAGE in result.output
+    jsonl = (out / "results.jsonl").read_text().splitlines()
+    assert len(jsonl) == 4
+
+
+def test_missing_baseline_exits_4_and_runs_nothing(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("run", TINY, "--out", out, "--baseline", tmp_path / "nope.json")
+    assert result.exit_code == 4, result.output
+    assert "nope.json does not exist" in result.output
+    assert not out.exists()
+
+
+def test_baseline_from_another_suite_exits_4(tiny_run, tmp_path):
+    out, _ = tiny_run
+    other = tmp_path / "base.json"
+    data = load_json(out / "results.json")
+    data["suite"]["name"] = "some-other-suite"
+    other.write_text(json.dumps(data))
+    result = invoke("run", TINY, "--out", tmp_path / "out", "--baseline", other)
+    assert result.exit_code == 4
+    assert "not comparable" in result.output and "some-other-suite" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_baseline_with_better_metric_exits_1(tiny_run, tmp_path):
+    out, _ = tiny_run
+    data = load_json(out / "results.json")
+    case = cases_by_id(data)["proofs/intq-bits4/data=gaussian"]
+    case["metrics"]["mse"]["value"] /= 100  # the baseline was 100x better
+    baseline = tmp_path / "better.json"
+    baseline.write_text(json.dumps(data))
+    run_out = tmp_path / "out"
+    result = invoke("run", TINY, "--out", run_out, "--baseline", baseline)
+    assert result.exit_code == 1, result.output
+    assert "regressions 1" in result.output
+    assert re.search(r"regression proofs/intq-bits4/data=gaussian mse", result.output)
+    report = (run_out / "report.md").read_text()
+    assert "## Gate against the baseline" in report and "**regression** (exit 1)" in report
+
+
+def test_baseline_save_then_run_against_it_exits_0(tiny_run, tmp_path):
+    out, _ = tiny_run
+    saved = tmp_path / "baselines" / "tiny.json"
+    result = invoke("baseline", "save", out / "results.json", "--to", saved)
+    assert result.exit_code == 0, result.output
+    assert load_json(saved) == load_json(out / "results.json")
+    run_out = tmp_path / "out"
+    result = invoke("run", TINY, "--out", run_out, "--baseline", saved)
+    assert result.exit_code == 0, result.output
+    assert "regressions 0" in result.output
+    assert "no regression (exit 0)" in (run_out / "report.md").read_text()
+
+
+def test_baseline_save_refuses_error_cases_unless_allowed(tmp_path):
+    out = tmp_path / "out"
+    assert invoke("run", SUITES / "crash.yaml", "--out", out).exit_code == 3
+    to = tmp_path / "base.json"
+    result = invoke("baseline", "save", out / "results.json", "--to", to)
+    assert result.exit_code == 2
+    assert "did not finish ok" in result.output and "--allow-errors" in result.output
+    assert "tests.plugins.kvb_testplugin:Crash/identity" in result.output
+    assert not to.exists()
+    result = invoke("baseline", "save", out / "results.json", "--to", to, "--allow-errors")
+    assert result.exit_code == 0, result.output
+    assert load_json(to)["cases"][1]["status"] == "error"
+
+
+def test_baseline_save_refuses_an_interrupted_run(tiny_run, tmp_path):
+    out, _ = tiny_run
+    data = load_json(out / "results.json")
+    data["interrupted"] = True
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(data))
+    result = invoke("baseline", "save", path, "--to", tmp_path / "base.json")
+    assert result.exit_code == 2 and "interrupted" in result.output
+    assert not (tmp_path / "base.json").exists()
+
+
+# ---------------------------------------------------------------- report, compare
+
+
+def test_report_md_prints_the_tables(tiny_run):
+    out, _ = tiny_run
+    result = invoke("report", out / "results.json", "--format", "md")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("# kvbench: cli-tiny")
+    assert "## proofs" in result.output and "## Claims" in result.output
+    assert "| proofs/intq-bits4/data=sphere |" in result.output
+    # the same report the run wrote
+    assert result.output.strip() == (out / "report.md").read_text().strip()
+
+
+def test_report_json_equals_the_file(tiny_run):
+    out, _ = tiny_run
+    result = invoke("report", out / "results.json", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == load_json(out / "results.json")
+
+
+def test_report_from_jsonl_is_marked_interrupted(tiny_run):
+    out, _ = tiny_run
+    result = invoke("report", out / "results.jsonl", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["interrupted"] is True and [c["id"] for c in data["cases"]] == TINY_IDS
+
+
+def test_report_missing_file_exits_2(tmp_path):
+    result = invoke("report", tmp_path / "missing.json")
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_report_readme_injects_between_markers(tiny_run, tmp_path):
+    out, _ = tiny_run
+    readme = tmp_path / "README.md"
+    start, end = "<!-- kvbench:start results -->", "<!-- kvbench:end results -->"
+    readme.write_text(f"# Project\n\nbefore\n\n{start}\nold table\n{end}\n\nafter\n")
+    result = invoke("report", out / "results.json", "--readme", readme, "--section", "results")
+    assert result.exit_code == 0, result.output
+    text = readme.read_text()
+    assert text.startswith(f"# Project\n\nbefore\n\n{start}\n")
+    assert text.endswith(f"\n{end}\n\nafter\n")
+    inside = text.split(start)[1].split(end)[0]
+    assert "old table" not in inside
+    assert "### proofs" in inside and "| method | data | compression_ratio" in inside
+    assert "| intq-bits8 | gaussian |" in inside and "| identity | sphere |" in inside
+    # again: same text (idempotent)
+    assert invoke("report", out / "results.json", "--readme", readme,
+                  "--section", "results").exit_code == 0
+    assert readme.read_text() == text
+
+
+def test_report_readme_without_markers_exits_2_and_leaves_it(tiny_run, tmp_path):
+    out, _ = tiny_run
+    readme = tmp_path / "README.md"
+    readme.write_text("# Project\n\nno markers here\n")
+    result = invoke("report", out / "results.json", "--readme", readme, "--section", "results")
+    assert result.exit_code == 2
+    assert "<!-- kvbench:start results -->" in result.output
+    assert readme.read_text() == "# Project\n\nno markers here\n"
+
+
+def test_report_readme_needs_section(tiny_run, tmp_path):
+    out, _ = tiny_run
+    result = invoke("report", out / "results.json", "--readme", tmp_path / "README.md")
+    assert result.exit_code == 2 and "--section" in result.output
+
+
+def test_compare_prints_ratios_and_marks(tiny_run, tmp_path):
+    out, _ = tiny_run
+    data = load_json(out / "results.json")
+    by_id = cases_by_id(data)
+    by_id["proofs/intq-bits4/data=gaussian"]["metrics"]["mse"]["value"] *= 10  # B worse
+    by_id["proofs/intq-bits8/data=sphere"]["metrics"]["mse"]["value"] /= 4  # B better
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(data))
+    result = invoke("compare", out / "results.json", b)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "| mark | case | metric | A | B | B/A |" in lines
+    worse = [ln for ln in lines if "proofs/intq-bits4/data=gaussian" in ln and "| mse" in ln]
+    better = [ln for ln in lines if "proofs/intq-bits8/data=sphere" in ln and "| mse" in ln]
+    assert len(worse) == 1 and worse[0].startswith("| worse |") and "| 10.00 |" in worse[0]
+    assert len(better) == 1 and better[0].startswith("| better |") and "| 0.25 |" in better[0]
+    same = [ln for ln in lines if "proofs/intq-bits4/data=sphere" in ln and "| cosine" in ln]
+    assert len(same) == 1 and same[0].startswith("| ~ |") and "| 1.00 |" in same[0]
+    assert "1 worse" in result.output and "1 better" in result.output
+
+
+def test_compare_missing_file_exits_2(tiny_run, tmp_path):
+    out, _ = tiny_run
+    result = invoke("compare", out / "results.json", tmp_path / "b.json")
+    assert result.exit_code == 2 and "b.json does not exist" in result.output
+
+
+# ---------------------------------------------------------------- list, schema, env
+
+
+@pytest.mark.parametrize("what, expected", [
+    ("methods", ["identity", "intq", "bits=4", "group_size=32"]),
+    ("benchmarks", ["proofs", "perplexity", "n_vectors=4096", "context=1024"]),
+    ("models", ["bundled:smollm2-135m", "tiny:llama", "tiny:qwen3"]),
+])
+def test_list(what, expected):
+    result = invoke("list", what)
+    assert result.exit_code == 0, result.output
+    for text in expected:
+        assert text in result.output
+
+
+def test_list_suites_shows_the_suites_folder(tmp_path, monkeypatch):
+    (tmp_path / "suites" / "sub").mkdir(parents=True)
+    (tmp_path / "suites" / "a.yaml").write_text("kvbench: 1\ndescription: First suite.\n  more\n")
+    (tmp_path / "suites" / "sub" / "b.yaml").write_text("kvbench: [\n")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("list", "suites")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"suites/a\.yaml\s.*First suite\. more", result.output)
+    assert re.search(r"suites/sub/b\.yaml\s.*\(not valid YAML\)", result.output)
+
+
+def test_list_unknown_kind_exits_2():
+    assert invoke("list", "gadgets").exit_code == 2
+
+
+def test_schema_is_json_with_the_schema_version():
+    result = invoke("schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    assert schema["title"] == f"kvbench suite, version {SCHEMA_VERSION}"
+    assert schema["properties"]["kvbench"]["const"] == SCHEMA_VERSION
+    assert "kvbench" in schema["required"]
+    assert {"methods", "benchmarks", "defaults", "gate"} <= set(schema["properties"])
+
+
+def test_env_prints_machine_key_and_python():
+    from kvbench.hardware import machine_key
+
+    result = invoke("env", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert f"key: {machine_key('cpu')}" in result.output.splitlines()
+    assert f"python: {platform.python_version()}" in result.output.splitlines()
+    assert re.search(r"^git_sha: ", result.output, re.M)
+
+
+def test_version_and_help():
+    assert invoke("--version").output.strip().endswith(cli.__version__)
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("run", "validate", "report", "compare", "baseline", "list", "schema", "env"):
+        assert re.search(rf"^\s+{command}\b", result.output, re.M)
+
