@@ -3,7 +3,14 @@
 The bundled model is prepared once per session (into KVBENCH_HOME if set, else the default home);
 tests that use it are marked `model`.
 """
+import sys
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...
+    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="session")

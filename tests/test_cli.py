@@ -8,41 +8,22 @@ from __future__ import annotations
 import json
 import platform
 import re
-import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+
+from kvbench import cli
+from kvbench.results import SCHEMA_VERSION
+from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.kvb_testplugin import CRASH_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...
-    sys.path.insert(0, str(ROOT))
-
-from kvbench import cli  # noqa: E402
-from kvbench.results import SCHEMA_VERSION  # noqa: E402
-from tests.plugins.kvb_testplugin import CRASH_MESSAGE  # noqa: E402
-
 SUITES = ROOT / "tests" / "suites" / "cli"
 TINY = SUITES / "tiny.yaml"
 TINY_IDS = [
     f"proofs/{label}/data={data}"
     for data in ("gaussian", "sphere") for label in ("identity", "intq-bits8", "intq-bits4")
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _wide_consoles():
-    """rich wraps at 80 columns without a terminal; keep file:line and case ids on one line."""
-    saved = [(c, c._width) for c in (cli.console, cli.err)]
-    for console, _ in saved:
-        console.width = 1000
-    yield
-    for console, width in saved:
-        console._width = width
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 def line_of(path: Path, text: str) -> int:

@@ -21,34 +21,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+
+from kvbench import cli
+from kvbench.runner import run_suite
+from kvbench.suite.loader import load_suite
+from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.kvb_testplugin import CRASH_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...
-    sys.path.insert(0, str(ROOT))
-
-from kvbench import cli  # noqa: E402
-from kvbench.runner import run_suite  # noqa: E402
-from kvbench.suite.loader import load_suite  # noqa: E402
-from tests.plugins.kvb_testplugin import CRASH_MESSAGE  # noqa: E402
-
 SUITES = ROOT / "tests" / "suites" / "cli"
 STEP = "tests.plugins.kvb_testplugin:Step"
 STEP_IDS = [f"{STEP}/Nop/i={i}" for i in range(5)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _wide_consoles():
-    saved = [(c, c._width) for c in (cli.console, cli.err)]
-    for console, _ in saved:
-        console.width = 1000
-    yield
-    for console, width in saved:
-        console._width = width
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 def load_json(path: Path) -> dict:
