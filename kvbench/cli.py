@@ -171,7 +171,7 @@ def _summary(result, gate_report, out_dir: Path) -> None:
     errors = [c for c in result.cases if c.status != "ok"]
     if claims:
         console.print(_claims_table(result))
-    parts = [f"claims held {held}/{len(claims)}"]
+    parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held}"]
     if gate_report is not None:
         parts.append(f"regressions {len(gate_report.regressions)}")
         parts.append(f"improvements {len(gate_report.improvements)}")

@@ -198,7 +198,7 @@ def test_run_exits_1_when_a_claim_fails(tmp_path):
     failed = by_id["proofs/intq"]["claims"]
     assert [(cl["claim"], cl["verdict"]) for cl in failed] == [("mse == 0", "failed")]
     assert failed[0]["measured"] > 0
-    assert "FAILED" in result.output and "claims held 1/2" in result.output
+    assert "FAILED" in result.output and "claims held 1/2, failed 1" in result.output
     assert (out / "report.md").exists()
 
 
