@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from kvbench.methods.base import LayerCachePolicy, Method, tensor_bytes
 from kvbench.methods.identity import Identity
 from kvbench.models import BUNDLED, describe_model, kvbench_home, load_model, prepare_bundled
-from kvbench.models.capture import capture_kv
+from kvbench.models.capture import capture_qkv
 from kvbench.models.hf_cache import KVBenchCache
 from kvbench.models.tiny import ByteTokenizer, build_tiny
 
@@ -290,20 +290,40 @@ def test_dropping_tokens_inside_a_multi_token_step_is_refused():
 
 
 @torch.inference_mode()
-def test_capture_kv_returns_what_attention_caches():
+def test_capture_returns_what_attention_caches():
     loaded = load_model("tiny:qwen3", "cpu")
     ids = ByteTokenizer().encode(PROMPT)
-    captured = capture_kv(loaded, ids, [0, 1])
+    captured = capture_qkv(loaded, ids, [0, 1])
     cache = KVBenchCache(TestMethod(), 2)
     loaded.model(torch.tensor([ids]), past_key_values=cache)
     for layer in (0, 1):
-        keys, values = captured[layer]
-        assert keys.shape == values.shape == (1, 2, len(ids), 16)
-        assert keys.dtype == torch.float32
-        torch.testing.assert_close(keys, cache.policies[layer].k)
-        torch.testing.assert_close(values, cache.policies[layer].v)
+        got = captured[layer]
+        assert got.keys.shape == got.values.shape == (1, 2, len(ids), 16)
+        assert got.queries.shape == (1, 4, len(ids), 16) and got.keys.dtype == torch.float32
+        torch.testing.assert_close(got.keys, cache.policies[layer].k)
+        torch.testing.assert_close(got.values, cache.policies[layer].v)
     with pytest.raises(ValueError, match=r"layers \[2\] out of range"):
-        capture_kv(loaded, ids, [2])
+        capture_qkv(loaded, ids, [2])
+
+
+@pytest.mark.parametrize("kind", ["tiny:llama", "tiny:qwen3"])
+@torch.inference_mode()
+def test_captured_queries_reproduce_the_attention_output(kind):
+    """Causal softmax(Q K^T / sqrt(d)) V from the captured tensors is what the layer fed o_proj."""
+    loaded = load_model(kind, "cpu")
+    ids = ByteTokenizer().encode(PROMPT)
+    fed = {}
+    o_proj = loaded.model.model.layers[1].self_attn.o_proj
+    hook = o_proj.register_forward_pre_hook(lambda module, args: fed.update(x=args[0]))
+    try:
+        got = capture_qkv(loaded, ids, [1])[1]
+    finally:
+        hook.remove()
+    group = got.queries.shape[1] // got.keys.shape[1]
+    keys = got.keys.repeat_interleave(group, dim=1)
+    values = got.values.repeat_interleave(group, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(got.queries, keys, values, is_causal=True)
+    torch.testing.assert_close(out.transpose(1, 2).flatten(2), fed["x"], rtol=1e-4, atol=1e-5)
 
 
 # --- the bundled model ------------------------------------------------------------------------

@@ -168,3 +168,52 @@ def test_captured_keys_and_values(bundled):
     assert out.info["shape"] == [1, 2 * 3, 128, 64]  # two layers of 3 KV heads
     assert 0.9 < out.metrics["cosine"].value < 1.0
     assert out.comparable["layers"] == "0,5" and out.comparable["model"] == bundled.spec
+    # the model's own queries, causally masked: identity leaves attention untouched, intq does not
+    assert exact["attn_kl"] == 0 and exact["ip_rel_error"] == 0
+    assert 0 < out.metrics["attn_kl"].value < 0.1 and math.isfinite(out.metrics["ip_bias"].value)
+
+
+class _Shrink(Method):
+    """Keys kept exactly, values scaled by 0.9, or the reverse: K and V codecs differ."""
+
+    def __init__(self, shrink_keys: bool):
+        self.shrink_keys = shrink_keys
+
+    def new_layer_cache(self, layer_idx):
+        raise NotImplementedError
+
+    def key_codec(self):
+        return _ScaleCodec(0.9 if self.shrink_keys else 1.0)
+
+    def value_codec(self):
+        return _ScaleCodec(1.0 if self.shrink_keys else 0.9)
+
+
+class _ScaleCodec(Identity().codec().__class__):
+    def __init__(self, factor):
+        super().__init__("float32")
+        self.factor = factor
+
+    def decode(self, packed):
+        return super().decode(packed) * self.factor
+
+
+def test_attention_metrics_are_zero_for_identity():
+    out = _values(_run(Identity()))
+    assert out["ip_bias"] == 0 and out["ip_error_std"] == 0 and out["attn_kl"] == 0
+
+
+def test_keys_and_values_use_their_own_codecs():
+    values_only = _values(_run(_Shrink(shrink_keys=False)))
+    assert values_only["ip_rel_error"] == 0 and values_only["attn_kl"] == 0
+    assert math.isclose(values_only["attn_output_error"], 0.1, rel_tol=1e-3)
+    keys_only = _values(_run(_Shrink(shrink_keys=True)))
+    # Shrinking every key by 10% shrinks every inner product: a pure bias, no spread around it
+    assert keys_only["ip_bias"] < 0 and keys_only["attn_kl"] > 0
+    assert math.isclose(keys_only["ip_rel_error"], 0.1, rel_tol=1e-3)
+
+
+def test_intq_errors_spread_more_at_fewer_bits():
+    stds = [_values(_run(IntQ(bits=b)))["ip_error_std"] for b in (8, 4, 2)]
+    kls = [_values(_run(IntQ(bits=b)))["attn_kl"] for b in (8, 4, 2)]
+    assert stds[0] < stds[1] < stds[2] and kls[0] < kls[1] < kls[2]

@@ -88,9 +88,42 @@ def _rel_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return float((approx - exact).norm() / exact.norm())
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1]), dim=-1)
-    return weights @ v
+def _logits(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """Q K^T / sqrt(d) per query head, -inf where a key is not visible to a query; key head h
+    serves query heads h*g .. h*g+g-1 (GQA)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1])
+    return logits if visible is None else logits.masked_fill(~visible, -math.inf)
+
+
+def _attend(logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    v = v.repeat_interleave(logits.shape[1] // v.shape[1], dim=1)
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def _kl(logits: torch.Tensor, logits_hat: torch.Tensor) -> float:
+    """Mean over queries of KL(softmax(logits) || softmax(logits_hat)), in nats."""
+    log_p, log_p_hat = torch.log_softmax(logits, -1), torch.log_softmax(logits_hat, -1)
+    terms = log_p.exp() * (log_p - log_p_hat)
+    return float(terms.nan_to_num(0.0).sum(-1).mean())  # masked keys: 0 * (-inf - -inf)
+
+
+def _layout(key_codec: Codec, value_codec: Codec) -> str:
+    if key_codec.layout() == value_codec.layout():
+        return key_codec.layout()
+    return f"keys: {key_codec.layout()}; values: {value_codec.layout()}"
+
+
+@dataclass
+class _Data:
+    """Queries (1, heads, n, D), keys and values (1, kv_heads, T, D), float32, and what identifies
+    them for comparison: the recipe, not float bits that differ between CPUs."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    source: dict[str, str]
+    visible: torch.Tensor | None  # (queries, keys) causal mask for captured data
 
 
 @register_benchmark("proofs")
@@ -107,6 +140,9 @@ class Proofs(Benchmark):
         "mse": MetricSpec("", "lower", "mean squared error over K and V"),
         "cosine": MetricSpec("", "higher", "mean per-vector cosine similarity, K and V"),
         "ip_rel_error": MetricSpec("", "lower", "||Q K_hat^T - Q K^T||_F / ||Q K^T||_F"),
+        "ip_bias": MetricSpec("", "none", "mean of <q,k_hat> - <q,k>, over the RMS of <q,k>"),
+        "ip_error_std": MetricSpec("", "lower", "std of <q,k_hat> - <q,k>, over the RMS of <q,k>"),
+        "attn_kl": MetricSpec("nats", "lower", "KL(softmax(QK^T) || softmax(QK_hat^T)) per query"),
         "attn_output_error": MetricSpec("", "lower", "relative Frobenius error of attention out"),
         "nbytes": MetricSpec("bytes", "none", "codec bytes of K and V"),
         "encode_ms": MetricSpec("ms", "lower", "encode K and V", timed=True),
@@ -124,26 +160,29 @@ class Proofs(Benchmark):
             )
 
     def run(self, params: ProofsParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
-        codec = method.codec()
-        if codec is None:
-            raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec()")
+        key_codec, value_codec = method.key_codec(), method.value_codec()
+        if key_codec is None or value_codec is None:
+            raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec")
         dtype = _DTYPES[params.dtype]
-        keys, values, source = self._data(params, ctx)
-        keys, values = keys.to(ctx.device, dtype), values.to(ctx.device, dtype)
-        output = self._measure(codec, keys, values, params, ctx)
-        output.comparable = source
+        data = self._data(params, ctx)
+        keys, values = data.keys.to(ctx.device, dtype), data.values.to(ctx.device, dtype)
+        output = self._measure(key_codec, value_codec, keys, values, data, ctx)
+        output.comparable = data.source
         return output
 
-    def _data(self, params: ProofsParams, ctx: RunContext):
-        """Keys and values (1, heads, T, D), float32 (captured layers stack their heads), and
-        what identifies them for comparison: the recipe, not float bits that differ by CPU."""
+    def _data(self, params: ProofsParams, ctx: RunContext) -> _Data:
         if params.data != "captured":
             n, d = params.n_vectors, params.dim
             both = make_vectors(params.data, 2 * n, d, params.data_seed)
+            keys = both[:n].reshape(1, 1, n, d)
+            # Random queries with the keys' RMS. ip errors do not depend on their scale; attention
+            # sharpness does (near-flat on sphere data, near-one-hot on outlier channels).
+            queries = make_queries(params.n_queries, d, ctx.seed) * keys.pow(2).mean().sqrt()
             source = {"data": params.data, "shape": f"{n}x{d}", "data_seed": str(params.data_seed)}
-            return both[:n].reshape(1, 1, n, d), both[n:].reshape(1, 1, n, d), source
+            return _Data(queries.reshape(1, 1, -1, d), keys, both[n:].reshape(1, 1, n, d), source,
+                         visible=None)
         from kvbench.data.text import pydoc_text, tokens_sha256
-        from kvbench.models.capture import capture_kv
+        from kvbench.models.capture import capture_qkv
 
         if ctx.model is None:
             raise ValueError("data: captured needs a model; set the suite's model")
@@ -151,43 +190,55 @@ class Proofs(Benchmark):
         token_ids = loaded.tokenizer.encode(pydoc_text())
         if len(token_ids) < params.tokens:
             raise ValueError(f"tokens: the text has only {len(token_ids)} tokens")
-        kv = capture_kv(loaded, token_ids[: params.tokens], params.layers)
-        keys = torch.cat([kv[layer][0] for layer in params.layers], dim=1)
-        values = torch.cat([kv[layer][1] for layer in params.layers], dim=1)
+        captured = [capture_qkv(loaded, token_ids[: params.tokens], params.layers)[i]
+                    for i in params.layers]
+        # The model's own queries at the last n_queries positions, each seeing the keys up to it.
+        last = min(params.n_queries, params.tokens)
+        positions = torch.arange(params.tokens)
+        visible = positions[None, :] <= positions[-last:, None]
         source = {
             "model": ctx.model, "tokens_sha256": tokens_sha256(token_ids[: params.tokens]),
             "layers": ",".join(map(str, params.layers)),
         }
-        return keys, values, source
+        return _Data(
+            torch.cat([c.queries[..., -last:, :] for c in captured], dim=1),
+            torch.cat([c.keys for c in captured], dim=1),
+            torch.cat([c.values for c in captured], dim=1),
+            source,
+            visible,
+        )
 
     def _measure(
-        self, codec: Codec, keys: torch.Tensor, values: torch.Tensor, params: ProofsParams,
-        ctx: RunContext,
+        self, key_codec: Codec, value_codec: Codec, keys: torch.Tensor, values: torch.Tensor,
+        data: _Data, ctx: RunContext,
     ) -> BenchmarkOutput:
-        packed_k, packed_v = codec.encode(keys), codec.encode(values)
-        nbytes = codec.nbytes(packed_k) + codec.nbytes(packed_v)
+        packed_k, packed_v = key_codec.encode(keys), value_codec.encode(values)
+        nbytes = key_codec.nbytes(packed_k) + value_codec.nbytes(packed_v)
         numel = keys.numel() + values.numel()
-        encode_ms = _time_ms(lambda: [codec.encode(t) for t in (keys, values)], ctx)
-        decode_ms = _time_ms(lambda: [codec.decode(p) for p in (packed_k, packed_v)], ctx)
+        encode_ms = _time_ms(lambda: (key_codec.encode(keys), value_codec.encode(values)), ctx)
+        decode_ms = _time_ms(lambda: (key_codec.decode(packed_k), value_codec.decode(packed_v)), ctx)
 
         k, v = keys.cpu().double(), values.cpu().double()
-        k_hat, v_hat = codec.decode(packed_k).cpu().double(), codec.decode(packed_v).cpu().double()
+        k_hat = key_codec.decode(packed_k).cpu().double()
+        v_hat = value_codec.decode(packed_v).cpu().double()
         original, decoded = torch.cat([k, v], dim=-2), torch.cat([k_hat, v_hat], dim=-2)
-        # Queries with the keys' RMS. ip_rel_error does not depend on their scale; attention
-        # sharpness does (near-flat on sphere data, near-one-hot on outlier channels).
-        queries = make_queries(params.n_queries, k.shape[-1], ctx.seed).double()
-        queries = queries * k.pow(2).mean().sqrt()
+        q = data.queries.cpu().double()
+        logits, logits_hat = _logits(q, k, data.visible), _logits(q, k_hat, data.visible)
+        seen = torch.isfinite(logits)
+        ip, ip_hat = logits[seen], logits_hat[seen]
+        ip_error = (ip_hat - ip) / ip.pow(2).mean().sqrt()
         m = self.metrics
         metrics = {
             "compression_ratio": m["compression_ratio"].of(2 * numel / nbytes),
             "bits_per_value": m["bits_per_value"].of(8 * nbytes / numel),
             "mse": m["mse"].of(float((decoded - original).pow(2).mean())),
             "cosine": m["cosine"].of(float(_cosine(decoded, original).mean())),
-            "ip_rel_error": m["ip_rel_error"].of(
-                _rel_error(queries @ k_hat.transpose(-1, -2), queries @ k.transpose(-1, -2))
-            ),
+            "ip_rel_error": m["ip_rel_error"].of(_rel_error(ip_hat, ip)),
+            "ip_bias": m["ip_bias"].of(float(ip_error.mean())),
+            "ip_error_std": m["ip_error_std"].of(float(ip_error.std())),
+            "attn_kl": m["attn_kl"].of(_kl(logits, logits_hat)),
             "attn_output_error": m["attn_output_error"].of(
-                _rel_error(_attention(queries, k_hat, v_hat), _attention(queries, k, v))
+                _rel_error(_attend(logits_hat, v_hat), _attend(logits, v))
             ),
             "nbytes": m["nbytes"].of(nbytes),
             "encode_ms": m["encode_ms"].of_samples(encode_ms),
@@ -196,7 +247,7 @@ class Proofs(Benchmark):
         return BenchmarkOutput(
             metrics=metrics,
             info={
-                "layout": codec.layout(), "shape": list(keys.shape),
+                "layout": _layout(key_codec, value_codec), "shape": list(keys.shape),
                 "data_sha256": _sha256(keys, values),
             },
         )

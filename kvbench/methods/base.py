@@ -100,6 +100,13 @@ class Method(ABC):
         """The codec behind this method, if it has one (the proofs benchmark needs it)."""
         return None
 
+    def key_codec(self) -> Codec | None:
+        """The codec for keys; methods that treat keys and values differently override both."""
+        return self.codec()
+
+    def value_codec(self) -> Codec | None:
+        return self.codec()
+
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
