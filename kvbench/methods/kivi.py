@@ -1,0 +1,151 @@
+"""`kivi`: 2/4-bit keys per channel, values per token, the newest tokens in full precision."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.methods.base import (
+    LayerCachePolicy,
+    Method,
+    Packed,
+    register_method,
+    storage_bytes,
+    tensor_bytes,
+)
+from kvbench.methods.intq import IntQCodec
+
+
+class _Stream:
+    """Keys or values of one layer: the oldest tokens packed by `codec` (merged into one block
+    whenever the layout allows), the newer ones raw, in token order."""
+
+    def __init__(self, codec: IntQCodec):
+        self.codec = codec
+        self.packed: list[Packed] = []
+        self.packed_tokens = 0
+        self.raw: torch.Tensor | None = None
+
+    @property
+    def raw_tokens(self) -> int:
+        return 0 if self.raw is None else self.raw.shape[-2]
+
+    def push(self, x: torch.Tensor) -> None:
+        self.raw = x if self.raw is None else torch.cat([self.raw, x], dim=-2)
+
+    def pack_oldest(self, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        # clone() so the kept tail does not pin the storage of what was packed
+        old, self.raw = self.raw[..., :tokens, :], self.raw[..., tokens:, :].clone()
+        self.packed.append(self.codec.encode(old))
+        self.packed_tokens += tokens
+        merged = self.codec.merge(self.packed) if len(self.packed) > 1 else None
+        if merged is not None:
+            self.packed = [merged]
+
+    def read(self) -> torch.Tensor:
+        return torch.cat([self.codec.decode(p) for p in self.packed] + [self.raw], dim=-2)
+
+    def nbytes(self) -> int:
+        return sum(self.codec.nbytes(p) for p in self.packed) + tensor_bytes(self.raw)
+
+    def held(self) -> list[torch.Tensor]:
+        return [t for p in self.packed for t in p.tensors.values()] + [self.raw]
+
+
+class KiviCache(LayerCachePolicy):
+    """One layer of KIVI. Each append first quantizes what earlier steps left by the rule (whole
+    key chunks; values older than the newest `residual`), then adds the new tokens raw, so
+    attention reads the current step's keys and values in full precision, as upstream does."""
+
+    def __init__(self, method: Kivi):
+        self.keys = _Stream(method.key_codec())
+        self.values = _Stream(method.value_codec())
+        self.key_chunk = method.residual or method.group_size
+        self.residual = method.residual
+
+    def append(self, keys, values, queries=None) -> None:
+        self._quantize()
+        self.keys.push(keys)
+        self.values.push(values)
+
+    def end_prefill(self) -> None:
+        self._quantize()
+
+    def _quantize(self) -> None:
+        raw_keys = self.keys.raw_tokens
+        self.keys.pack_oldest(raw_keys - raw_keys % self.key_chunk)
+        self.values.pack_oldest(self.values.raw_tokens - self.residual)
+
+    def attention_inputs(self):
+        return self.keys.read(), self.values.read(), None
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.retained_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        return self.keys.packed_tokens + self.keys.raw_tokens
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.keys.nbytes() + self.values.nbytes()
+
+    def measured_bytes(self) -> int:
+        return storage_bytes(*self.keys.held(), *self.values.held())
+
+
+@register_method("kivi")
+@dataclass
+class Kivi(Method):
+    """KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache").
+
+    Scheme: asymmetric min/max quantization (IntQCodec): scale = (max - min) / (2^bits - 1) and
+    min stored in float16, q = round((x - min) / scale) packed at `bits` bits. Keys are grouped per
+    channel over `group_size` consecutive tokens, values per token over `group_size` channels.
+    Bits per quantized value: bits + 32 / group_size (3.0 at bits=2, group_size=32), when
+    head_dim is a multiple of group_size (a trailing partial group of channels has its own scale).
+
+    Residual, as the upstream code (jy-yuan/KIVI, models/llama_kivi.py) does it: after a step has
+    attended, raw keys are quantized in whole chunks of `residual` tokens (so T mod residual stay
+    raw after T tokens) and values once they are older than the newest `residual` tokens (so
+    min(T, residual) stay raw). The step's own tokens, and the chunk they complete, are attended in
+    full precision and quantized at the next append (or end_prefill); the prefill attends to
+    itself unquantized. Between steps, KIVI holds quantized + raw = every token seen. residual=0
+    (not allowed upstream) quantizes keys in whole groups of `group_size` and every value.
+
+    Parameters:
+        bits: int = 2 — 2 or 4, for keys and values both.
+        group_size: int = 32 — values per quantization group (>= 1).
+        residual: int = 128 — newest tokens kept in full precision; a multiple of group_size
+            (>= 0). Raw tokens count at the model's dtype.
+    Tensors: keys and values (batch, kv_heads, tokens, head_dim).
+
+    codec() is None: keys and values use different codecs, given by key_codec() and value_codec().
+    """
+
+    bits: int = 2
+    group_size: int = 32
+    residual: int = 128
+
+    def __post_init__(self):
+        if self.bits not in (2, 4):
+            raise ValueError(f"bits must be 2 or 4, got {self.bits!r}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size!r}")
+        if self.residual < 0 or self.residual % self.group_size:
+            raise ValueError(
+                f"residual must be a multiple of group_size ({self.group_size}) and >= 0,"
+                f" got {self.residual!r}"
+            )
+
+    def key_codec(self) -> IntQCodec:
+        return IntQCodec(self.bits, self.group_size, "channel", self.residual)
+
+    def value_codec(self) -> IntQCodec:
+        return IntQCodec(self.bits, self.group_size, "token", self.residual)
+
+    def new_layer_cache(self, layer_idx: int) -> KiviCache:
+        return KiviCache(self)

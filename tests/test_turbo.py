@@ -1,0 +1,250 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvbench.methods import METHODS
+from kvbench.methods.codebooks import lloyd_max
+from kvbench.methods.codec_cache import CodecCache
+from kvbench.methods.turbo import Turbo, llamacpp_codebook
+
+PRESETS = {  # name: (bits, outlier_fraction)
+    "turbo2": (2, 0.0), "turbo2.5": (2, 0.5), "turbo3": (3, 0.0), "turbo3.5": (3, 0.5),
+    "turbo4": (4, 0.0),
+}
+
+
+def _randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _unit(n, d, seed=0):
+    x = _randn(n, d, seed=seed, dtype=torch.float64)
+    return (x / x.norm(dim=-1, keepdim=True)).float()
+
+
+def _roundtrip(method, x):
+    codec = method.codec()
+    return codec.decode(codec.encode(x))
+
+
+def _per_vector_error(method, x):
+    return (_roundtrip(method, x[None, None])[0, 0].double() - x.double()).pow(2).sum(-1)
+
+
+@pytest.mark.parametrize("name, bits, fraction", [(n, *v) for n, v in PRESETS.items()])
+def test_presets_registered_with_their_defaults(name, bits, fraction):
+    cls = METHODS.get(name)
+    assert issubclass(cls, Turbo) and cls.name == name
+    method = cls()
+    assert (method.bits, method.outlier_fraction) == (bits, fraction)
+    assert (method.block, method.rotation, method.codebook) == (128, "hadamard", "gaussian")
+    assert method.norm_correction and not method.qjl
+    assert METHODS.get("turbo") is Turbo
+
+
+@pytest.mark.parametrize("block", [32, 64, 128])
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_bits_per_value_is_the_layout_formula(name, block):
+    bits, fraction = PRESETS[name]
+    x = _randn(2, 3, 16, 256)
+    for qjl in (False, True):
+        method = METHODS.get(name)(block=block, qjl=qjl)
+        codec = method.codec()
+        packed = codec.encode(x)
+        norms = 2 if qjl else 1  # fp16 norm, and the fp16 residual norm with qjl
+        expected = bits + fraction + 16 * norms / block
+        assert 8 * codec.nbytes(packed) / x.numel() == expected
+        assert packed.tensors["norm"].dtype == torch.float16
+        assert all(t.dtype == torch.uint8 for k, t in packed.tensors.items() if "codes" in k)
+
+
+def test_turbo3_ratio_vs_fp16():
+    x = _randn(1, 4, 64, 128, dtype=torch.float16)
+    for block, bits_per_value, ratio in [(128, 3.125, 5.12), (32, 3.5, 4.57)]:
+        codec = Turbo(bits=3, block=block).codec()
+        stored = codec.nbytes(codec.encode(x))
+        assert 8 * stored / x.numel() == bits_per_value
+        assert round(x.numel() * 2 / stored, 2) == ratio
+
+
+def test_stored_tensors_and_shapes():
+    codec = Turbo(bits=3, block=64, outlier_fraction=0.5, qjl=True).codec()
+    packed = codec.encode(_randn(2, 3, 5, 128))
+    t = packed.tensors
+    # qjl: a 2-bit MSE stage, 32 coordinates of each block at 3 bits, 32 at 2.
+    assert t["codes"].shape == (2, 3, 5, 2, 8) and t["codes_high"].shape == (2, 3, 5, 2, 12)
+    assert t["signs"].shape == (2, 3, 5, 2, 8)
+    assert t["norm"].shape == t["rnorm"].shape == (2, 3, 5, 2)
+    assert set(Turbo().codec().encode(_randn(1, 1, 2, 128)).tensors) == {"codes", "norm"}
+
+
+@pytest.mark.parametrize("rotation", ["hadamard", "haar"])
+def test_norm_correction_restores_the_block_norm(rotation):
+    x = _randn(1, 2, 50, 256, seed=4) * 3
+    blocks = x.unflatten(-1, (2, 128))
+    corrected = _roundtrip(Turbo(rotation=rotation), x).unflatten(-1, (2, 128))
+    assert torch.allclose(corrected.norm(dim=-1), blocks.norm(dim=-1), rtol=1e-3)
+    # Without it the stored norm is gamma and the codebook's shrinkage shows: E||c||^2 = 1 - D.
+    plain = _roundtrip(Turbo(rotation=rotation, norm_correction=False), x)
+    shrink = plain.unflatten(-1, (2, 128)).norm(dim=-1) / blocks.norm(dim=-1)
+    theory = math.sqrt(1 - 128 * lloyd_max("gaussian_d", 3, 128).mse)  # 0.983
+    assert shrink.mean() == pytest.approx(theory, abs=0.01)
+    assert (shrink - 1).abs().max() > 0.02
+
+
+@pytest.mark.parametrize("codebook, bits, fraction", [
+    ("gaussian", 3, 0.0), ("gaussian", 2, 0.0), ("gaussian", 4, 0.0), ("beta", 3, 0.0),
+    ("gaussian", 2, 0.5), ("gaussian", 3, 0.5), ("llamacpp", 4, 0.0)])
+def test_unit_vector_mse_matches_lloyd_max_theory(codebook, bits, fraction):
+    # Per-vector squared error of a unit vector = sum over coordinates of the codebook's MSE.
+    x = _unit(1000, 128, seed=11)
+    error = _per_vector_error(Turbo(bits=bits, codebook=codebook, outlier_fraction=fraction,
+                                    norm_correction=False), x).mean()
+    if codebook == "llamacpp":
+        per_coord = [llamacpp_codebook().mse] * 128
+    else:
+        density = "gaussian_d" if codebook == "gaussian" else "beta"
+        high = round(fraction * 128)
+        per_coord = ([lloyd_max(density, bits + 1, 128).mse] * high
+                     + [lloyd_max(density, bits, 128).mse] * (128 - high))
+    assert error == pytest.approx(sum(per_coord), rel=0.15)
+
+
+def test_turbo3_mse_and_cosine_on_unit_vectors():
+    x = _unit(1000, 128, seed=11)
+    method = METHODS.get("turbo3")()  # with norm correction, the default
+    x_hat = _roundtrip(method, x[None, None])[0, 0]
+    theory = 128 * lloyd_max("gaussian_d", 3, 128).mse  # 0.0345 per vector
+    assert _per_vector_error(method, x).mean() == pytest.approx(theory, rel=0.15)
+    assert F.cosine_similarity(x_hat, x, dim=-1).mean() > 0.98
+
+
+def test_llamacpp_table_is_narrower_and_worse_on_gaussian_coordinates():
+    table, gaussian = llamacpp_codebook(), lloyd_max("gaussian_d", 4, 128)
+    assert table.centroids.shape == (16,) and torch.equal(table.centroids, -table.centroids.flip(0))
+    assert table.centroids.max() < 0.75 * gaussian.centroids.max()
+    assert table.mse > 2 * gaussian.mse
+
+
+def test_more_bits_less_error():
+    x = _unit(500, 128, seed=2)
+    errors = [float(_per_vector_error(METHODS.get(name)(), x).mean()) for name in PRESETS]
+    assert errors == sorted(errors, reverse=True) and errors[-1] > 0
+
+
+def _inner_product_errors(qjl, norm_correction=True, keys=100, seeds=30):
+    """<k, k_hat> - <k, k> for unit keys k, each against itself, over fresh rotation and QJL
+    seeds (the paper's expectation is over those)."""
+    errors = []
+    for seed in range(seeds):
+        k = _unit(keys, 128, seed=1000 + seed).double()
+        method = Turbo(bits=3, qjl=qjl, norm_correction=norm_correction, seed=seed)
+        k_hat = _roundtrip(method, k.float()[None, None])[0, 0].double()
+        errors.append((k * k_hat).sum(-1) - 1)
+    return torch.cat(errors)
+
+
+def test_qjl_inner_products_are_unbiased_and_mse_ones_shrink():
+    def t_statistic(errors):
+        return errors.mean() / (errors.std() / math.sqrt(len(errors)))
+
+    qjl = _inner_product_errors(qjl=True)  # measured: mean 0.0012, sd 0.037, t 1.7
+    assert abs(t_statistic(qjl)) < 4
+    # Biased low, as the paper says of the MSE quantizer: E<k, k_hat> = 1 - D without norm
+    # correction (D = 0.0345 at 3 bits) and about sqrt(1 - D) with it.
+    corrected = _inner_product_errors(qjl=False)  # measured: mean -0.0170, sd 0.0030
+    plain = _inner_product_errors(qjl=False, norm_correction=False)  # mean -0.0325, sd 0.024
+    distortion = 128 * lloyd_max("gaussian_d", 3, 128).mse
+    assert t_statistic(corrected) < -20 and t_statistic(plain) < -20
+    assert float(plain.mean()) == pytest.approx(-distortion, rel=0.15)
+    assert float(corrected.mean()) == pytest.approx(math.sqrt(1 - distortion) - 1, rel=0.15)
+    # The price of unbiasedness: a wider spread than the MSE path at the same bits.
+    assert qjl.std() > 1.3 * plain.std() and qjl.std() > 5 * corrected.std()
+
+
+def test_zero_blocks_decode_to_zero():
+    x = _randn(1, 1, 4, 256)
+    x[..., 1, :] = 0
+    x[..., 2, :128] = 0
+    for method in (Turbo(), Turbo(qjl=True), Turbo(norm_correction=False)):
+        x_hat = _roundtrip(method, x)
+        assert torch.isfinite(x_hat).all()
+        assert (x_hat[..., 1, :] == 0).all() and (x_hat[..., 2, :128] == 0).all()
+        assert (x_hat[..., 2, 128:] != 0).any()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"outlier_fraction": 0.5, "qjl": True}, {"block": 32}])
+def test_merge_decodes_like_the_parts(kwargs):
+    codec = Turbo(**kwargs).codec()
+    parts = [codec.encode(_randn(2, 2, n, 128, seed=n)) for n in (5, 1, 3)]
+    merged = codec.merge(parts)
+    assert merged.shape == (2, 2, 9, 128)
+    expected = torch.cat([codec.decode(p) for p in parts], dim=-2)
+    assert torch.equal(codec.decode(merged), expected)
+    assert codec.nbytes(merged) == sum(codec.nbytes(p) for p in parts)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"rotation": "haar"}, {"qjl": True}])
+def test_seeds_reproducible_and_distinct(kwargs):
+    x = _randn(1, 2, 8, 128)
+    a, b, c = (_roundtrip(Turbo(seed=s, **kwargs), x) for s in (0, 0, 1))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_decode_keeps_dtype_and_shape():
+    x = _randn(1, 2, 7, 64, dtype=torch.bfloat16)
+    x_hat = _roundtrip(Turbo(block=32), x)
+    assert x_hat.dtype == torch.bfloat16 and x_hat.shape == x.shape
+
+
+def test_head_dim_must_be_a_multiple_of_block():
+    with pytest.raises(ValueError, match=r"head_dim 96 .* block 64"):
+        Turbo(block=64).codec().encode(_randn(1, 1, 2, 96))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("bits", 1), ("bits", 5), ("block", 1), ("block", 96), ("rotation", "givens"),
+    ("codebook", "uniform"), ("outlier_fraction", 1.0), ("outlier_fraction", -0.1),
+    ("window", -1)])
+def test_invalid_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        Turbo(**{field: value})
+
+
+@pytest.mark.parametrize("kwargs", [{"bits": 3}, {"block": 64}, {"qjl": True},
+                                    {"outlier_fraction": 0.5}])
+def test_llamacpp_table_only_where_it_applies(kwargs):
+    with pytest.raises(ValueError, match="codebook"):
+        Turbo(**{"bits": 4, "codebook": "llamacpp", **kwargs})
+
+
+def test_haar_allows_any_block():
+    x = _randn(1, 1, 20, 96)
+    x_hat = _roundtrip(Turbo(block=96, rotation="haar"), x)
+    assert F.cosine_similarity(x_hat, x, dim=-1).min() > 0.95
+
+
+def test_layout_names_the_layout():
+    layout = Turbo(bits=3, block=32, rotation="haar", codebook="beta", qjl=True,
+                   window=64).codec().layout()
+    for part in ("3-bit", "blocks of 32", "fp16", "norm per block", "haar", "beta", "qjl on",
+                 "window 64", "K and V"):
+        assert part in layout
+
+
+def test_cache_packs_outside_the_window():
+    method = METHODS.get("turbo3")(window=4)
+    cache = method.new_layer_cache(0)
+    assert isinstance(cache, CodecCache)
+    keys, values = _randn(1, 2, 20, 128, seed=1), _randn(1, 2, 20, 128, seed=2)
+    for start, stop in [(0, 9), (9, 10), (10, 20)]:
+        cache.append(keys[..., start:stop, :], values[..., start:stop, :])
+        assert cache.retained_tokens == stop
+    k_out, v_out, _ = cache.attention_inputs()
+    assert torch.equal(k_out[..., 16:, :], keys[..., 16:, :])
+    assert F.cosine_similarity(k_out[..., :16, :], keys[..., :16, :], dim=-1).min() > 0.95
+    # 16 packed tokens x 2 heads x (48 code bytes + 2 norm bytes), K and V; 4 raw float32 tokens.
+    assert cache.retained_bytes == 2 * 16 * 2 * 50 + 2 * 4 * 2 * 128 * 4
