@@ -1,0 +1,145 @@
+"""The speed benchmark: structure and correctness only; speed targets are claims in suites."""
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kvbench.benchmarks import BENCHMARKS
+from kvbench.benchmarks.base import RunContext
+from kvbench.benchmarks.speed import (
+    Speed,
+    SpeedParams,
+    decode_chunks,
+    decoded_shape,
+    encode_chunks,
+    estimate_bytes,
+)
+from kvbench.data.synthetic import make_vectors
+from kvbench.methods.base import Method
+from kvbench.methods.identity import Identity
+from kvbench.methods.intq import IntQ
+
+CTX = RunContext(device=torch.device("cpu"), seed=0, repeats=3, model=None,
+                 load_model=lambda spec, device: None)
+N, DIM = 4096, 128
+
+
+def _run(method, ctx=CTX, **params):
+    params = {"n_vectors": N, "dim": DIM, "warmup": 0, **params}
+    return Speed().run(SpeedParams(**params), method, ctx)
+
+
+def _x(n=N, dtype=torch.float16):
+    return make_vectors("gaussian", n, DIM, seed=0).reshape(1, 1, n, DIM).to(dtype)
+
+
+def test_is_registered():
+    assert BENCHMARKS.get("speed") is Speed
+
+
+def test_every_declared_metric_is_reported_with_its_unit():
+    out = _run(IntQ(bits=4))
+    assert set(out.metrics) == set(Speed.metrics)
+    for name, spec in Speed.metrics.items():
+        metric = out.metrics[name]
+        assert metric.unit == spec.unit and metric.direction == spec.direction, name
+        if spec.timed:
+            assert len(metric.samples) == CTX.repeats and metric.min > 0, name
+    assert out.metrics["encode_gb_s"].unit == "GB/s"
+    assert out.metrics["encode_vectors_s"].unit == "vectors/s"
+
+
+def test_ratios_to_memcpy_are_taken_per_repeat():
+    m = _run(IntQ(bits=4)).metrics
+    for step in ("encode", "decode"):
+        ratios = m[f"{step}_vs_memcpy"].samples
+        expected = [a / b for a, b in zip(m[f"{step}_gb_s"].samples, m["memcpy_gb_s"].samples)]
+        assert ratios == pytest.approx(expected, rel=1e-12)
+    # GB/s and vectors/s come from the same timings: 2 bytes per fp16 value.
+    for gb, vectors in zip(m["encode_gb_s"].samples, m["encode_vectors_s"].samples):
+        assert gb == pytest.approx(vectors * DIM * 2 / 1e9, rel=1e-12)
+
+
+def test_bytes_and_ratio():
+    m = _run(IntQ(bits=4, group_size=32)).metrics
+    per_vector = DIM * 4 // 8 + 4 * (DIM // 32)  # codes + fp16 scale and min per group
+    assert m["nbytes"].value == N * per_vector
+    assert m["compression_ratio"].value == pytest.approx(2 * DIM / per_vector, rel=1e-12)
+    assert _run(Identity()).metrics["compression_ratio"].value == 1.0
+
+
+def test_info_and_comparable():
+    out = _run(IntQ(bits=2), dtype="bfloat16", data_seed=3, warmup=1)
+    assert out.info["decoded_shape"] == [1, 1, N, DIM]  # the real decode output, checked
+    assert out.info["layout"] == IntQ(bits=2).codec().layout()
+    assert (out.info["n"], out.info["dim"], out.info["dtype"]) == (N, DIM, "bfloat16")
+    assert out.info["torch_threads"] == torch.get_num_threads()
+    assert out.comparable == {"data": "gaussian", "shape": f"{N}x{DIM}", "dtype": "bfloat16",
+                              "data_seed": "3"}
+
+
+@pytest.mark.parametrize("chunk", [0, 1500])
+def test_identity_round_trip_is_exact(chunk):
+    x = _x()
+    codec = Identity().codec()
+    decoded = decode_chunks(codec, encode_chunks(codec, x, chunk))
+    assert decoded_shape(decoded) == list(x.shape)
+    assert torch.equal(torch.cat(decoded, dim=-2), x)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("chunk", [0, 1500])
+def test_intq_round_trip_is_within_half_a_step(bits, chunk):
+    x = _x()
+    codec = IntQ(bits=bits, group_size=32).codec()
+    decoded = torch.cat(decode_chunks(codec, encode_chunks(codec, x, chunk)), dim=-2)
+    assert decoded.shape == x.shape and decoded.dtype == x.dtype
+    groups = x.float().unflatten(-1, (DIM // 32, 32))
+    step = (groups.amax(-1) - groups.amin(-1)) / ((1 << bits) - 1)
+    error = (decoded.float() - x.float()).unflatten(-1, (DIM // 32, 32)).abs().amax(-1)
+    # half a step, plus fp16 rounding of the stored scale/min and of the decoded value
+    assert (error <= 0.5 * step * 1.01 + 0.01 * groups.abs().amax(-1)).all()
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_chunked_encode_stores_the_same_bytes(bits):
+    method, once = IntQ(bits=bits, group_size=32, axis="token"), dataclasses.replace(CTX, repeats=1)
+    whole = _run(method, once).metrics["nbytes"].value
+    assert _run(method, once, chunk=1500).metrics["nbytes"].value == whole  # last chunk partial
+    assert _run(method, once, chunk=N).metrics["nbytes"].value == whole
+
+
+def test_chunk_must_hold_whole_token_groups():
+    with pytest.raises(ValueError, match="chunk: 1000 is not a multiple .* token block of 32"):
+        _run(IntQ(axis="channel", group_size=32), chunk=1000)
+    assert _run(IntQ(axis="channel", group_size=32), chunk=1024).info["decoded_shape"][-2] == N
+
+
+def test_method_without_codec_is_refused():
+    @dataclass
+    class NoCodec(Method):
+        name = "nocodec"
+
+        def new_layer_cache(self, layer_idx):
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match="speed needs a codec method; 'nocodec' has no codec"):
+        _run(NoCodec())
+
+
+@pytest.mark.parametrize("field, value", [("n_vectors", 0), ("dim", 0), ("chunk", -1),
+                                          ("warmup", -1), ("dtype", "int8"), ("data", "x")])
+def test_bad_params_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        SpeedParams(**{field: value})
+
+
+def test_memory_estimate_refuses_what_does_not_fit():
+    Speed().check(SpeedParams(), None)  # the default 1M x 128 fits any machine that runs this
+    too_big = SpeedParams(n_vectors=10**12)
+    with pytest.raises(ValueError, match=r"n_vectors: 1000000000000 x dim 128 .* GB of RAM"):
+        Speed().check(too_big, None)
+    # chunking bounds the float32 temporaries, not the tensors every run holds
+    assert estimate_bytes(SpeedParams(chunk=1000)) < estimate_bytes(SpeedParams())
+    assert estimate_bytes(SpeedParams(chunk=1000)) > 6 * 10**6 * 128 * 2
