@@ -157,8 +157,8 @@ def test_invalid_config_names_the_field(field, value):
 
 
 def test_layout_names_the_layout():
-    layout = IntQ(bits=2, group_size=64, axis="channel", window=128).codec().layout()
-    for part in ("2-bit", "64", "channel", "fp16 scale+min", "window 128", "K and V"):
+    layout = IntQ(bits=2, group_size=64, axis="channel", window=128).layout()
+    for part in ("2-bit", "64", "channel", "fp16 scale+min", "newest 128 tokens", "K and V"):
         assert part in layout
 
 

@@ -162,8 +162,8 @@ def test_invalid_config_names_the_field(field, value):
 
 
 def test_layout_names_the_layout():
-    layout = LloydMax(bits=4, window=16).codec().layout()
-    for part in ("4-bit", "float32 norm per vector", "sqrt(D)", "no rotation", "window 16",
+    layout = LloydMax(bits=4, window=16).layout()
+    for part in ("4-bit", "float32 norm per vector", "sqrt(D)", "no rotation", "newest 16 tokens",
                  "K and V"):
         assert part in layout
     rotated = LloydMax(rotate=True, rotation_seed=5).codec().layout()

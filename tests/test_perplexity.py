@@ -125,7 +125,7 @@ def test_a_lossy_codec_changes_perplexity_and_saves_bytes():
     # 63 tokens fed, 2 layers, K+V, 2 heads: int8 per value plus an fp16 scale per vector
     assert lossy.metrics["kv_bytes"].value == 63 * 2 * 2 * 2 * (16 + 2)
     assert lossy.metrics["compression_ratio"].value == pytest.approx(32 / 18)
-    assert lossy.info["layout"] == "TernaryCodec"
+    assert lossy.info["layout"] == "TernaryCodec; K and V both counted"
 
 
 def test_identity_accounting_and_records():

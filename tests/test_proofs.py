@@ -106,7 +106,7 @@ def test_cosine_never_exceeds_one():
 def test_output_records_layout_shape_hash_and_timings():
     out = _run(IntQ(bits=4), data_seed=1)
     assert out.info["shape"] == [1, 1, 512, 64]
-    assert out.info["layout"] == IntQ(bits=4).codec().layout()
+    assert out.info["layout"] == IntQ(bits=4).layout()
     sha = out.info["data_sha256"]
     assert sha == _run(Identity(), data_seed=1).info["data_sha256"]
     assert sha != _run(Identity(), data_seed=2).info["data_sha256"]

@@ -72,7 +72,7 @@ def test_bytes_and_ratio():
 def test_info_and_comparable():
     out = _run(IntQ(bits=2), dtype="bfloat16", data_seed=3, warmup=1)
     assert out.info["decoded_shape"] == [1, 1, N, DIM]  # the real decode output, checked
-    assert out.info["layout"] == IntQ(bits=2).codec().layout()
+    assert out.info["layout"] == IntQ(bits=2).layout()
     assert (out.info["n"], out.info["dim"], out.info["dtype"]) == (N, DIM, "bfloat16")
     assert out.info["torch_threads"] == torch.get_num_threads()
     assert out.comparable == {"data": "gaussian", "shape": f"{N}x{DIM}", "dtype": "bfloat16",

@@ -229,9 +229,9 @@ def test_haar_allows_any_block():
 
 def test_layout_names_the_layout():
     layout = Turbo(bits=3, block=32, rotation="haar", codebook="beta", qjl=True,
-                   window=64).codec().layout()
+                   window=64).layout()
     for part in ("3-bit", "blocks of 32", "fp16", "norm per block", "haar", "beta", "qjl on",
-                 "window 64", "K and V"):
+                 "newest 64 tokens", "K and V"):
         assert part in layout
 
 

@@ -146,7 +146,7 @@ class Perplexity(Benchmark):
                 "decode_tok_s": m["decode_tok_s"].of_samples(decode_tok_s),
             },
             info={
-                "layout": codec.layout() if codec is not None else type(method).__name__,
+                "layout": method.layout(),
                 "tokens": len(window),
                 "text": params.text,
             },

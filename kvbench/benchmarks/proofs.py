@@ -108,12 +108,6 @@ def _kl(logits: torch.Tensor, logits_hat: torch.Tensor) -> float:
     return float(terms.nan_to_num(0.0).sum(-1).mean())  # masked keys: 0 * (-inf - -inf)
 
 
-def _layout(key_codec: Codec, value_codec: Codec) -> str:
-    if key_codec.layout() == value_codec.layout():
-        return key_codec.layout()
-    return f"keys: {key_codec.layout()}; values: {value_codec.layout()}"
-
-
 @dataclass
 class _Data:
     """Queries (1, heads, n, D), keys and values (1, kv_heads, T, D), float32, and what identifies
@@ -167,6 +161,7 @@ class Proofs(Benchmark):
         data = self._data(params, ctx)
         keys, values = data.keys.to(ctx.device, dtype), data.values.to(ctx.device, dtype)
         output = self._measure(key_codec, value_codec, keys, values, data, ctx)
+        output.info["layout"] = method.layout()
         output.comparable = data.source
         return output
 
@@ -247,7 +242,7 @@ class Proofs(Benchmark):
         return BenchmarkOutput(
             metrics=metrics,
             info={
-                "layout": _layout(key_codec, value_codec), "shape": list(keys.shape),
+                "shape": list(keys.shape),
                 "data_sha256": _sha256(keys, values),
             },
         )

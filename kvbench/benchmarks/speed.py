@@ -181,7 +181,7 @@ class Speed(Benchmark):
         return BenchmarkOutput(
             metrics=metrics,
             info={
-                "layout": codec.layout(), "n": n, "dim": dim, "dtype": params.dtype,
+                "layout": method.layout(), "n": n, "dim": dim, "dtype": params.dtype,
                 "decoded_shape": decoded_shape(decoded), "torch_threads": torch.get_num_threads(),
             },
             comparable={"data": params.data, "shape": f"{n}x{dim}", "dtype": params.dtype,

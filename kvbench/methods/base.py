@@ -107,6 +107,21 @@ class Method(ABC):
     def value_codec(self) -> Codec | None:
         return self.codec()
 
+    def layout(self) -> str:
+        """What every ratio this method reports is made of: its codecs, its full-precision
+        window (a `window` field, where it has one), and that keys and values both count."""
+        keys, values = self.key_codec(), self.value_codec()
+        if keys is None or values is None:
+            return f"{type(self).__name__}, K and V both counted"
+        if keys.layout() == values.layout():
+            parts = [keys.layout()]
+        else:
+            parts = [f"keys: {keys.layout()}", f"values: {values.layout()}"]
+        window = getattr(self, "window", 0)
+        if window:
+            parts.append(f"newest {window} tokens full precision")
+        return "; ".join([*parts, "K and V both counted"])
+
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -71,7 +71,7 @@ def lloyd_max(density: str, bits: int, dim: int | None = None) -> Codebook:
     if not isinstance(bits, int) or not 1 <= bits <= 8:
         raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
     if density == "gaussian":
-        c, mse = _solve(_gaussian_moments, _gaussian_pdf, math.inf, 1.0, bits)
+        c, mse = _solve(gaussian_moments, _gaussian_pdf, math.inf, 1.0, bits)
         return _codebook(c, mse, density, bits, None)
     if not isinstance(dim, int) or dim < 2:
         raise ValueError(f"dim must be an int >= 2 for density {density!r}, got {dim!r}")
@@ -149,7 +149,7 @@ def _gaussian_pdf(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(-x * x / 2) / math.sqrt(2 * math.pi)
 
 
-def _gaussian_moments(lo: torch.Tensor, hi: torch.Tensor):
+def gaussian_moments(lo: torch.Tensor, hi: torch.Tensor):
     """N(0, 1) mass, first and second moment of [lo, hi]: Phi(hi) - Phi(lo), pdf(lo) - pdf(hi),
     mass + lo pdf(lo) - hi pdf(hi). Tail cells use erfc so their small mass keeps its digits."""
     erfc = torch.special.erfc

@@ -26,7 +26,7 @@ class CastCodec(Codec):
         return packed.tensors["values"].to(packed.dtype)
 
     def layout(self) -> str:
-        return f"identity ({self.dtype}), K and V"
+        return f"identity ({self.dtype})"
 
 
 @register_method("identity")

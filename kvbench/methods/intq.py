@@ -25,11 +25,10 @@ class IntQCodec(Codec):
     (..., rows, ceil(L / group_size)), with L the row length.
     """
 
-    def __init__(self, bits: int, group_size: int, axis: str, window: int = 0):
+    def __init__(self, bits: int, group_size: int, axis: str):
         self.bits = bits
         self.group_size = group_size
         self.axis = axis
-        self.window = window  # held by the cache in full precision; named in layout() only
         self.token_block = group_size if axis == "channel" else 1
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +80,7 @@ class IntQCodec(Codec):
         along = "channels per token" if self.axis == "token" else "tokens per channel"
         return (
             f"intq {self.bits}-bit, groups of {self.group_size} {along} (axis {self.axis}), "
-            f"fp16 scale+min per group, window {self.window} tokens full precision, K and V"
+            f"fp16 scale+min per group"
         )
 
 
@@ -121,7 +120,7 @@ class IntQ(Method):
             raise ValueError(f"window must be >= 0, got {self.window!r}")
 
     def codec(self) -> IntQCodec:
-        return IntQCodec(self.bits, self.group_size, self.axis, self.window)
+        return IntQCodec(self.bits, self.group_size, self.axis)
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), window=self.window)

@@ -142,10 +142,17 @@ class Kivi(Method):
             )
 
     def key_codec(self) -> IntQCodec:
-        return IntQCodec(self.bits, self.group_size, "channel", self.residual)
+        return IntQCodec(self.bits, self.group_size, "channel")
 
     def value_codec(self) -> IntQCodec:
-        return IntQCodec(self.bits, self.group_size, "token", self.residual)
+        return IntQCodec(self.bits, self.group_size, "token")
+
+    def layout(self) -> str:
+        return (
+            f"keys: {self.key_codec().layout()}, quantized in chunks of {self.residual} tokens; "
+            f"values: {self.value_codec().layout()}, once older than the newest {self.residual}; "
+            "the rest full precision; K and V both counted"
+        )
 
     def new_layer_cache(self, layer_idx: int) -> KiviCache:
         return KiviCache(self)

@@ -23,11 +23,10 @@ class LloydMaxCodec(Codec):
     regenerated from its seed, never stored.
     """
 
-    def __init__(self, bits: int, rotate: bool = False, rotation_seed: int = 0, window: int = 0):
+    def __init__(self, bits: int, rotate: bool = False, rotation_seed: int = 0):
         self.bits = bits
         self.rotate = rotate
         self.rotation_seed = rotation_seed
-        self.window = window  # held by the cache in full precision; named in layout() only
         self.codebook = lloyd_max("gaussian", bits)
         self._rotations: dict[int, torch.Tensor] = {}  # Q per head_dim, float64 on the CPU
 
@@ -70,8 +69,7 @@ class LloydMaxCodec(Codec):
         )
         return (
             f"lloydmax {self.bits}-bit N(0,1) Lloyd-Max codes of x / ||x|| * sqrt(D), "
-            f"float32 norm per vector, {rotation}, no norm correction, "
-            f"window {self.window} tokens full precision, K and V"
+            f"float32 norm per vector, {rotation}, no norm correction"
         )
 
 
@@ -113,7 +111,7 @@ class LloydMax(Method):
             raise ValueError(f"window must be >= 0, got {self.window!r}")
 
     def codec(self) -> LloydMaxCodec:
-        return LloydMaxCodec(self.bits, self.rotate, self.rotation_seed, self.window)
+        return LloydMaxCodec(self.bits, self.rotate, self.rotation_seed)
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), window=self.window)

@@ -86,10 +86,10 @@ class HaarRotation:
         self.matrix = q * torch.sign(torch.diagonal(r))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return u @ self.matrix.T.to(u.dtype)
+        return u @ self.matrix.T.to(u.device, u.dtype)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
-        return y @ self.matrix.to(y.dtype)
+        return y @ self.matrix.to(y.device, y.dtype)
 
 
 ROTATIONS = {"hadamard": SignedHadamard, "haar": HaarRotation}

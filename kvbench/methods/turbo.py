@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from kvbench.methods.base import Codec, Method, Packed, register_method
-from kvbench.methods.codebooks import Codebook, _gaussian_moments, lloyd_max
+from kvbench.methods.codebooks import Codebook, gaussian_moments, lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import pack_bits, unpack_bits
 from kvbench.methods.rotation import make_rotation
@@ -29,7 +29,7 @@ def llamacpp_codebook() -> Codebook:
     boundaries = (centroids[1:] + centroids[:-1]) / 2
     # Cell moments of N(0, 1) at sqrt(128) times the edges, scaled back by 1/128.
     edges = torch.cat([torch.tensor([-math.inf]), boundaries, torch.tensor([math.inf])])
-    mass, first, second = _gaussian_moments(edges[:-1] * math.sqrt(128), edges[1:] * math.sqrt(128))
+    mass, first, second = gaussian_moments(edges[:-1] * math.sqrt(128), edges[1:] * math.sqrt(128))
     c = centroids * math.sqrt(128)
     mse = float((second - 2 * c * first + c * c * mass).sum()) / 128
     return Codebook(centroids, boundaries, mse, "llamacpp", 4, 128)
@@ -47,9 +47,9 @@ class TurboCodec(Codec):
     """
 
     def __init__(self, bits: int, block: int, rotation: str, codebook: str, norm_correction: bool,
-                 outlier_fraction: float, qjl: bool, seed: int, window: int):
+                 outlier_fraction: float, qjl: bool, seed: int):
         self.bits, self.block, self.codebook = bits, block, codebook
-        self.norm_correction, self.qjl, self.window = norm_correction, qjl, window
+        self.norm_correction, self.qjl = norm_correction, qjl
         self.rotation_kind = rotation
         self.mse_bits = bits - 1 if qjl else bits
         self.n_high = round(outlier_fraction * block)
@@ -127,7 +127,7 @@ class TurboCodec(Codec):
         return (
             f"turbo {self.bits}-bit: {coords}, blocks of {self.block} along head_dim, "
             f"fp16 {norm} norm per block, {self.rotation_kind} rotation, {self.codebook} codebook, "
-            f"{qjl}, window {self.window} tokens full precision, K and V"
+            f"{qjl}"
         )
 
 
@@ -209,8 +209,7 @@ class Turbo(Method):
 
     def codec(self) -> TurboCodec:
         return TurboCodec(self.bits, self.block, self.rotation, self.codebook,
-                          self.norm_correction, self.outlier_fraction, self.qjl, self.seed,
-                          self.window)
+                          self.norm_correction, self.outlier_fraction, self.qjl, self.seed)
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), window=self.window)
