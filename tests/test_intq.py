@@ -180,3 +180,17 @@ def test_channel_merge_refuses_parts_that_end_mid_byte():
     codec = IntQ(bits=2, group_size=3, axis="channel").codec()
     parts = [codec.encode(torch.randn(1, 1, 3, 8)) for _ in range(2)]  # 3 tokens x 2 bits: 6 bits
     assert codec.merge(parts) is None
+
+
+@pytest.mark.parametrize("axis", ["token", "channel"])
+def test_encoding_in_row_blocks_matches_encoding_the_pieces(axis, monkeypatch):
+    import kvbench.methods.intq as intq_module
+
+    monkeypatch.setattr(intq_module, "ROWS_PER_BLOCK", 5)  # many blocks, a ragged last one
+    codec = IntQ(bits=4, group_size=8, axis=axis).codec()
+    x = torch.randn(1, 3, 16, 12, generator=torch.Generator().manual_seed(1))
+    whole = codec.encode(x)
+    pieces = codec.merge([codec.encode(x[..., :8, :]), codec.encode(x[..., 8:, :])])
+    for name in whole.tensors:
+        assert torch.equal(whole.tensors[name], pieces.tensors[name])
+    assert torch.equal(codec.decode(whole), codec.decode(pieces))

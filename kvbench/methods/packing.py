@@ -16,6 +16,11 @@ def packed_length(n: int, bits: int) -> int:
     return (n * bits + 7) // 8
 
 
+def _pad_last(x: torch.Tensor, extra: int) -> torch.Tensor:
+    """Zero-pad the last dim; F.pad copies even when there is nothing to add."""
+    return F.pad(x, (0, extra)) if extra else x
+
+
 def _check_bits(bits: int) -> None:
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be in 1..8, got {bits}")
@@ -38,7 +43,7 @@ def pack_bits(indices: torch.Tensor, bits: int) -> torch.Tensor:
         raise ValueError(f"indices must be below 2**bits = {1 << bits}")
     n = indices.shape[-1]
     groups = -(-n // 8)
-    codes = F.pad(indices, (0, groups * 8 - n)).unflatten(-1, (groups, 8))
+    codes = _pad_last(indices, groups * 8 - n).unflatten(-1, (groups, 8))
     out = torch.zeros(*codes.shape[:-1], bits, dtype=torch.uint8, device=indices.device)
     for j, byte, shift, spills in _slots(bits):
         out[..., byte] |= codes[..., j] << shift  # uint8: bits past this byte fall off here
@@ -56,7 +61,7 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
             f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got {packed.shape[-1]}"
         )
     groups = -(-n // 8)
-    grouped = F.pad(packed, (0, groups * bits - packed.shape[-1])).unflatten(-1, (groups, bits))
+    grouped = _pad_last(packed, groups * bits - packed.shape[-1]).unflatten(-1, (groups, bits))
     codes = torch.empty(*grouped.shape[:-1], 8, dtype=torch.uint8, device=packed.device)
     for j, byte, shift, spills in _slots(bits):
         code = grouped[..., byte] >> shift
