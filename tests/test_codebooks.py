@@ -146,3 +146,15 @@ def test_cache_returns_the_same_object():
 def test_invalid_arguments_name_the_field(args, field):
     with pytest.raises(ValueError, match=field):
         lloyd_max(*args)
+
+
+@pytest.mark.parametrize("bits", [1, 3, 8])
+def test_float32_quantize_matches_float64_even_next_to_boundaries(bits):
+    book = lloyd_max("gaussian", bits)
+    near = book.boundaries.float()
+    edges = torch.cat([near, torch.nextafter(near, torch.tensor(math.inf)),
+                       torch.nextafter(near, torch.tensor(-math.inf))])
+    x = torch.cat([edges, torch.randn(10_000, generator=torch.Generator().manual_seed(0))])
+    expected = torch.bucketize(x.double(), book.boundaries).to(torch.uint8)
+    assert torch.equal(book.quantize(x), expected)
+    assert torch.equal(book.quantize(x.half()), torch.bucketize(x.half().double(), book.boundaries).to(torch.uint8))

@@ -55,7 +55,14 @@ class Codebook:
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 index of the nearest centroid for every element of x (any shape, float dtype);
         an exact midpoint goes to the lower centroid."""
-        return torch.bucketize(x.double(), self.boundaries.to(x.device)).to(torch.uint8)
+        if x.dtype == torch.float64:
+            return torch.bucketize(x, self.boundaries.to(x.device)).to(torch.uint8)
+        # For float32 x, x <= b exactly when x <= (b rounded down to float32): the same buckets
+        # as in float64, without a float64 copy of x.
+        bounds = self.boundaries.float()
+        bounds = torch.where(bounds.double() > self.boundaries,
+                             torch.nextafter(bounds, torch.tensor(-math.inf)), bounds)
+        return torch.bucketize(x.float().contiguous(), bounds.to(x.device)).to(torch.uint8)
 
     def dequantize(self, idx: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The centroid of every index, as `dtype`."""

@@ -6,14 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import Codec, Method, Packed, register_method
+from kvbench.methods.base import Method, Packed, register_method
 from kvbench.methods.codebooks import lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import pack_bits, unpack_bits
 from kvbench.methods.rotation import HaarRotation
+from kvbench.methods.tokenwise import TokenwiseCodec
 
 
-class LloydMaxCodec(Codec):
+class LloydMaxCodec(TokenwiseCodec):
     """Per vector x of D channels: r = ||x|| as float32, s = x / r * sqrt(D), each s_i coded by the
     nearest N(0, 1) Lloyd-Max centroid; decode c[index] / sqrt(D) * r. With rotate, x is first
     turned by Q = HaarRotation(D, rotation_seed) (Q x) and turned back (Q^T) after decoding.
@@ -35,7 +36,7 @@ class LloydMaxCodec(Codec):
             self._rotations[dim] = HaarRotation(dim, self.rotation_seed).matrix
         return self._rotations[dim].to(device, torch.float32)
 
-    def encode(self, x: torch.Tensor) -> Packed:
+    def encode_block(self, x: torch.Tensor) -> Packed:
         dim = x.shape[-1]
         v = x.float()
         if self.rotate:
@@ -47,20 +48,13 @@ class LloydMaxCodec(Codec):
         packed = {"codes": pack_bits(codes, self.bits), "norms": norms}
         return Packed(packed, tuple(x.shape), x.dtype)
 
-    def decode(self, packed: Packed) -> torch.Tensor:
+    def decode_block(self, packed: Packed) -> torch.Tensor:
         dim = packed.shape[-1]
         codes = unpack_bits(packed.tensors["codes"], self.bits, dim)
         v = self.codebook.dequantize(codes) / math.sqrt(dim) * packed.tensors["norms"]
         if self.rotate:
             v = v @ self._rotation(dim, v.device)  # Q^T y
         return v.to(packed.dtype)
-
-    def merge(self, parts: list[Packed]) -> Packed:
-        # Every vector is packed on its own, so blocks of tokens stack.
-        names = parts[0].tensors
-        tensors = {name: torch.cat([p.tensors[name] for p in parts], -2) for name in names}
-        tokens = sum(p.shape[-2] for p in parts)
-        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
 
     def layout(self) -> str:
         rotation = (

@@ -7,11 +7,12 @@ from typing import Literal
 
 import torch
 
-from kvbench.methods.base import Codec, Method, Packed, register_method
+from kvbench.methods.base import Method, Packed, register_method
 from kvbench.methods.codebooks import Codebook, gaussian_moments, lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import pack_bits, unpack_bits
 from kvbench.methods.rotation import make_rotation
+from kvbench.methods.tokenwise import TokenwiseCodec
 
 # The llama.cpp fork's 4-bit table for blocks of 128 (positive half; the table is symmetric):
 # CENTROIDS_4BIT in TheTom/llama-cpp-turboquant ggml/src/ggml-turbo-quant.c (commit 1e4fa6f),
@@ -35,7 +36,7 @@ def llamacpp_codebook() -> Codebook:
     return Codebook(centroids, boundaries, mse, "llamacpp", 4, 128)
 
 
-class TurboCodec(Codec):
+class TurboCodec(TokenwiseCodec):
     """Per block of `block` values along head_dim: norm, rotation, nearest centroid per
     coordinate, optionally a 1-bit QJL sketch of the residual. See `Turbo` for the scheme.
 
@@ -69,7 +70,7 @@ class TurboCodec(Codec):
         low = self.low.dequantize(idx_low)
         return low if idx_high is None else torch.cat([self.high.dequantize(idx_high), low], -1)
 
-    def encode(self, x: torch.Tensor) -> Packed:
+    def encode_block(self, x: torch.Tensor) -> Packed:
         dim = x.shape[-1]
         if dim % self.block:
             raise ValueError(f"head_dim {dim} is not a multiple of block {self.block}")
@@ -96,7 +97,7 @@ class TurboCodec(Codec):
             tensors["rnorm"] = residual.norm(dim=-1).half()
         return Packed(tensors, tuple(x.shape), x.dtype)
 
-    def decode(self, packed: Packed) -> torch.Tensor:
+    def decode_block(self, packed: Packed) -> torch.Tensor:
         t = packed.tensors
         n = self.n_high
         idx_low = unpack_bits(t["codes"], self.mse_bits, self.block - n)
@@ -108,14 +109,6 @@ class TurboCodec(Codec):
             scale = math.sqrt(math.pi / 2) / self.block * t["rnorm"].float()[..., None]
             blocks = blocks + scale * (signs @ self.qjl_matrix.float())
         return blocks.flatten(-2).to(packed.dtype)
-
-    def merge(self, parts: list[Packed]) -> Packed:
-        # Every stored tensor is (..., tokens, G[, bytes]) with tokens at the same position.
-        dim = len(parts[0].shape) - 2
-        names = parts[0].tensors
-        tensors = {name: torch.cat([p.tensors[name] for p in parts], dim) for name in names}
-        tokens = sum(p.shape[-2] for p in parts)
-        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
 
     def layout(self) -> str:
         coords = f"{self.mse_bits}-bit codes"
