@@ -6,6 +6,10 @@ from collections import Counter
 from pathlib import Path
 
 from kvbench.gate import GateReport, GateRow
+from kvbench.report.plots import (
+    MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, rate_distortion_data,
+    rate_distortion_png,
+)
 from kvbench.report.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table,
 )
@@ -15,10 +19,15 @@ STATUSES = ("ok", "error", "timeout")
 VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing"}
 
 
-def render_markdown(result: RunResult, gate: GateReport | None = None) -> str:
+def render_markdown(result: RunResult, gate: GateReport | None = None,
+                    out_dir: Path | None = None) -> str:
+    """The report; with out_dir, the rate-distortion PNG is written there as well."""
+    figure = _rate_distortion_figure(result, out_dir)
     parts = [f"# kvbench: {result.suite.name}", _run_lines(result)]
     for benchmark, cases in by_benchmark(result.cases).items():
         parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
+        if benchmark == "proofs" and figure:
+            parts.append(figure)
     claims = _claims_section(result)
     if claims:
         parts.append(claims)
@@ -29,9 +38,27 @@ def render_markdown(result: RunResult, gate: GateReport | None = None) -> str:
 
 
 def write_reports(result: RunResult, out_dir: str | Path, gate: GateReport | None = None) -> Path:
+    """report.md, and beside it rate_distortion.png when the run has proofs cases to plot."""
     path = Path(out_dir) / "report.md"
-    atomic_write_text(path, render_markdown(result, gate))
+    atomic_write_text(path, render_markdown(result, gate, path.parent))
     return path
+
+
+def _rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | None:
+    """The line after the proofs table: the PNG's link, a note when matplotlib is missing, or
+    None when there is nothing to plot. The same with or without out_dir, so `kvbench report`
+    prints what the run wrote."""
+    if rate_distortion_data(result) is None:
+        return None
+    try:
+        if out_dir is None:
+            import matplotlib  # noqa: F401 - only whether it is there
+        else:
+            rate_distortion_png(result, out_dir / RATE_DISTORTION_PNG)
+    except (ImportError, PlotUnavailable):
+        return f"<sub>rate-distortion plot skipped: {MATPLOTLIB_MISSING}</sub>"
+    return (f"![rate-distortion: bits_per_value vs attn_output_error per proofs case]"
+            f"({RATE_DISTORTION_PNG})")
 
 
 def _run_lines(result: RunResult) -> str:
