@@ -8,6 +8,8 @@ import time
 import torch
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
+# Storage dtypes a suite may name.
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def resolve_device(name: str) -> torch.device:

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from kvbench.backends.torch_backend import timed
+from kvbench.backends.torch_backend import DTYPES, timed
 from kvbench.benchmarks.base import (
     Benchmark,
     BenchmarkOutput,
@@ -24,7 +24,6 @@ from kvbench.data.synthetic import KINDS, make_queries, make_vectors
 from kvbench.methods.base import Codec, Method
 from kvbench.models.info import ModelInfo
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass
@@ -54,8 +53,8 @@ class ProofsParams:
     def __post_init__(self):
         if self.data not in (*KINDS, "captured"):
             raise ValueError(f"data must be one of {[*KINDS, 'captured']}, got {self.data!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("n_vectors", "dim", "tokens", "n_queries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -157,7 +156,7 @@ class Proofs(Benchmark):
         key_codec, value_codec = method.key_codec(), method.value_codec()
         if key_codec is None or value_codec is None:
             raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec")
-        dtype = _DTYPES[params.dtype]
+        dtype = DTYPES[params.dtype]
         data = self._data(params, ctx)
         keys, values = data.keys.to(ctx.device, dtype), data.values.to(ctx.device, dtype)
         output = self._measure(key_codec, value_codec, keys, values, data, ctx)

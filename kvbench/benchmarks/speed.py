@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from kvbench.backends.torch_backend import timed
+from kvbench.backends.torch_backend import DTYPES, timed
 from kvbench.benchmarks.base import (
     Benchmark,
     BenchmarkOutput,
@@ -25,7 +25,6 @@ from kvbench.data.synthetic import KINDS, make_vectors
 from kvbench.methods.base import Codec, Method, Packed
 from kvbench.models.info import ModelInfo
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _RAM_SHARE = 0.5  # refuse settings whose estimate is above this share of physical RAM
 
 
@@ -54,8 +53,8 @@ class SpeedParams:
     def __post_init__(self):
         if self.data not in KINDS:
             raise ValueError(f"data must be one of {sorted(KINDS)}, got {self.data!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("n_vectors", "dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -70,7 +69,7 @@ def estimate_bytes(params: SpeedParams) -> int:
     float32 temporaries of one encode call (intq holds about three copies of what it encodes)."""
     values = params.n_vectors * params.dim
     block = min(params.chunk or params.n_vectors, params.n_vectors) * params.dim
-    return 6 * values * _DTYPES[params.dtype].itemsize + 3 * 4 * block
+    return 6 * values * DTYPES[params.dtype].itemsize + 3 * 4 * block
 
 
 def _physical_ram() -> int:
@@ -143,7 +142,7 @@ class Speed(Benchmark):
             raise ValueError(f"chunk: {params.chunk} is not a multiple of the codec's token "
                              f"block of {codec.token_block} (its groups span tokens)")
         x = make_vectors(params.data, n, dim, params.data_seed).reshape(1, 1, n, dim)
-        x = x.to(ctx.device, _DTYPES[params.dtype])
+        x = x.to(ctx.device, DTYPES[params.dtype])
         encode = partial(encode_chunks, codec, x, params.chunk)
         for _ in range(params.warmup):
             decode_chunks(codec, encode())

@@ -6,10 +6,10 @@ from typing import Literal
 
 import torch
 
+from kvbench.backends.torch_backend import DTYPES
 from kvbench.methods.base import Codec, Method, Packed, register_method
 from kvbench.methods.codec_cache import CodecCache
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class CastCodec(Codec):
@@ -19,7 +19,7 @@ class CastCodec(Codec):
         self.dtype = dtype
 
     def encode(self, x: torch.Tensor) -> Packed:
-        stored = x if self.dtype == "auto" else x.to(_DTYPES[self.dtype])
+        stored = x if self.dtype == "auto" else x.to(DTYPES[self.dtype])
         return Packed({"values": stored.contiguous()}, tuple(x.shape), x.dtype)
 
     def decode(self, packed: Packed) -> torch.Tensor:
@@ -43,8 +43,8 @@ class Identity(Method):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
 
     def __post_init__(self):
-        if self.dtype not in ("auto", *_DTYPES):
-            raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
 
     def codec(self) -> Codec:
         return CastCodec(self.dtype)
