@@ -143,3 +143,16 @@ def test_memory_estimate_refuses_what_does_not_fit():
     # chunking bounds the float32 temporaries, not the tensors every run holds
     assert estimate_bytes(SpeedParams(chunk=1000)) < estimate_bytes(SpeedParams())
     assert estimate_bytes(SpeedParams(chunk=1000)) > 6 * 10**6 * 128 * 2
+
+
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_keys_and_values_go_through_their_own_codecs(n):
+    from kvbench.methods.kivi import Kivi
+
+    method = Kivi(bits=2, group_size=4, residual=8)
+    out = Speed().run(SpeedParams(n_vectors=n, dim=DIM, warmup=0), method, CTX)
+    keys, values = n // 2, n - n // 2
+    expected = sum(codec.nbytes(codec.encode(torch.zeros(1, 1, t, DIM)))
+                   for codec, t in ((method.key_codec(), keys), (method.value_codec(), values)) if t)
+    assert out.metrics["nbytes"].value == expected
+    assert out.info["decoded_shape"] == [1, 1, n, DIM]
