@@ -133,7 +133,6 @@ class Perplexity(Benchmark):
         bytes_16bit = 2 * 2 * loaded.num_kv_heads * loaded.head_dim * sum(cache.retained_tokens())
         decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
         m = self.metrics
-        codec = method.codec()
         return BenchmarkOutput(
             metrics={
                 "perplexity": m["perplexity"].of(ppl),

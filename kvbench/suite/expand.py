@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import itertools
 import json
 import re
@@ -173,15 +174,15 @@ def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults
         issues.add(bench.doc, bench.at("kind"), f"benchmark {entry.kind!r} needs a model",
                    "set defaults.model, or model: on this benchmark, e.g. tiny:llama")
     cases = []
+    benchmark = cls()
     settings = _settings(cls.Params, bench, f"benchmark {entry.kind!r}", issues)
     for combo, suffix, params in zip(combos, suffixes, settings, strict=True):
         if params is None:
             continue
-        if cls is not None:
-            params = cls().resolve_paths(params, Path(bench.doc.file).parent)
+        params = benchmark.resolve_paths(params, Path(bench.doc.file).parent)
         if model_ok:  # a missing or unusable model was reported already
             try:
-                cls().check(params, info)
+                benchmark.check(params, info)
             except ValueError as exc:
                 issues.add(bench.doc, _blame(str(exc), combo, bench), str(exc))
                 continue
@@ -258,13 +259,9 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
     return out
 
 
-_ADAPTERS: dict[type, TypeAdapter] = {}
-
-
+@functools.cache
 def _adapter(cls: type) -> TypeAdapter:
-    if cls not in _ADAPTERS:
-        _ADAPTERS[cls] = TypeAdapter(cls)
-    return _ADAPTERS[cls]
+    return TypeAdapter(cls)
 
 
 def _param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:
