@@ -20,7 +20,7 @@ from kvbench.backends.torch_backend import resolve_device
 from kvbench.benchmarks import BENCHMARKS, RunContext
 from kvbench.claims import judge
 from kvbench.hardware import fingerprint, git_sha
-from kvbench.methods import METHODS
+from kvbench.methods.base import build_method
 from kvbench.results import (
     CaseError, CaseResult, RunHeader, RunResult, SuiteRecord, append_jsonl, case_line,
     header_line, read_jsonl, save_results,
@@ -123,7 +123,7 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
             record.device = str(device)
             benchmark = BENCHMARKS.get(case.benchmark)()
             params = benchmark.Params(**case.bench_params)
-            method = METHODS.get(case.method)(**case.method_params)
+            method = build_method(case.method, case.method_params)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
                 load_model=load_model, status=progress.status,

@@ -259,9 +259,9 @@ def test_end_prefill_reaches_every_layer():
 
 
 @torch.inference_mode()
-def test_bias_is_refused_for_now():
+def test_a_bias_of_the_wrong_shape_is_refused():
     model = load_model("tiny:llama", "cpu").model
-    with pytest.raises(NotImplementedError, match="additive key bias"):
+    with pytest.raises(RuntimeError, match=r"key bias of shape \(\d+,\); it must be"):
         model(_ids(), past_key_values=KVBenchCache(TestMethod(bias=True), 2))
 
 

@@ -11,6 +11,7 @@ from kvbench.data.text import load_text, pydoc_text, tokens_sha256
 from kvbench.methods.base import Codec, Method, Packed
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.identity import Identity
+from kvbench.methods.sparse_v import SparseV
 from kvbench.models import load_model
 from kvbench.models.info import ModelInfo
 
@@ -140,7 +141,20 @@ def test_identity_accounting_and_records():
     assert out.info == {"layout": "identity (auto); K and V both counted", "tokens": 64, "text": "pydoc"}
     tokens = load_model("tiny:llama", "cpu").tokenizer.encode(pydoc_text())[:64]
     assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama"}
-    assert set(out.metrics) == set(Perplexity.metrics)
+    assert set(out.metrics) == set(Perplexity.metrics) - {"values_skipped", "sparse_v_output_error"}
+
+
+def test_sparse_v_reports_what_it_skipped():
+    dense = _run(Identity())
+    exact = _run(SparseV(tau=1e-30))
+    sparse = _run(SparseV(tau=0.02))
+    assert exact.metrics["values_skipped"].value == 0
+    assert exact.metrics["perplexity"].value == pytest.approx(dense.metrics["perplexity"].value,
+                                                              rel=1e-5)
+    assert 0 < sparse.metrics["values_skipped"].value < 1
+    assert sparse.metrics["sparse_v_output_error"].value > 0
+    assert sparse.metrics["perplexity"].value != dense.metrics["perplexity"].value
+    assert sparse.metrics["kv_bytes"].value == dense.metrics["kv_bytes"].value
 
 
 def test_state_leaking_between_repeats_is_caught():

@@ -45,6 +45,8 @@ class PerplexityParams:
     text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
     offset: int = 0 — token offset into the tokenised text.
     decode_chunk: int = 1 — tokens per decode step; 1 is true token-by-token decode.
+    calibration: int = 512 — tokens right after the scored ones, handed to methods that
+        calibrate themselves (never the scored tokens).
     """
 
     context: int = 1024
@@ -52,9 +54,11 @@ class PerplexityParams:
     text: str = "pydoc"
     offset: int = 0
     decode_chunk: int = 1
+    calibration: int = 512
 
     def __post_init__(self):
-        for name, low in (("context", 1), ("continuation", 2), ("decode_chunk", 1), ("offset", 0)):
+        for name, low in (("context", 1), ("continuation", 2), ("decode_chunk", 1), ("offset", 0),
+                          ("calibration", 0)):
             value = getattr(self, name)
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value!r}")
@@ -84,6 +88,10 @@ class Perplexity(Benchmark):
         "compression_ratio": MetricSpec("x", "higher", "16-bit bytes of the kept K+V / kv_bytes"),
         "prefill_s": MetricSpec("s", "lower", "prefill forward plus end_prefill", timed=True),
         "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second", timed=True),
+        # Only for methods with sparse-V (their caches count what they skipped):
+        "values_skipped": MetricSpec("", "none", "fraction of value rows skipped at decode"),
+        "sparse_v_output_error": MetricSpec(
+            "", "lower", "mean relative squared error of decode attention outputs vs dense"),
     }
 
     def resolve_paths(self, params: PerplexityParams, base_dir: Path) -> PerplexityParams:
@@ -108,7 +116,7 @@ class Perplexity(Benchmark):
         if ctx.model is None:
             raise ValueError("perplexity needs a model; set the suite's model")
         loaded = ctx.load_model(ctx.model, ctx.device)
-        window = _window(loaded, params)
+        window, calibration = _windows(loaded, params)
         sha = tokens_sha256(window)
         ids = torch.tensor([window], device=ctx.device)
         model = loaded.model
@@ -119,6 +127,8 @@ class Perplexity(Benchmark):
             _REFERENCE[key] = _run_pass(model, ids, params, DynamicCache(config=model.config)).ppl
         reference = _REFERENCE[key]
 
+        ctx.status("calibrate")
+        method.calibrate(loaded, calibration)
         passes, cache = [], None
         for _ in range(ctx.repeats):
             torch.manual_seed(ctx.seed)  # methods drawing random rotations draw the same ones
@@ -133,6 +143,15 @@ class Perplexity(Benchmark):
         bytes_16bit = 2 * 2 * loaded.num_kv_heads * loaded.head_dim * sum(cache.retained_tokens())
         decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
         m = self.metrics
+        counters = cache.counters()
+        sparse = {}
+        if counters.get("sparse_v_rows"):
+            sparse = {
+                "values_skipped": m["values_skipped"].of(
+                    counters["sparse_v_rows_skipped"] / counters["sparse_v_rows"]),
+                "sparse_v_output_error": m["sparse_v_output_error"].of(
+                    counters["sparse_v_output_error_sum"] / counters["sparse_v_steps"]),
+            }
         return BenchmarkOutput(
             metrics={
                 "perplexity": m["perplexity"].of(ppl),
@@ -143,18 +162,21 @@ class Perplexity(Benchmark):
                 "compression_ratio": m["compression_ratio"].of(bytes_16bit / kv_bytes),
                 "prefill_s": m["prefill_s"].of_samples([p.prefill_s for p in passes]),
                 "decode_tok_s": m["decode_tok_s"].of_samples(decode_tok_s),
+                **sparse,
             },
             info={
                 "layout": method.layout(),
                 "tokens": len(window),
                 "text": params.text,
+                **counters,
             },
             comparable={"tokens_sha256": sha, "model": loaded.spec},
         )
 
 
-def _window(loaded, params: PerplexityParams) -> list[int]:
-    """The context + continuation tokens the case scores."""
+def _windows(loaded, params: PerplexityParams) -> tuple[list[int], list[int]]:
+    """The context + continuation tokens the case scores, and the calibration tokens after them
+    (as many of `params.calibration` as the text has)."""
     key = (loaded.spec, params.text)
     if key not in _TOKENS:
         _TOKENS[key] = loaded.tokenizer.encode(load_text(params.text, None))
@@ -166,7 +188,8 @@ def _window(loaded, params: PerplexityParams) -> list[int]:
             f" {params.offset} + {params.context} + {params.continuation} needs"
             f" {params.offset + need}"
         )
-    return tokens[params.offset : params.offset + need]
+    end = params.offset + need
+    return tokens[params.offset : end], tokens[end : end + params.calibration]
 
 
 @torch.inference_mode()

@@ -54,6 +54,10 @@ class Codec(ABC):
 class LayerCachePolicy(ABC):
     """Decides what one layer keeps; its attention_inputs() is what attention reads."""
 
+    # Sparse-V: at one-token steps, value rows whose softmax weight is below this are skipped
+    # (0 = off). A policy that sets it implements record_sparse_v.
+    value_skip_threshold: float = 0.0
+
     @abstractmethod
     def append(
         self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None = None
@@ -84,6 +88,17 @@ class LayerCachePolicy(ABC):
     def measured_bytes(self) -> int:
         """Bytes of the tensors this object actually holds right now."""
 
+    def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
+        """Told by the attention after each sparse-V step (output_error: mean relative squared
+        error of the attention output against the dense sum)."""
+        raise NotImplementedError(f"{type(self).__name__} sets value_skip_threshold"
+                                  " but does not record what was skipped")
+
+    def counters(self) -> dict[str, float]:
+        """Running totals this policy wants reported (summed over layers by the cache), e.g.
+        value rows skipped or tokens evicted."""
+        return {}
+
 
 @dataclass
 class Method(ABC):
@@ -95,6 +110,11 @@ class Method(ABC):
     @abstractmethod
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         """A fresh policy for one layer of one sequence."""
+
+    def calibrate(self, model: Any, tokens: list[int]) -> None:
+        """Methods that set themselves from a calibration pass override this. Benchmarks call it
+        once per case, before any cache is built, with the loaded model and tokens that are not
+        the ones they score."""
 
     def codec(self) -> Codec | None:
         """The codec behind this method, if it has one (the proofs benchmark needs it)."""
@@ -128,6 +148,17 @@ class Method(ABC):
 
 METHODS: Registry[Method] = Registry("method", entry_point_group="kvbench.methods")
 register_method = METHODS.register
+
+
+def build_method(name: str, params: dict[str, Any] | None = None) -> Method:
+    """A registered method from its name and parameters, as a suite's methods entry gives them
+    (methods that wrap another method build it with this). An unknown name is a ValueError, so
+    a wrapper's __post_init__ refuses it like any other bad setting."""
+    try:
+        cls = METHODS.get(name)
+    except LookupError as exc:
+        raise ValueError(str(exc)) from None
+    return cls(**(params or {}))
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:

@@ -1,7 +1,7 @@
 """A transformers Cache whose per-layer storage is a kvbench LayerCachePolicy.
 
 Attention reads what the policy returns from attention_inputs(): the compressed state itself, no
-shadow copy. Positions continue from the tokens the policy has seen, and the causal mask is sized
+shadow copy; a key bias or sparse-V reaches the model's attention through kvbench.models.attention. Positions continue from the tokens the policy has seen, and the causal mask is sized
 to the keys it actually returns. Batch size 1.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.methods.base import LayerCachePolicy, Method
+from kvbench.models.attention import Handoff, hand_over
 
 
 class PolicyLayer(CacheLayerMixin):
@@ -35,11 +36,15 @@ class PolicyLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         self.policy.append(key_states, value_states)
         keys, values, bias = self.policy.attention_inputs()
-        if bias is not None:
-            raise NotImplementedError(
-                "additive key bias is not supported by the transformers adapter yet"
-            )
         self._check(keys)
+        if bias is not None and bias.shape != keys.shape[:-1]:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {type(self.policy).__name__} returned a key bias of"
+                f" shape {tuple(bias.shape)}; it must be (batch, kv_heads, keys) ="
+                f" {tuple(keys.shape[:-1])}"
+            )
+        if bias is not None or self.policy.value_skip_threshold:
+            hand_over(Handoff(self.layer_idx, self.policy, bias))
         return keys, values
 
     def _check(self, keys: torch.Tensor) -> None:
@@ -118,3 +123,11 @@ class KVBenchCache(Cache):
 
     def retained_tokens(self) -> list[int]:
         return [policy.retained_tokens for policy in self.policies]
+
+    def counters(self) -> dict[str, float]:
+        """The policies' counters, summed over layers."""
+        totals: dict[str, float] = {}
+        for policy in self.policies:
+            for name, value in policy.counters().items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals

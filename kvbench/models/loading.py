@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import BUNDLED, bundled_dir, bundled_model, is_prepared, prepare_bundled
 from kvbench.models.info import ModelInfo
 from kvbench.models.tiny import TINY_KINDS, TINY_MAX_CONTEXT, build_tiny
@@ -123,9 +124,10 @@ def _load_transformers(folder: str):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its bar would tear kvbench's own progress display
-    # SDPA: the KVBench adapter relies on it needing no mask for one-token steps.
+    # kvbench's attention is SDPA unless a cache layer hands it a key bias or sparse-V; the
+    # adapter relies on SDPA needing no mask for one-token steps.
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+        folder, dtype=torch.float32, attn_implementation=ATTENTION, local_files_only=True
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     # Whole texts are tokenized and then windowed: the "longer than max length" warning is noise.

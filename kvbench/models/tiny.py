@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+from kvbench.models.attention import NAME as ATTENTION
+
 TINY_MAX_CONTEXT = 4096
 _SEED = 1234
 _SHAPE = dict(
@@ -63,7 +65,7 @@ def build_tiny(kind: str):
     from transformers import AutoModelForCausalLM
 
     config = _config(kind)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = ATTENTION
     with torch.random.fork_rng():  # leave the caller's RNG stream untouched
         torch.manual_seed(_SEED)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -1,0 +1,103 @@
+"""kvbench's attention function for transformers models: SDPA, unless the cache layer that was
+just updated asks for an additive key bias or sparse-V.
+
+Models are loaded with attn_implementation="kvbench". A KVBenchCache layer whose policy returns a
+bias or turns sparse-V on calls hand_over() in its update(); the attention call that follows in
+the same module reads and clears it. With nothing handed over (a DynamicCache, or a policy with
+neither), this is exactly transformers' SDPA attention, so the identity method stays bit-exact.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from kvbench.methods.base import LayerCachePolicy
+
+NAME = "kvbench"
+
+
+@dataclass
+class Handoff:
+    """What one layer's attention must add to plain softmax attention."""
+
+    layer_idx: int
+    policy: LayerCachePolicy  # its value_skip_threshold turns sparse-V on; it records the skips
+    bias: torch.Tensor | None  # (batch, kv_heads, keys), added to the logits of every query
+
+
+_pending = threading.local()
+
+
+def hand_over(handoff: Handoff) -> None:
+    """Called by a cache layer's update(); raises if the previous handoff was never read."""
+    if getattr(_pending, "value", None) is not None:
+        _pending.value = None
+        raise RuntimeError(
+            "the model's attention did not read the kvbench cache's key bias / sparse-V state;"
+            f" load the model with attn_implementation={NAME!r} (kvbench.models.load_model does)"
+        )
+    _pending.value = handoff
+
+
+def kvbench_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                      **kwargs):
+    handoff, _pending.value = getattr(_pending, "value", None), None
+    if handoff is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    if handoff.layer_idx != module.layer_idx:
+        raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
+                           f" {handoff.layer_idx}")
+    policy = handoff.policy
+    out, sparse = biased_attention(query, key, value, attention_mask, handoff.bias, scaling,
+                                   policy.value_skip_threshold)
+    if sparse is not None:
+        policy.record_sparse_v(*sparse)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, bias: torch.Tensor | None,
+                     scaling: float | None = None, skip_below: float = 0.0):
+    """softmax(q k^T * scaling + mask + bias) v in float32, GQA by head groups.
+
+    query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T) or None; mask bool (True =
+    attend) or additive, broadcastable to (B, Hq, q, T), or None: causal, as SDPA's is_causal,
+    with the q queries at the last q positions.
+    With skip_below > 0 and a single query, value rows whose weight is below it are left out of
+    the sum (no renormalisation, as sparse-V kernels skip them).
+    Returns (output in query's dtype, None or (rows skipped, rows, mean relative squared error
+    of the output against the dense sum)).
+    """
+    groups = query.shape[1] // key.shape[1]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    k = key.float().repeat_interleave(groups, dim=1)
+    v = value.float().repeat_interleave(groups, dim=1)
+    logits = query.float() @ k.transpose(-1, -2) * scaling
+    queries, keys = query.shape[-2], key.shape[-2]
+    if mask is None and queries > 1:
+        # SDPA's is_causal case: the new queries are the last ones, every earlier key is visible
+        offset = keys - queries
+        mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(offset)
+    if mask is not None:
+        mask = mask[..., :keys]
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    if bias is not None:
+        logits = logits + bias.float().repeat_interleave(groups, dim=1).unsqueeze(-2)
+    weights = torch.softmax(logits, dim=-1)
+    out = weights @ v
+    if not skip_below or queries != 1:
+        return out.to(query.dtype), None
+    skipped = weights < skip_below
+    sparse = weights.masked_fill(skipped, 0.0) @ v
+    error = (sparse - out).square().sum(-1) / out.square().sum(-1).clamp_min(1e-30)
+    return sparse.to(query.dtype), (skipped.sum().item(), skipped.numel(), error.mean().item())
+
+
+AttentionInterface.register(NAME, kvbench_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
