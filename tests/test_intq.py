@@ -5,7 +5,7 @@ import torch
 
 from kvbench.methods import METHODS
 from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.intq import IntQ
+from kvbench.methods.intq import IntQ, IntQCodec
 
 
 def _randn(*shape, seed=0, dtype=torch.float32):
@@ -194,3 +194,20 @@ def test_encoding_in_row_blocks_matches_encoding_the_pieces(axis, monkeypatch):
     for name in whole.tensors:
         assert torch.equal(whole.tensors[name], pieces.tensors[name])
     assert torch.equal(codec.decode(whole), codec.decode(pieces))
+
+
+def test_channel_axis_in_token_blocks_equals_one_pass():
+    """Long inputs go through in tiles of tokens; the bytes are those of one pass over each
+    channel's whole row."""
+    codec = IntQCodec(bits=2, group_size=32, axis="channel")
+    step = codec._token_step(128)
+    x = torch.randn(1, 2, 2 * step + 37, 128, generator=torch.Generator().manual_seed(0)).half()
+    packed = codec.encode(x)
+    for head in range(2):
+        codes, scale, zero = codec._encode_rows(x[0, head].T.contiguous())
+        assert torch.equal(packed.tensors["codes"][0, head], codes)
+        assert torch.equal(packed.tensors["scale"][0, head], scale)
+        assert torch.equal(packed.tensors["min"][0, head], zero)
+    decoded = codec.decode(packed)
+    rows = codec._decode_rows(codes, scale, zero, x.shape[-2])
+    assert torch.equal(decoded[0, 1], rows.T.to(x.dtype))

@@ -98,3 +98,13 @@ def test_fwht_speed(benchmark):
     x = _randn(65536, 128)
     y = benchmark(fwht, x)
     assert y.shape == x.shape
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["hadamard", "haar"])
+def test_rotation_speed(benchmark, kind):
+    """What the codecs run: one matrix product per call."""
+    x = _randn(65536, 128)
+    rotation = make_rotation(kind, 128, seed=1)
+    y = benchmark(rotation.forward, x)
+    torch.testing.assert_close(rotation.inverse(y), x, atol=1e-4, rtol=1e-4)

@@ -29,6 +29,7 @@ _TOL = 1e-12  # on the Newton step, in units of the density's standard deviation
 _NOISE = 1e-8  # steps below this that stop shrinking are rounding noise (same units)
 _LLOYD_STEPS = 50  # plain Lloyd steps first, so that Newton starts near the fixed point
 _MAX_NEWTON = 100
+_COMPARE_UP_TO = 15  # boundaries (4 bits) counted by comparisons in quantize(); more: bucketize
 _GRID = 4096  # panels of the beta integration grid in theta = asin(t)
 _GL_NODES, _GL_WEIGHTS = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
 
@@ -62,11 +63,21 @@ class Codebook:
         bounds = self.boundaries.float()
         bounds = torch.where(bounds.double() > self.boundaries,
                              torch.nextafter(bounds, torch.tensor(-math.inf)), bounds)
-        return torch.bucketize(x.float().contiguous(), bounds.to(x.device)).to(torch.uint8)
+        x = x.float()
+        if len(bounds) > _COMPARE_UP_TO:
+            return torch.bucketize(x.contiguous(), bounds.to(x.device)).to(torch.uint8)
+        # bucketize's index is the count of boundaries below x; a few vectorised comparisons
+        # count them faster than its per-element binary search.
+        idx = torch.gt(x, bounds[0].item()).to(torch.uint8)
+        for bound in bounds[1:].tolist():
+            idx += torch.gt(x, bound)
+        return idx
 
     def dequantize(self, idx: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The centroid of every index, as `dtype`."""
-        return self.centroids.to(idx.device)[idx.long()].to(dtype)
+        # index_select takes int32 indices: a quarter of the int64 copy plain indexing needs
+        table = self.centroids.to(idx.device, dtype if dtype == _F64 else torch.float32)
+        return table.index_select(0, idx.reshape(-1).int()).view(idx.shape).to(dtype)
 
 
 @functools.lru_cache(maxsize=None, typed=True)  # typed: bits=2.0 must not hit bits=2 and pass

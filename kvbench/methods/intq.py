@@ -34,13 +34,11 @@ class IntQCodec(Codec):
         self.axis = axis
         self.token_block = group_size if axis == "channel" else 1
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(-1, -2) if self.axis == "channel" else x
-
     def encode(self, x: torch.Tensor) -> Packed:
-        rows = self._rows(x)
-        lead, length = rows.shape[:-1], rows.shape[-1]
-        flat = rows.reshape(-1, length)
+        if self.axis == "channel":
+            return self._encode_channels(x)
+        lead, length = x.shape[:-1], x.shape[-1]
+        flat = x.reshape(-1, length)
         n, groups = flat.shape[0], -(-length // self.group_size)
         codes = torch.empty(n, packed_length(length, self.bits), dtype=torch.uint8, device=x.device)
         scale = torch.empty(n, groups, dtype=torch.float16, device=x.device)
@@ -51,6 +49,36 @@ class IntQCodec(Codec):
         return Packed(
             {"codes": codes.view(*lead, -1), "scale": scale.view(*lead, groups),
              "min": zero.view(*lead, groups)},
+            tuple(x.shape),
+            x.dtype,
+        )
+
+    def _token_step(self, dim: int) -> int:
+        """Tokens per block on the channel axis: whole groups and whole bytes, ~ROWS_PER_BLOCK
+        tokens' worth of values."""
+        unit = self.group_size * 8
+        return max(unit, ROWS_PER_BLOCK * 128 // dim // unit * unit)
+
+    def _encode_channels(self, x: torch.Tensor) -> Packed:
+        """Rows are channels over tokens: each (tokens block, channels) tile is transposed in
+        cache, never the whole tensor at once."""
+        lead, tokens, dim = x.shape[:-2], x.shape[-2], x.shape[-1]
+        flat = x.reshape(-1, tokens, dim)
+        groups, step = -(-tokens // self.group_size), self._token_step(dim)
+        codes = torch.empty(flat.shape[0], dim, packed_length(tokens, self.bits),
+                            dtype=torch.uint8, device=x.device)
+        scale = torch.empty(flat.shape[0], dim, groups, dtype=torch.float16, device=x.device)
+        zero = torch.empty_like(scale)
+        for i in range(flat.shape[0]):
+            for start in range(0, tokens, step):
+                c, sc, z = self._encode_rows(flat[i, start : start + step].T.contiguous())
+                first_byte, first_group = start * self.bits // 8, start // self.group_size
+                codes[i, :, first_byte : first_byte + c.shape[-1]] = c
+                scale[i, :, first_group : first_group + sc.shape[-1]] = sc
+                zero[i, :, first_group : first_group + z.shape[-1]] = z
+        return Packed(
+            {"codes": codes.view(*lead, dim, -1), "scale": scale.view(*lead, dim, groups),
+             "min": zero.view(*lead, dim, groups)},
             tuple(x.shape),
             x.dtype,
         )
@@ -74,7 +102,9 @@ class IntQCodec(Codec):
         return pack_bits(work[:, :length].to(torch.uint8), self.bits), scale, zero
 
     def decode(self, packed: Packed) -> torch.Tensor:
-        length = packed.shape[-2] if self.axis == "channel" else packed.shape[-1]
+        if self.axis == "channel":
+            return self._decode_channels(packed)
+        length = packed.shape[-1]
         codes, scale, zero = (packed.tensors[k] for k in ("codes", "scale", "min"))
         lead = codes.shape[:-1]
         codes, scale, zero = (t.reshape(-1, t.shape[-1]) for t in (codes, scale, zero))
@@ -82,7 +112,25 @@ class IntQCodec(Codec):
         for start in range(0, codes.shape[0], ROWS_PER_BLOCK):
             block = slice(start, start + ROWS_PER_BLOCK)
             out[block] = self._decode_rows(codes[block], scale[block], zero[block], length)
-        return self._rows(out.view(*lead, length))
+        return out.view(*lead, length)
+
+    def _decode_channels(self, packed: Packed) -> torch.Tensor:
+        tokens, dim = packed.shape[-2], packed.shape[-1]
+        codes, scale, zero = (packed.tensors[k] for k in ("codes", "scale", "min"))
+        codes, scale, zero = (t.reshape(-1, dim, t.shape[-1]) for t in (codes, scale, zero))
+        out = torch.empty(codes.shape[0], tokens, dim, dtype=packed.dtype, device=codes.device)
+        step = self._token_step(dim)
+        for i in range(codes.shape[0]):
+            for start in range(0, tokens, step):
+                n = min(step, tokens - start)
+                first_byte, first_group = start * self.bits // 8, start // self.group_size
+                bytes_, groups = packed_length(n, self.bits), -(-n // self.group_size)
+                out[i, start : start + n] = self._decode_rows(
+                    codes[i, :, first_byte : first_byte + bytes_],
+                    scale[i, :, first_group : first_group + groups],
+                    zero[i, :, first_group : first_group + groups], n,
+                ).T
+        return out.view(packed.shape)
 
     def _decode_rows(self, codes, scale, zero, length: int) -> torch.Tensor:
         groups = scale.shape[-1]
