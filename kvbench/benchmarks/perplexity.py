@@ -85,7 +85,7 @@ class Perplexity(Benchmark):
         "ppl_rel_delta": MetricSpec("", "lower", "(perplexity - ppl_reference) / ppl_reference"),
         "kv_bytes": MetricSpec("bytes", "lower", "accounted K+V bytes kept at the end, all layers"),
         "kv_bytes_measured": MetricSpec("bytes", "lower", "bytes of the tensors the cache holds"),
-        "compression_ratio": MetricSpec("x", "higher", "16-bit bytes of the kept K+V / kv_bytes"),
+        "compression_ratio": MetricSpec("x", "higher", "16-bit K+V of all tokens seen / kv_bytes"),
         "prefill_s": MetricSpec("s", "lower", "prefill forward plus end_prefill", timed=True),
         "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second", timed=True),
         # Only for methods with sparse-V (their caches count what they skipped):
@@ -140,7 +140,9 @@ class Perplexity(Benchmark):
             raise RuntimeError(f"perplexity differs across repeats: {[p.ppl for p in passes]}")
 
         kv_bytes = cache.accounted_bytes()
-        bytes_16bit = 2 * 2 * loaded.num_kv_heads * loaded.head_dim * sum(cache.retained_tokens())
+        # Against every token seen, so a method that evicts is credited with what it dropped.
+        seen = sum(policy.seen_tokens for policy in cache.policies)
+        bytes_16bit = 2 * 2 * loaded.num_kv_heads * loaded.head_dim * seen
         decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
         m = self.metrics
         counters = cache.counters()

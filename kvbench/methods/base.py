@@ -133,10 +133,7 @@ class Method(ABC):
         keys, values = self.key_codec(), self.value_codec()
         if keys is None or values is None:
             return f"{type(self).__name__}, K and V both counted"
-        if keys.layout() == values.layout():
-            parts = [keys.layout()]
-        else:
-            parts = [f"keys: {keys.layout()}", f"values: {values.layout()}"]
+        parts = [codecs_layout(keys, values)]
         window = getattr(self, "window", 0)
         if window:
             parts.append(f"newest {window} tokens full precision")
@@ -144,6 +141,13 @@ class Method(ABC):
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def codecs_layout(keys: Codec, values: Codec) -> str:
+    """One codec's layout when keys and values share it, else both, named."""
+    if keys.layout() == values.layout():
+        return keys.layout()
+    return f"keys: {keys.layout()}; values: {values.layout()}"
 
 
 METHODS: Registry[Method] = Registry("method", entry_point_group="kvbench.methods")
