@@ -25,6 +25,10 @@ class CastCodec(Codec):
     def decode(self, packed: Packed) -> torch.Tensor:
         return packed.tensors["values"].to(packed.dtype)
 
+    def merge(self, parts: list[Packed]) -> Packed:
+        values = torch.cat([p.tensors["values"] for p in parts], dim=-2)
+        return Packed({"values": values}, tuple(values.shape), parts[0].dtype)
+
     def layout(self) -> str:
         return f"identity ({self.dtype})"
 

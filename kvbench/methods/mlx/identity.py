@@ -1,0 +1,45 @@
+"""`identity` on MLX: keeps every key and value (kvbench.methods.identity)."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from kvbench.methods.base import Packed
+from kvbench.methods.identity import Identity
+from kvbench.methods.mlx.base import MLXCodec, MLXCodecCache, MLXMethod, mlx_implementation
+
+DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+
+
+class MLXCastCodec(MLXCodec):
+    """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact). Stored tensor:
+    values, x's shape, in `dtype`."""
+
+    def __init__(self, dtype: str = "auto"):
+        self.dtype = dtype
+
+    def encode(self, x: mx.array) -> Packed:
+        stored = x if self.dtype == "auto" else x.astype(DTYPES[self.dtype])
+        return Packed({"values": stored}, tuple(x.shape), x.dtype)
+
+    def decode(self, packed: Packed) -> mx.array:
+        return packed.tensors["values"].astype(packed.dtype)
+
+    def merge(self, parts: list[Packed]) -> Packed:
+        values = mx.concatenate([p.tensors["values"] for p in parts], axis=-2)
+        return Packed({"values": values}, tuple(values.shape), parts[0].dtype)
+
+    def layout(self) -> str:
+        return f"identity ({self.dtype})"
+
+
+@mlx_implementation(Identity)
+class MLXIdentity(MLXMethod):
+    """Identity on MLX; config: kvbench.methods.identity.Identity (dtype)."""
+
+    def codec(self) -> MLXCastCodec:
+        return MLXCastCodec(self.config.dtype)
+
+    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
+        # As torch: everything stays raw when no cast is asked for.
+        window = 1 << 62 if self.config.dtype == "auto" else 0
+        return MLXCodecCache(self.codec(), self.codec(), window=window)

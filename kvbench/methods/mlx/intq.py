@@ -1,0 +1,99 @@
+"""`intq` on MLX: asymmetric per-group integer quantization, fp16 scale and min
+(kvbench.methods.intq)."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from kvbench.methods.base import Packed
+from kvbench.methods.intq import IntQ
+from kvbench.methods.mlx.base import MLXCodec, MLXCodecCache, MLXMethod, mlx_implementation
+from kvbench.methods.mlx.packing import pack_bits, unpack_bits
+
+
+class MLXIntQCodec(MLXCodec):
+    """IntQCodec on mx.array: per group fp16 scale = (max - min) / (2^bits - 1), fp16 min,
+    q = round((x - min) / scale) with the stored fp16 values, each row packed on its own.
+
+    Rows: axis "token", one token's head_dim channels; axis "channel", one channel over the tokens
+    given (token_block = group_size). A trailing partial group has its own scale and min.
+    Stored tensors, as torch: codes uint8 (..., rows, ceil(L * bits / 8)), scale and min float16
+    (..., rows, ceil(L / group_size)), rows = tokens (token) or head_dim (channel).
+    """
+
+    def __init__(self, bits: int, group_size: int, axis: str):
+        self.bits = bits
+        self.group_size = group_size
+        self.axis = axis
+        self.token_block = group_size if axis == "channel" else 1
+
+    def encode(self, x: mx.array) -> Packed:
+        rows = x if self.axis == "token" else mx.swapaxes(x, -1, -2)
+        codes, scale, zero = self._encode_rows(rows)
+        return Packed({"codes": codes, "scale": scale, "min": zero}, tuple(x.shape), x.dtype)
+
+    def _encode_rows(self, rows: mx.array):
+        lead, length = rows.shape[:-1], rows.shape[-1]
+        groups = -(-length // self.group_size)
+        extra = groups * self.group_size - length
+        work = rows.astype(mx.float32)
+        if extra:
+            # Repeating a row's last value leaves its partial group's min and max as they are.
+            work = mx.pad(work, [(0, 0)] * (work.ndim - 1) + [(0, extra)], mode="edge")
+        grouped = work.reshape(*lead, groups, self.group_size)
+        lo, hi = grouped.min(axis=-1), grouped.max(axis=-1)
+        levels = (1 << self.bits) - 1
+        scale, zero = ((hi - lo) / levels).astype(mx.float16), lo.astype(mx.float16)
+        # Quantize with the stored fp16 values so decode reproduces exactly what encode chose.
+        divisor = mx.where(scale == 0, 1.0, scale.astype(mx.float32))
+        q = mx.round((grouped - zero.astype(mx.float32)[..., None]) / divisor[..., None])
+        q = mx.clip(q, 0, levels).reshape(*lead, groups * self.group_size)[..., :length]
+        return pack_bits(q.astype(mx.uint8), self.bits), scale, zero
+
+    def decode(self, packed: Packed) -> mx.array:
+        codes, scale, zero = (packed.tensors[k] for k in ("codes", "scale", "min"))
+        tokens, dim = packed.shape[-2], packed.shape[-1]
+        length = dim if self.axis == "token" else tokens
+        lead, groups = codes.shape[:-1], scale.shape[-1]
+        values = unpack_bits(codes, self.bits, length).astype(mx.float32)
+        extra = groups * self.group_size - length
+        if extra:
+            values = mx.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, extra)])
+        grouped = values.reshape(*lead, groups, self.group_size)
+        # Two roundings, multiply then add, as torch's mul_ then add_ (no fused multiply-add).
+        grouped = grouped * scale.astype(mx.float32)[..., None]
+        grouped = grouped + zero.astype(mx.float32)[..., None]
+        rows = grouped.reshape(*lead, groups * self.group_size)[..., :length]
+        out = rows if self.axis == "token" else mx.swapaxes(rows, -1, -2)
+        return out.astype(packed.dtype)
+
+    def merge(self, parts: list[Packed]) -> Packed | None:
+        if self.axis == "token":
+            axis = -2  # rows are tokens: blocks stack
+        elif all(p.shape[-2] % self.group_size == 0 and p.shape[-2] * self.bits % 8 == 0
+                 for p in parts[:-1]):
+            axis = -1  # rows are channels: whole groups and whole bytes join end to end
+        else:
+            return None
+        tensors = {name: mx.concatenate([p.tensors[name] for p in parts], axis=axis)
+                   for name in parts[0].tensors}
+        tokens = sum(p.shape[-2] for p in parts)
+        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+
+    def layout(self) -> str:
+        along = "channels per token" if self.axis == "token" else "tokens per channel"
+        return (
+            f"intq {self.bits}-bit, groups of {self.group_size} {along} (axis {self.axis}), "
+            f"fp16 scale+min per group"
+        )
+
+
+@mlx_implementation(IntQ)
+class MLXIntQ(MLXMethod):
+    """IntQ on MLX; config: kvbench.methods.intq.IntQ (bits, group_size, axis, window)."""
+
+    def codec(self) -> MLXIntQCodec:
+        c = self.config
+        return MLXIntQCodec(c.bits, c.group_size, c.axis)
+
+    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
+        return MLXCodecCache(self.codec(), self.codec(), window=self.config.window)

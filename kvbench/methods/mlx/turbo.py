@@ -1,0 +1,142 @@
+"""`turbo` and its presets on MLX: TurboQuant / PolarQuant (kvbench.methods.turbo).
+
+The MLX codec is built around the torch TurboCodec of the same config and takes every constant
+from it (rotation matrices, codebooks, outlier channels, QJL matrix), rounded to float32 as the
+torch codec rounds them, so both backends quantize against the same numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import torch
+
+from kvbench.methods.base import Packed
+from kvbench.methods.mlx.base import MLXCodecCache, MLXMethod, mlx_implementation
+from kvbench.methods.mlx.codebooks import MLXCodebook
+from kvbench.methods.mlx.packing import pack_bits, unpack_bits
+from kvbench.methods.mlx.rotation import MLXRotation
+from kvbench.methods.mlx.tokenwise import MLXTokenwiseCodec
+from kvbench.methods.turbo import Turbo, TurboCodec, _Part
+
+_NORM_DTYPES = {torch.float16: mx.float16, torch.float32: mx.float32}
+
+
+class _MLXPart:
+    """One torch _Part on MLX: its channels (or None), rotation, codebooks and norm name."""
+
+    def __init__(self, part: _Part):
+        self.channels = None if part.channels is None else mx.array(part.channels.numpy())
+        self.rotation = MLXRotation(part.rotation)
+        self.n_high, self.dim, self.norm_name = part.n_high, part.dim, part.norm_name
+        self.low = None if part.low is None else MLXCodebook(part.low)
+        self.high = None if part.high is None else MLXCodebook(part.high)
+
+    def take(self, blocks: mx.array) -> mx.array:
+        return blocks if self.channels is None else mx.take(blocks, self.channels, axis=-1)
+
+    def centroids(self, idx_high: mx.array | None, idx_low: mx.array | None) -> mx.array:
+        found = [book.dequantize(idx) for book, idx in ((self.high, idx_high), (self.low, idx_low))
+                 if idx is not None]
+        return found[0] if len(found) == 1 else mx.concatenate(found, axis=-1)
+
+
+def _norm(x: mx.array) -> mx.array:
+    return mx.linalg.norm(x, axis=-1)
+
+
+class MLXTurboCodec(MLXTokenwiseCodec):
+    """TurboCodec on mx.array (see kvbench.methods.turbo.Turbo for the scheme).
+
+    reference: the torch TurboCodec whose constants this codec uses. Stored tensors have the
+    names, shapes and dtypes of the reference's (codes, codes_high, norm, norm_high, signs,
+    rnorm, as its configuration asks), so the byte counts are the same.
+    """
+
+    def __init__(self, reference: TurboCodec):
+        self.reference = reference
+        self.bits, self.block, self.mse_bits = reference.bits, reference.block, reference.mse_bits
+        self.norm_correction, self.qjl = reference.norm_correction, reference.qjl
+        self.norm_dtype = _NORM_DTYPES[reference.norm_dtype]
+        self.parts = [_MLXPart(p) for p in reference.parts]
+        # Blocks are rebuilt from the parts' channels: concatenated in part order, then taken
+        # back with the inverse permutation (torch: index_copy_ of each part into its channels).
+        self._inverse = None
+        if self.parts[0].channels is not None:
+            order = np.concatenate([p.channels.numpy() for p in reference.parts])
+            self._inverse = mx.array(np.argsort(order, kind="stable"))
+        if self.qjl:
+            self.qjl_matrix = mx.array(reference.qjl_matrix.float().numpy())
+            self.qjl_matrix_t = mx.array(reference.qjl_matrix.float().T.contiguous().numpy())
+
+    def _assemble(self, parts: list[mx.array]) -> mx.array:
+        if self._inverse is None:
+            return parts[0]
+        return mx.take(mx.concatenate(parts, axis=-1), self._inverse, axis=-1)
+
+    def encode(self, x: mx.array) -> Packed:
+        dim = x.shape[-1]
+        if dim % self.block:
+            raise ValueError(f"head_dim {dim} is not a multiple of block {self.block}")
+        blocks = x.astype(mx.float32).reshape(*x.shape[:-1], dim // self.block, self.block)
+        tensors, decoded = {}, []
+        for part in self.parts:
+            v = part.take(blocks)
+            gamma = _norm(v)
+            y = part.rotation.forward(v / mx.where(gamma == 0, 1.0, gamma)[..., None])
+            n = part.n_high
+            idx_high = part.high.quantize(y[..., :n]) if n else None
+            idx_low = part.low.quantize(y[..., n:]) if n < part.dim else None
+            c = part.centroids(idx_high, idx_low)
+            if self.norm_correction:
+                c_norm = _norm(c)
+                norm = (gamma / mx.where(c_norm == 0, 1.0, c_norm)).astype(self.norm_dtype)
+            else:
+                norm = gamma.astype(self.norm_dtype)
+            tensors[part.norm_name] = norm
+            if idx_low is not None:
+                tensors["codes"] = pack_bits(idx_low, self.mse_bits)
+            if idx_high is not None:
+                tensors["codes_high"] = pack_bits(idx_high, self.mse_bits + 1)
+            if self.qjl:
+                decoded.append(part.rotation.inverse(c) * norm.astype(mx.float32)[..., None])
+        if self.qjl:
+            # The residual of what decode will rebuild from the stored norms, in x's scale.
+            residual = blocks - self._assemble(decoded)
+            projected = residual @ self.qjl_matrix_t
+            tensors["signs"] = pack_bits((projected >= 0).astype(mx.uint8), 1)
+            tensors["rnorm"] = _norm(residual).astype(self.norm_dtype)
+        return Packed(tensors, tuple(x.shape), x.dtype)
+
+    def decode(self, packed: Packed) -> mx.array:
+        t = packed.tensors
+        decoded = []
+        for part in self.parts:
+            n, n_low = part.n_high, part.dim - part.n_high
+            idx_high = unpack_bits(t["codes_high"], self.mse_bits + 1, n) if n else None
+            idx_low = unpack_bits(t["codes"], self.mse_bits, n_low) if n_low else None
+            c = part.centroids(idx_high, idx_low)
+            norm = t[part.norm_name].astype(mx.float32)[..., None]
+            decoded.append(part.rotation.inverse(c) * norm)
+        blocks = self._assemble(decoded)
+        if self.qjl:
+            signs = unpack_bits(t["signs"], 1, self.block).astype(mx.float32) * 2 - 1
+            scale = math.sqrt(math.pi / 2) / self.block * t["rnorm"].astype(mx.float32)[..., None]
+            blocks = blocks + scale * (signs @ self.qjl_matrix)
+        return blocks.reshape(*blocks.shape[:-2], -1).astype(packed.dtype)
+
+    def layout(self) -> str:
+        return self.reference.layout()
+
+
+@mlx_implementation(Turbo)
+class MLXTurbo(MLXMethod):
+    """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on MLX; config: the
+    torch Turbo (or preset) dataclass, every field honoured."""
+
+    def codec(self) -> MLXTurboCodec:
+        return MLXTurboCodec(self.config.codec())
+
+    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
+        return MLXCodecCache(self.codec(), self.codec(), window=self.config.window)
