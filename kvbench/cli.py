@@ -27,12 +27,12 @@ def _fail(message: str, code: int = EXIT_INVALID):
     sys.exit(code)
 
 
-def _load_suite_or_exit(path: str):
+def _load_suite_or_exit(path: str, **defaults):
     from kvbench.suite.errors import SuiteError
     from kvbench.suite.loader import load_suite
 
     try:
-        return load_suite(path)
+        return load_suite(path, **defaults)
     except SuiteError as exc:
         err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
         for line in str(exc).splitlines():
@@ -118,7 +118,7 @@ def _select_cases(suite, only, methods, limit):
     return cases
 
 
-def _load_baseline_or_exit(path: str, suite, device: str):
+def _load_baseline_or_exit(path: str, suite, device: str, backend: str):
     from kvbench.hardware import machine_key
     from kvbench.results import SCHEMA_VERSION, load_results
 
@@ -134,7 +134,7 @@ def _load_baseline_or_exit(path: str, suite, device: str):
         problems.append(f"schema version {baseline.schema_version} != {SCHEMA_VERSION}")
     if baseline.suite.name != suite.name:
         problems.append(f"it is for suite {baseline.suite.name!r}, not {suite.name!r}")
-    key = machine_key(device)
+    key = machine_key(device, backend)
     if baseline.machine.get("key") != key:
         problems.append(f"machine key {baseline.machine.get('key')!r} != this machine's {key!r}")
     if problems:
@@ -200,17 +200,22 @@ def _summary(result, gate_report, out_dir: Path) -> None:
 @click.option("--methods", help="Comma-separated method labels or names (globs allowed).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
               help="Override the suite's device.")
+@click.option("--backend", type=click.Choice(["torch", "mlx"]),
+              help="Override the suite's backend: torch, or mlx (methods on MLX, models on "
+                   "mlx-lm; every method and benchmark must support it).")
 @click.option("--repeats", type=click.IntRange(min=1), help="Repeats for timed metrics.")
 @click.option("--limit", type=click.IntRange(min=1), help="Run at most N cases (after filters).")
 @click.option("--baseline", type=click.Path(dir_okay=False),
               help="Gate against this stored results file (exit 1 on regression).")
 @click.option("--resume", is_flag=True, help="Keep finished cases from --out and run the rest.")
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
-def run(suite_path, out_dir, only, methods, device, repeats, limit, baseline, resume, dry_run):
+def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
+        dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
     from kvbench.backends.torch_backend import resolve_device
 
-    suite = _load_suite_or_exit(suite_path)
+    # The backend decides which methods and benchmarks are valid: the suite is checked with it.
+    suite = _load_suite_or_exit(suite_path, **({"backend": backend} if backend else {}))
     overrides = {k: v for k, v in (("device", device), ("repeats", repeats)) if v is not None}
     if overrides:
         suite.cases = [dataclasses.replace(c, **overrides) for c in suite.cases]
@@ -228,7 +233,9 @@ def run(suite_path, out_dir, only, methods, device, repeats, limit, baseline, re
         device_name = str(resolve_device(cases[0].device if cases else "cpu"))
     except ValueError as exc:
         _fail(str(exc))
-    baseline_result = _load_baseline_or_exit(baseline, suite, device_name) if baseline else None
+    backend_name = cases[0].backend if cases else "torch"
+    baseline_result = (_load_baseline_or_exit(baseline, suite, device_name, backend_name)
+                       if baseline else None)
 
     from kvbench.gate import gate, tolerances_from_resolved
     from kvbench.report.markdown import write_reports
@@ -327,6 +334,21 @@ def env(device):
     info["git_sha"] = git_sha()
     for key, value in info.items():
         console.print(f"[bold]{key}[/]: {escape(str(value))}")
+    try:
+        from kvbench.backends.mlx_backend import blas_info
+        from kvbench.hardware import mlx_device
+    except ImportError:
+        console.print("[bold]mlx[/]: not installed (pip install 'kvbench[mlx]')")
+        return
+    blas, reference = blas_info()
+    console.print(f"[bold]mlx_device[/]: {mlx_device()}")
+    console.print(f"[bold]mlx_blas[/]: {escape(blas)}")
+    if reference and mlx_device() == "cpu":
+        err.print(
+            "[yellow]warning:[/] MLX's CPU matrix products run on the reference BLAS (~50x slower"
+            " than OpenBLAS): MLX runs here are for correctness, not speed. For a fast one, see"
+            " README: MLX on Linux."
+        )
 
 
 @main.command()

@@ -62,21 +62,38 @@ def accelerator(device: str = "cpu") -> str:
     return "apple-mps" if device == "mps" else "cpu"
 
 
-def machine_key(device: str = "cpu") -> str:
+def mlx_device() -> str:
+    """MLX's default device type: 'cpu' or 'gpu'."""
+    import mlx.core as mx
+
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+
+
+def machine_key(device: str = "cpu", backend: str = "torch") -> str:
     """Coarse on purpose: baselines hold across machines of one kind, not one host."""
     name = accelerator(device).lower().replace(" ", "-")
+    if backend == "mlx":
+        name = f"mlx-{mlx_device()}"
     return f"{platform.system().lower()}-{platform.machine().lower()}-{name}"
 
 
-def fingerprint(device: str = "cpu") -> dict:
+def fingerprint(device: str = "cpu", backend: str = "torch") -> dict:
     return {
-        "key": machine_key(device),
+        "key": machine_key(device, backend),
+        "backend": backend,
         "os": f"{platform.system()} {platform.release()}",
         "arch": platform.machine(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": _memory_gib(),
-        "device": accelerator(device),
+        "device": f"mlx-{mlx_device()}" if backend == "mlx" else accelerator(device),
         "python": platform.python_version(),
         **{lib: _library_version(lib) for lib in LIBRARIES if _library_version(lib)},
+        **(_mlx_fields() if backend == "mlx" else {}),
     }
+
+
+def _mlx_fields() -> dict:
+    from kvbench.backends.mlx_backend import blas_info
+
+    return {"mlx_blas": blas_info()[0]}

@@ -70,6 +70,7 @@ class CaseResult(BaseModel):
     method_params: dict[str, Any]
     model: str | None = None
     device: str = "cpu"
+    backend: str = "torch"
     seed: int = 0
     status: Status
     metrics: dict[str, Metric] = Field(default_factory=dict)

@@ -87,10 +87,23 @@ def _deadline(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _seed_everything(seed: int) -> None:
+def _seed_everything(seed: int, backend: str = "torch") -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if backend == "mlx":
+        import mlx.core as mx
+
+        mx.random.seed(seed)
+
+
+def _device_name(device: torch.device, backend: str) -> str:
+    """What ran the case: the torch device, or MLX's default device (torch still makes data)."""
+    if backend == "mlx":
+        import mlx.core as mx
+
+        return f"mlx:{mx.default_device()}"
+    return str(device)
 
 
 class _ModelCache:
@@ -99,12 +112,17 @@ class _ModelCache:
     def __init__(self):
         self._loaded = {}
 
-    def __call__(self, spec: str, device: torch.device):
-        from kvbench.models import load_model
-
-        key = (spec, str(device))
+    def __call__(self, spec: str, device: torch.device, backend: str = "torch"):
+        key = (spec, str(device), backend)
         if key not in self._loaded:
-            self._loaded[key] = load_model(spec, device)
+            if backend == "mlx":
+                from kvbench.models.mlx_host import load_mlx_model
+
+                self._loaded[key] = load_mlx_model(spec)
+            else:
+                from kvbench.models import load_model
+
+                self._loaded[key] = load_model(spec, device)
         return self._loaded[key]
 
 
@@ -114,19 +132,20 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
     record = CaseResult(
         id=case.id, benchmark=case.benchmark, bench_params=case.bench_params,
         method=case.method, method_label=case.method_label, method_params=case.method_params,
-        model=case.model, device=case.device, seed=case.seed, status="ok", started=started,
+        model=case.model, device=case.device, backend=case.backend, seed=case.seed, status="ok",
+        started=started,
     )
     try:
         with _deadline(case.timeout_s):
-            _seed_everything(case.seed)
+            _seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
-            record.device = str(device)
+            record.device = _device_name(device, case.backend)
             benchmark = BENCHMARKS.get(case.benchmark)()
             params = benchmark.Params(**case.bench_params)
             method = build_method(case.method, case.method_params)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
-                load_model=load_model, status=progress.status,
+                load_model=load_model, status=progress.status, backend=case.backend,
             )
             output = benchmark.run(params, method, ctx)
         record.metrics, record.info, record.comparable = (
@@ -200,6 +219,7 @@ def run_suite(
     progress = progress or _Silent()
     cases = suite.cases if cases is None else cases
     device = cases[0].device if cases else "cpu"
+    backend = cases[0].backend if cases else "torch"
 
     finished: list[CaseResult] = []
     if resume and (out_dir / JSONL).exists():
@@ -208,7 +228,7 @@ def run_suite(
         _archive_previous(out_dir)
         header = RunHeader(
             kvbench_version=__version__, git_sha=git_sha(Path(suite.path).parent),
-            machine=fingerprint(str(resolve_device(device))),
+            machine=fingerprint(str(resolve_device(device)), backend),
             suite=SuiteRecord(
                 name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved
             ),

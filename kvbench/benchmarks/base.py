@@ -13,6 +13,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from kvbench.backends.arrays import ArrayBackend, array_backend
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.registry import Registry
@@ -39,8 +40,16 @@ class RunContext:
     seed: int
     repeats: int
     model: str | None  # the suite's model spec; load it with load_model
-    load_model: Callable[[str, torch.device], Any]  # cached across cases by the runner
+    # (spec, device, backend="torch") -> LoadedModel, or MLXLoaded on mlx; cached by the runner
+    load_model: Callable[..., Any]
     status: Callable[[str], None] = lambda message: None  # progress text for the current case
+    backend: str = "torch"
+
+    @property
+    def arrays(self) -> ArrayBackend:
+        """The backend's arrays: conversions, synchronised timing, a plain copy, the method's
+        implementation on it."""
+        return array_backend(self.backend, self.device)
 
 
 @dataclass
@@ -56,6 +65,7 @@ class Benchmark(ABC):
     Params: ClassVar[type]
     metrics: ClassVar[dict[str, MetricSpec]]
     uses_model: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
 
     def resolve_paths(self, params: Any, base_dir: Path) -> Any:
         """Params with file parameters made absolute against the suite's folder."""

@@ -1,10 +1,11 @@
 """`perplexity`: the continuation is scored through the method's cache, never around it.
 
-Protocol: prefill `context` tokens through a KVBenchCache built from the method (one forward),
-call end_prefill() (compaction methods compress here), then decode the continuation through the
-same cache `decode_chunk` tokens at a time. Token i is scored from the logits at position i-1; the
-first continuation token from the prefill's last logits. The reference is the same protocol with
-a plain transformers DynamicCache on the same tokens.
+Protocol: prefill `context` tokens through the method's cache (a KVBenchCache on torch, its twin
+on mlx-lm) in one forward, call end_prefill() (compaction methods compress here), then decode the
+continuation through the same cache `decode_chunk` tokens at a time. Token i is scored from the
+logits at position i-1; the first continuation token from the prefill's last logits. The
+reference is the same protocol with the plain cache (transformers DynamicCache, mlx-lm KVCache)
+on the same tokens and backend.
 """
 from __future__ import annotations
 
@@ -16,9 +17,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
-
-from kvbench.backends.torch_backend import timed
 from kvbench.benchmarks.base import (
     Benchmark,
     BenchmarkOutput,
@@ -26,13 +24,18 @@ from kvbench.benchmarks.base import (
     RunContext,
     register_benchmark,
 )
-from kvbench.data.text import load_text, parse_hf_source, tokens_sha256
+from kvbench.data.text import (
+    check_text,
+    parse_hf_source,
+    resolve_text,
+    token_window,
+    tokens_sha256,
+)
 from kvbench.methods.base import Method
-from kvbench.models.hf_cache import KVBenchCache
+from kvbench.models.session import Session, open_session
 from kvbench.models.info import ModelInfo
 
-# Both memos live for the process: every case of a run shares one tokenization and one reference.
-_TOKENS: dict[tuple[str, str], list[int]] = {}
+# Lives for the process: every case of a run shares one reference per token window.
 _REFERENCE: dict[tuple, float] = {}
 
 
@@ -79,6 +82,7 @@ class Perplexity(Benchmark):
 
     Params = PerplexityParams
     uses_model = True
+    backends = ("torch", "mlx")
     metrics = {
         "perplexity": MetricSpec("ppl", "lower", "exp(mean NLL) of the continuation via the cache"),
         "ppl_reference": MetricSpec("ppl", "none", "the plain model (DynamicCache), same tokens"),
@@ -95,14 +99,10 @@ class Perplexity(Benchmark):
     }
 
     def resolve_paths(self, params: PerplexityParams, base_dir: Path) -> PerplexityParams:
-        if params.text == "pydoc" or params.text.startswith("hf:"):
-            return params
-        path = Path(params.text).expanduser()
-        return dataclasses.replace(params, text=str(path if path.is_absolute() else base_dir / path))
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
 
     def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
-        if not (params.text == "pydoc" or params.text.startswith("hf:") or Path(params.text).is_file()):
-            raise ValueError(f"text file {params.text!r} does not exist")
+        check_text(params.text)
         if model is None:
             raise ValueError("perplexity needs a model; set the suite's model")
         total = params.context + params.continuation
@@ -113,27 +113,24 @@ class Perplexity(Benchmark):
             )
 
     def run(self, params: PerplexityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
-        if ctx.model is None:
-            raise ValueError("perplexity needs a model; set the suite's model")
-        loaded = ctx.load_model(ctx.model, ctx.device)
-        window, calibration = _windows(loaded, params)
+        session = open_session(ctx)
+        window, calibration = _windows(session, params)
         sha = tokens_sha256(window)
-        ids = torch.tensor([window], device=ctx.device)
-        model = loaded.model
 
-        key = (loaded.spec, sha, params.context, params.decode_chunk, str(ctx.device))
+        key = (session.spec, sha, params.context, params.decode_chunk, str(ctx.device),
+               ctx.backend)
         if key not in _REFERENCE:
             ctx.status("reference")
-            _REFERENCE[key] = _run_pass(model, ids, params, DynamicCache(config=model.config)).ppl
+            _REFERENCE[key] = _run_pass(session, window, params, session.new_cache(None)).ppl
         reference = _REFERENCE[key]
 
         ctx.status("calibrate")
-        method.calibrate(loaded, calibration)
+        session.calibrate(method, calibration)
         passes, cache = [], None
         for _ in range(ctx.repeats):
             torch.manual_seed(ctx.seed)  # methods drawing random rotations draw the same ones
-            cache = KVBenchCache(method, loaded.num_layers)
-            passes.append(_run_pass(model, ids, params, cache, ctx.status))
+            cache = session.new_cache(method)
+            passes.append(_run_pass(session, window, params, cache, ctx.status))
         ppl = passes[0].ppl
         if any(not math.isclose(p.ppl, ppl, rel_tol=1e-6) for p in passes):
             # Fresh caches on the same tokens must agree; otherwise state leaks between runs.
@@ -142,7 +139,7 @@ class Perplexity(Benchmark):
         kv_bytes = cache.accounted_bytes()
         # Against every token seen, so a method that evicts is credited with what it dropped.
         seen = sum(policy.seen_tokens for policy in cache.policies)
-        bytes_16bit = 2 * 2 * loaded.num_kv_heads * loaded.head_dim * seen
+        bytes_16bit = 2 * 2 * session.num_kv_heads * session.head_dim * seen
         decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
         m = self.metrics
         counters = cache.counters()
@@ -172,47 +169,28 @@ class Perplexity(Benchmark):
                 "text": params.text,
                 **counters,
             },
-            comparable={"tokens_sha256": sha, "model": loaded.spec},
+            comparable={"tokens_sha256": sha, "model": session.spec},
         )
 
 
-def _windows(loaded, params: PerplexityParams) -> tuple[list[int], list[int]]:
+def _windows(session, params: PerplexityParams) -> tuple[list[int], list[int]]:
     """The context + continuation tokens the case scores, and the calibration tokens after them
     (as many of `params.calibration` as the text has)."""
-    key = (loaded.spec, params.text)
-    if key not in _TOKENS:
-        _TOKENS[key] = loaded.tokenizer.encode(load_text(params.text, None))
-    tokens = _TOKENS[key]
-    need = params.context + params.continuation
-    if params.offset + need > len(tokens):
-        raise ValueError(
-            f"text {params.text!r} has {len(tokens)} tokens; offset + context + continuation ="
-            f" {params.offset} + {params.context} + {params.continuation} needs"
-            f" {params.offset + need}"
-        )
-    end = params.offset + need
-    return tokens[params.offset : end], tokens[end : end + params.calibration]
+    window, after = token_window(session, params.text, params.offset,
+                                 params.context + params.continuation)
+    return window, after[: params.calibration]
 
 
-@torch.inference_mode()
 def _run_pass(
-    model, ids: torch.Tensor, params: PerplexityParams, cache,
+    session: Session, window: list[int], params: PerplexityParams, cache,
     status: Callable[[str], None] = lambda message: None,
 ) -> _Pass:
-    """Prefill, end_prefill (KVBenchCache only), then decode and score through `cache`."""
-    context, total, chunk = params.context, ids.shape[1], params.decode_chunk
-
-    def prefill():
-        logits = model(
-            ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1
-        ).logits
-        if isinstance(cache, KVBenchCache):
-            cache.end_prefill()
-        return logits
-
+    """Prefill, end_prefill, then decode and score through `cache`."""
+    context, total, chunk = params.context, len(window), params.decode_chunk
     status("prefill")
-    logits, prefill_s = timed(prefill, ids.device)
-    nll = _nll_sum(logits[:, -1:], ids[:, context : context + 1])
+    logits, prefill_s = session.step(window[:context], cache, last_only=True)
+    prefill_s += session.end_prefill(cache)
+    nll = _nll_sum(logits, window[context : context + 1])
 
     # The last token is only scored, never fed: its logits are not needed.
     starts = range(context, total - 1, chunk)
@@ -220,15 +198,11 @@ def _run_pass(
     for i, start in enumerate(starts):
         status(f"decode {i + 1}/{len(starts)}")
         end = min(start + chunk, total - 1)
-        logits, seconds = timed(
-            lambda: model(ids[:, start:end], past_key_values=cache, use_cache=True).logits,
-            ids.device,
-        )
+        logits, seconds = session.step(window[start:end], cache)
         decode_s += seconds
-        nll += _nll_sum(logits, ids[:, start + 1 : end + 1])
+        nll += _nll_sum(logits, window[start + 1 : end + 1])
     return _Pass(ppl=math.exp(nll / (total - context)), prefill_s=prefill_s, decode_s=decode_s)
 
 
-def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    flat = logits.reshape(-1, logits.shape[-1]).float()
-    return F.cross_entropy(flat, targets.reshape(-1), reduction="sum").item()
+def _nll_sum(logits: torch.Tensor, targets: list[int]) -> float:
+    return F.cross_entropy(logits.double(), torch.tensor(targets), reduction="sum").item()

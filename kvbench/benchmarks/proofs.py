@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from kvbench.backends.torch_backend import DTYPES, timed
+from kvbench.backends.torch_backend import DTYPES
 from kvbench.benchmarks.base import (
     Benchmark,
     BenchmarkOutput,
@@ -63,8 +63,9 @@ class ProofsParams:
 
 
 def _time_ms(fn, ctx: RunContext) -> list[float]:
-    """ctx.repeats wall times of fn() in ms, the device drained before each clock read."""
-    return [timed(fn, ctx.device)[1] * 1e3 for _ in range(ctx.repeats)]
+    """ctx.repeats wall times of fn() in ms, the work finished before each clock read."""
+    arrays = ctx.arrays
+    return [arrays.timed(fn)[1] * 1e3 for _ in range(ctx.repeats)]
 
 
 def _sha256(*tensors: torch.Tensor) -> str:
@@ -127,6 +128,7 @@ class Proofs(Benchmark):
     Params = ProofsParams
     # Synthetic data needs no model; check() refuses data "captured" when the suite names none.
     uses_model = False
+    backends = ("torch", "mlx")
     metrics = {
         "compression_ratio": MetricSpec("x", "higher", "16-bit bytes of K and V / codec bytes"),
         "bits_per_value": MetricSpec("bits", "lower", "8 * codec bytes / values, K and V"),
@@ -153,7 +155,8 @@ class Proofs(Benchmark):
             )
 
     def run(self, params: ProofsParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
-        key_codec, value_codec = method.key_codec(), method.value_codec()
+        implementation = ctx.arrays.implementation(method)
+        key_codec, value_codec = implementation.key_codec(), implementation.value_codec()
         if key_codec is None or value_codec is None:
             raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec")
         dtype = DTYPES[params.dtype]
@@ -206,15 +209,19 @@ class Proofs(Benchmark):
         self, key_codec: Codec, value_codec: Codec, keys: torch.Tensor, values: torch.Tensor,
         data: _Data, ctx: RunContext,
     ) -> BenchmarkOutput:
-        packed_k, packed_v = key_codec.encode(keys), value_codec.encode(values)
+        arrays = ctx.arrays
+        keys_in, values_in = arrays.from_torch(keys), arrays.from_torch(values)
+        (packed_k, packed_v), _ = arrays.timed(
+            lambda: (key_codec.encode(keys_in), value_codec.encode(values_in)))
         nbytes = key_codec.nbytes(packed_k) + value_codec.nbytes(packed_v)
         numel = keys.numel() + values.numel()
-        encode_ms = _time_ms(lambda: (key_codec.encode(keys), value_codec.encode(values)), ctx)
+        encode_ms = _time_ms(lambda: (key_codec.encode(keys_in), value_codec.encode(values_in)),
+                             ctx)
         decode_ms = _time_ms(lambda: (key_codec.decode(packed_k), value_codec.decode(packed_v)), ctx)
 
         k, v = keys.cpu().double(), values.cpu().double()
-        k_hat = key_codec.decode(packed_k).cpu().double()
-        v_hat = value_codec.decode(packed_v).cpu().double()
+        k_hat = arrays.to_torch(key_codec.decode(packed_k)).double()
+        v_hat = arrays.to_torch(value_codec.decode(packed_v)).double()
         original, decoded = torch.cat([k, v], dim=-2), torch.cat([k_hat, v_hat], dim=-2)
         q = data.queries.cpu().double()
         logits, logits_hat = _logits(q, k, data.visible), _logits(q, k_hat, data.visible)

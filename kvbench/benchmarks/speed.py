@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from kvbench.backends.torch_backend import DTYPES, timed
+from kvbench.backends.torch_backend import DTYPES
 from kvbench.benchmarks.base import (
     Benchmark,
     BenchmarkOutput,
@@ -91,20 +91,13 @@ def decoded_shape(parts: list[torch.Tensor]) -> list[int]:
     return [*parts[0].shape[:-2], sum(p.shape[-2] for p in parts), parts[0].shape[-1]]
 
 
-def _copy(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x).copy_(x)
-
-
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 @register_benchmark("speed")
 class Speed(Benchmark):
     """Encode and decode throughput of a method's codec, and its ratio to a memory copy of the
     same bytes measured in the same repeat. Needs a method with a codec."""
 
     Params = SpeedParams
+    backends = ("torch", "mlx")
     metrics = {
         "encode_vectors_s": MetricSpec("vectors/s", "higher", "vectors encoded per second",
                                        timed=True),
@@ -134,7 +127,9 @@ class Speed(Benchmark):
             )
 
     def run(self, params: SpeedParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
-        codecs = (method.key_codec(), method.value_codec())
+        arrays = ctx.arrays
+        implementation = arrays.implementation(method)
+        codecs = (implementation.key_codec(), implementation.value_codec())
         if None in codecs:
             raise ValueError(f"speed needs a codec method; {method.name!r} has no codec")
         n, dim = params.n_vectors, params.dim
@@ -143,7 +138,7 @@ class Speed(Benchmark):
                 raise ValueError(f"chunk: {params.chunk} is not a multiple of the codec's token "
                                  f"block of {codec.token_block} (its groups span tokens)")
         x = make_vectors(params.data, n, dim, params.data_seed).reshape(1, 1, n, dim)
-        x = x.to(ctx.device, DTYPES[params.dtype])
+        x = arrays.from_torch(x.to(ctx.device, DTYPES[params.dtype]))
         # The first half goes through the key codec, the rest through the value codec: the same
         # work as one pass when they are one codec, and each counted when they differ (KIVI).
         halves = (x[..., : n // 2, :], x[..., n // 2 :, :])
@@ -156,21 +151,21 @@ class Speed(Benchmark):
             return [t for (c, _), parts in zip(pairs, packed) for t in decode_chunks(c, parts)]
 
         for _ in range(params.warmup):
-            decode(encode())
-            _copy(x)
+            arrays.timed(lambda: decode(encode()))
+            arrays.timed(partial(arrays.copy, x))
 
         seconds: dict[str, list[float]] = {"encode": [], "decode": [], "memcpy": []}
         for _ in range(ctx.repeats):
-            packed, t = timed(encode, ctx.device)
+            packed, t = arrays.timed(encode)
             seconds["encode"].append(t)
-            decoded, t = timed(partial(decode, packed), ctx.device)
+            decoded, t = arrays.timed(partial(decode, packed))
             seconds["decode"].append(t)
-            seconds["memcpy"].append(timed(partial(_copy, x), ctx.device)[1])
+            seconds["memcpy"].append(arrays.timed(partial(arrays.copy, x))[1])
         # A speed taken on the wrong output means nothing: decode must give back the input.
         if decoded_shape(decoded) != list(x.shape):
             raise RuntimeError(f"decode gave shape {decoded_shape(decoded)}, not {list(x.shape)}")
 
-        in_bytes, out_bytes = _nbytes([x]), _nbytes(decoded)
+        in_bytes, out_bytes = arrays.nbytes(x), sum(arrays.nbytes(t) for t in decoded)
         nbytes = sum(c.nbytes(p) for (c, _), parts in zip(pairs, packed) for p in parts)
         encode_gb = [in_bytes / t / 1e9 for t in seconds["encode"]]
         decode_gb = [out_bytes / t / 1e9 for t in seconds["decode"]]
@@ -192,7 +187,8 @@ class Speed(Benchmark):
             metrics=metrics,
             info={
                 "layout": method.layout(), "n": n, "dim": dim, "dtype": params.dtype,
-                "decoded_shape": decoded_shape(decoded), "torch_threads": torch.get_num_threads(),
+                "decoded_shape": decoded_shape(decoded), "backend": arrays.name,
+                "torch_threads": torch.get_num_threads(),
             },
             comparable={"data": params.data, "shape": f"{n}x{dim}", "dtype": params.dtype,
                         "data_seed": str(params.data_seed)},

@@ -66,3 +66,33 @@ def _hf_text(source: str) -> str:
 def tokens_sha256(ids: list[int]) -> str:
     """Identifies a token sequence: results over different tokens are not comparable."""
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+
+
+# Every case of a run shares one tokenization per (model, text).
+_TOKENS: dict[tuple[str, str], list[int]] = {}
+
+
+def token_window(session, text: str, offset: int, need: int) -> tuple[list[int], list[int]]:
+    """`need` tokens of `text` from `offset` as the session's tokenizer cuts them, and all the
+    tokens after them (calibration material that is never the scored text)."""
+    key = (session.spec, text)
+    if key not in _TOKENS:
+        _TOKENS[key] = session.tokenizer.encode(load_text(text, None))
+    tokens = _TOKENS[key]
+    if offset + need > len(tokens):
+        raise ValueError(f"text {text!r} has {len(tokens)} tokens; offset + the tokens needed ="
+                         f" {offset} + {need} = {offset + need}")
+    return tokens[offset : offset + need], tokens[offset + need :]
+
+
+def resolve_text(text: str, base_dir: Path) -> str:
+    """A text file named in a suite is relative to the suite's folder; pydoc and hf: stay."""
+    if text == "pydoc" or text.startswith("hf:"):
+        return text
+    path = Path(text).expanduser()
+    return str(path if path.is_absolute() else base_dir / path)
+
+
+def check_text(text: str) -> None:
+    if not (text == "pydoc" or text.startswith("hf:") or Path(text).is_file()):
+        raise ValueError(f"text file {text!r} does not exist")

@@ -86,7 +86,11 @@ class _Group:
 
 class AdaptiveCache(LayerCachePolicy):
     """One layer: the KV heads at each width go through one cache of the base method built at that
-    width, the heads given to it in order; attention_inputs puts every head back in its place."""
+    width, the heads given to it in order; attention_inputs puts every head back in its place.
+
+    `variants` are {bits: method} with new_layer_cache(); the array operations are _select and
+    _place (torch here), which kvbench.methods.mlx.adaptive overrides to run this same logic on
+    mx.array with the base's MLX caches."""
 
     def __init__(self, variants: dict[int, Method], head_bits: list[int] | None, base_bits: int,
                  layer_idx: int):
@@ -140,10 +144,15 @@ class AdaptiveCache(LayerCachePolicy):
         parts = [group.policy.attention_inputs() for group in self.groups]
         if len(parts) == 1:
             return parts[0]
-        k0 = parts[0][0]
         tokens = {k.shape[-2] for k, _, _ in parts}
         if len(tokens) != 1:
             raise RuntimeError(f"layer {self.layer_idx}: head groups keep {sorted(tokens)} tokens")
+        return self._place(parts)
+
+    def _place(self, parts):
+        """Every group's (keys, values, bias or None) put back at its heads' places; a group
+        without a bias gets zeros where another group has one."""
+        k0 = parts[0][0]
         heads = len(self.head_bits)
         keys = k0.new_empty(k0.shape[0], heads, k0.shape[-2], k0.shape[-1])
         values = parts[0][1].new_empty(k0.shape[0], heads, k0.shape[-2], parts[0][1].shape[-1])
@@ -250,6 +259,10 @@ class Adaptive(Method):
     def widths(self) -> list[int]:
         """The widths the base accepts with base_params, among 1..8."""
         return sorted(self._variants)
+
+    def variant(self, bits: int) -> Method:
+        """The base method built with base_params at `bits` (one of widths())."""
+        return self._variants[bits]
 
     def calibrate(self, model: Any, tokens: list[int]) -> None:
         """Sets every head's width from attention entropy on `tokens`; `model` is a LoadedModel

@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,20 +38,22 @@ class _Segment:
         return self.start + self.tokens - 1
 
 
-def _decode(codec: Codec, parts: list[Packed], dtype: torch.dtype) -> list[torch.Tensor]:
-    merged = codec.merge(parts) if len(parts) > 1 else None
-    return [codec.decode(p).to(dtype) for p in ([merged] if merged is not None else parts)]
-
-
 class DecayCache(LayerCachePolicy):
     """One layer under temporal decay. Tokens arrive raw; once `segment` of them lie beyond the
     newest `window`, the oldest `segment` are packed as one segment at the width their score gives.
     After every append each segment's score is taken again: a segment whose width fell is decoded
     and re-encoded at the new width (never upward); one whose score fell below `evict_below` is
-    dropped, but only at a one-token append or at end_prefill (see `Decay`)."""
+    dropped, but only at a one-token append or at end_prefill (see `Decay`).
 
-    def __init__(self, method: Decay):
+    The schedule (score, bits_for, window, segment, evict_below) is `method`'s; the codecs at each
+    width come from `codecs` (default: method.codecs). The array operations are the static
+    methods below; kvbench.methods.mlx.decay runs this same logic on mx.array by overriding them
+    and passing the MLX codecs."""
+
+    def __init__(self, method: Decay,
+                 codecs: Callable[[int], tuple[Codec, Codec]] | None = None):
         self.method = method
+        self.codecs = codecs or method.codecs
         self.segments: list[_Segment] = []
         self.raw_k: torch.Tensor | None = None
         self.raw_v: torch.Tensor | None = None
@@ -67,8 +69,8 @@ class DecayCache(LayerCachePolicy):
         if self.raw_k is None:
             self.raw_k, self.raw_v = keys, values
         else:
-            self.raw_k = torch.cat([self.raw_k, keys], dim=-2)
-            self.raw_v = torch.cat([self.raw_v, values], dim=-2)
+            self.raw_k = self._concat([self.raw_k, keys])
+            self.raw_v = self._concat([self.raw_v, values])
         self._seen += keys.shape[-2]
         self._pack()
         # A multi-token step attends through a causal mask sized before it, to every key kept:
@@ -89,16 +91,16 @@ class DecayCache(LayerCachePolicy):
         for offset in range(0, spill, m.segment):
             start = first + offset
             bits = m.bits_for(m.score(self._seen - 1 - (start + m.segment - 1), self._seen))
-            key_codec, value_codec = m.codecs(bits)
+            key_codec, value_codec = self.codecs(bits)
             part = slice(offset, offset + m.segment)
             self.segments.append(_Segment(
                 start, m.segment, bits,
                 key_codec.encode(self.raw_k[..., part, :]),
                 value_codec.encode(self.raw_v[..., part, :]),
             ))
-        # clone() so the kept tail does not pin the storage of what was packed
-        self.raw_k = self.raw_k[..., spill:, :].clone()
-        self.raw_v = self.raw_v[..., spill:, :].clone()
+        # a copy, so the kept tail does not pin the storage of what was packed
+        self.raw_k = self._copy(self.raw_k[..., spill:, :])
+        self.raw_v = self._copy(self.raw_v[..., spill:, :])
 
     def _decay(self, evict: bool) -> None:
         m = self.method
@@ -110,8 +112,8 @@ class DecayCache(LayerCachePolicy):
                 continue
             bits = m.bits_for(score)
             if bits < seg.bits:
-                old_keys, old_values = m.codecs(seg.bits)
-                new_keys, new_values = m.codecs(bits)
+                old_keys, old_values = self.codecs(seg.bits)
+                new_keys, new_values = self.codecs(bits)
                 seg.keys = new_keys.encode(old_keys.decode(seg.keys))
                 seg.values = new_values.encode(old_values.decode(seg.values))
                 seg.bits = bits
@@ -126,11 +128,16 @@ class DecayCache(LayerCachePolicy):
         # them (a temporary: the cache keeps holding the segments themselves).
         for bits, run in itertools.groupby(self.segments, key=lambda seg: seg.bits):
             run = list(run)
-            key_codec, value_codec = self.method.codecs(bits)
-            keys.extend(_decode(key_codec, [seg.keys for seg in run], dtype))
-            values.extend(_decode(value_codec, [seg.values for seg in run], dtype))
-        keys = torch.cat([*keys, self.raw_k], dim=-2)
-        return keys, torch.cat([*values, self.raw_v], dim=-2), None
+            key_codec, value_codec = self.codecs(bits)
+            keys.extend(self._decode(key_codec, [seg.keys for seg in run], dtype))
+            values.extend(self._decode(value_codec, [seg.values for seg in run], dtype))
+        keys = self._concat([*keys, self.raw_k])
+        return keys, self._concat([*values, self.raw_v]), None
+
+    def _decode(self, codec: Codec, parts: list[Packed], dtype) -> list:
+        merged = codec.merge(parts) if len(parts) > 1 else None
+        return [self._cast(codec.decode(p), dtype)
+                for p in ([merged] if merged is not None else parts)]
 
     @property
     def seen_tokens(self) -> int:
@@ -144,14 +151,14 @@ class DecayCache(LayerCachePolicy):
     def retained_bytes(self) -> int:
         packed = 0
         for seg in self.segments:
-            key_codec, value_codec = self.method.codecs(seg.bits)
+            key_codec, value_codec = self.codecs(seg.bits)
             packed += key_codec.nbytes(seg.keys) + value_codec.nbytes(seg.values)
-        return packed + tensor_bytes(self.raw_k, self.raw_v)
+        return packed + self._nbytes(self.raw_k, self.raw_v)
 
     def measured_bytes(self) -> int:
         held = [t for seg in self.segments
                 for t in (*seg.keys.tensors.values(), *seg.values.tensors.values())]
-        return storage_bytes(*held, self.raw_k, self.raw_v)
+        return self._held_bytes(*held, self.raw_k, self.raw_v)
 
     def segment_bits(self) -> list[int]:
         """The width of each segment held, oldest first."""
@@ -161,6 +168,28 @@ class DecayCache(LayerCachePolicy):
         # tokens_requantized counts each re-encoding: a token taken 4 -> 3 -> 2 bits counts twice.
         return {"tokens_evicted": float(self.tokens_evicted),
                 "tokens_requantized": float(self.tokens_requantized)}
+
+    # Array operations (torch here; the MLX cache overrides them).
+
+    @staticmethod
+    def _concat(arrays: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(arrays, dim=-2)  # along tokens
+
+    @staticmethod
+    def _copy(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return x.to(dtype)
+
+    @staticmethod
+    def _nbytes(*arrays: torch.Tensor | None) -> int:
+        return tensor_bytes(*arrays)
+
+    @staticmethod
+    def _held_bytes(*arrays: torch.Tensor | None) -> int:
+        return storage_bytes(*arrays)
 
 
 @register_method("decay")
@@ -256,6 +285,7 @@ class Decay(Method):
             raise ValueError("base_params: window is the base cache's full-precision window,"
                              " which decay does not use; set decay's own window")
         self._widths = sorted(variants)
+        self._variants = variants
         self._codecs: dict[int, tuple[Codec, Codec]] = {}
         for bits, variant in variants.items():
             keys, values = variant.key_codec(), variant.value_codec()
@@ -282,6 +312,10 @@ class Decay(Method):
 
     def codecs(self, bits: int) -> tuple[Codec, Codec]:
         return self._codecs[bits]
+
+    def variant(self, bits: int) -> Method:
+        """The base method built with base_params at `bits` (one of widths())."""
+        return self._variants[bits]
 
     def widths(self) -> list[int]:
         """The widths used: those the base accepts between min_bits and base_bits."""

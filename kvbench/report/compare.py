@@ -9,7 +9,8 @@ from kvbench.results import Metric, RunResult
 from kvbench.suite.case import Tolerance
 
 # Fingerprint keys worth seeing next to each other; the full fingerprint is in each report.
-SIDE_FIELDS = ("cpu", "cores", "memory", "gpu", "device", "backend", "os", "python", "torch")
+SIDE_FIELDS = ("cpu", "cores", "memory", "gpu", "device", "backend", "os", "python", "torch",
+               "mlx", "mlx_blas")
 
 MARKS = {
     "regression": "worse", "improvement": "better",

@@ -40,6 +40,7 @@ class Case:
     seed: int
     repeats: int
     timeout_s: float | None
+    backend: str = "torch"
     claims: list[Claim] = field(default_factory=list)
 
 

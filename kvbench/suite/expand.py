@@ -66,6 +66,8 @@ def expand_cases(
     Problems go to `issues`; the cases of a broken entry are left out.
     """
     variants = _method_variants(methods, issues)
+    if defaults.backend == "mlx":
+        _check_mlx_methods(variants, issues)
     describe = _ModelDescriber(issues)
     cases: list[Case] = []
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
@@ -140,6 +142,34 @@ def _method_variants(methods: list[Placed[MethodEntry]], issues: Issues) -> list
     return variants
 
 
+def _check_mlx_methods(variants: list[_Variant], issues: Issues) -> None:
+    """Every method must have an MLX implementation (and MLX must be installed)."""
+    if not variants:
+        return
+    try:
+        import kvbench.methods.mlx  # noqa: F401 - registers the MLX implementations
+        from kvbench.methods.mlx.base import has_mlx
+    except ImportError as exc:
+        first = variants[0].entry
+        issues.add(first.doc, ("defaults", "backend"), f"backend 'mlx' needs MLX ({exc})",
+                   "pip install 'kvbench[mlx]' (on Linux: mlx[cpu]), or use backend: torch")
+        return
+    seen = set()
+    for variant in variants:
+        entry = variant.entry
+        if entry.path in seen:
+            continue
+        seen.add(entry.path)
+        try:
+            cls = METHODS.get(entry.value.name)
+        except LookupError:
+            continue  # reported already
+        if not has_mlx(cls):
+            issues.add(entry.doc, entry.at("name"),
+                       f"method {entry.value.name!r} has no MLX implementation",
+                       "run it with backend: torch")
+
+
 def _select(bench: Placed[BenchmarkEntry], variants: list[_Variant], issues: Issues):
     """The method variants a benchmark runs, in the suite's method order."""
     selectors = bench.value.methods
@@ -167,6 +197,11 @@ def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults
     ids = [f"{entry.kind}/{v.label}{s}" for s in suffixes for v in chosen]
     _check_scopes(bench, claims, ids, issues)
     if cls is None:
+        return []
+    if defaults.backend not in cls.backends:
+        issues.add(bench.doc, bench.at("kind"),
+                   f"benchmark {entry.kind!r} does not run on backend {defaults.backend!r}",
+                   f"it runs on: {', '.join(cls.backends)}")
         return []
     model = Placed(entry.model, bench.doc, bench.at("model")) if entry.model else default_model
     info, model_ok = describe(model) if model else (None, not cls.uses_model)
@@ -199,6 +234,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults
                 seed=_first(entry.seed, defaults.seed),
                 repeats=_first(entry.repeats, defaults.repeats),
                 timeout_s=_first(entry.timeout_s, defaults.timeout_s),
+                backend=defaults.backend,
                 claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
                 + [c.value for c, pattern, _ in claims
                    if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],

@@ -62,6 +62,8 @@ class Defaults(_Strict):
         None, description="bundled:NAME | checkpoint path (relative to the suite file) | "
                           "tiny:llama | tiny:qwen3 | hub id")
     device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
+    backend: Literal["torch", "mlx"] = Field(
+        "torch", description="torch (CPU/CUDA/MPS by device) or mlx (MLX, models on mlx-lm)")
     seed: int = 0
     repeats: int = Field(1, ge=1)
     timeout_s: float | None = Field(900, gt=0, description="per case; null: no limit")

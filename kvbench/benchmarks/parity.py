@@ -1,0 +1,129 @@
+"""`parity`: does incremental decode through the method's cache give what a full recompute of the
+same sequence gives?
+
+Prefill `context` tokens (any length) through the cache, end_prefill, then decode `steps` tokens
+greedily, one at a time through the cache. Then run the plain model once over the whole sequence
+(no cache) and compare its logits at the same positions. A lossless method must match to float
+tolerance and pick the same tokens (this is where wrong RoPE positions, masks or cache order
+show); a lossy one reports how far each step diverges.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvbench.benchmarks.base import (
+    Benchmark,
+    BenchmarkOutput,
+    MetricSpec,
+    RunContext,
+    register_benchmark,
+)
+from kvbench.data.text import (
+    check_text,
+    parse_hf_source,
+    resolve_text,
+    token_window,
+    tokens_sha256,
+)
+from kvbench.methods.base import Method
+from kvbench.models.info import ModelInfo
+from kvbench.models.session import open_session
+
+
+@dataclass
+class ParityParams:
+    """Parameters of the parity benchmark.
+
+    context: int = 100 — prompt tokens prefilled before decoding (any length >= 1).
+    steps: int = 16 — tokens decoded one at a time through the cache (>= 1).
+    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
+    offset: int = 0 — token offset into the tokenised text.
+    calibration: int = 512 — tokens after the prompt, for methods that calibrate.
+    """
+
+    context: int = 100
+    steps: int = 16
+    text: str = "pydoc"
+    offset: int = 0
+    calibration: int = 512
+
+    def __post_init__(self):
+        for name, low in (("context", 1), ("steps", 1), ("offset", 0), ("calibration", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+        if self.text.startswith("hf:"):
+            parse_hf_source(self.text)
+
+
+@register_benchmark("parity")
+class Parity(Benchmark):
+    """Incremental decode through the cache against a full recompute of the same sequence."""
+
+    Params = ParityParams
+    uses_model = True
+    backends = ("torch", "mlx")
+    metrics = {
+        "max_logit_diff": MetricSpec("logit", "lower", "max |logit_cached - logit_full|, all steps"),
+        "mean_kl": MetricSpec("nats", "lower", "mean over steps of KL(full || cached)"),
+        "max_kl": MetricSpec("nats", "lower", "largest KL(full || cached) of any step"),
+        "greedy_agreement": MetricSpec(
+            "", "higher", "fraction of steps where the full recompute picks the cached token"),
+        "first_divergence": MetricSpec(
+            "steps", "higher", "steps before the full recompute first picks another token"),
+    }
+
+    def resolve_paths(self, params: ParityParams, base_dir: Path) -> ParityParams:
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+
+    def check(self, params: ParityParams, model: ModelInfo | None) -> None:
+        check_text(params.text)
+        if model is None:
+            raise ValueError("parity needs a model; set the suite's model")
+        total = params.context + params.steps
+        if model.max_context is not None and total > model.max_context:
+            raise ValueError(f"context + steps = {total} tokens is above the"
+                             f" {model.max_context} that model {model.spec} is good for")
+
+    def run(self, params: ParityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
+        session = open_session(ctx)
+        prompt, after = token_window(session, params.text, params.offset, params.context)
+        session.calibrate(method, after[: params.calibration])
+        torch.manual_seed(ctx.seed)
+
+        ctx.status("cached decode")
+        cache = session.new_cache(method)
+        logits, _ = session.step(prompt, cache, last_only=True)
+        session.end_prefill(cache)
+        rows, tokens = [logits[-1]], [int(logits[-1].argmax())]
+        while len(tokens) < params.steps:
+            logits, _ = session.step(tokens[-1:], cache)
+            rows.append(logits[-1])
+            tokens.append(int(logits[-1].argmax()))
+        cached = torch.stack(rows).double()
+
+        ctx.status("full recompute")
+        full = session.full_logits(prompt + tokens[:-1], last=params.steps).double()
+        log_full, log_cached = full.log_softmax(-1), cached.log_softmax(-1)
+        kl = (log_full.exp() * (log_full - log_cached)).sum(-1)
+        agree = [int(row.argmax()) == token for row, token in zip(full, tokens)]
+        first = agree.index(False) if False in agree else len(agree)
+        m = self.metrics
+        return BenchmarkOutput(
+            metrics={
+                "max_logit_diff": m["max_logit_diff"].of(float((cached - full).abs().max())),
+                "mean_kl": m["mean_kl"].of(float(kl.mean())),
+                "max_kl": m["max_kl"].of(float(kl.max())),
+                "greedy_agreement": m["greedy_agreement"].of(sum(agree) / len(agree)),
+                "first_divergence": m["first_divergence"].of(first),
+            },
+            info={
+                "layout": method.layout(),
+                "kl_per_step": [round(float(x), 6) for x in kl],
+                "tokens": tokens,
+            },
+            comparable={"tokens_sha256": tokens_sha256(prompt), "model": session.spec},
+        )

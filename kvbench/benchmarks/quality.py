@@ -1,0 +1,174 @@
+"""`quality`: how far the method's cache moves the model's next-token distributions and its greedy
+text, against the uncompressed model on the same tokens and backend.
+
+Teacher-forced part: prefill `context` tokens through the cache, end_prefill, then feed the
+`continuation` tokens one at a time; at every position compare the next-token distribution with
+the plain cache's on the same tokens: top-k overlap, KL both ways over the full vocabulary, top-1
+agreement. Greedy part: from a fresh prefill of the same context, generate `greedy_tokens` tokens
+with each cache and compare them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvbench.benchmarks.base import (
+    Benchmark,
+    BenchmarkOutput,
+    MetricSpec,
+    RunContext,
+    register_benchmark,
+)
+from kvbench.data.text import (
+    check_text,
+    parse_hf_source,
+    resolve_text,
+    token_window,
+    tokens_sha256,
+)
+from kvbench.methods.base import Method
+from kvbench.models.info import ModelInfo
+from kvbench.models.session import Session, open_session
+
+# The reference's logits and greedy tokens per token window: every method of a run shares them.
+_REFERENCE: dict[tuple, tuple[torch.Tensor, list[int]]] = {}
+
+
+@dataclass
+class QualityParams:
+    """Parameters of the quality benchmark.
+
+    context: int = 512 — prompt tokens prefilled into the cache.
+    continuation: int = 64 — teacher-forced positions compared (>= 1).
+    greedy_tokens: int = 32 — tokens generated greedily by each cache and compared (>= 1).
+    top_k: int = 50 — k of the top-k overlap.
+    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
+    offset: int = 0 — token offset into the tokenised text.
+    calibration: int = 512 — tokens after the compared ones, for methods that calibrate.
+    """
+
+    context: int = 512
+    continuation: int = 64
+    greedy_tokens: int = 32
+    top_k: int = 50
+    text: str = "pydoc"
+    offset: int = 0
+    calibration: int = 512
+
+    def __post_init__(self):
+        for name, low in (("context", 1), ("continuation", 1), ("greedy_tokens", 1),
+                          ("top_k", 1), ("offset", 0), ("calibration", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+        if self.text.startswith("hf:"):
+            parse_hf_source(self.text)
+
+
+@register_benchmark("quality")
+class Quality(Benchmark):
+    """Next-token distributions and greedy text through the method's cache, against the plain
+    model: top-k overlap, KL both ways, top-1 and greedy agreement."""
+
+    Params = QualityParams
+    uses_model = True
+    backends = ("torch", "mlx")
+    metrics = {
+        "top_k_overlap": MetricSpec("", "higher", "mean |top-k(method) ∩ top-k(plain)| / k"),
+        "kl_plain_method": MetricSpec("nats", "lower", "mean KL(plain || method), full vocab"),
+        "kl_method_plain": MetricSpec("nats", "lower", "mean KL(method || plain), full vocab"),
+        "top1_agreement": MetricSpec("", "higher", "fraction of positions with the same argmax"),
+        "greedy_agreement": MetricSpec(
+            "", "higher", "fraction of greedy positions with the same token"),
+        "greedy_prefix": MetricSpec(
+            "", "higher", "greedy tokens before the first difference / greedy_tokens"),
+    }
+
+    def resolve_paths(self, params: QualityParams, base_dir: Path) -> QualityParams:
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+
+    def check(self, params: QualityParams, model: ModelInfo | None) -> None:
+        check_text(params.text)
+        if model is None:
+            raise ValueError("quality needs a model; set the suite's model")
+        longest = params.context + max(params.continuation, params.greedy_tokens)
+        if model.max_context is not None and longest > model.max_context:
+            raise ValueError(f"context + continuation (or greedy_tokens) = {longest} tokens is"
+                             f" above the {model.max_context} that model {model.spec} is good for")
+
+    def run(self, params: QualityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
+        session = open_session(ctx)
+        window, after = token_window(session, params.text, params.offset,
+                                     params.context + params.continuation)
+        sha = tokens_sha256(window)
+        key = (session.spec, sha, params.context, params.greedy_tokens, ctx.backend)
+        if key not in _REFERENCE:
+            ctx.status("reference")
+            _REFERENCE[key] = (_forced(session, window, params.context, None),
+                               _greedy(session, window[: params.context], params.greedy_tokens,
+                                       None))
+        plain, plain_greedy = _REFERENCE[key]
+
+        ctx.status("calibrate")
+        session.calibrate(method, after[: params.calibration])
+        torch.manual_seed(ctx.seed)
+        ctx.status("teacher-forced")
+        logits = _forced(session, window, params.context, method)
+        ctx.status("greedy")
+        greedy = _greedy(session, window[: params.context], params.greedy_tokens, method)
+
+        log_p, log_q = plain.log_softmax(-1), logits.log_softmax(-1)
+        k = min(params.top_k, plain.shape[-1])
+        top_p, top_q = plain.topk(k, dim=-1).indices, logits.topk(k, dim=-1).indices
+        overlap = [len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top_p, top_q)]
+        same = [a == b for a, b in zip(greedy, plain_greedy)]
+        prefix = same.index(False) if False in same else len(same)
+        m = self.metrics
+        return BenchmarkOutput(
+            metrics={
+                "top_k_overlap": m["top_k_overlap"].of(sum(overlap) / len(overlap)),
+                "kl_plain_method": m["kl_plain_method"].of(_kl(log_p, log_q)),
+                "kl_method_plain": m["kl_method_plain"].of(_kl(log_q, log_p)),
+                "top1_agreement": m["top1_agreement"].of(
+                    float((top_p[:, 0] == top_q[:, 0]).double().mean())),
+                "greedy_agreement": m["greedy_agreement"].of(sum(same) / len(same)),
+                "greedy_prefix": m["greedy_prefix"].of(prefix / len(same)),
+            },
+            info={
+                "layout": method.layout(),
+                "positions": plain.shape[0],
+                "greedy_text": session.tokenizer.decode(greedy),
+                "greedy_text_plain": session.tokenizer.decode(plain_greedy),
+            },
+            comparable={"tokens_sha256": sha, "model": session.spec},
+        )
+
+
+def _forced(session: Session, window: list[int], context: int,
+            method: Method | None) -> torch.Tensor:
+    """Next-token logits (len(window) - context, vocab) for positions context-1 .. end-1."""
+    cache = session.new_cache(method)
+    first, _ = session.step(window[:context], cache, last_only=True)
+    session.end_prefill(cache)
+    rows = [first]
+    for token in window[context:-1]:
+        rows.append(session.step([token], cache)[0])
+    return torch.cat(rows).double()
+
+
+def _greedy(session: Session, prompt: list[int], n: int, method: Method | None) -> list[int]:
+    cache = session.new_cache(method)
+    logits, _ = session.step(prompt, cache, last_only=True)
+    session.end_prefill(cache)
+    tokens = [int(logits[-1].argmax())]
+    while len(tokens) < n:
+        logits, _ = session.step(tokens[-1:], cache)
+        tokens.append(int(logits[-1].argmax()))
+    return tokens
+
+
+def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
+    """Mean over rows of KL(p || q), from log-probabilities (float64)."""
+    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())

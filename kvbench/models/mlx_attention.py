@@ -1,0 +1,137 @@
+"""kvbench's attention for mlx-lm models: mlx-lm's own scaled_dot_product_attention, unless the
+kvbench cache layer it is handed asks for a per-key additive bias or sparse-V.
+
+Why this replaces a name in the model's module. mlx-lm has no attention registry (transformers
+has AttentionInterface, which kvbench.models.attention uses). Each mlx-lm model file imports
+`scaled_dot_product_attention` from mlx_lm.models.base and calls it as
+`scaled_dot_product_attention(queries, keys, values, cache=cache, scale=..., mask=mask)`. The
+mask cannot carry a per-layer bias: the model builds ONE mask from the first layer's cache and
+gives it to every layer, while a compaction method's bias (like the keys it keeps) differs per
+layer and head. The cache argument is the only per-layer path into attention, so install()
+rebinds that name in the model's own module(s) to a wrapper that takes the bias and the sparse-V
+threshold from the kvbench cache layer it is given (kvbench.models.mlx_host.MLXPolicyLayer hands
+them over in update_and_fetch, as hf_cache.PolicyLayer does on torch). For every other call (mlx-
+lm's KVCache, quantized caches, a kvbench layer with neither) the wrapper calls the original
+function with the same arguments, so the identity method stays exactly mlx-lm's attention. The
+rebinding covers every model of that architecture in the process; it is idempotent, and the
+loader records which modules carry it (MLXLoaded.attention). A layer whose handoff is never read
+(a model file that calls attention some other way) is refused at its next update, not ignored.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from kvbench.methods.base import LayerCachePolicy
+
+_ATTR = "scaled_dot_product_attention"
+
+
+@dataclass
+class Handoff:
+    """What one layer's attention must add to plain softmax attention."""
+
+    layer_idx: int
+    policy: LayerCachePolicy  # its value_skip_threshold turns sparse-V on; it records the skips
+    bias: mx.array | None  # (batch, kv_heads, keys), added to the logits of every query
+
+
+def install(model: Any) -> tuple[str, ...]:
+    """Rebind scaled_dot_product_attention to kvbench's in every module that defines `model`'s
+    layers and imported it; returns those modules' names (empty: no bias / sparse-V possible)."""
+    names = {type(model).__module__}
+    names.update(type(module).__module__ for _, module in model.named_modules())
+    installed = []
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        current = getattr(module, _ATTR, None)
+        if not callable(current):
+            continue
+        if not hasattr(current, "__kvbench_original__"):
+            setattr(module, _ATTR, _wrap(current))
+        installed.append(name)
+    return tuple(installed)
+
+
+def _wrap(original: Callable) -> Callable:
+    def scaled_dot_product_attention(queries, keys, values, *args, **kwargs):
+        cache = kwargs.get("cache", args[0] if args else None)
+        take = getattr(cache, "take_handoff", None)
+        handoff = take() if take is not None else None
+        if handoff is None:
+            return original(queries, keys, values, *args, **kwargs)
+        if kwargs.get("sinks") is not None:
+            raise NotImplementedError("kvbench's biased / sparse-V attention has no attention"
+                                      " sinks; this model uses them")
+        scale = kwargs["scale"] if "scale" in kwargs else args[1]
+        mask = kwargs["mask"] if "mask" in kwargs else args[2]
+        policy = handoff.policy
+        out, sparse = biased_attention(queries, keys, values, mask, handoff.bias, scale,
+                                       policy.value_skip_threshold)
+        if sparse is not None:
+            policy.record_sparse_v(*sparse)
+        return out
+
+    scaled_dot_product_attention.__kvbench_original__ = original
+    scaled_dot_product_attention.__doc__ = (
+        f"kvbench's attention (kvbench.models.mlx_attention) around {original.__module__}."
+        f"{original.__qualname__}")
+    return scaled_dot_product_attention
+
+
+def original_attention(module: Any) -> Callable:
+    """The function install() wrapped in `module` (or what is there, if it wrapped nothing)."""
+    current = getattr(module, _ATTR)
+    return getattr(current, "__kvbench_original__", current)
+
+
+def biased_attention(query: mx.array, key: mx.array, value: mx.array, mask: Any,
+                     bias: mx.array | None, scale: float | None = None, skip_below: float = 0.0):
+    """softmax(q k^T * scale + mask + bias) v in float32, GQA by head groups: the MLX twin of
+    kvbench.models.attention.biased_attention, step for step.
+
+    query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T) or None; mask as mlx-lm
+    gives it: None (no mask for one query, else causal), "causal" (the q queries at the last q
+    positions), a bool array (True = attend) or an additive one, broadcastable to (B, Hq, q, T).
+    With skip_below > 0 and a single query, value rows whose weight is below it are left out of
+    the sum (no renormalisation, as sparse-V kernels skip them).
+    Returns (output in query's dtype, None or (rows skipped, rows, mean relative squared error
+    of the output against the dense sum)).
+    """
+    groups = query.shape[1] // key.shape[1]
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    k = mx.repeat(key.astype(mx.float32), groups, axis=1)
+    v = mx.repeat(value.astype(mx.float32), groups, axis=1)
+    logits = query.astype(mx.float32) @ k.swapaxes(-1, -2) * scale
+    queries, keys = query.shape[-2], key.shape[-2]
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unknown attention mask {mask!r}")
+        mask = None if queries == 1 else _causal(queries, keys)
+    elif mask is None and queries > 1:
+        mask = _causal(queries, keys)
+    if mask is not None:
+        mask = mask[..., :keys]
+        if mask.dtype == mx.bool_:
+            logits = mx.where(mask, logits, mx.array(-mx.inf, dtype=mx.float32))
+        else:
+            logits = logits + mask.astype(mx.float32)
+    if bias is not None:
+        logits = logits + mx.expand_dims(mx.repeat(bias.astype(mx.float32), groups, axis=1), -2)
+    weights = mx.softmax(logits, axis=-1, precise=True)
+    out = weights @ v
+    if not skip_below or queries != 1:
+        return out.astype(query.dtype), None
+    skipped = weights < skip_below
+    sparse = mx.where(skipped, mx.array(0.0, dtype=mx.float32), weights) @ v
+    error = (sparse - out).square().sum(-1) / mx.maximum(out.square().sum(-1), 1e-30)
+    return sparse.astype(query.dtype), (int(skipped.sum().item()), skipped.size,
+                                        float(error.mean().item()))
+
+
+def _causal(queries: int, keys: int) -> mx.array:
+    """(queries, keys) bool mask, the queries at the last positions; every earlier key visible."""
+    return mx.arange(keys - queries, keys)[:, None] >= mx.arange(keys)[None]

@@ -1,0 +1,337 @@
+"""mlx-lm as kvbench's MLX model host: loading, and the prompt cache made of kvbench policies.
+
+MLXKVBenchCache is the MLX twin of kvbench.models.hf_cache.KVBenchCache. Its layers obey mlx-lm's
+prompt-cache protocol (update_and_fetch, offset, make_mask, state, trimming) and hand attention
+what the policy returns from attention_inputs(): the compressed state itself, no shadow copy. A
+key bias or sparse-V reaches mlx-lm's attention through kvbench.models.mlx_attention. RoPE
+positions come from `offset`, which is the tokens the policy has seen, so positions continue
+after eviction or compaction. Batch size 1.
+
+Specs are those of kvbench.models.loading: bundled:NAME (prepared on first use), a local
+checkpoint folder, a hub id already in the local cache, and tiny:llama / tiny:qwen3 (the torch
+tiny model's weights copied into the mlx-lm architecture, so tests can compare the backends).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+from kvbench.methods.base import Codec, LayerCachePolicy, Method
+from kvbench.models.mlx_attention import Handoff, install
+
+# Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
+# prefill can skip the vocabulary projection of every position but the last, as torch's
+# logits_to_keep=1 does. Others compute all logits and slice.
+_PLAIN_HEAD = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+
+
+@dataclass
+class MLXLoaded:
+    spec: str
+    model: Any  # an mlx-lm model (mlx.nn.Module), weights as the checkpoint stores them
+    tokenizer: Any  # the checkpoint's transformers tokenizer: the same ids as the torch loader
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_context: int | None
+    # Modules whose scaled_dot_product_attention is kvbench's (empty: bias / sparse-V refused).
+    attention: tuple[str, ...] = ()
+
+
+_LOADED: dict[str, MLXLoaded] = {}
+
+
+def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLoaded:
+    """The mlx-lm model a spec names (see kvbench.models.loading), loaded once per process."""
+    if spec not in _LOADED:
+        _LOADED[spec] = _load(spec, log or _stderr)
+    return _LOADED[spec]
+
+
+def _load(spec: str, log: Callable[[str], None]) -> MLXLoaded:
+    from kvbench.models.bundled import bundled_dir, is_prepared, prepare_bundled
+    from kvbench.models.loading import _resolve, describe_model
+
+    kind, target = _resolve(spec)
+    if kind == "tiny":
+        model, tokenizer = _build_tiny(target)
+    else:
+        if kind == "bundled":
+            if not is_prepared(target):
+                log(f"bundled model {target!r} is not prepared yet; preparing it (once)")
+                prepare_bundled(target, log=log)
+            target = str(bundled_dir(target))
+        model, tokenizer = _load_folder(Path(target), log)
+    attention = install(model)
+    args = model.args
+    heads = args.num_attention_heads
+    return MLXLoaded(
+        spec=spec,
+        model=model,
+        tokenizer=tokenizer,
+        num_layers=len(model.layers),
+        num_kv_heads=getattr(args, "num_key_value_heads", None) or heads,
+        head_dim=getattr(args, "head_dim", None) or args.hidden_size // heads,
+        max_context=describe_model(spec).max_context,
+        attention=attention,
+    )
+
+
+def _load_folder(folder: Path, log: Callable[[str], None]):
+    from mlx_lm.utils import load_model
+    from transformers import AutoTokenizer
+
+    config = json.loads((folder / "config.json").read_text())
+    overrides = rope_overrides(config)
+    if overrides:
+        log(f"{folder}: config.json has {', '.join(overrides)} only under rope_parameters"
+            " (transformers 5); passing it to mlx-lm, which reads the top-level key only")
+    model, _ = load_model(folder, model_config=overrides)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer.model_max_length = sys.maxsize  # as the torch loader: whole texts, then windows
+    return model, tokenizer
+
+
+def rope_overrides(config: dict) -> dict[str, Any]:
+    """What mlx-lm would miss in a transformers 5 config: rope_theta (and a non-default scaling)
+    nested under rope_parameters. Without them mlx-lm silently uses its default RoPE base."""
+    params = config.get("rope_parameters") or {}
+    overrides: dict[str, Any] = {}
+    if "rope_theta" not in config and "rope_theta" in params:
+        overrides["rope_theta"] = params["rope_theta"]
+    if params.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
+        overrides["rope_scaling"] = dict(params)
+    return overrides
+
+
+def _build_tiny(kind: str):
+    """The torch tiny model's config and weights in the mlx-lm architecture of the same name."""
+    from kvbench.models.tiny import build_tiny
+
+    torch_model, tokenizer = build_tiny(kind)
+    config = torch_model.config.to_dict()
+    config.update(rope_overrides(config))
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    weights = {name: mx.array(np.ascontiguousarray(t.detach().float().numpy()))
+               for name, t in torch_model.state_dict().items()}
+    model.load_weights(list(model.sanitize(weights).items()), strict=True)
+    mx.eval(model.parameters())
+    model.eval()
+    return model, tokenizer
+
+
+class MLXPolicyLayer:
+    """One layer of MLXKVBenchCache: mlx-lm's prompt-cache protocol over a LayerCachePolicy."""
+
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache"):
+        self.policy = policy
+        self.layer_idx = layer_idx
+        self._owner = owner
+        self._started = False
+
+    @property
+    def offset(self) -> int:
+        """RoPE position of the next token: every token seen, kept or not."""
+        return self.policy.seen_tokens if self._started else 0
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if keys.shape[0] != 1:
+            raise NotImplementedError(f"MLXKVBenchCache supports batch size 1, got {keys.shape[0]}")
+        owner = self._owner
+        if owner._pending is not None:
+            stale, owner._pending = owner._pending, None
+            raise RuntimeError(
+                f"the model's attention did not read the kvbench cache's key bias / sparse-V state"
+                f" of layer {stale.layer_idx}; load the model with"
+                " kvbench.models.mlx_host.load_mlx_model (it installs kvbench's attention)")
+        self.policy.append(keys, values)
+        self._started = True
+        out_keys, out_values, bias = self.policy.attention_inputs()
+        self._check(out_keys)
+        if bias is not None and tuple(bias.shape) != tuple(out_keys.shape[:-1]):
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {type(self.policy).__name__} returned a key bias of"
+                f" shape {tuple(bias.shape)}; it must be (batch, kv_heads, keys) ="
+                f" {tuple(out_keys.shape[:-1])}")
+        # A one-token step needs no mask; a longer one uses the mask make_mask sized from the
+        # first layer, which only fits if this layer returned as many keys.
+        query_length = keys.shape[-2]
+        if query_length > 1 and owner._mask_kv_length not in (None, out_keys.shape[-2]):
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {out_keys.shape[-2]} keys for a {query_length}-token"
+                f" step, but the causal mask was sized for {owner._mask_kv_length}; a policy that"
+                " drops tokens inside a multi-token step, or keeps a different count per layer,"
+                " needs one-token decode steps")
+        if bias is not None or self.policy.value_skip_threshold:
+            owner._pending = Handoff(self.layer_idx, self.policy, bias)
+        return out_keys, out_values
+
+    def take_handoff(self) -> Handoff | None:
+        """Read by kvbench's attention: this layer's bias / sparse-V state, once."""
+        handoff = self._owner._pending
+        if handoff is None:
+            return None
+        self._owner._pending = None
+        if handoff.layer_idx != self.layer_idx:
+            raise RuntimeError(f"attention of layer {self.layer_idx} got the cache state of layer"
+                               f" {handoff.layer_idx}")
+        return handoff
+
+    def _check(self, keys: mx.array) -> None:
+        """A policy that keeps nothing, more than it saw, or not what it reports is a bug."""
+        policy, name = self.policy, type(self.policy).__name__
+        seen, retained = policy.seen_tokens, policy.retained_tokens
+        if not 0 < retained <= seen:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {name} retains {retained} tokens after seeing {seen}"
+                " (must be between 1 and the tokens seen)")
+        if keys.shape[-2] != retained:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {name} returned {keys.shape[-2]} keys"
+                f" but reports {retained} retained tokens")
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        """The mask for N new queries over retained + N keys, the queries last (causal)."""
+        if window_size is not None:
+            raise NotImplementedError("MLXKVBenchCache does not host sliding-window layers")
+        retained = self.policy.retained_tokens if self._started else 0
+        self._owner._mask_kv_length = retained + N
+        if N == 1:
+            return None
+        if return_array:
+            return mx.arange(retained, retained + N)[:, None] >= mx.arange(retained + N)[None]
+        return "causal"  # mx.fast's causal mask puts the queries at the last positions
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays the policy holds (so `mx.eval(cache.state)` materialises them). A kvbench
+        cache cannot be saved and restored through mlx-lm's prompt-cache files."""
+        return held_arrays(self.policy)
+
+    @state.setter
+    def state(self, value) -> None:
+        raise ValueError("a kvbench cache layer cannot be restored from a saved state")
+
+    def is_trimmable(self) -> bool:
+        return False  # a policy cannot take back what it appended
+
+    def trim(self, n: int) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return not self._started
+
+    def size(self) -> int:
+        return self.policy.retained_tokens if self._started else 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.policy.measured_bytes() if self._started else 0
+
+
+class MLXKVBenchCache:
+    """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
+    a kvbench Method, run through kvbench.methods.mlx.on_mlx, or an MLX method object).
+    Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`."""
+
+    def __init__(self, method: Any, num_layers: int):
+        if isinstance(method, Method):
+            from kvbench.methods.mlx.base import on_mlx
+
+            method = on_mlx(method)
+        self.layers = [MLXPolicyLayer(method.new_layer_cache(i), i, self)
+                       for i in range(num_layers)]
+        self._pending: Handoff | None = None
+        self._mask_kv_length: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index):
+        return self.layers[index]
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    @property
+    def policies(self) -> list[LayerCachePolicy]:
+        return [layer.policy for layer in self.layers]
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for layer in self.layers for a in layer.state]
+
+    def end_prefill(self) -> None:
+        for policy in self.policies:
+            policy.end_prefill()
+
+    def accounted_bytes(self) -> int:
+        """What the methods' layouts store, keys and values, summed over layers."""
+        return sum(policy.retained_bytes for policy in self.policies)
+
+    def measured_bytes(self) -> int:
+        """Bytes of the arrays the policies actually hold right now."""
+        return sum(policy.measured_bytes() for policy in self.policies)
+
+    def retained_tokens(self) -> list[int]:
+        return [policy.retained_tokens for policy in self.policies]
+
+    def counters(self) -> dict[str, float]:
+        """The policies' counters, summed over layers."""
+        totals: dict[str, float] = {}
+        for policy in self.policies:
+            for name, value in policy.counters().items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
+
+
+def held_arrays(obj: Any, _seen: set[int] | None = None, _depth: int = 0) -> list[mx.array]:
+    """Every mx.array reachable from `obj` through policies, codecs, other kvbench objects,
+    dataclasses (Packed), lists, tuples and dicts."""
+    seen = set() if _seen is None else _seen
+    if isinstance(obj, mx.array):
+        return [obj]
+    if _depth > 8 or id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple)):
+        children = list(obj)
+    elif isinstance(obj, dict):
+        children = list(obj.values())
+    elif (isinstance(obj, (LayerCachePolicy, Codec)) or dataclasses.is_dataclass(obj)
+          or type(obj).__module__.startswith("kvbench")):
+        children = list(getattr(obj, "__dict__", {}).values())
+    else:
+        return []
+    return [a for child in children for a in held_arrays(child, seen, _depth + 1)]
+
+
+def mlx_logits(model, ids: mx.array, cache, last_only: bool = False) -> mx.array:
+    layers = cache.layers if isinstance(cache, MLXKVBenchCache) else cache
+    if last_only and type(model).__module__ in _PLAIN_HEAD:
+        hidden = model.model(ids, layers)[:, -1:, :]
+        if model.args.tie_word_embeddings:
+            return model.model.embed_tokens.as_linear(hidden)
+        return model.lm_head(hidden)
+    logits = model(ids, cache=layers)
+    return logits[:, -1:, :] if last_only else logits
+
+
+def cache_arrays(cache) -> list[mx.array]:
+    if isinstance(cache, MLXKVBenchCache):
+        return cache.state
+    return [a for layer in cache for a in (layer.keys, layer.values) if a is not None]
+
+
+def _stderr(message: str) -> None:
+    print(f"kvbench: {message}", file=sys.stderr)

@@ -1,0 +1,57 @@
+"""kvbench.models.session's Session on MLX: the model on mlx-lm, the method's cache an
+MLXKVBenchCache, the reference mlx-lm's own KVCache. Every clock read follows an mx.eval of the
+logits and of every array the cache holds (MLX is lazy: unevaluated work is not done work).
+Logits go to torch as float32 on the CPU; benchmarks do their arithmetic in float64 there (MLX's
+float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import torch
+
+from kvbench.backends.mlx_backend import timed
+from kvbench.methods.base import Method
+from kvbench.methods.mlx.base import on_mlx
+from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
+
+
+class MLXSession:
+    def __init__(self, loaded: MLXLoaded):
+        self.loaded = loaded
+        self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
+        self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
+        self.head_dim = loaded.head_dim
+
+    def new_cache(self, method: Method | None):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if method is None:
+            return make_prompt_cache(self.loaded.model)
+        return MLXKVBenchCache(method, self.num_layers)
+
+    def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
+        x = mx.array([ids])
+        (logits, _), seconds = timed(
+            lambda: (mlx_logits(self.loaded.model, x, cache, last_only), cache_arrays(cache)))
+        return _to_torch(logits[0]), seconds
+
+    def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        logits = self.loaded.model(mx.array([ids]))[0, -last:, :]
+        return _to_torch(logits)
+
+    def end_prefill(self, cache) -> float:
+        if not isinstance(cache, MLXKVBenchCache):
+            return 0.0
+        def finish():
+            cache.end_prefill()
+            return cache_arrays(cache)
+
+        return timed(finish)[1]
+
+    def calibrate(self, method: Method, tokens: list[int]) -> None:
+        on_mlx(method).calibrate(self.loaded, tokens)
+
+
+def _to_torch(logits: mx.array) -> torch.Tensor:
+    return torch.from_numpy(np.array(logits.astype(mx.float32)))

@@ -1,0 +1,90 @@
+"""A loaded model as benchmarks drive it, the same calls on every backend: a fresh cache (the
+method's, or the plain reference cache), forward steps through it with timed wall clock, the end
+of prefill, calibration. Logits come back as float32 torch tensors on the CPU, so the metrics are
+computed the same way whatever ran the model.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from kvbench.methods.base import Method
+
+
+class Session(Protocol):
+    spec: str
+    tokenizer: Any
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def new_cache(self, method: Method | None) -> Any:
+        """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None."""
+
+    def step(self, ids: list[int], cache: Any, last_only: bool = False) -> tuple[torch.Tensor, float]:
+        """(logits (len(ids) or 1, vocab), seconds) of feeding `ids` through `cache`."""
+
+    def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        """Logits (last, vocab) at the last `last` positions of one forward over `ids` without a
+        cache."""
+
+    def end_prefill(self, cache: Any) -> float:
+        """Seconds the method's end_prefill took (compaction happens here)."""
+
+    def calibrate(self, method: Method, tokens: list[int]) -> None: ...
+
+
+class TorchSession:
+    def __init__(self, loaded, device: torch.device):
+        from kvbench.backends.torch_backend import timed
+
+        self.loaded, self.device, self._timed = loaded, device, timed
+        self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
+        self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
+        self.head_dim = loaded.head_dim
+
+    def new_cache(self, method: Method | None):
+        from transformers import DynamicCache
+
+        from kvbench.models.hf_cache import KVBenchCache
+
+        if method is None:
+            return DynamicCache(config=self.loaded.model.config)
+        return KVBenchCache(method, self.num_layers)
+
+    @torch.inference_mode()
+    def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
+        x = torch.tensor([ids], device=self.device)
+        logits, seconds = self._timed(
+            lambda: self.loaded.model(x, past_key_values=cache, use_cache=True,
+                                      logits_to_keep=1 if last_only else 0).logits,
+            self.device,
+        )
+        return logits[0].float().cpu(), seconds
+
+    @torch.inference_mode()
+    def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        x = torch.tensor([ids], device=self.device)
+        return self.loaded.model(x, use_cache=False, logits_to_keep=last).logits[0].float().cpu()
+
+    def end_prefill(self, cache) -> float:
+        from kvbench.models.hf_cache import KVBenchCache
+
+        if not isinstance(cache, KVBenchCache):
+            return 0.0
+        return self._timed(cache.end_prefill, self.device)[1]
+
+    def calibrate(self, method: Method, tokens: list[int]) -> None:
+        method.calibrate(self.loaded, tokens)
+
+
+def open_session(ctx) -> Session:
+    """The suite's model on the case's backend (loaded once per run by the runner)."""
+    if ctx.model is None:
+        raise ValueError("this benchmark needs a model; set the suite's model")
+    if ctx.backend == "mlx":
+        from kvbench.models.mlx_session import MLXSession
+
+        return MLXSession(ctx.load_model(ctx.model, ctx.device, backend="mlx"))
+    return TorchSession(ctx.load_model(ctx.model, ctx.device), ctx.device)
