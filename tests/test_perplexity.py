@@ -138,6 +138,9 @@ def test_identity_accounting_and_records():
     assert len(out.metrics["prefill_s"].samples) == 3
     assert len(out.metrics["decode_tok_s"].samples) == 3
     assert out.metrics["perplexity"].samples is None
+    assert out.info["peak_memory_bytes"] > 2 * fp32_bytes  # process RSS on CPU: the model too
+    assert out.info["peak_memory"].startswith("peak process RSS")
+    del out.info["peak_memory_bytes"], out.info["peak_memory"]
     assert out.info == {"layout": "identity (auto); K and V both counted", "tokens": 64, "text": "pydoc"}
     tokens = load_model("tiny:llama", "cpu").tokenizer.encode(pydoc_text())[:64]
     assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama"}

@@ -365,3 +365,20 @@ def test_text_files_resolve_against_the_suite_folder_and_missing_ones_are_refuse
     assert missing.line == _line("real_text.yaml", "texts/missing.txt")
     assert "missing.txt" in missing.message and "does not exist" in missing.message
     assert not [i for i in issues if i.key.startswith("benchmarks[0]")]
+
+
+def test_backend_mlx_refuses_methods_and_benchmarks_without_mlx_support():
+    pytest.importorskip("mlx.core")
+    issues = _issues("mlx_unsupported.yaml")
+    by_key = {issue.key: issue for issue in issues}
+    assert "no MLX implementation" in by_key["methods[1].name"].message
+    assert by_key["methods[1].name"].line == _line("mlx_unsupported.yaml", "kvb_testplugin:Nop")
+    assert "does not run on backend 'mlx'" in by_key["benchmarks[0].kind"].message
+    assert "methods[0].name" not in by_key  # identity has one
+
+
+def test_backend_override_reaches_every_case():
+    pytest.importorskip("mlx.core")
+    cases = load_suite(SUITES.parent.parent / "suites" / "quick.yaml", backend="mlx").cases
+    assert {c.backend for c in cases} == {"mlx"}
+    assert {c.backend for c in load_suite(SUITES.parent.parent / "suites" / "quick.yaml").cases} == {"torch"}

@@ -127,6 +127,7 @@ class Perplexity(Benchmark):
         ctx.status("calibrate")
         session.calibrate(method, calibration)
         passes, cache = [], None
+        session.reset_peak_memory()
         for _ in range(ctx.repeats):
             torch.manual_seed(ctx.seed)  # methods drawing random rotations draw the same ones
             cache = session.new_cache(method)
@@ -136,6 +137,7 @@ class Perplexity(Benchmark):
             # Fresh caches on the same tokens must agree; otherwise state leaks between runs.
             raise RuntimeError(f"perplexity differs across repeats: {[p.ppl for p in passes]}")
 
+        peak_bytes, peak_what = session.peak_memory()
         kv_bytes = cache.accounted_bytes()
         # Against every token seen, so a method that evicts is credited with what it dropped.
         seen = sum(policy.seen_tokens for policy in cache.policies)
@@ -167,6 +169,8 @@ class Perplexity(Benchmark):
                 "layout": method.layout(),
                 "tokens": len(window),
                 "text": params.text,
+                "peak_memory_bytes": peak_bytes,
+                "peak_memory": peak_what,
                 **counters,
             },
             comparable={"tokens_sha256": sha, "model": session.spec},

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import torch
 
-from kvbench.backends.mlx_backend import timed
+from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
 from kvbench.methods.base import Method
 from kvbench.methods.mlx.base import on_mlx
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
@@ -51,6 +51,12 @@ class MLXSession:
 
     def calibrate(self, method: Method, tokens: list[int]) -> None:
         on_mlx(method).calibrate(self.loaded, tokens)
+
+    def reset_peak_memory(self) -> None:
+        reset_peak_memory()
+
+    def peak_memory(self) -> tuple[int, str]:
+        return peak_memory_bytes(), "mx.get_peak_memory (MLX allocator)"
 
 
 def _to_torch(logits: mx.array) -> torch.Tensor:

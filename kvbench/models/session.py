@@ -34,6 +34,11 @@ class Session(Protocol):
 
     def calibrate(self, method: Method, tokens: list[int]) -> None: ...
 
+    def reset_peak_memory(self) -> None: ...
+
+    def peak_memory(self) -> tuple[int, str]:
+        """(bytes, what was measured) since reset_peak_memory()."""
+
 
 class TorchSession:
     def __init__(self, loaded, device: torch.device):
@@ -77,6 +82,18 @@ class TorchSession:
 
     def calibrate(self, method: Method, tokens: list[int]) -> None:
         method.calibrate(self.loaded, tokens)
+
+    def reset_peak_memory(self) -> None:
+        from kvbench.backends.torch_backend import reset_peak_memory
+
+        reset_peak_memory(self.device)
+
+    def peak_memory(self) -> tuple[int, str]:
+        from kvbench.backends.torch_backend import peak_memory_bytes
+
+        what = ("torch.cuda.max_memory_allocated" if self.device.type == "cuda"
+                else "peak process RSS (never reset: the model and earlier cases included)")
+        return peak_memory_bytes(self.device), what
 
 
 def open_session(ctx) -> Session:
