@@ -11,6 +11,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.methods.base import LayerCachePolicy, Method
 from kvbench.models.attention import Handoff, hand_over
+from kvbench.models.policy_totals import PolicyTotals
 
 
 class PolicyLayer(CacheLayerMixin):
@@ -77,7 +78,7 @@ class PolicyLayer(CacheLayerMixin):
         return -1
 
 
-class KVBenchCache(Cache):
+class KVBenchCache(PolicyTotals, Cache):
     """The cache of a transformers model, made of one `method.new_layer_cache(i)` per layer."""
 
     def __init__(self, method: Method, num_layers: int):
@@ -105,29 +106,3 @@ class KVBenchCache(Cache):
             )
         return keys, values
 
-    @property
-    def policies(self) -> list[LayerCachePolicy]:
-        return [layer.policy for layer in self.layers]
-
-    def end_prefill(self) -> None:
-        for policy in self.policies:
-            policy.end_prefill()
-
-    def accounted_bytes(self) -> int:
-        """What the methods' layouts store, keys and values, summed over layers."""
-        return sum(policy.retained_bytes for policy in self.policies)
-
-    def measured_bytes(self) -> int:
-        """Bytes of the tensors the policies actually hold right now."""
-        return sum(policy.measured_bytes() for policy in self.policies)
-
-    def retained_tokens(self) -> list[int]:
-        return [policy.retained_tokens for policy in self.policies]
-
-    def counters(self) -> dict[str, float]:
-        """The policies' counters, summed over layers."""
-        totals: dict[str, float] = {}
-        for policy in self.policies:
-            for name, value in policy.counters().items():
-                totals[name] = totals.get(name, 0.0) + value
-        return totals

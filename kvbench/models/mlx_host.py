@@ -26,6 +26,7 @@ import numpy as np
 
 from kvbench.methods.base import Codec, LayerCachePolicy, Method
 from kvbench.models.mlx_attention import Handoff, install
+from kvbench.models.policy_totals import PolicyTotals
 
 # Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
 # prefill can skip the vocabulary projection of every position but the last, as torch's
@@ -239,7 +240,7 @@ class MLXPolicyLayer:
         return self.policy.measured_bytes() if self._started else 0
 
 
-class MLXKVBenchCache:
+class MLXKVBenchCache(PolicyTotals):
     """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
     a kvbench Method, run through kvbench.methods.mlx.on_mlx, or an MLX method object).
     Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`."""
@@ -264,35 +265,8 @@ class MLXKVBenchCache:
         return iter(self.layers)
 
     @property
-    def policies(self) -> list[LayerCachePolicy]:
-        return [layer.policy for layer in self.layers]
-
-    @property
     def state(self) -> list[mx.array]:
         return [a for layer in self.layers for a in layer.state]
-
-    def end_prefill(self) -> None:
-        for policy in self.policies:
-            policy.end_prefill()
-
-    def accounted_bytes(self) -> int:
-        """What the methods' layouts store, keys and values, summed over layers."""
-        return sum(policy.retained_bytes for policy in self.policies)
-
-    def measured_bytes(self) -> int:
-        """Bytes of the arrays the policies actually hold right now."""
-        return sum(policy.measured_bytes() for policy in self.policies)
-
-    def retained_tokens(self) -> list[int]:
-        return [policy.retained_tokens for policy in self.policies]
-
-    def counters(self) -> dict[str, float]:
-        """The policies' counters, summed over layers."""
-        totals: dict[str, float] = {}
-        for policy in self.policies:
-            for name, value in policy.counters().items():
-                totals[name] = totals.get(name, 0.0) + value
-        return totals
 
 
 def held_arrays(obj: Any, _seen: set[int] | None = None, _depth: int = 0) -> list[mx.array]:
