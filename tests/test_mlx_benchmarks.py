@@ -64,3 +64,12 @@ def test_speed_runs_on_mlx_and_counts_the_same_bytes():
     assert mlx_m["nbytes"].value == torch_m["nbytes"].value
     assert mlx_m["encode_gb_s"].value > 0 and mlx_m["memcpy_gb_s"].value > 0
     assert len(mlx_m["encode_vs_memcpy"].samples) == 2
+
+
+def test_parity_after_a_rewind_on_mlx():
+    out = Parity().run(ParityParams(context=40, steps=6, trim=13), build_method("identity"),
+                       _ctx("mlx")).metrics
+    assert out["max_logit_diff"].value < 1e-4 and out["greedy_agreement"].value == 1
+    with pytest.raises(ValueError, match="took back 0 of the 13"):
+        Parity().run(ParityParams(context=40, steps=6, trim=13), build_method("intq"),
+                     _ctx("mlx"))

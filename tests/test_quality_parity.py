@@ -68,3 +68,14 @@ def test_parity_catches_wrong_positions_and_reports_lossy_divergence():
     lossy = Parity().run(PARITY, IntQ(bits=2), _ctx())
     assert lossy.metrics["max_kl"].value >= lossy.metrics["mean_kl"].value > 0
     assert max(lossy.info["kl_per_step"]) == pytest.approx(lossy.metrics["max_kl"].value, rel=1e-4)
+
+
+def test_parity_holds_after_the_cache_is_rewound():
+    out = Parity().run(ParityParams(context=40, steps=6, trim=13), Identity(), _ctx())
+    assert out.metrics["max_logit_diff"].value < 1e-4
+    assert out.metrics["greedy_agreement"].value == 1
+
+
+def test_a_cache_that_cannot_rewind_refuses():
+    with pytest.raises(ValueError, match="can take back only 0 of the 13"):
+        Parity().run(ParityParams(context=40, steps=6, trim=13), IntQ(bits=4), _ctx())

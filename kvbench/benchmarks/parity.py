@@ -40,6 +40,9 @@ class ParityParams:
 
     context: int = 100 — prompt tokens prefilled before decoding (any length >= 1).
     steps: int = 16 — tokens decoded one at a time through the cache (>= 1).
+    trim: int = 0 — after the prefill, rewind the cache by this many tokens and feed them again
+        (0 <= trim < context): the re-fed tokens must get their positions back. Methods that
+        cannot take tokens back (compressed ones) refuse a trim.
     text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
     offset: int = 0 — token offset into the tokenised text.
     calibration: int = 512 — tokens after the prompt, for methods that calibrate.
@@ -47,14 +50,18 @@ class ParityParams:
 
     context: int = 100
     steps: int = 16
+    trim: int = 0
     text: str = "pydoc"
     offset: int = 0
     calibration: int = 512
 
     def __post_init__(self):
-        for name, low in (("context", 1), ("steps", 1), ("offset", 0), ("calibration", 0)):
+        for name, low in (("context", 1), ("steps", 1), ("trim", 0), ("offset", 0),
+                          ("calibration", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+        if self.trim >= self.context:
+            raise ValueError(f"trim must be below context ({self.context}), got {self.trim!r}")
         if self.text.startswith("hf:"):
             parse_hf_source(self.text)
 
@@ -97,6 +104,9 @@ class Parity(Benchmark):
         ctx.status("cached decode")
         cache = session.new_cache(method)
         logits, _ = session.step(prompt, cache, last_only=True)
+        if params.trim:
+            session.trim(cache, params.trim)
+            logits, _ = session.step(prompt[-params.trim:], cache, last_only=True)
         session.end_prefill(cache)
         rows, tokens = [logits[-1]], [int(logits[-1].argmax())]
         while len(tokens) < params.steps:

@@ -88,6 +88,11 @@ class LayerCachePolicy(ABC):
     def measured_bytes(self) -> int:
         """Bytes of the tensors this object actually holds right now."""
 
+    def trim(self, n: int) -> int:
+        """Forget the newest n tokens (a rewind: speculative decoding, retries), as far as the
+        policy can; returns how many it dropped. Default: none (what was compressed stays)."""
+        return 0
+
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
         """Told by the attention after each sparse-V step (output_error: mean relative squared
         error of the attention output against the dense sum)."""

@@ -44,6 +44,14 @@ class CodecCache(LayerCachePolicy):
         if keys is not None and values is not None:
             self._packed = [(keys, values)]
 
+    def trim(self, n: int) -> int:
+        """Only full-precision tokens can be taken back; packed ones stay."""
+        keep = max(0, self._raw_k.shape[-2] - n) if self._raw_k is not None else 0
+        dropped = 0 if self._raw_k is None else self._raw_k.shape[-2] - keep
+        if dropped:
+            self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
+        return dropped
+
     def attention_inputs(self):
         keys = [self.key_codec.decode(pk) for pk, _ in self._packed]
         values = [self.value_codec.decode(pv) for _, pv in self._packed]

@@ -63,6 +63,16 @@ class PolicyLayer(CacheLayerMixin):
                 f" but reports {retained} retained tokens"
             )
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' rewind: a negative count of newest tokens to forget."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        wanted = -tokens_to_remove
+        dropped = self.policy.trim(wanted) if wanted else 0
+        if dropped != wanted:
+            raise ValueError(f"layer {self.layer_idx}: {type(self.policy).__name__} can take back"
+                             f" only {dropped} of the {wanted} newest tokens")
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if not self.is_initialized:  # a policy need not answer before its first append
             return query_length, 0

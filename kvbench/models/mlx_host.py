@@ -224,10 +224,10 @@ class MLXPolicyLayer:
         raise ValueError("a kvbench cache layer cannot be restored from a saved state")
 
     def is_trimmable(self) -> bool:
-        return False  # a policy cannot take back what it appended
+        return True  # as far as the policy can: trim() says how many it took back
 
     def trim(self, n: int) -> int:
-        return 0
+        return self.policy.trim(n)
 
     def empty(self) -> bool:
         return not self._started

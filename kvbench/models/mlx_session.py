@@ -49,6 +49,14 @@ class MLXSession:
 
         return timed(finish)[1]
 
+    def trim(self, cache, n: int) -> None:
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        layers = cache.layers if isinstance(cache, MLXKVBenchCache) else cache
+        trimmed = trim_prompt_cache(layers, n)
+        if trimmed != n:
+            raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")
+
     def calibrate(self, method: Method, tokens: list[int]) -> None:
         on_mlx(method).calibrate(self.loaded, tokens)
 

@@ -32,6 +32,9 @@ class Session(Protocol):
     def end_prefill(self, cache: Any) -> float:
         """Seconds the method's end_prefill took (compaction happens here)."""
 
+    def trim(self, cache: Any, n: int) -> None:
+        """Rewind the cache by its newest n tokens; ValueError if it cannot take them all back."""
+
     def calibrate(self, method: Method, tokens: list[int]) -> None: ...
 
     def reset_peak_memory(self) -> None: ...
@@ -79,6 +82,9 @@ class TorchSession:
         if not isinstance(cache, KVBenchCache):
             return 0.0
         return self._timed(cache.end_prefill, self.device)[1]
+
+    def trim(self, cache, n: int) -> None:
+        cache.crop(-n)
 
     def calibrate(self, method: Method, tokens: list[int]) -> None:
         method.calibrate(self.loaded, tokens)

@@ -108,6 +108,14 @@ class MLXCodecCache(LayerCachePolicy):
                 if keys_m is not None and values_m is not None:
                     self._packed = [(keys_m, values_m)]
 
+    def trim(self, n: int) -> int:
+        """Only full-precision tokens can be taken back; packed ones stay."""
+        keep = max(0, self._raw_k.shape[-2] - n) if self._raw_k is not None else 0
+        dropped = 0 if self._raw_k is None else self._raw_k.shape[-2] - keep
+        if dropped:
+            self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
+        return dropped
+
     def attention_inputs(self):
         dtype = self._raw_k.dtype
         keys = [self.key_codec.decode(pk).astype(dtype) for pk, _ in self._packed]
