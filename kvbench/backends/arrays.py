@@ -86,10 +86,13 @@ class MLXArrays:
         return torch.from_numpy(np.array(array))
 
     def timed(self, fn) -> tuple[Any, float]:
+        from kvbench.backends.mlx_backend import synchronize
+
+        synchronize()
         start = time.perf_counter()
         result = fn()
-        # MLX is lazy: nothing has run until this
-        self.mx.eval(*[a for a in _arrays(result) if isinstance(a, self.mx.array)])
+        # MLX is lazy: nothing has run until the arrays inside the result are evaluated
+        synchronize(*[a for a in _arrays(result) if isinstance(a, self.mx.array)])
         return result, time.perf_counter() - start
 
     def copy(self, array):
