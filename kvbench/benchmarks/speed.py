@@ -1,8 +1,9 @@
 """`speed`: how fast a codec encodes and decodes, against a plain memory copy of the same bytes.
 
-Vectors (1, 1, n, dim) in `dtype` are encoded, decoded and copied (torch.empty_like + copy_: one
-read and one write of the input, the memcpy baseline) in every repeat, so each repeat's ratio to
-memcpy compares runs made moments apart on the same, possibly noisy, machine.
+Vectors (1, 1, n, dim) in `dtype` are encoded, decoded and copied (on torch, copy_ into one
+buffer kept across repeats: one read and one write of the input, the memcpy baseline; on MLX a new
+array) in every repeat, so each repeat's ratio to memcpy compares runs made moments apart on the
+same, possibly noisy, machine.
 """
 from __future__ import annotations
 
