@@ -1,14 +1,16 @@
 """A codec as a layer cache policy: packed storage, decoded on read (the reference path)."""
 from __future__ import annotations
 
-import torch
-
-from kvbench.methods.base import Codec, LayerCachePolicy, Packed, storage_bytes, tensor_bytes
+from kvbench.methods.array_ops import TORCH_OPS
+from kvbench.methods.base import Codec, LayerCachePolicy, Packed
 
 
 class CodecCache(LayerCachePolicy):
     """Stores keys and values packed by `codec`; the newest `window` tokens (and any tokens that
-    do not yet fill a whole `codec.token_block`) stay in full precision and count at their dtype."""
+    do not yet fill a whole `codec.token_block`) stay in full precision and count at their dtype.
+    Array operations go through `ops` (kvbench.methods.array_ops)."""
+
+    ops = TORCH_OPS
 
     def __init__(self, key_codec: Codec, value_codec: Codec, window: int = 0):
         self.key_codec = key_codec
@@ -17,21 +19,22 @@ class CodecCache(LayerCachePolicy):
         self._block = max(key_codec.token_block, value_codec.token_block)
         self._packed: list[tuple[Packed, Packed]] = []
         self._packed_tokens = 0
-        self._raw_k: torch.Tensor | None = None
-        self._raw_v: torch.Tensor | None = None
+        self._raw_k = None
+        self._raw_v = None
 
     def append(self, keys, values, queries=None) -> None:
         if self._raw_k is None:
             self._raw_k, self._raw_v = keys, values
         else:
-            self._raw_k = torch.cat([self._raw_k, keys], dim=-2)
-            self._raw_v = torch.cat([self._raw_v, values], dim=-2)
+            self._raw_k = self.ops.concat([self._raw_k, keys])
+            self._raw_v = self.ops.concat([self._raw_v, values])
         spill = self._raw_k.shape[-2] - self.window
         spill -= spill % self._block
         if spill > 0:
-            # clone() so the kept tail does not pin the storage of what was packed
-            k_old, self._raw_k = self._raw_k[..., :spill, :], self._raw_k[..., spill:, :].clone()
-            v_old, self._raw_v = self._raw_v[..., :spill, :], self._raw_v[..., spill:, :].clone()
+            # copies, so the kept tail does not pin the storage of what was packed
+            k_old, v_old = self._raw_k[..., :spill, :], self._raw_v[..., :spill, :]
+            self._raw_k = self.ops.copy(self._raw_k[..., spill:, :])
+            self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
             self._packed.append((self.key_codec.encode(k_old), self.value_codec.encode(v_old)))
             self._packed_tokens += spill
             self._merge_packed()
@@ -55,9 +58,9 @@ class CodecCache(LayerCachePolicy):
     def attention_inputs(self):
         keys = [self.key_codec.decode(pk) for pk, _ in self._packed]
         values = [self.value_codec.decode(pv) for _, pv in self._packed]
-        dtype = self._raw_k.dtype
-        keys = torch.cat([k.to(dtype) for k in keys] + [self._raw_k], dim=-2)
-        values = torch.cat([v.to(dtype) for v in values] + [self._raw_v], dim=-2)
+        dtype, cast = self._raw_k.dtype, self.ops.cast
+        keys = self.ops.concat([cast(k, dtype) for k in keys] + [self._raw_k])
+        values = self.ops.concat([cast(v, dtype) for v in values] + [self._raw_v])
         return keys, values, None
 
     @property
@@ -74,8 +77,8 @@ class CodecCache(LayerCachePolicy):
         packed = sum(
             self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._packed
         )
-        return packed + tensor_bytes(self._raw_k, self._raw_v)
+        return packed + self.ops.nbytes(self._raw_k, self._raw_v)
 
     def measured_bytes(self) -> int:
         held = [t for pk, pv in self._packed for t in (*pk.tensors.values(), *pv.tensors.values())]
-        return storage_bytes(*held, self._raw_k, self._raw_v)
+        return self.ops.held_bytes(*held, self._raw_k, self._raw_v)

@@ -8,8 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
+from kvbench.methods.array_ops import TORCH_OPS
 from kvbench.methods.base import (
     Codec,
     LayerCachePolicy,
@@ -17,8 +16,6 @@ from kvbench.methods.base import (
     Packed,
     codecs_layout,
     register_method,
-    storage_bytes,
-    tensor_bytes,
 )
 from kvbench.methods.widths import bit_variants, check_width, nearest_width, refused
 
@@ -46,17 +43,19 @@ class DecayCache(LayerCachePolicy):
     dropped, but only at a one-token append or at end_prefill (see `Decay`).
 
     The schedule (score, bits_for, window, segment, evict_below) is `method`'s; the codecs at each
-    width come from `codecs` (default: method.codecs). The array operations are the static
-    methods below; kvbench.methods.mlx.decay runs this same logic on mx.array by overriding them
-    and passing the MLX codecs."""
+    width come from `codecs` (default: method.codecs). Array operations go through `ops`
+    (kvbench.methods.array_ops); kvbench.methods.mlx.decay runs this same logic on mx.array with
+    the MLX ops and codecs."""
+
+    ops = TORCH_OPS
 
     def __init__(self, method: Decay,
                  codecs: Callable[[int], tuple[Codec, Codec]] | None = None):
         self.method = method
         self.codecs = codecs or method.codecs
         self.segments: list[_Segment] = []
-        self.raw_k: torch.Tensor | None = None
-        self.raw_v: torch.Tensor | None = None
+        self.raw_k = None
+        self.raw_v = None
         self._seen = 0
         self.tokens_evicted = 0
         self.tokens_requantized = 0
@@ -69,8 +68,8 @@ class DecayCache(LayerCachePolicy):
         if self.raw_k is None:
             self.raw_k, self.raw_v = keys, values
         else:
-            self.raw_k = self._concat([self.raw_k, keys])
-            self.raw_v = self._concat([self.raw_v, values])
+            self.raw_k = self.ops.concat([self.raw_k, keys])
+            self.raw_v = self.ops.concat([self.raw_v, values])
         self._seen += keys.shape[-2]
         self._pack()
         # A multi-token step attends through a causal mask sized before it, to every key kept:
@@ -99,8 +98,8 @@ class DecayCache(LayerCachePolicy):
                 value_codec.encode(self.raw_v[..., part, :]),
             ))
         # a copy, so the kept tail does not pin the storage of what was packed
-        self.raw_k = self._copy(self.raw_k[..., spill:, :])
-        self.raw_v = self._copy(self.raw_v[..., spill:, :])
+        self.raw_k = self.ops.copy(self.raw_k[..., spill:, :])
+        self.raw_v = self.ops.copy(self.raw_v[..., spill:, :])
 
     def _decay(self, evict: bool) -> None:
         m = self.method
@@ -131,12 +130,12 @@ class DecayCache(LayerCachePolicy):
             key_codec, value_codec = self.codecs(bits)
             keys.extend(self._decode(key_codec, [seg.keys for seg in run], dtype))
             values.extend(self._decode(value_codec, [seg.values for seg in run], dtype))
-        keys = self._concat([*keys, self.raw_k])
-        return keys, self._concat([*values, self.raw_v]), None
+        keys = self.ops.concat([*keys, self.raw_k])
+        return keys, self.ops.concat([*values, self.raw_v]), None
 
     def _decode(self, codec: Codec, parts: list[Packed], dtype) -> list:
         merged = codec.merge(parts) if len(parts) > 1 else None
-        return [self._cast(codec.decode(p), dtype)
+        return [self.ops.cast(codec.decode(p), dtype)
                 for p in ([merged] if merged is not None else parts)]
 
     @property
@@ -153,12 +152,12 @@ class DecayCache(LayerCachePolicy):
         for seg in self.segments:
             key_codec, value_codec = self.codecs(seg.bits)
             packed += key_codec.nbytes(seg.keys) + value_codec.nbytes(seg.values)
-        return packed + self._nbytes(self.raw_k, self.raw_v)
+        return packed + self.ops.nbytes(self.raw_k, self.raw_v)
 
     def measured_bytes(self) -> int:
         held = [t for seg in self.segments
                 for t in (*seg.keys.tensors.values(), *seg.values.tensors.values())]
-        return self._held_bytes(*held, self.raw_k, self.raw_v)
+        return self.ops.held_bytes(*held, self.raw_k, self.raw_v)
 
     def segment_bits(self) -> list[int]:
         """The width of each segment held, oldest first."""
@@ -168,28 +167,6 @@ class DecayCache(LayerCachePolicy):
         # tokens_requantized counts each re-encoding: a token taken 4 -> 3 -> 2 bits counts twice.
         return {"tokens_evicted": float(self.tokens_evicted),
                 "tokens_requantized": float(self.tokens_requantized)}
-
-    # Array operations (torch here; the MLX cache overrides them).
-
-    @staticmethod
-    def _concat(arrays: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(arrays, dim=-2)  # along tokens
-
-    @staticmethod
-    def _copy(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @staticmethod
-    def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return x.to(dtype)
-
-    @staticmethod
-    def _nbytes(*arrays: torch.Tensor | None) -> int:
-        return tensor_bytes(*arrays)
-
-    @staticmethod
-    def _held_bytes(*arrays: torch.Tensor | None) -> int:
-        return storage_bytes(*arrays)
 
 
 @register_method("decay")

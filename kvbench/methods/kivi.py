@@ -3,16 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from kvbench.methods.base import (
-    LayerCachePolicy,
-    Method,
-    Packed,
-    register_method,
-    storage_bytes,
-    tensor_bytes,
-)
+from kvbench.methods.array_ops import TORCH_OPS
+from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed, register_method
 from kvbench.methods.intq import IntQCodec
 
 
@@ -20,50 +12,54 @@ class _Stream:
     """Keys or values of one layer: the oldest tokens packed by `codec` (merged into one block
     whenever the layout allows), the newer ones raw, in token order."""
 
-    def __init__(self, codec: IntQCodec):
-        self.codec = codec
+    def __init__(self, codec: Codec, ops):
+        self.codec, self.ops = codec, ops
         self.packed: list[Packed] = []
         self.packed_tokens = 0
-        self.raw: torch.Tensor | None = None
+        self.raw = None
 
     @property
     def raw_tokens(self) -> int:
         return 0 if self.raw is None else self.raw.shape[-2]
 
-    def push(self, x: torch.Tensor) -> None:
-        self.raw = x if self.raw is None else torch.cat([self.raw, x], dim=-2)
+    def push(self, x) -> None:
+        self.raw = x if self.raw is None else self.ops.concat([self.raw, x])
 
     def pack_oldest(self, tokens: int) -> None:
         if tokens <= 0:
             return
-        # clone() so the kept tail does not pin the storage of what was packed
-        old, self.raw = self.raw[..., :tokens, :], self.raw[..., tokens:, :].clone()
+        # a copy, so the kept tail does not pin the storage of what was packed
+        old, self.raw = self.raw[..., :tokens, :], self.ops.copy(self.raw[..., tokens:, :])
         self.packed.append(self.codec.encode(old))
         self.packed_tokens += tokens
         merged = self.codec.merge(self.packed) if len(self.packed) > 1 else None
         if merged is not None:
             self.packed = [merged]
 
-    def read(self) -> torch.Tensor:
-        return torch.cat([self.codec.decode(p) for p in self.packed] + [self.raw], dim=-2)
+    def read(self):
+        decoded = [self.ops.cast(self.codec.decode(p), self.raw.dtype) for p in self.packed]
+        return self.ops.concat(decoded + [self.raw])
 
     def nbytes(self) -> int:
-        return sum(self.codec.nbytes(p) for p in self.packed) + tensor_bytes(self.raw)
+        return sum(self.codec.nbytes(p) for p in self.packed) + self.ops.nbytes(self.raw)
 
-    def held(self) -> list[torch.Tensor]:
+    def held(self) -> list:
         return [t for p in self.packed for t in p.tensors.values()] + [self.raw]
 
 
 class KiviCache(LayerCachePolicy):
     """One layer of KIVI. Each append first quantizes what earlier steps left by the rule (whole
     key chunks; values older than the newest `residual`), then adds the new tokens raw, so
-    attention reads the current step's keys and values in full precision, as upstream does."""
+    attention reads the current step's keys and values in full precision, as upstream does.
+    Array operations go through `ops` (kvbench.methods.array_ops)."""
 
-    def __init__(self, method: Kivi):
-        self.keys = _Stream(method.key_codec())
-        self.values = _Stream(method.value_codec())
-        self.key_chunk = method.residual or method.group_size
-        self.residual = method.residual
+    ops = TORCH_OPS
+
+    def __init__(self, key_codec: Codec, value_codec: Codec, residual: int, group_size: int):
+        self.keys = _Stream(key_codec, self.ops)
+        self.values = _Stream(value_codec, self.ops)
+        self.key_chunk = residual or group_size
+        self.residual = residual
 
     def append(self, keys, values, queries=None) -> None:
         self._quantize()
@@ -94,7 +90,7 @@ class KiviCache(LayerCachePolicy):
         return self.keys.nbytes() + self.values.nbytes()
 
     def measured_bytes(self) -> int:
-        return storage_bytes(*self.keys.held(), *self.values.held())
+        return self.ops.held_bytes(*self.keys.held(), *self.values.held())
 
 
 @register_method("kivi")
@@ -155,4 +151,4 @@ class Kivi(Method):
         )
 
     def new_layer_cache(self, layer_idx: int) -> KiviCache:
-        return KiviCache(self)
+        return KiviCache(self.key_codec(), self.value_codec(), self.residual, self.group_size)

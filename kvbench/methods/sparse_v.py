@@ -1,4 +1,5 @@
-"""`sparse_v`: any method's cache, with value rows of negligible softmax weight skipped at decode."""
+"""`sparse_v`: any method's cache, with value rows of negligible softmax weight skipped at
+decode."""
 from __future__ import annotations
 
 import dataclasses
@@ -98,7 +99,8 @@ class SparseV(Method):
         try:
             self._base = build_method(self.base, self.base_params)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"base {self.base!r} with base_params {self.base_params}: {exc}") from None
+            raise ValueError(
+                f"base {self.base!r} with base_params {self.base_params}: {exc}") from None
 
     def new_layer_cache(self, layer_idx: int) -> SparseVCache:
         return SparseVCache(self._base.new_layer_cache(layer_idx), self.tau)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed
+from kvbench.methods.codec_cache import CodecCache
 
 _IMPLEMENTATIONS: dict[type, type] = {}
 
@@ -74,70 +75,36 @@ class MLXCodec(Codec):
         return array_bytes(*packed.tensors.values())
 
 
-class MLXCodecCache(LayerCachePolicy):
-    """kvbench.methods.codec_cache.CodecCache on mx.array: keys and values packed by their
-    codecs, the newest `window` tokens (and any that do not fill a codec token_block) raw."""
+class MLXOps:
+    """kvbench.methods.array_ops.TorchOps on mx.array. copy: mx.contiguous of a slice is a new
+    buffer (an MLX slice would keep the whole buffer it was cut from alive). Arrays count at their
+    own size for both accounted and measured bytes."""
 
-    def __init__(self, key_codec: Codec, value_codec: Codec, window: int = 0):
-        self.key_codec, self.value_codec, self.window = key_codec, value_codec, window
-        self._block = max(key_codec.token_block, value_codec.token_block)
-        self._packed: list[tuple[Packed, Packed]] = []
-        self._packed_tokens = 0
-        self._raw_k: mx.array | None = None
-        self._raw_v: mx.array | None = None
+    @staticmethod
+    def concat(arrays: list[mx.array]) -> mx.array:
+        return mx.concatenate(arrays, axis=-2)
 
-    def append(self, keys, values, queries=None) -> None:
-        if self._raw_k is None:
-            self._raw_k, self._raw_v = keys, values
-        else:
-            self._raw_k = mx.concatenate([self._raw_k, keys], axis=-2)
-            self._raw_v = mx.concatenate([self._raw_v, values], axis=-2)
-        spill = self._raw_k.shape[-2] - self.window
-        spill -= spill % self._block
-        if spill > 0:
-            # contiguous() copies the kept tail (torch: clone()): an MLX slice would keep the
-            # whole buffer it was cut from alive
-            k_old, v_old = self._raw_k[..., :spill, :], self._raw_v[..., :spill, :]
-            self._raw_k = mx.contiguous(self._raw_k[..., spill:, :])
-            self._raw_v = mx.contiguous(self._raw_v[..., spill:, :])
-            self._packed.append((self.key_codec.encode(k_old), self.value_codec.encode(v_old)))
-            self._packed_tokens += spill
-            if len(self._packed) > 1:
-                keys_m = self.key_codec.merge([pk for pk, _ in self._packed])
-                values_m = self.value_codec.merge([pv for _, pv in self._packed])
-                if keys_m is not None and values_m is not None:
-                    self._packed = [(keys_m, values_m)]
+    @staticmethod
+    def copy(x: mx.array) -> mx.array:
+        return mx.contiguous(x)
 
-    def trim(self, n: int) -> int:
-        """Only full-precision tokens can be taken back; packed ones stay."""
-        keep = max(0, self._raw_k.shape[-2] - n) if self._raw_k is not None else 0
-        dropped = 0 if self._raw_k is None else self._raw_k.shape[-2] - keep
-        if dropped:
-            self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
-        return dropped
+    @staticmethod
+    def cast(x: mx.array, dtype) -> mx.array:
+        return x.astype(dtype)
 
-    def attention_inputs(self):
-        dtype = self._raw_k.dtype
-        keys = [self.key_codec.decode(pk).astype(dtype) for pk, _ in self._packed]
-        values = [self.value_codec.decode(pv).astype(dtype) for _, pv in self._packed]
-        return (mx.concatenate(keys + [self._raw_k], axis=-2),
-                mx.concatenate(values + [self._raw_v], axis=-2), None)
+    @staticmethod
+    def nbytes(*arrays: mx.array | None) -> int:
+        return array_bytes(*arrays)
 
-    @property
-    def seen_tokens(self) -> int:
-        return self.retained_tokens
+    @staticmethod
+    def held_bytes(*arrays: mx.array | None) -> int:
+        return array_bytes(*arrays)
 
-    @property
-    def retained_tokens(self) -> int:
-        raw = 0 if self._raw_k is None else self._raw_k.shape[-2]
-        return self._packed_tokens + raw
 
-    @property
-    def retained_bytes(self) -> int:
-        packed = sum(self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv)
-                     for pk, pv in self._packed)
-        return packed + array_bytes(self._raw_k, self._raw_v)
+MLX_OPS = MLXOps()
 
-    def measured_bytes(self) -> int:
-        held = [t for pk, pv in self._packed for t in (*pk.tensors.values(), *pv.tensors.values())]
-        return array_bytes(*held, self._raw_k, self._raw_v)
+
+class MLXCodecCache(CodecCache):
+    """kvbench.methods.codec_cache.CodecCache on mx.array."""
+
+    ops = MLX_OPS

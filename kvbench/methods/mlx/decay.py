@@ -1,44 +1,22 @@
 """`decay` on MLX: temporal requantization and eviction by segment (kvbench.methods.decay).
 
 The schedule is the torch config's (Decay.score, bits_for, widths, window, segment, evict_below)
-and the cache logic is torch's DecayCache itself, run on mx.array: MLXDecayCache overrides only
-its array operations and stores segments with the base's MLX codecs at each width (on_mlx of
-the base built at that width), so both backends form, requantize and evict the same segments at
-the same steps and count the same bytes.
+and the cache logic is torch's DecayCache itself, run on mx.array: MLXDecayCache stores segments
+with the base's MLX codecs at each width (on_mlx of the base built at that width) and uses the
+MLX array operations, so both backends form, requantize and evict the same segments at the same
+steps and count the same bytes.
 """
 from __future__ import annotations
 
-import mlx.core as mx
-
 from kvbench.methods.base import Codec
 from kvbench.methods.decay import Decay, DecayCache
-from kvbench.methods.mlx.base import MLXMethod, array_bytes, mlx_implementation, on_mlx
+from kvbench.methods.mlx.base import MLX_OPS, MLXMethod, mlx_implementation, on_mlx
 
 
 class MLXDecayCache(DecayCache):
-    """DecayCache on mx.array. Raw tokens concatenate with mx.concatenate; the kept raw tail is
-    a copy (mx.contiguous, as torch's clone(): a slice would keep the packed tokens' buffer
-    alive); arrays count at their own size (nbytes) for both retained and measured bytes."""
+    """DecayCache on mx.array (kvbench.methods.mlx.base.MLXOps)."""
 
-    @staticmethod
-    def _concat(arrays: list[mx.array]) -> mx.array:
-        return mx.concatenate(arrays, axis=-2)
-
-    @staticmethod
-    def _copy(x: mx.array) -> mx.array:
-        return mx.contiguous(x)
-
-    @staticmethod
-    def _cast(x: mx.array, dtype) -> mx.array:
-        return x.astype(dtype)
-
-    @staticmethod
-    def _nbytes(*arrays: mx.array | None) -> int:
-        return array_bytes(*arrays)
-
-    @staticmethod
-    def _held_bytes(*arrays: mx.array | None) -> int:
-        return array_bytes(*arrays)
+    ops = MLX_OPS
 
 
 @mlx_implementation(Decay)
