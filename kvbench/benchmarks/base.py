@@ -6,6 +6,7 @@ metrics it reports (so claims and tolerances naming a metric are checked before 
 """
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from kvbench.backends.arrays import ArrayBackend, array_backend
+from kvbench.data.text import check_text, resolve_text
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.registry import Registry
@@ -76,6 +78,31 @@ class Benchmark(ABC):
 
     @abstractmethod
     def run(self, params: Any, method: Method, ctx: RunContext) -> BenchmarkOutput: ...
+
+
+def check_at_least(params: Any, lows: dict[str, int]) -> None:
+    """ValueError naming the first parameter below its least value (for Params.__post_init__)."""
+    for name, low in lows.items():
+        value = getattr(params, name)
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value!r}")
+
+
+class TextModelBenchmark(Benchmark):
+    """A benchmark that reads a text's tokens through the suite's model, on either backend.
+    Its Params have `text` ("pydoc", a file relative to the suite, or an hf: source)."""
+
+    uses_model = True
+    backends = ("torch", "mlx")
+
+    def resolve_paths(self, params: Any, base_dir: Path) -> Any:
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+
+    def check_text_and_model(self, params: Any, model: ModelInfo | None) -> None:
+        """The start of every such check(): the text exists and a model is set."""
+        check_text(params.text)
+        if model is None:
+            raise ValueError(f"{self.name} needs a model; set the suite's model")
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")

@@ -9,26 +9,19 @@ show); a lossy one reports how far each step diverges.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from kvbench.benchmarks.base import (
-    Benchmark,
     BenchmarkOutput,
     MetricSpec,
     RunContext,
+    TextModelBenchmark,
+    check_at_least,
     register_benchmark,
 )
-from kvbench.data.text import (
-    check_text,
-    parse_hf_source,
-    resolve_text,
-    token_window,
-    tokens_sha256,
-)
+from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.models.session import open_session
@@ -56,10 +49,7 @@ class ParityParams:
     calibration: int = 512
 
     def __post_init__(self):
-        for name, low in (("context", 1), ("steps", 1), ("trim", 0), ("offset", 0),
-                          ("calibration", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+        check_at_least(self, {"context": 1, "steps": 1, "trim": 0, "offset": 0, "calibration": 0})
         if self.trim >= self.context:
             raise ValueError(f"trim must be below context ({self.context}), got {self.trim!r}")
         if self.text.startswith("hf:"):
@@ -67,14 +57,13 @@ class ParityParams:
 
 
 @register_benchmark("parity")
-class Parity(Benchmark):
+class Parity(TextModelBenchmark):
     """Incremental decode through the cache against a full recompute of the same sequence."""
 
     Params = ParityParams
-    uses_model = True
-    backends = ("torch", "mlx")
     metrics = {
-        "max_logit_diff": MetricSpec("logit", "lower", "max |logit_cached - logit_full|, all steps"),
+        "max_logit_diff": MetricSpec(
+            "logit", "lower", "max |logit_cached - logit_full|, all steps"),
         "mean_kl": MetricSpec("nats", "lower", "mean over steps of KL(full || cached)"),
         "max_kl": MetricSpec("nats", "lower", "largest KL(full || cached) of any step"),
         "greedy_agreement": MetricSpec(
@@ -83,13 +72,8 @@ class Parity(Benchmark):
             "steps", "higher", "steps before the full recompute first picks another token"),
     }
 
-    def resolve_paths(self, params: ParityParams, base_dir: Path) -> ParityParams:
-        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
-
     def check(self, params: ParityParams, model: ModelInfo | None) -> None:
-        check_text(params.text)
-        if model is None:
-            raise ValueError("parity needs a model; set the suite's model")
+        self.check_text_and_model(params, model)
         total = params.context + params.steps
         if model.max_context is not None and total > model.max_context:
             raise ValueError(f"context + steps = {total} tokens is above the"

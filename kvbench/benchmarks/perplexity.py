@@ -9,28 +9,21 @@ on the same tokens and backend.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from kvbench.benchmarks.base import (
-    Benchmark,
     BenchmarkOutput,
     MetricSpec,
     RunContext,
+    TextModelBenchmark,
+    check_at_least,
     register_benchmark,
 )
-from kvbench.data.text import (
-    check_text,
-    parse_hf_source,
-    resolve_text,
-    token_window,
-    tokens_sha256,
-)
+from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.session import Session, open_session
 from kvbench.models.info import ModelInfo
@@ -60,11 +53,8 @@ class PerplexityParams:
     calibration: int = 512
 
     def __post_init__(self):
-        for name, low in (("context", 1), ("continuation", 2), ("decode_chunk", 1), ("offset", 0),
-                          ("calibration", 0)):
-            value = getattr(self, name)
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value!r}")
+        check_at_least(self, {"context": 1, "continuation": 2, "decode_chunk": 1, "offset": 0,
+                              "calibration": 0})
         if self.text.startswith("hf:"):
             parse_hf_source(self.text)  # a malformed source is refused before anything runs
 
@@ -77,12 +67,10 @@ class _Pass:
 
 
 @register_benchmark("perplexity")
-class Perplexity(Benchmark):
+class Perplexity(TextModelBenchmark):
     """Perplexity of a continuation read through the method's cache, against the plain model."""
 
     Params = PerplexityParams
-    uses_model = True
-    backends = ("torch", "mlx")
     metrics = {
         "perplexity": MetricSpec("ppl", "lower", "exp(mean NLL) of the continuation via the cache"),
         "ppl_reference": MetricSpec("ppl", "none", "the plain model (DynamicCache), same tokens"),
@@ -98,13 +86,8 @@ class Perplexity(Benchmark):
             "", "lower", "mean relative squared error of decode attention outputs vs dense"),
     }
 
-    def resolve_paths(self, params: PerplexityParams, base_dir: Path) -> PerplexityParams:
-        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
-
     def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
-        check_text(params.text)
-        if model is None:
-            raise ValueError("perplexity needs a model; set the suite's model")
+        self.check_text_and_model(params, model)
         total = params.context + params.continuation
         if model.max_context is not None and total > model.max_context:
             raise ValueError(

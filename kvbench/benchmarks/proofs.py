@@ -18,6 +18,7 @@ from kvbench.benchmarks.base import (
     BenchmarkOutput,
     MetricSpec,
     RunContext,
+    check_at_least,
     register_benchmark,
 )
 from kvbench.data.synthetic import KINDS, make_queries, make_vectors
@@ -55,9 +56,7 @@ class ProofsParams:
             raise ValueError(f"data must be one of {[*KINDS, 'captured']}, got {self.data!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("n_vectors", "dim", "tokens", "n_queries"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        check_at_least(self, {"n_vectors": 1, "dim": 1, "tokens": 1, "n_queries": 1})
         if not self.layers or any(layer < 0 for layer in self.layers):
             raise ValueError(f"layers must be a non-empty list of indices >= 0, got {self.layers}")
 

@@ -9,26 +9,19 @@ with each cache and compare them.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from kvbench.benchmarks.base import (
-    Benchmark,
     BenchmarkOutput,
     MetricSpec,
     RunContext,
+    TextModelBenchmark,
+    check_at_least,
     register_benchmark,
 )
-from kvbench.data.text import (
-    check_text,
-    parse_hf_source,
-    resolve_text,
-    token_window,
-    tokens_sha256,
-)
+from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.models.session import Session, open_session
@@ -59,22 +52,18 @@ class QualityParams:
     calibration: int = 512
 
     def __post_init__(self):
-        for name, low in (("context", 1), ("continuation", 1), ("greedy_tokens", 1),
-                          ("top_k", 1), ("offset", 0), ("calibration", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)!r}")
+        check_at_least(self, {"context": 1, "continuation": 1, "greedy_tokens": 1, "top_k": 1,
+                              "offset": 0, "calibration": 0})
         if self.text.startswith("hf:"):
             parse_hf_source(self.text)
 
 
 @register_benchmark("quality")
-class Quality(Benchmark):
+class Quality(TextModelBenchmark):
     """Next-token distributions and greedy text through the method's cache, against the plain
     model: top-k overlap, KL both ways, top-1 and greedy agreement."""
 
     Params = QualityParams
-    uses_model = True
-    backends = ("torch", "mlx")
     metrics = {
         "top_k_overlap": MetricSpec("", "higher", "mean |top-k(method) ∩ top-k(plain)| / k"),
         "kl_plain_method": MetricSpec("nats", "lower", "mean KL(plain || method), full vocab"),
@@ -86,13 +75,8 @@ class Quality(Benchmark):
             "", "higher", "greedy tokens before the first difference / greedy_tokens"),
     }
 
-    def resolve_paths(self, params: QualityParams, base_dir: Path) -> QualityParams:
-        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
-
     def check(self, params: QualityParams, model: ModelInfo | None) -> None:
-        check_text(params.text)
-        if model is None:
-            raise ValueError("quality needs a model; set the suite's model")
+        self.check_text_and_model(params, model)
         longest = params.context + max(params.continuation, params.greedy_tokens)
         if model.max_context is not None and longest > model.max_context:
             raise ValueError(f"context + continuation (or greedy_tokens) = {longest} tokens is"

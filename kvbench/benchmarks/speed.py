@@ -20,6 +20,7 @@ from kvbench.benchmarks.base import (
     BenchmarkOutput,
     MetricSpec,
     RunContext,
+    check_at_least,
     register_benchmark,
 )
 from kvbench.data.synthetic import KINDS, make_vectors
@@ -56,12 +57,7 @@ class SpeedParams:
             raise ValueError(f"data must be one of {sorted(KINDS)}, got {self.data!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("n_vectors", "dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("chunk", "warmup"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        check_at_least(self, {"n_vectors": 1, "dim": 1, "chunk": 0, "warmup": 0})
 
 
 def estimate_bytes(params: SpeedParams) -> int:
