@@ -34,6 +34,7 @@ import torch
 mx = pytest.importorskip("mlx.core")
 
 import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
+from kvbench.backends.arrays import MLXArrays  # noqa: E402
 from kvbench.methods import METHODS  # noqa: E402
 from kvbench.methods import packing as torch_packing  # noqa: E402
 from kvbench.methods.base import Packed  # noqa: E402
@@ -74,16 +75,8 @@ TO_MX = {torch.float32: mx.float32, torch.float16: mx.float16, torch.bfloat16: m
 
 # --- conversions --------------------------------------------------------------------------------
 
-def to_mx(t: torch.Tensor):
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
-        return mx.array(t.float().numpy()).astype(mx.bfloat16)
-    return mx.array(t.contiguous().numpy())
-
-
-def to_torch(a) -> torch.Tensor:
-    if a.dtype == mx.bfloat16:
-        return torch.from_numpy(np.array(a.astype(mx.float32))).bfloat16()
-    return torch.from_numpy(np.array(a))
+# The benchmarks' own conversions (bfloat16 through float32, which holds it exactly)
+to_mx, to_torch = MLXArrays().from_torch, MLXArrays().to_torch
 
 
 def packed_to_mx(p: Packed) -> Packed:
