@@ -7,6 +7,7 @@ metrics it reports (so claims and tolerances naming a metric are checked before 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +48,10 @@ class RunContext:
     status: Callable[[str], None] = lambda message: None  # progress text for the current case
     backend: str = "torch"
 
-    @property
+    @functools.cached_property
     def arrays(self) -> ArrayBackend:
         """The backend's arrays: conversions, synchronised timing, a plain copy, the method's
-        implementation on it."""
+        implementation on it (one per case)."""
         return array_backend(self.backend, self.device)
 
 

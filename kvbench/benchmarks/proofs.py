@@ -63,8 +63,7 @@ class ProofsParams:
 
 def _time_ms(fn, ctx: RunContext) -> list[float]:
     """ctx.repeats wall times of fn() in ms, the work finished before each clock read."""
-    arrays = ctx.arrays
-    return [arrays.timed(fn)[1] * 1e3 for _ in range(ctx.repeats)]
+    return [ctx.arrays.timed(fn)[1] * 1e3 for _ in range(ctx.repeats)]
 
 
 def _sha256(*tensors: torch.Tensor) -> str:
