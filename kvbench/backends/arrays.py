@@ -76,18 +76,14 @@ class MLXArrays:
         self.mx = mx
 
     def from_torch(self, tensor: torch.Tensor):
-        mx = self.mx
-        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
-            return mx.array(tensor.float().cpu().numpy()).astype(mx.bfloat16)
-        return mx.array(tensor.cpu().numpy())
+        from kvbench.methods.mlx.base import to_mx
+
+        return to_mx(tensor)
 
     def to_torch(self, array) -> torch.Tensor:
-        import numpy as np
+        from kvbench.methods.mlx.base import to_torch
 
-        mx = self.mx
-        if array.dtype == mx.bfloat16:
-            return torch.from_numpy(np.array(array.astype(mx.float32))).bfloat16()
-        return torch.from_numpy(np.array(array))
+        return to_torch(array)
 
     def timed(self, fn) -> tuple[Any, float]:
         from kvbench.backends.mlx_backend import synchronize

@@ -1,5 +1,5 @@
 """Built-in methods register themselves on import."""
-from kvbench.methods import adaptive, decay  # noqa: F401
+from kvbench.methods import adaptive, am, butterfly, decay, eviction  # noqa: F401
 from kvbench.methods import identity, intq  # noqa: F401
 from kvbench.methods import kivi  # noqa: F401
 from kvbench.methods import lloydmax  # noqa: F401

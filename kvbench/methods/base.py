@@ -57,6 +57,9 @@ class LayerCachePolicy(ABC):
     # Sparse-V: at one-token steps, value rows whose softmax weight is below this are skipped
     # (0 = off). A policy that sets it implements record_sparse_v.
     value_skip_threshold: float = 0.0
+    # A policy that scores tokens by attention sets this; the model's attention then calls
+    # observe_queries() after every forward of this layer.
+    observes_queries: bool = False
 
     @abstractmethod
     def append(
@@ -69,6 +72,19 @@ class LayerCachePolicy(ABC):
 
     def end_prefill(self) -> None:
         """Called once after the prompt is in; compaction methods compress here."""
+
+    def observe_queries(self, queries: torch.Tensor) -> None:
+        """The post-RoPE queries (batch, query_heads, q, head_dim) of the step that just attended
+        over attention_inputs(); query head h reads KV head h // (query_heads // kv_heads).
+        Called only when observes_queries is set."""
+        raise NotImplementedError(f"{type(self).__name__} sets observes_queries"
+                                  " but does not take them")
+
+    @property
+    def summary_slots(self) -> int:
+        """Keys attention_inputs() returns that stand for groups of tokens (block summaries)
+        rather than tokens; they come first. The rest are retained_tokens tokens."""
+        return 0
 
     @property
     @abstractmethod

@@ -1,10 +1,11 @@
 """kvbench's attention function for transformers models: SDPA, unless the cache layer that was
-just updated asks for an additive key bias or sparse-V.
+just updated asks for an additive key bias or sparse-V, or wants to see the queries.
 
 Models are loaded with attn_implementation="kvbench". A KVBenchCache layer whose policy returns a
-bias or turns sparse-V on calls hand_over() in its update(); the attention call that follows in
-the same module reads and clears it. With nothing handed over (a DynamicCache, or a policy with
-neither), this is exactly transformers' SDPA attention, so the identity method stays bit-exact.
+bias, turns sparse-V on or observes queries calls hand_over() in its update(); the attention call
+that follows in the same module reads and clears it. With nothing handed over (a DynamicCache, or
+a policy with none of these), this is exactly transformers' SDPA attention, so the identity method
+stays bit-exact; a policy that only observes queries also gets SDPA's output.
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ class Handoff:
 
     layer_idx: int
     policy: LayerCachePolicy  # its value_skip_threshold turns sparse-V on; it records the skips
-    bias: torch.Tensor | None  # (batch, kv_heads, keys), added to the logits of every query
+    # (batch, kv_heads, keys): added to the logits of every query; (batch, kv_heads, queries,
+    # keys): the policy's own visibility, added instead of the model's causal mask
+    bias: torch.Tensor | None
 
 
 _pending = threading.local()
@@ -44,6 +47,12 @@ def hand_over(handoff: Handoff) -> None:
     _pending.value = handoff
 
 
+def drop_pending() -> None:
+    """Forget a handoff left by a forward that failed between its cache update and attention,
+    so it cannot be taken for the next model's (a new cache calls this)."""
+    _pending.value = None
+
+
 def kvbench_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                       **kwargs):
     handoff, _pending.value = getattr(_pending, "value", None), None
@@ -54,11 +63,18 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
         raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
                            f" {handoff.layer_idx}")
     policy = handoff.policy
-    out, sparse = biased_attention(query, key, value, attention_mask, handoff.bias, scaling,
-                                   policy.value_skip_threshold)
-    if sparse is not None:
-        policy.record_sparse_v(*sparse)
-    return out.transpose(1, 2).contiguous(), None
+    if handoff.bias is None and not policy.value_skip_threshold:
+        out = sdpa_attention_forward(module, query, key, value, attention_mask,
+                                     dropout=dropout, scaling=scaling, **kwargs)
+    else:
+        out, sparse = biased_attention(query, key, value, attention_mask, handoff.bias, scaling,
+                                       policy.value_skip_threshold)
+        if sparse is not None:
+            policy.record_sparse_v(*sparse)
+        out = (out.transpose(1, 2).contiguous(), None)
+    if policy.observes_queries:
+        policy.observe_queries(query)
+    return out
 
 
 def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -68,7 +84,8 @@ def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T) or None; mask bool (True =
     attend) or additive, broadcastable to (B, Hq, q, T), or None: causal, as SDPA's is_causal,
-    with the q queries at the last q positions.
+    with the q queries at the last q positions. A bias (B, Hkv, q, T) is per query and replaces
+    the mask: it is the policy's own visibility (-inf = hidden), causality included.
     With skip_below > 0 and a single query, value rows whose weight is below it are left out of
     the sum (no renormalisation, as sparse-V kernels skip them).
     Returns (output in query's dtype, None or (rows skipped, rows, mean relative squared error
@@ -80,6 +97,8 @@ def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     v = value.float().repeat_interleave(groups, dim=1)
     logits = query.float() @ k.transpose(-1, -2) * scaling
     queries, keys = query.shape[-2], key.shape[-2]
+    if bias is not None and bias.dim() == 4:
+        mask, bias = bias.float().repeat_interleave(groups, dim=1), None
     if mask is None and queries > 1:
         # SDPA's is_causal case: the new queries are the last ones, every earlier key is visible
         offset = keys - queries

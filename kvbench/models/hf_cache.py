@@ -10,8 +10,8 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.methods.base import LayerCachePolicy, Method
-from kvbench.models.attention import Handoff, hand_over
-from kvbench.models.policy_totals import PolicyTotals
+from kvbench.models.attention import Handoff, drop_pending, hand_over
+from kvbench.models.policy_totals import PolicyTotals, check_attention_inputs
 
 
 class PolicyLayer(CacheLayerMixin):
@@ -23,6 +23,7 @@ class PolicyLayer(CacheLayerMixin):
         super().__init__()
         self.policy = policy
         self.layer_idx = layer_idx
+        self.own_mask = False  # the last update returned a per-query bias: no causal mask used
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -37,31 +38,13 @@ class PolicyLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         self.policy.append(key_states, value_states)
         keys, values, bias = self.policy.attention_inputs()
-        self._check(keys)
-        if bias is not None and bias.shape != keys.shape[:-1]:
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {type(self.policy).__name__} returned a key bias of"
-                f" shape {tuple(bias.shape)}; it must be (batch, kv_heads, keys) ="
-                f" {tuple(keys.shape[:-1])}"
-            )
-        if bias is not None or self.policy.value_skip_threshold:
-            hand_over(Handoff(self.layer_idx, self.policy, bias))
+        check_attention_inputs(self.policy, self.layer_idx, keys.shape,
+                               None if bias is None else bias.shape, key_states.shape[-2])
+        self.own_mask = bias is not None and bias.dim() == 4
+        policy = self.policy
+        if bias is not None or policy.value_skip_threshold or policy.observes_queries:
+            hand_over(Handoff(self.layer_idx, policy, bias))
         return keys, values
-
-    def _check(self, keys: torch.Tensor) -> None:
-        """A policy that keeps nothing, more than it saw, or not what it reports is a bug."""
-        policy, name = self.policy, type(self.policy).__name__
-        seen, retained = policy.seen_tokens, policy.retained_tokens
-        if not 0 < retained <= seen:
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {name} retains {retained} tokens after seeing {seen}"
-                " (must be between 1 and the tokens seen)"
-            )
-        if keys.shape[-2] != retained:
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {name} returned {keys.shape[-2]} keys"
-                f" but reports {retained} retained tokens"
-            )
 
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' rewind: a negative count of newest tokens to forget."""
@@ -76,10 +59,11 @@ class PolicyLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if not self.is_initialized:  # a policy need not answer before its first append
             return query_length, 0
-        # Keys returned = retained + new. The offset maps the new keys to their true positions
-        # (seen .. seen+q-1) so they stay causal; every retained key lies before them.
-        retained, seen = self.policy.retained_tokens, self.policy.seen_tokens
-        return retained + query_length, seen - retained
+        # Keys returned = summaries + retained + new. The offset maps the new keys to their true
+        # positions (seen .. seen+q-1) so they stay causal; every retained key lies before them.
+        policy = self.policy
+        kept = policy.retained_tokens + policy.summary_slots
+        return kept + query_length, policy.seen_tokens - kept
 
     def get_seq_length(self) -> int:
         return self.policy.seen_tokens if self.is_initialized else 0
@@ -95,6 +79,7 @@ class KVBenchCache(PolicyTotals, Cache):
         layers = [PolicyLayer(method.new_layer_cache(i), i) for i in range(num_layers)]
         super().__init__(layers=layers)
         self._mask_kv_length: int | None = None
+        drop_pending()
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         sizes = super().get_mask_sizes(query_length, layer_idx)
@@ -107,7 +92,8 @@ class KVBenchCache(PolicyTotals, Cache):
         # A one-token step needs no mask (SDPA attends to every key); a longer one uses the shared
         # mask, which only fits if this layer returned as many keys as it was sized for.
         query_length = key_states.shape[-2]
-        if query_length > 1 and self._mask_kv_length not in (None, keys.shape[-2]):
+        if (query_length > 1 and not self.layers[layer_idx].own_mask
+                and self._mask_kv_length not in (None, keys.shape[-2])):
             raise RuntimeError(
                 f"layer {layer_idx}: {keys.shape[-2]} keys for a {query_length}-token step, but the"
                 f" causal mask was sized for {self._mask_kv_length}; a policy that drops tokens"

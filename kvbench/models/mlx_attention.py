@@ -36,7 +36,9 @@ class Handoff:
 
     layer_idx: int
     policy: LayerCachePolicy  # its value_skip_threshold turns sparse-V on; it records the skips
-    bias: mx.array | None  # (batch, kv_heads, keys), added to the logits of every query
+    # (batch, kv_heads, keys): added to the logits of every query; (batch, kv_heads, queries,
+    # keys): the policy's own visibility, added instead of the model's causal mask
+    bias: mx.array | None
 
 
 def install(model: Any) -> tuple[str, ...]:
@@ -69,10 +71,15 @@ def _wrap(original: Callable) -> Callable:
         scale = kwargs["scale"] if "scale" in kwargs else args[1]
         mask = kwargs["mask"] if "mask" in kwargs else args[2]
         policy = handoff.policy
-        out, sparse = biased_attention(queries, keys, values, mask, handoff.bias, scale,
-                                       policy.value_skip_threshold)
-        if sparse is not None:
-            policy.record_sparse_v(*sparse)
+        if handoff.bias is None and not policy.value_skip_threshold:
+            out = original(queries, keys, values, *args, **kwargs)
+        else:
+            out, sparse = biased_attention(queries, keys, values, mask, handoff.bias, scale,
+                                           policy.value_skip_threshold)
+            if sparse is not None:
+                policy.record_sparse_v(*sparse)
+        if policy.observes_queries:
+            policy.observe_queries(queries)
         return out
 
     scaled_dot_product_attention.__kvbench_original__ = original
@@ -93,7 +100,8 @@ def biased_attention(query: mx.array, key: mx.array, value: mx.array, mask: Any,
     """softmax(q k^T * scale + mask + bias) v in float32, GQA by head groups: the MLX twin of
     kvbench.models.attention.biased_attention, step for step.
 
-    query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T) or None; mask as mlx-lm
+    query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T), per query (B, Hkv, q, T)
+    replacing the mask, or None; mask as mlx-lm
     gives it: None (no mask for one query, else causal), "causal" (the q queries at the last q
     positions), a bool array (True = attend) or an additive one, broadcastable to (B, Hq, q, T).
     With skip_below > 0 and a single query, value rows whose weight is below it are left out of
@@ -107,6 +115,8 @@ def biased_attention(query: mx.array, key: mx.array, value: mx.array, mask: Any,
     v = mx.repeat(value.astype(mx.float32), groups, axis=1)
     logits = query.astype(mx.float32) @ k.swapaxes(-1, -2) * scale
     queries, keys = query.shape[-2], key.shape[-2]
+    if bias is not None and bias.ndim == 4:
+        mask, bias = mx.repeat(bias.astype(mx.float32), groups, axis=1), None
     if isinstance(mask, str):
         if mask != "causal":
             raise ValueError(f"unknown attention mask {mask!r}")

@@ -26,7 +26,7 @@ import numpy as np
 
 from kvbench.methods.base import Codec, LayerCachePolicy, Method
 from kvbench.models.mlx_attention import Handoff, install
-from kvbench.models.policy_totals import PolicyTotals
+from kvbench.models.policy_totals import PolicyTotals, check_attention_inputs
 
 # Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
 # prefill can skip the vocabulary projection of every position but the last, as torch's
@@ -158,23 +158,23 @@ class MLXPolicyLayer:
         self.policy.append(keys, values)
         self._started = True
         out_keys, out_values, bias = self.policy.attention_inputs()
-        self._check(out_keys)
-        if bias is not None and tuple(bias.shape) != tuple(out_keys.shape[:-1]):
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {type(self.policy).__name__} returned a key bias of"
-                f" shape {tuple(bias.shape)}; it must be (batch, kv_heads, keys) ="
-                f" {tuple(out_keys.shape[:-1])}")
-        # A one-token step needs no mask; a longer one uses the mask make_mask sized from the
-        # first layer, which only fits if this layer returned as many keys.
         query_length = keys.shape[-2]
-        if query_length > 1 and owner._mask_kv_length not in (None, out_keys.shape[-2]):
+        check_attention_inputs(self.policy, self.layer_idx, out_keys.shape,
+                               None if bias is None else bias.shape, query_length)
+        # A one-token step needs no mask; a longer one uses the mask make_mask sized from the
+        # first layer, which only fits if this layer returned as many keys (unless its per-query
+        # bias replaces the mask).
+        own_mask = bias is not None and bias.ndim == 4
+        if (query_length > 1 and not own_mask
+                and owner._mask_kv_length not in (None, out_keys.shape[-2])):
             raise RuntimeError(
                 f"layer {self.layer_idx}: {out_keys.shape[-2]} keys for a {query_length}-token"
                 f" step, but the causal mask was sized for {owner._mask_kv_length}; a policy that"
                 " drops tokens inside a multi-token step, or keeps a different count per layer,"
                 " needs one-token decode steps")
-        if bias is not None or self.policy.value_skip_threshold:
-            owner._pending = Handoff(self.layer_idx, self.policy, bias)
+        policy = self.policy
+        if bias is not None or policy.value_skip_threshold or policy.observes_queries:
+            owner._pending = Handoff(self.layer_idx, policy, bias)
         return out_keys, out_values
 
     def take_handoff(self) -> Handoff | None:
@@ -188,24 +188,12 @@ class MLXPolicyLayer:
                                f" {handoff.layer_idx}")
         return handoff
 
-    def _check(self, keys: mx.array) -> None:
-        """A policy that keeps nothing, more than it saw, or not what it reports is a bug."""
-        policy, name = self.policy, type(self.policy).__name__
-        seen, retained = policy.seen_tokens, policy.retained_tokens
-        if not 0 < retained <= seen:
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {name} retains {retained} tokens after seeing {seen}"
-                " (must be between 1 and the tokens seen)")
-        if keys.shape[-2] != retained:
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {name} returned {keys.shape[-2]} keys"
-                f" but reports {retained} retained tokens")
-
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
         """The mask for N new queries over retained + N keys, the queries last (causal)."""
         if window_size is not None:
             raise NotImplementedError("MLXKVBenchCache does not host sliding-window layers")
-        retained = self.policy.retained_tokens if self._started else 0
+        policy = self.policy
+        retained = policy.retained_tokens + policy.summary_slots if self._started else 0
         self._owner._mask_kv_length = retained + N
         if N == 1:
             return None

@@ -1,4 +1,5 @@
-"""What a model's cache adapter (transformers or mlx-lm) reports about its layers' policies."""
+"""What a model's cache adapter (transformers or mlx-lm) checks and reports about its layers'
+policies."""
 from __future__ import annotations
 
 from kvbench.methods.base import LayerCachePolicy
@@ -35,3 +36,23 @@ class PolicyTotals:
             for name, value in policy.counters().items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
+
+
+def check_attention_inputs(policy: LayerCachePolicy, layer_idx: int, keys_shape: tuple,
+                           bias_shape: tuple | None, query_length: int) -> None:
+    """A policy that keeps nothing, more than it saw, or not what it reports, or whose bias does
+    not fit the keys it returned, is a bug: both adapters call this after every append."""
+    name = type(policy).__name__
+    seen, retained, summaries = policy.seen_tokens, policy.retained_tokens, policy.summary_slots
+    if not 0 < retained <= seen:
+        raise RuntimeError(f"layer {layer_idx}: {name} retains {retained} tokens after seeing"
+                           f" {seen} (must be between 1 and the tokens seen)")
+    if keys_shape[-2] != retained + summaries:
+        raise RuntimeError(f"layer {layer_idx}: {name} returned {keys_shape[-2]} keys but reports"
+                           f" {retained} retained tokens and {summaries} summaries")
+    allowed = (tuple(keys_shape[:-1]),
+               (*keys_shape[:-2], query_length, keys_shape[-2]))
+    if bias_shape is not None and tuple(bias_shape) not in allowed:
+        raise RuntimeError(
+            f"layer {layer_idx}: {name} returned a key bias of shape {tuple(bias_shape)}; it must"
+            f" be (batch, kv_heads, keys) = {allowed[0]} or per query {allowed[1]}")

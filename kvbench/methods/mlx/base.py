@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import mlx.core as mx
+import numpy as np
+import torch
 
 from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed
 from kvbench.methods.codec_cache import CodecCache
@@ -62,6 +64,20 @@ class MLXMethod:
 
     def layout(self) -> str:
         return self.config.layout()
+
+
+def to_mx(tensor: torch.Tensor) -> mx.array:
+    """A torch tensor as an mx.array of the same dtype (a copy)."""
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
+        return mx.array(tensor.float().cpu().numpy()).astype(mx.bfloat16)
+    return mx.array(tensor.cpu().numpy())
+
+
+def to_torch(array: mx.array) -> torch.Tensor:
+    """An mx.array as a CPU torch tensor of the same dtype (a copy)."""
+    if array.dtype == mx.bfloat16:
+        return torch.from_numpy(np.array(array.astype(mx.float32))).bfloat16()
+    return torch.from_numpy(np.array(array))
 
 
 def array_bytes(*arrays: mx.array | None) -> int:

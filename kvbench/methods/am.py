@@ -1,0 +1,140 @@
+"""Attention Matching compaction (`am`, Zweiger et al. 2026) and its task-guided variant
+(`am_task`, Latent Briefing): at end_prefill each layer's prompt is replaced by t keys per KV head,
+a fitted bias beta on their logits, and fitted values, so that softmax(Q C_k^T + beta) C_v matches
+softmax(Q K^T) V on reference queries (the math: kvbench.methods.am_fit). Beta is added to those
+t slots' logits for every later query inside the model's attention; new tokens follow them with
+positions continuing from the prompt length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.methods import am_fit
+from kvbench.methods.base import register_method
+from kvbench.methods.eviction import TokenMethod
+from kvbench.methods.token_cache import TokenCache, per_kv_head
+
+SCORES = ("rms", "max", "mean")
+
+
+class AMCache(TokenCache):
+    observes_queries = True
+
+    def __init__(self, method: "AM"):
+        super().__init__()
+        self.method = method
+
+    def reference_queries(self) -> torch.Tensor:
+        """(1, Hq, n, D): the model's own queries over the prompt."""
+        return self.observed_queries()
+
+    def select(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """(H, t) kept token indices per KV head, ascending."""
+        scores = am_fit.key_scores(queries, keys, self.scaling, self.method.score)
+        return am_fit.top_t(scores, self.method.tokens(self._seen))
+
+    def end_prefill(self) -> None:
+        self.observes_queries = False
+        m = self.method
+        queries = per_kv_head(self.reference_queries(), self.keys.shape[1])
+        keys, values = self.keys[0].float(), self.values[0].float()
+        selected = self.select(queries, keys)
+        if m.fit_beta:
+            beta = am_fit.fit_beta(queries, keys, selected, self.scaling, seed=m.seed)
+        else:
+            beta = torch.zeros(selected.shape)
+        fitted = None
+        if m.fit_values:
+            fitted = am_fit.fit_values(queries, keys, values, selected, beta, self.scaling,
+                                       ridge=m.ridge).to(self.values.dtype).unsqueeze(0)
+        # the bias is stored at the keys' dtype: t per head, counted like a key element
+        self.keep(selected.unsqueeze(0), values=fitted,
+                  bias=beta.to(self.keys.dtype).unsqueeze(0) if m.fit_beta else None)
+        self.observed, self.probe = [], None
+
+
+@register_method("am")
+@dataclass
+class AM(TokenMethod):
+    """Attention Matching with the model's own queries over the prompt as reference queries
+    (the default of the paper's code), per-head top-t by `score` (rms, max, mean), beta by
+    bounded least squares refined by projected gradient (seeded power iteration), values by
+    ridge regression (`ridge` = 0: the paper's least squares; seed 000's engine uses ridge > 0).
+    `fit_beta: false` / `fit_values: false` turn the fits off (both off: plain top-t selection by
+    the same score), so what beta and C_v buy is measured."""
+
+    score: str = "rms"
+    fit_beta: bool = True
+    fit_values: bool = True
+    ridge: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
+        if self.ridge < 0:
+            raise ValueError(f"ridge must be >= 0, got {self.ridge}")
+
+    def new_layer_cache(self, layer_idx: int) -> AMCache:
+        return AMCache(self)
+
+    def layout(self) -> str:
+        fitted = [name for name, on in (("beta (one bias per kept key)", self.fit_beta),
+                                        ("fitted values", self.fit_values)) if on]
+        extra = f" with {' and '.join(fitted)}" if fitted else ""
+        return (f"{self.name}: keeps {self.describe()} per KV head{extra}, at the model's dtype;"
+                " K and V both counted")
+
+
+class AMTaskCache(AMCache):
+    method: "AMTask"
+
+    def reference_queries(self) -> torch.Tensor:
+        """A task prompt's queries: a probe taken back before end_prefill, else the prompt's
+        last `task_tokens` queries."""
+        if self.probe is not None:
+            return self.probe
+        return self.observed_queries(last=self.method.task_tokens)
+
+    def select(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        m = self.method
+        scores = am_fit.key_scores(queries, keys, self.scaling, m.score)
+        heads = scores.shape[0]
+        if m.ratio is None and m.budget is None:
+            kept = am_fit.mad_mask(scores, m.tau).nonzero().squeeze(-1)
+        else:
+            kept = am_fit.top_t(scores.mean(0, keepdim=True), m.tokens(self._seen))[0]
+        return kept.expand(heads, -1)
+
+
+@register_method("am_task")
+@dataclass
+class AMTask(AM):
+    """Task-guided Attention Matching (Latent Briefing's modification, seed 000's engine): the
+    reference queries are a task prompt's (a probe fed and taken back before end_prefill; without
+    one, the prompt's last `task_tokens` queries), scores are averaged over heads so one token mask
+    is shared by every head of a layer, and tokens scoring above median + tau * MAD are kept. With
+    `ratio` or `budget` set instead, the shared mask keeps that many top tokens."""
+
+    tau: float = 1.0
+    task_tokens: int = 32
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.task_tokens < 1:
+            raise ValueError(f"task_tokens must be >= 1, got {self.task_tokens}")
+
+    def check_budget(self) -> None:
+        if self.ratio is not None or self.budget is not None:  # else: the MAD threshold
+            super().check_budget()
+
+    def new_layer_cache(self, layer_idx: int) -> AMTaskCache:
+        return AMTaskCache(self)
+
+    def describe(self) -> str:
+        if self.ratio is None and self.budget is None:
+            return f"the tokens scoring above median + {self.tau:g} * MAD, shared by all heads,"
+        return f"{super().describe()}, shared by all heads,"

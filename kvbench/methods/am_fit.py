@@ -1,0 +1,190 @@
+"""The math of Attention Matching (AM) KV-cache compaction (Zweiger et al. 2026), in pure torch.
+
+Per layer and KV head, with keys K and values V (T x d, post-RoPE), reference queries Q (n x d),
+the attention scale s (usually 1/sqrt(d)) and a budget t:
+
+1. Score each key by how much attention the reference queries give it: A = softmax(s Q K^T)
+   (float32) and score_j = sqrt(mean_i A_ij^2) ('rms'), or max_i / mean_i A_ij.
+2. Keep the top-t keys, C_k = K[S], at their original positions (S sorted ascending).
+3. Fit one log-bias per kept key so each query's total attention mass survives the cut: with
+   E = exp(s Q K^T - rowmax), solve min_B ||E[:, S] B - rowsum(E)||^2 over B in [e^-3, e^3]
+   (least squares, clamp, then projected-gradient steps with step 1/L, L = sigma_max(E[:, S])^2
+   from a seeded power iteration), and beta = log B.
+4. Fit the kept values so the compacted attention reproduces the original output:
+   X = softmax(s Q C_k^T + beta), Y = softmax(s Q K^T) V, C_v = argmin ||X C_v - Y||^2
+   + ridge ||C_v||^2. ridge = 0 is the original AM (plain least squares, minimum-norm when X is
+   rank deficient).
+
+The task-guided variant shares one token mask across a layer's heads: per-head scores are
+averaged over heads and tokens scoring above median + tau * MAD are kept (`mad_mask`).
+
+All functions are batched over H KV heads: queries (H, n, d), keys and values (H, T, d),
+selected indices (H, t). Scores are taken in float32 and the fits in float64; results are float32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+BETA_BOUND = 3.0  # B = exp(beta) is kept in [e^-3, e^3]
+_POWER_ITERS = 30
+_HOWS = ("rms", "max", "mean")
+
+
+def _check_heads(queries: torch.Tensor, keys: torch.Tensor) -> None:
+    if queries.ndim != 3 or keys.ndim != 3:
+        raise ValueError(f"queries and keys must be (H, n, d) and (H, T, d); got "
+                         f"{tuple(queries.shape)} and {tuple(keys.shape)}")
+    if queries.shape[0] != keys.shape[0] or queries.shape[-1] != keys.shape[-1]:
+        raise ValueError(f"queries {tuple(queries.shape)} and keys {tuple(keys.shape)} disagree "
+                         "on heads or head dim")
+
+
+def _check_selected(selected: torch.Tensor, keys: torch.Tensor) -> None:
+    if selected.ndim != 2 or selected.shape[0] != keys.shape[0]:
+        raise ValueError(f"selected must be (H, t) with H = {keys.shape[0]}; "
+                         f"got {tuple(selected.shape)}")
+
+
+def _gather_rows(x: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """x (H, T, d), selected (H, t) -> (H, t, d)."""
+    return torch.gather(x, 1, selected.to(x.device)[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def _lstsq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Minimum-norm least squares, batched; a (H, m, k), b (H, m, r) -> (H, k, r).
+
+    gelsd (SVD based) copes with rank deficiency but exists only on CPU; CUDA's lstsq has only
+    'gels', which assumes full rank, so there the pseudo-inverse stands in."""
+    if a.device.type == "cpu":
+        return torch.linalg.lstsq(a, b, driver="gelsd").solution
+    return torch.linalg.pinv(a) @ b
+
+
+def key_scores(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+               how: str = "rms") -> torch.Tensor:
+    """Per-key attention score (H, T), float32: the attention A = softmax(scaling * Q K^T) that the
+    n reference queries give each key, reduced over queries by `how`: 'rms' sqrt(mean A^2),
+    'max' or 'mean'."""
+    if how not in _HOWS:
+        raise ValueError(f"unknown score reduction {how!r}; expected one of {_HOWS}")
+    _check_heads(queries, keys)
+    logits = queries.float() @ keys.float().transpose(-1, -2) * scaling
+    attn = torch.softmax(logits, dim=-1)  # (H, n, T)
+    if how == "rms":
+        return attn.square().mean(dim=-2).sqrt()
+    if how == "max":
+        return attn.amax(dim=-2)
+    return attn.mean(dim=-2)
+
+
+def top_t(scores: torch.Tensor, t: int) -> torch.Tensor:
+    """Indices (H, t) of the t highest scores per head, sorted ascending so kept keys stay in their
+    original order."""
+    T = scores.shape[-1]
+    if not 1 <= t <= T:
+        raise ValueError(f"budget t={t} outside [1, {T}]")
+    return torch.topk(scores, t, dim=-1).indices.sort(dim=-1).values
+
+
+def mad_mask(scores: torch.Tensor, tau: float) -> torch.Tensor:
+    """One token mask (T,) shared by all heads (the task-guided variant).
+
+    `scores` (H, T) (or (T,) for a single head) are averaged over heads; a token is kept when its
+    aggregate exceeds median + tau * MAD, MAD being the median absolute deviation from the median
+    (medians of an even count average the two middle values). When no token passes, e.g. all
+    scores are equal, the single best token (the first, on ties) is kept so the cache is never
+    empty."""
+    agg = scores.double().reshape(-1, scores.shape[-1]).mean(dim=0)
+    med = torch.quantile(agg, 0.5)
+    mad = torch.quantile((agg - med).abs(), 0.5)
+    keep = agg > med + tau * mad
+    if not keep.any():
+        keep[torch.argmax(agg)] = True
+    return keep
+
+
+def _mass_system(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor,
+                 scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """M = E[:, S] (H, n, t) and m = rowsum(E) (H, n), float64, E = exp(scaling Q K^T - rowmax).
+    Subtracting the row max keeps E in (0, 1] with a 1 in each row, whatever the logit range."""
+    logits = queries.double() @ keys.double().transpose(-1, -2) * scaling
+    e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    idx = selected.to(e.device)[:, None, :].expand(-1, e.shape[1], -1)
+    return torch.gather(e, 2, idx), e.sum(-1)
+
+
+def _residual(m_sel: torch.Tensor, b: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Squared mass-matching residual per head, ||M b - m||^2 -> (H,)."""
+    return ((m_sel @ b[..., None]).squeeze(-1) - mass).square().sum(-1)
+
+
+def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, scaling: float,
+             steps: int = 20, seed: int = 0) -> torch.Tensor:
+    """Log-biases beta (H, t), float32, for the kept keys `selected` (H, t): beta = log B with
+    B in [e^-3, e^3] minimising ||E[:, S] B - rowsum(E)||^2 (see the module docstring).
+
+    B starts from the clamped least-squares solution, or from all ones (beta = 0) for a head where
+    that matches the mass better (clamping a wild unconstrained solution can land far off), then
+    takes `steps` projected-gradient steps of size 1/L; a head whose steps did not lower the
+    residual keeps its start. So the residual never exceeds that of beta = 0. L comes from a power
+    iteration on E[:, S]^T E[:, S] started from a vector drawn from torch.Generator seeded with
+    `seed`, so the result is deterministic given the seed."""
+    _check_heads(queries, keys)
+    _check_selected(selected, keys)
+    m_sel, mass = _mass_system(queries, keys, selected, scaling)
+    lo, hi = math.exp(-BETA_BOUND), math.exp(BETA_BOUND)
+    H, _, t = m_sel.shape
+
+    b_ls = _lstsq(m_sel, mass[..., None]).squeeze(-1).clamp(lo, hi)
+    ones = torch.ones_like(b_ls)
+    use_ls = _residual(m_sel, b_ls, mass) < _residual(m_sel, ones, mass)
+    start = torch.where(use_ls[:, None], b_ls, ones)
+
+    gram = m_sel.transpose(-1, -2) @ m_sel  # (H, t, t): gradient is gram @ B - rhs
+    rhs = (m_sel.transpose(-1, -2) @ mass[..., None]).squeeze(-1)
+    gen = torch.Generator().manual_seed(seed)
+    # M >= 0, so gram's top eigenvector is nonnegative: a positive start cannot be orthogonal to it.
+    v = torch.rand(H, t, generator=gen, dtype=torch.float64).add_(0.5).to(gram.device)
+    for _ in range(_POWER_ITERS):
+        v = (gram @ v[..., None]).squeeze(-1)
+        v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    lip = (v * (gram @ v[..., None]).squeeze(-1)).sum(-1)  # Rayleigh quotient ~ sigma_max^2
+    step = torch.where(lip > 0, 1.0 / lip.clamp_min(1e-300), torch.zeros_like(lip))
+
+    b = start
+    for _ in range(steps):
+        grad = (gram @ b[..., None]).squeeze(-1) - rhs
+        b = (b - step[:, None] * grad).clamp(lo, hi)
+    better = _residual(m_sel, b, mass) <= _residual(m_sel, start, mass)
+    b = torch.where(better[:, None], b, start)
+    return torch.log(b).float()
+
+
+def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               selected: torch.Tensor, beta: torch.Tensor, scaling: float,
+               ridge: float = 0.0) -> torch.Tensor:
+    """Compacted values C_v (H, t, d), float32, so that softmax(scaling Q C_k^T + beta) C_v matches
+    the original output softmax(scaling Q K^T) V on the reference queries, C_k = keys[selected].
+
+    ridge = 0: minimum-norm least squares (the original AM). ridge > 0: (X^T X + ridge I)^-1 X^T Y,
+    which shrinks C_v where X is ill conditioned."""
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0; got {ridge}")
+    _check_heads(queries, keys)
+    _check_selected(selected, keys)
+    if values.shape[:2] != keys.shape[:2]:
+        raise ValueError(f"values {tuple(values.shape)} and keys {tuple(keys.shape)} disagree")
+    if beta.shape != selected.shape:
+        raise ValueError(f"beta {tuple(beta.shape)} must match selected {tuple(selected.shape)}")
+    q, k, v = queries.double(), keys.double(), values.double()
+    y = torch.softmax(q @ k.transpose(-1, -2) * scaling, dim=-1) @ v  # (H, n, dv)
+    c_k = _gather_rows(k, selected)
+    x = torch.softmax(q @ c_k.transpose(-1, -2) * scaling
+                      + beta.double().to(q.device)[:, None, :], dim=-1)  # (H, n, t)
+    if ridge == 0:
+        return _lstsq(x, y).float()
+    gram = x.transpose(-1, -2) @ x
+    gram = gram + ridge * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    return torch.linalg.solve(gram, x.transpose(-1, -2) @ y).float()

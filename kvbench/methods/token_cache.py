@@ -1,0 +1,163 @@
+"""What every token-reduction policy shares: full-precision keys and values of the tokens it keeps
+(each head its own tokens, the same count per head), an optional additive bias per kept key, the
+post-RoPE queries it observed before compacting, and its budget.
+
+Positions: seen_tokens counts every token appended, kept or not, so new tokens take RoPE
+positions that continue from the original length; the adapters use it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.methods.base import LayerCachePolicy, storage_bytes, tensor_bytes
+
+
+@dataclass
+class Budget:
+    """Tokens a policy keeps per head after the prompt: `ratio` of the prompt, or a fixed
+    `budget`; set exactly one."""
+
+    ratio: float | None = None
+    budget: int | None = None
+
+    def __post_init__(self):
+        self.check_budget()
+
+    def check_budget(self) -> None:
+        if (self.ratio is None) == (self.budget is None):
+            raise ValueError("set exactly one of ratio (a fraction of the prompt) and budget"
+                             " (tokens per head)")
+        if self.ratio is not None and not 0 < self.ratio < 1:
+            raise ValueError(f"ratio must be between 0 and 1 (exclusive), got {self.ratio}")
+        if self.budget is not None and self.budget < 1:
+            raise ValueError(f"budget must be at least 1 token, got {self.budget}")
+
+    def tokens(self, prompt: int) -> int:
+        """Tokens to keep from a prompt of `prompt` tokens; refuses to keep all of them."""
+        keep = self.budget if self.budget is not None else max(1, round(self.ratio * prompt))
+        if keep >= prompt:
+            raise ValueError(f"a budget of {keep} tokens keeps every one of the {prompt} prompt"
+                             " tokens: nothing would be reduced; lower it or lengthen the prompt")
+        return keep
+
+    def describe(self) -> str:
+        return (f"{self.ratio:g} of the prompt" if self.ratio is not None
+                else f"{self.budget} tokens")
+
+
+class TokenCache(LayerCachePolicy):
+    """Holds keys, values (1, H, T, D) and a bias (1, H, T) or None; subclasses decide what to
+    keep, with keep()."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._seen = 0
+        self._fresh = 0  # newest tokens held as appended, since the last keep(): trim can undo
+        self.observed: list[torch.Tensor] = []  # (1, Hq, q, D) float32 chunks, oldest first
+        self.probe: torch.Tensor | None = None  # queries of tokens appended then taken back
+
+    def append(self, keys, values, queries=None) -> None:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        if self.bias is not None:
+            self.bias = torch.cat([self.bias, self.bias.new_zeros(keys.shape[:-1])], dim=-1)
+        self._seen += keys.shape[-2]
+        self._fresh += keys.shape[-2]
+
+    def attention_inputs(self):
+        return self.keys, self.values, self.bias
+
+    def observe_queries(self, queries: torch.Tensor) -> None:
+        self.observed.append(queries.float())
+
+    def observed_queries(self, last: int | None = None) -> torch.Tensor:
+        """The observed queries (1, Hq, n, D), only the newest `last` of them if given."""
+        if not self.observed:
+            raise RuntimeError(f"{type(self).__name__} saw no queries; the model must run with"
+                               " kvbench's attention (kvbench.models.load_model does)")
+        queries = torch.cat(self.observed, dim=-2)
+        return queries if last is None else queries[..., -last:, :]
+
+    def trim(self, n: int) -> int:
+        """Takes back the newest tokens not yet reduced. Their observed queries become the probe
+        (e.g. a task prompt fed, then taken back before compaction)."""
+        dropped = min(n, self._fresh)
+        if dropped:
+            keep = self.keys.shape[-2] - dropped
+            self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
+            if self.bias is not None:
+                self.bias = self.bias[..., :keep]
+            self._seen -= dropped
+            self._fresh -= dropped
+            if self.observed:
+                queries = torch.cat(self.observed, dim=-2)
+                self.probe = queries[..., -dropped:, :]
+                self.observed = [queries[..., :-dropped, :]]
+        return dropped
+
+    def keep(self, index: torch.Tensor, values: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None) -> None:
+        """Keep, per head, the tokens at `index` (1, H, t), ascending; `values` and `bias` replace
+        theirs when given (compaction fits them). Refuses to keep everything or nothing."""
+        t = index.shape[-1]
+        if not 0 < t < self.keys.shape[-2]:
+            raise RuntimeError(f"{type(self).__name__} kept {t} of {self.keys.shape[-2]} tokens;"
+                               " a token-reduction policy must keep some and drop some")
+        gather = index.unsqueeze(-1).expand(*index.shape, self.keys.shape[-1])
+        self.keys = self.keys.gather(-2, gather)
+        self.values = self.values.gather(-2, gather) if values is None else values
+        if bias is not None:
+            self.bias = bias
+        elif self.bias is not None:
+            self.bias = self.bias.gather(-1, index)
+        self._fresh = 0
+
+    @property
+    def scaling(self) -> float:
+        """The logit scale of the models kvbench hosts: head_dim ** -0.5."""
+        return self.keys.shape[-1] ** -0.5
+
+    @property
+    def seen_tokens(self) -> int:
+        return self._seen
+
+    @property
+    def retained_tokens(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def retained_bytes(self) -> int:
+        return tensor_bytes(self.keys, self.values, self.bias)
+
+    def measured_bytes(self) -> int:
+        return storage_bytes(self.keys, self.values, self.bias, *self.observed, self.probe)
+
+
+def per_kv_head(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(1, Hq, n, D) queries as (kv_heads, groups * n, D): each KV head's reference queries are
+    those of the query heads that read it."""
+    _, heads, n, dim = queries.shape
+    return queries.reshape(kv_heads, heads // kv_heads * n, dim)
+
+
+def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+                      causal: bool = True) -> torch.Tensor:
+    """softmax(q k^T * scaling) (H, groups, n, T) in float32; queries (1, Hq, n, D), keys
+    (1, H, T, D). causal: the queries are the newest n of the T tokens and see only keys up to
+    their own position; else every key is visible (queries from after the keys, e.g. a probe)."""
+    _, kv_heads, total, dim = keys.shape
+    n = queries.shape[-2]
+    q = queries.float().reshape(kv_heads, -1, n, dim)
+    logits = q @ keys[0].float().unsqueeze(1).transpose(-1, -2) * scaling
+    if not causal:
+        return logits.softmax(-1)
+    visible = torch.arange(total - n, total).unsqueeze(1) >= torch.arange(total).unsqueeze(0)
+    return logits.masked_fill(~visible, -math.inf).softmax(-1)

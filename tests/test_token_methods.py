@@ -1,0 +1,251 @@
+"""Token-reduction methods (am, am_task, streamingllm, snapkv, h2o) inside a real model's
+attention: what they keep, that AM's beta reaches the logits and helps on the fitted queries, that
+decode after compaction continues the positions, and that bad budgets are refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvbench.methods.base import build_method
+from kvbench.models import load_model
+from kvbench.models.attention import biased_attention
+from kvbench.models.hf_cache import KVBenchCache
+
+PREFILL, TOTAL = 48, 64
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny:llama", torch.device("cpu")).model
+
+
+def _ids(n=TOTAL, seed=3):
+    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def _run(model, method, ids=None, prefill=PREFILL, before_compaction=None):
+    """Prefill, end_prefill, one-token decode; (decode logits (1, steps, vocab), cache)."""
+    ids = _ids() if ids is None else ids
+    cache = (DynamicCache(config=model.config) if method is None
+             else KVBenchCache(method, model.config.num_hidden_layers))
+    model(ids[:, :prefill], past_key_values=cache, use_cache=True)
+    if before_compaction is not None:
+        before_compaction(cache)
+    if method is not None:
+        cache.end_prefill()
+    logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+              for i in range(prefill, ids.shape[1])]
+    return torch.cat(logits, dim=1), cache
+
+
+@torch.inference_mode()
+def _full_keys(model, ids):
+    """Every layer's keys (1, H, T, D) of one plain forward over ids."""
+    cache = DynamicCache(config=model.config)
+    model(ids, past_key_values=cache, use_cache=True)
+    return [layer.keys for layer in cache.layers]
+
+
+def _kl(plain, other):
+    log_p, log_q = plain.log_softmax(-1), other.log_softmax(-1)
+    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+
+
+# ---- Attention Matching -----------------------------------------------------------------------
+
+def test_beta_changes_attention_inside_the_model_and_helps_on_the_fitted_queries(tiny):
+    captured = {}
+
+    def keep_queries(cache):
+        captured["queries"] = cache.layers[0].policy.observed_queries()
+        captured["keys"] = cache.layers[0].policy.keys.clone()
+        captured["values"] = cache.layers[0].policy.values.clone()
+
+    with_beta, cache = _run(tiny, build_method("am", {"ratio": 0.25}),
+                            before_compaction=keep_queries)
+    policy = cache.layers[0].policy
+    assert policy.retained_tokens == 12 + TOTAL - PREFILL  # 12 compacted slots + decoded tokens
+    assert policy.bias.shape == (1, tiny.config.num_key_value_heads, policy.retained_tokens)
+    assert policy.bias[..., :12].abs().max() > 0.01
+    assert (policy.bias[..., 12:] == 0).all()  # decoded tokens get no bias
+
+    # Inside the model: the same compacted keys and values with beta zeroed give other logits.
+    def zero_beta(cache):
+        for layer in cache.layers:
+            layer.policy.bias.zero_()
+
+    zeroed = _zeroed_after_compaction(tiny, zero_beta)
+    assert (with_beta - zeroed).abs().max() > 1e-3
+
+    # On the queries beta was fitted to, the compacted attention with beta is closer to the
+    # prompt's full attention than the same compacted keys and values without it.
+    queries, keys, values = captured["queries"], captured["keys"], captured["values"]
+    compact_k, compact_v = policy.keys[..., :12, :], policy.values[..., :12, :]
+    beta = policy.bias[..., :12]
+    # a zero per-query bias: every key visible to every query, as the fit assumes
+    target, _ = biased_attention(queries, keys, values, None,
+                                 torch.zeros(1, keys.shape[1], queries.shape[-2], PREFILL))
+    seen_all = torch.zeros(1, keys.shape[1], queries.shape[-2], 12)
+    fitted, _ = biased_attention(queries, compact_k, compact_v, None, seen_all + beta[..., None, :])
+    unbiased, _ = biased_attention(queries, compact_k, compact_v, None, seen_all)
+    error_with = (fitted - target).square().mean()
+    error_without = (unbiased - target).square().mean()
+    assert error_with < error_without
+
+
+@torch.inference_mode()
+def _zeroed_after_compaction(model, change):
+    ids = _ids()
+    cache = KVBenchCache(build_method("am", {"ratio": 0.25}), model.config.num_hidden_layers)
+    model(ids[:, :PREFILL], past_key_values=cache, use_cache=True)
+    cache.end_prefill()
+    change(cache)
+    return torch.cat([model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+                      for i in range(PREFILL, TOTAL)], dim=1)
+
+
+def test_decode_after_compaction_continues_positions_from_the_prompt_length(tiny):
+    ids = _ids()
+    _, cache = _run(tiny, build_method("am", {"ratio": 0.25}))
+    full = _full_keys(tiny, ids)
+    policy = cache.layers[0].policy
+    assert policy.seen_tokens == TOTAL
+    # Layer 0's keys depend only on the token and its RoPE position: the decoded tokens' keys,
+    # after the 12 compacted slots, are those of positions 48..63 in an uncompressed forward.
+    torch.testing.assert_close(policy.keys[..., 12:, :], full[0][..., PREFILL:, :])
+    shifted = _full_keys(tiny, ids[:, PREFILL - 12:])[0][..., 12:, :]  # positions 12..27
+    assert (policy.keys[..., 12:, :] - shifted).abs().max() > 1e-3
+
+
+def test_am_fits_beat_plain_top_t_selection_in_the_model(tiny):
+    plain, _ = _run(tiny, None)
+    fitted, _ = _run(tiny, build_method("am", {"ratio": 0.25}))
+    top_t, _ = _run(tiny, build_method("am", {"ratio": 0.25, "fit_beta": False,
+                                              "fit_values": False}))
+    assert _kl(plain, fitted) < _kl(plain, top_t)
+
+
+def test_am_task_uses_a_probe_as_its_reference_queries(tiny):
+    ids = _ids()
+    probe = _ids(8, seed=5)
+
+    def feed_probe_then_take_it_back(cache):
+        tiny(probe, past_key_values=cache, use_cache=True)
+        cache.crop(-probe.shape[1])
+
+    with_probe, cache = _run(tiny, build_method("am_task", {"ratio": 0.25}),
+                             before_compaction=feed_probe_then_take_it_back)
+    without, _ = _run(tiny, build_method("am_task", {"ratio": 0.25}))
+    assert cache.layers[0].policy.seen_tokens == TOTAL  # the probe left no token behind
+    assert (with_probe - without).abs().max() > 1e-3
+    # one mask shared by all heads of a layer: every head kept the same positions
+    full = _full_keys(tiny, ids)[0]
+    kept = cache.layers[0].policy.keys[0, :, :12, :]
+    positions = [[int((full[0, h] - k).abs().sum(-1).argmin()) for k in kept[h]]
+                 for h in range(kept.shape[0])]
+    assert all(p == positions[0] for p in positions)
+
+
+def test_am_task_mad_threshold_keeps_the_outstanding_tokens(tiny):
+    _, cache = _run(tiny, build_method("am_task", {"tau": 1.0}))
+    kept = cache.retained_tokens()
+    assert all(0 < k - (TOTAL - PREFILL) < PREFILL for k in kept)
+
+
+# ---- eviction references ----------------------------------------------------------------------
+
+def test_streamingllm_keeps_the_sinks_and_the_newest_tokens_through_decode(tiny):
+    ids = _ids()
+    _, cache = _run(tiny, build_method("streamingllm", {"budget": 12, "sinks": 4}))
+    assert cache.retained_tokens() == [12] * len(cache.layers)
+    # layer 0's keys depend only on token and position, so they can be compared with a full pass
+    keys = _full_keys(tiny, ids)[0]
+    expected = torch.cat([keys[..., :4, :], keys[..., TOTAL - 8:, :]], dim=-2)
+    torch.testing.assert_close(cache.layers[0].policy.keys, expected)
+
+
+def test_snapkv_keeps_its_window_and_the_budget(tiny):
+    _, cache = _run(tiny, build_method("snapkv", {"budget": 20, "window": 8}))
+    assert cache.retained_tokens() == [20 + TOTAL - PREFILL] * len(cache.layers)
+    # the observation window and every decoded token are the newest 24 rows, unchanged
+    keys = _full_keys(tiny, _ids())[0]
+    torch.testing.assert_close(cache.layers[0].policy.keys[..., 12:, :], keys[..., PREFILL - 8:, :])
+
+
+def test_h2o_holds_its_budget_and_recent_window_through_decode(tiny):
+    _, cache = _run(tiny, build_method("h2o", {"budget": 16, "recent": 0.5}))
+    assert cache.retained_tokens() == [16] * len(cache.layers)
+    assert all(layer.policy.scores.shape[-1] == 16 for layer in cache.layers)
+    keys = _full_keys(tiny, _ids())[0]
+    torch.testing.assert_close(cache.layers[0].policy.keys[..., 8:, :], keys[..., TOTAL - 8:, :])
+
+
+@pytest.mark.parametrize("name", ["streamingllm", "snapkv", "h2o", "am", "am_task"])
+def test_every_token_method_moves_the_model_but_not_wildly(tiny, name):
+    plain, _ = _run(tiny, None)
+    params = {"ratio": 0.5, **({"window": 8} if name == "snapkv" else {})}
+    reduced, cache = _run(tiny, build_method(name, params))
+    assert 0 < _kl(plain, reduced) < 5
+    assert cache.accounted_bytes() < _identity_bytes(tiny)
+
+
+def _identity_bytes(model):
+    _, cache = _run(model, build_method("identity"))
+    return cache.accounted_bytes()
+
+
+@pytest.mark.parametrize("params, message", [
+    ({}, "exactly one of ratio"),
+    ({"ratio": 0.5, "budget": 3}, "exactly one of ratio"),
+    ({"ratio": 1.0}, "between 0 and 1"),
+    ({"budget": 0}, "at least 1"),
+])
+def test_budgets_are_checked_on_construction(params, message):
+    with pytest.raises(ValueError, match=message):
+        build_method("snapkv", params)
+
+
+def test_a_budget_that_keeps_everything_is_refused(tiny):
+    with pytest.raises(ValueError, match="keeps every one of the 48 prompt tokens"):
+        _run(tiny, build_method("h2o", {"budget": 48}))
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("am", {"ratio": 0.5, "score": "median"}, "score must be one of"),
+    ("am", {"ratio": 0.5, "ridge": -1.0}, "ridge must be >= 0"),
+    ("snapkv", {"ratio": 0.5, "kernel": 4}, "odd"),
+    ("h2o", {"ratio": 0.5, "recent": 1.0}, "recent"),
+    ("streamingllm", {"ratio": 0.5, "sinks": -1}, "sinks"),
+    ("am_task", {"task_tokens": 0}, "task_tokens"),
+])
+def test_bad_settings_are_refused(name, params, message):
+    with pytest.raises(ValueError, match=message):
+        build_method(name, params)
+
+
+# ---- on MLX: the same policies as mlx-lm's cache ----------------------------------------------
+
+@pytest.mark.parametrize("name, params", [
+    ("am", {"ratio": 0.25}), ("am_task", {"ratio": 0.25}), ("streamingllm", {"budget": 12}),
+    ("snapkv", {"budget": 20, "window": 8}), ("h2o", {"budget": 16}),
+    ("butterfly", {"block_size": 8, "window": 6}),
+])
+def test_mlx_runs_the_same_reduction_with_the_bias_in_its_attention(tiny, name, params):
+    mx = pytest.importorskip("mlx.core")
+    from kvbench.models.mlx_host import MLXKVBenchCache, load_mlx_model
+
+    loaded = load_mlx_model("tiny:llama")
+    ids = _ids()[0].tolist()
+    expected, torch_cache = _run(tiny, build_method(name, params))
+    cache = MLXKVBenchCache(build_method(name, params), loaded.num_layers)
+    loaded.model(mx.array([ids[:PREFILL]]), cache=cache.layers)
+    cache.end_prefill()
+    steps = [loaded.model(mx.array([ids[i:i + 1]]), cache=cache.layers)[0, -1]
+             for i in range(PREFILL, TOTAL)]
+    got = torch.from_numpy(np.array(mx.stack(steps)))
+    assert cache.retained_tokens() == torch_cache.retained_tokens()
+    assert cache.accounted_bytes() == torch_cache.accounted_bytes()
+    torch.testing.assert_close(got, expected[0], atol=2e-3, rtol=2e-3)
