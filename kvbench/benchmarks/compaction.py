@@ -1,0 +1,151 @@
+"""`compaction`: seed 000's demo. A trajectory (a passage) is prefilled and compacted, then a task
+question is asked from the compacted cache and the answer generated greedily: how far the
+trajectory shrank, how long compaction took, the answer, and whether it holds the fact.
+
+With `probe` (the default) the question is first fed through the cache and taken back before
+end_prefill, so a task-guided method (am_task) or SnapKV can use its queries; every other method
+keeps the trajectory alone. The plain cache answers the same question from the whole trajectory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.benchmarks.base import (
+    Benchmark,
+    BenchmarkOutput,
+    MetricSpec,
+    RunContext,
+    check_at_least,
+    register_benchmark,
+)
+from kvbench.data.text import tokens_sha256
+from kvbench.methods.base import Method
+from kvbench.models.info import ModelInfo
+from kvbench.models.session import Session, open_session
+
+_PLAIN: dict[tuple, list[int]] = {}  # the plain cache's answer per prompt: shared by the methods
+
+
+@dataclass
+class CompactionParams:
+    """Parameters of the compaction benchmark.
+
+    trajectory: str — the passage that is compacted.
+    task: str — the question asked after compaction.
+    expect: str = "" — text the answer must contain to hold the fact ("" = not checked).
+    max_new_tokens: int = 24 — greedy answer length (stops early at the end-of-sequence token).
+    chat: bool = True — wrap trajectory and task as one user turn of the model's chat template.
+    probe: bool = True — feed the task and take it back before compaction (task queries).
+    """
+
+    trajectory: str
+    task: str
+    expect: str = ""
+    max_new_tokens: int = 24
+    chat: bool = True
+    probe: bool = True
+
+    def __post_init__(self):
+        check_at_least(self, {"max_new_tokens": 1})
+        if not self.trajectory.strip() or not self.task.strip():
+            raise ValueError("trajectory and task must not be empty")
+
+
+@register_benchmark("compaction")
+class Compaction(Benchmark):
+    """Compact a passage, ask a question from the compacted cache: retention, compaction time,
+    the answer and whether it holds the expected fact."""
+
+    Params = CompactionParams
+    uses_model = True
+    backends = ("torch", "mlx")
+    metrics = {
+        "prompt_tokens": MetricSpec("tokens", "lower", "trajectory tokens prefilled"),
+        "kept_tokens": MetricSpec("tokens", "lower", "tokens kept per layer after compaction"
+                                  " (mean over layers)"),
+        "retention": MetricSpec("", "lower", "kept_tokens / prompt_tokens"),
+        "compaction_s": MetricSpec("s", "lower", "end_prefill wall time", timed=True),
+        "answer_holds_fact": MetricSpec("", "higher", "1 if the answer contains `expect`"),
+        "plain_holds_fact": MetricSpec("", "higher", "1 if the plain cache's answer does"),
+        "answer_agreement": MetricSpec(
+            "", "higher", "fraction of answer tokens equal to the plain cache's"),
+    }
+
+    def check(self, params: CompactionParams, model: ModelInfo | None) -> None:
+        if model is None:
+            raise ValueError("compaction needs a model; set the suite's model")
+
+    def run(self, params: CompactionParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
+        session = open_session(ctx)
+        trajectory, task = _prompt(session, params)
+        key = (session.spec, tokens_sha256(trajectory + task), params.max_new_tokens,
+               ctx.backend)
+        if key not in _PLAIN:
+            ctx.status("plain answer")
+            plain_cache = session.new_cache(None)
+            session.step(trajectory, plain_cache, last_only=True)
+            _PLAIN[key] = _answer(session, plain_cache, task, params.max_new_tokens)
+        plain = _PLAIN[key]
+
+        ctx.status("compact")
+        cache = session.new_cache(method)
+        session.step(trajectory, cache, last_only=True)
+        if params.probe:
+            session.step(task, cache, last_only=True)
+            session.trim(cache, len(task))
+        seconds = session.end_prefill(cache)
+        kept = cache.retained_tokens()
+        mean_kept = sum(kept) / len(kept)
+        ctx.status("answer")
+        answer = _answer(session, cache, task, params.max_new_tokens)
+
+        text, plain_text = session.tokenizer.decode(answer), session.tokenizer.decode(plain)
+        same = sum(a == b for a, b in zip(answer, plain)) / max(len(answer), len(plain))
+        m = self.metrics
+        metrics = {
+            "prompt_tokens": m["prompt_tokens"].of(len(trajectory)),
+            "kept_tokens": m["kept_tokens"].of(mean_kept),
+            "retention": m["retention"].of(mean_kept / len(trajectory)),
+            "compaction_s": m["compaction_s"].of(seconds),
+            "answer_agreement": m["answer_agreement"].of(same),
+        }
+        if params.expect:
+            metrics["answer_holds_fact"] = m["answer_holds_fact"].of(params.expect in text)
+            metrics["plain_holds_fact"] = m["plain_holds_fact"].of(params.expect in plain_text)
+        return BenchmarkOutput(
+            metrics=metrics,
+            info={"layout": method.layout(), "answer": text, "plain_answer": plain_text,
+                  "kept_tokens_per_layer": kept},
+            comparable={"tokens_sha256": tokens_sha256(trajectory + task),
+                        "model": session.spec},
+        )
+
+
+def _prompt(session: Session, params: CompactionParams) -> tuple[list[int], list[int]]:
+    """(trajectory tokens, task tokens); with chat, the template's text around them goes to the
+    trajectory before it and to the task after it."""
+    tokenizer = session.tokenizer
+    if not params.chat:
+        return tokenizer.encode(params.trajectory), tokenizer.encode(" " + params.task)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"model {session.spec} has no chat template; set chat: false")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"{params.trajectory}\n{params.task}"}],
+        tokenize=False, add_generation_prompt=True)
+    split = text.index(params.trajectory) + len(params.trajectory)
+    encode = lambda part: tokenizer.encode(part, add_special_tokens=False)  # noqa: E731
+    return encode(text[:split]), encode(text[split:])
+
+
+def _answer(session: Session, cache, task: list[int], n: int) -> list[int]:
+    """Greedy tokens after feeding `task` through `cache`, up to n or the end of sequence. The
+    task goes in one token at a time: after compaction, layers may keep different counts, which
+    one causal mask for a multi-token step cannot fit."""
+    for token in task:
+        logits, _ = session.step([token], cache)
+    eos = getattr(session.tokenizer, "eos_token_id", None)
+    tokens = [int(logits[-1].argmax())]
+    while len(tokens) < n and tokens[-1] != eos:
+        logits, _ = session.step(tokens[-1:], cache)
+        tokens.append(int(logits[-1].argmax()))
+    return tokens[:-1] if tokens[-1] == eos else tokens
