@@ -126,6 +126,7 @@ def test_a_lossy_codec_changes_perplexity_and_saves_bytes():
     # 63 tokens fed, 2 layers, K+V, 2 heads: int8 per value plus an fp16 scale per vector
     assert lossy.metrics["kv_bytes"].value == 63 * 2 * 2 * 2 * (16 + 2)
     assert lossy.metrics["compression_ratio"].value == pytest.approx(32 / 18)
+    assert lossy.metrics["retained_kv"].value == pytest.approx(18 / 64)  # vs float32
     assert lossy.info["layout"] == "TernaryCodec; K and V both counted"
 
 
@@ -135,6 +136,7 @@ def test_identity_accounting_and_records():
     assert out.metrics["kv_bytes"].value == fp32_bytes
     assert out.metrics["kv_bytes_measured"].value == fp32_bytes
     assert out.metrics["compression_ratio"].value == 0.5  # fp32 storage is twice 16-bit
+    assert out.metrics["retained_kv"].value == 1  # against the plain cache, same dtype
     assert len(out.metrics["prefill_s"].samples) == 3
     assert len(out.metrics["decode_tok_s"].samples) == 3
     assert out.metrics["perplexity"].samples is None

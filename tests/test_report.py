@@ -128,3 +128,24 @@ def test_compare_marks(small):
     assert "| machine key | linux-x86_64-cpu | linux-x86_64-nvidia-h100 |" in text
     assert "| device | cpu | NVIDIA H100 |" in text
     assert "tokens_sha256 differs" in text
+
+
+def test_by_method_table_joins_the_headline_metrics_of_each_benchmark(small):
+    from kvbench.report.tables import method_table
+
+    template = small.cases[0]
+
+    def case(benchmark, label, **values):
+        metrics = {name: Metric(value=v, unit="", direction="lower") for name, v in values.items()}
+        return template.model_copy(update={"id": f"{benchmark}/{label}", "benchmark": benchmark,
+                                           "method_label": label, "metrics": metrics})
+
+    cases = [case("perplexity", "a", ppl_rel_delta=0.5, perplexity=12.0),
+             case("perplexity", "b", ppl_rel_delta=0.25),
+             case("quality", "a", kl_plain_method=0.125),
+             case("quality", "c", kl_plain_method=0.75)]
+    table = method_table(cases).splitlines()
+    assert table[0] == "| method | perplexity: ppl_rel_delta ↓ | quality: kl_plain_method ↓ |"
+    assert table[2:] == ["| a | 0.5 | 0.125 |"]  # only methods in both; headline metrics only
+    assert method_table(cases[:2]) is None
+    assert "## by method" not in render_markdown(small)

@@ -78,6 +78,8 @@ class Perplexity(TextModelBenchmark):
         "kv_bytes": MetricSpec("bytes", "lower", "accounted K+V bytes kept at the end, all layers"),
         "kv_bytes_measured": MetricSpec("bytes", "lower", "bytes of the tensors the cache holds"),
         "compression_ratio": MetricSpec("x", "higher", "16-bit K+V of all tokens seen / kv_bytes"),
+        "retained_kv": MetricSpec("x", "lower", "kv_bytes / the plain cache's K+V bytes of all"
+                                  " tokens seen, at the model's dtype"),
         "prefill_s": MetricSpec("s", "lower", "prefill forward plus end_prefill", timed=True),
         "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second", timed=True),
         # Only for methods with sparse-V (their caches count what they skipped):
@@ -125,6 +127,7 @@ class Perplexity(TextModelBenchmark):
         # Against every token seen, so a method that evicts is credited with what it dropped.
         seen = sum(policy.seen_tokens for policy in cache.policies)
         bytes_16bit = 2 * 2 * session.num_kv_heads * session.head_dim * seen
+        bytes_plain = bytes_16bit // 2 * session.kv_element_size
         decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
         m = self.metrics
         counters = cache.counters()
@@ -144,6 +147,7 @@ class Perplexity(TextModelBenchmark):
                 "kv_bytes": m["kv_bytes"].of(kv_bytes),
                 "kv_bytes_measured": m["kv_bytes_measured"].of(cache.measured_bytes()),
                 "compression_ratio": m["compression_ratio"].of(bytes_16bit / kv_bytes),
+                "retained_kv": m["retained_kv"].of(kv_bytes / bytes_plain),
                 "prefill_s": m["prefill_s"].of_samples([p.prefill_s for p in passes]),
                 "decode_tok_s": m["decode_tok_s"].of_samples(decode_tok_s),
                 **sparse,

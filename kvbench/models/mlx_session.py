@@ -7,6 +7,7 @@ float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 import numpy as np
 import torch
 
@@ -22,6 +23,10 @@ class MLXSession:
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
         self.head_dim = loaded.head_dim
+        # K/V come out of the projections at the weights' float dtype
+        weight = next(w for _, w in tree_flatten(loaded.model.parameters())
+                      if mx.issubdtype(w.dtype, mx.floating))
+        self.kv_element_size = weight.dtype.size
 
     def new_cache(self, method: Method | None):
         from mlx_lm.models.cache import make_prompt_cache

@@ -18,6 +18,7 @@ class Session(Protocol):
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    kv_element_size: int  # bytes per cached K/V element in the plain cache (the model's dtype)
 
     def new_cache(self, method: Method | None) -> Any:
         """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None."""
@@ -51,6 +52,7 @@ class TorchSession:
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
         self.head_dim = loaded.head_dim
+        self.kv_element_size = torch.empty((), dtype=loaded.dtype).element_size()
 
     def new_cache(self, method: Method | None):
         from transformers import DynamicCache

@@ -11,7 +11,7 @@ from kvbench.report.plots import (
     rate_distortion_png,
 )
 from kvbench.report.tables import (
-    benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table,
+    benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
 from kvbench.results import RunResult, atomic_write_text
 
@@ -28,6 +28,10 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
         parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
         if benchmark == "proofs" and figure:
             parts.append(figure)
+    across = method_table(result.cases)
+    if across:
+        parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
+                     f" ran it.\n\n{across}")
     claims = _claims_section(result)
     if claims:
         parts.append(claims)

@@ -169,3 +169,41 @@ def _ordered_keys(dicts) -> list[str]:
     for d in dicts:
         keys.update(dict.fromkeys(d))
     return list(keys)
+
+
+# The metrics that sum a benchmark up, for the one-row-per-method table across benchmarks.
+HEADLINE = {
+    "perplexity": ("ppl_rel_delta", "compression_ratio"),
+    "quality": ("top_k_overlap", "kl_plain_method", "top1_agreement", "greedy_agreement"),
+    "compaction": ("retention", "answer_holds_fact"),
+}
+
+
+def method_table(cases: list[CaseResult]) -> str | None:
+    """One row per method label, the headline metrics of every benchmark that ran it once, or
+    None when fewer than two such benchmarks share a method."""
+    once: dict[str, dict[str, CaseResult]] = {}  # benchmark -> label -> its only case
+    for benchmark, group in by_benchmark(cases).items():
+        if benchmark not in HEADLINE:
+            continue
+        labels = [case.method_label for case in group]
+        once[benchmark] = {c.method_label: c for c in group if labels.count(c.method_label) == 1}
+    labels = [label for label in dict.fromkeys(c.method_label for c in cases)
+              if sum(label in by_label for by_label in once.values()) >= 2]
+    if not labels:
+        return None
+    columns = [(b, name) for b, by_label in once.items() for name in HEADLINE[b]
+               if any(name in c.metrics for c in by_label.values())]
+    header = ["method"]
+    for benchmark, name in columns:
+        metric = next(c.metrics[name] for c in once[benchmark].values() if name in c.metrics)
+        header.append(f"{benchmark}: {metric_header(name, metric.unit, metric.direction)}")
+    rows = []
+    for label in labels:
+        row = [label]
+        for benchmark, name in columns:
+            case = once[benchmark].get(label)
+            metric = None if case is None else case.metrics.get(name)
+            row.append("" if metric is None else metric_cell(metric))
+        rows.append(row)
+    return md_table(header, rows, set(range(1, len(header))))

@@ -1,0 +1,61 @@
+"""The compaction benchmark (seed 000's demo) on the tiny model: identity keeps and answers as the
+plain cache does; a compacting method keeps its budget; bad settings are refused. (That the
+probe becomes am_task's reference queries: tests/test_token_methods.py.)"""
+import pytest
+import torch
+
+from kvbench.benchmarks.base import RunContext
+from kvbench.benchmarks.compaction import Compaction, CompactionParams
+from kvbench.methods.base import build_method
+from kvbench.models import load_model
+
+PARAMS = CompactionParams(
+    trajectory="The tower stands in the old city square. It was finished in the year 1889,"
+               " after two years of work by three hundred men.",
+    task="When was the tower finished?", chat=False, max_new_tokens=8)
+
+
+def _ctx():
+    return RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
+                      load_model=lambda spec, device, backend="torch": load_model(spec, device))
+
+
+def _run(method, params=PARAMS):
+    return Compaction().run(params, method, _ctx())
+
+
+def test_identity_keeps_everything_and_answers_as_the_plain_cache():
+    out = _run(build_method("identity"))
+    assert out.metrics["retention"].value == 1
+    assert out.metrics["answer_agreement"].value == 1
+    assert out.info["answer"] == out.info["plain_answer"]
+    assert "answer_holds_fact" not in out.metrics  # no `expect` given
+
+
+def test_am_task_compacts_the_passage_to_its_budget():
+    with_probe = _run(build_method("am_task", {"ratio": 0.3}))
+    metrics = with_probe.metrics
+    prompt = metrics["prompt_tokens"].value
+    assert metrics["kept_tokens"].value == round(0.3 * prompt)
+    assert metrics["retention"].value == pytest.approx(round(0.3 * prompt) / prompt)
+    assert metrics["compaction_s"].value > 0
+    assert set(with_probe.info["kept_tokens_per_layer"]) == {round(0.3 * prompt)}
+
+
+def test_expect_is_checked_against_both_answers():
+    params = CompactionParams(**{**PARAMS.__dict__, "expect": "zzz-not-there"})
+    out = _run(build_method("identity"), params)
+    assert out.metrics["answer_holds_fact"].value == 0
+    assert out.metrics["plain_holds_fact"].value == 0
+
+
+def test_a_model_without_a_chat_template_is_refused():
+    params = CompactionParams(**{**PARAMS.__dict__, "chat": True})
+    with pytest.raises(ValueError, match="no chat template"):
+        _run(build_method("identity"), params)
+
+
+@pytest.mark.parametrize("field, value", [("max_new_tokens", 0), ("task", " ")])
+def test_bad_params_are_refused(field, value):
+    with pytest.raises(ValueError):
+        CompactionParams(**{**PARAMS.__dict__, field: value})
