@@ -59,3 +59,18 @@ def test_a_model_without_a_chat_template_is_refused():
 def test_bad_params_are_refused(field, value):
     with pytest.raises(ValueError):
         CompactionParams(**{**PARAMS.__dict__, field: value})
+
+
+@pytest.mark.model
+def test_bundled_model_answers_from_the_compacted_eiffel_passage(bundled):
+    """Seed 000's demo on the real model: am_task keeps about a third and the answer keeps the
+    year."""
+    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model=bundled.spec,
+                     load_model=lambda spec, device, backend="torch": bundled)
+    params = CompactionParams(
+        trajectory="The Eiffel Tower is located in Paris, France. It was built in 1889.",
+        task="What year was the Eiffel Tower built?", expect="1889")
+    out = Compaction().run(params, build_method("am_task"), ctx)
+    assert out.metrics["plain_holds_fact"].value == 1
+    assert out.metrics["answer_holds_fact"].value == 1
+    assert 0.2 < out.metrics["retention"].value < 0.5

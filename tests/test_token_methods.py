@@ -249,3 +249,23 @@ def test_mlx_runs_the_same_reduction_with_the_bias_in_its_attention(tiny, name, 
     assert cache.retained_tokens() == torch_cache.retained_tokens()
     assert cache.accounted_bytes() == torch_cache.accounted_bytes()
     torch.testing.assert_close(got, expected[0], atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("kept", [0, 10])
+def test_a_reduction_that_keeps_nothing_or_everything_raises(kept):
+    from kvbench.methods.token_cache import TokenCache
+
+    cache = TokenCache()
+    cache.append(torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4))
+    with pytest.raises(RuntimeError, match=f"kept {kept} of 10 tokens"):
+        cache.keep(torch.arange(kept).expand(1, 2, -1))
+
+
+def test_a_wrapper_passes_queries_and_bias_through_to_the_policy_it_wraps(tiny):
+    method = build_method("sparse_v", {"base": "am", "base_params": {"ratio": 0.25},
+                                       "tau": 1e-30})
+    wrapped, cache = _run(tiny, method)
+    bare, _ = _run(tiny, build_method("am", {"ratio": 0.25}))
+    assert cache.retained_tokens() == [12 + TOTAL - PREFILL] * len(cache.layers)
+    assert cache.counters()["sparse_v_steps"] == (TOTAL - PREFILL) * len(cache.layers)
+    torch.testing.assert_close(wrapped, bare, atol=1e-4, rtol=1e-4)

@@ -121,6 +121,55 @@ class LayerCachePolicy(ABC):
         return {}
 
 
+class WrappedPolicy(LayerCachePolicy):
+    """Stores exactly what `inner` stores and forwards every call to it; a subclass changes only
+    how attention reads it (sparse-V) or what arrays cross over (MLX bridging)."""
+
+    def __init__(self, inner: LayerCachePolicy):
+        self.inner = inner
+
+    @property
+    def observes_queries(self) -> bool:
+        return self.inner.observes_queries
+
+    def append(self, keys, values, queries=None) -> None:
+        self.inner.append(keys, values, queries)
+
+    def attention_inputs(self):
+        return self.inner.attention_inputs()
+
+    def observe_queries(self, queries) -> None:
+        self.inner.observe_queries(queries)
+
+    def end_prefill(self) -> None:
+        self.inner.end_prefill()
+
+    def trim(self, n: int) -> int:
+        return self.inner.trim(n)
+
+    @property
+    def summary_slots(self) -> int:
+        return self.inner.summary_slots
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.inner.seen_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        return self.inner.retained_tokens
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.inner.retained_bytes
+
+    def measured_bytes(self) -> int:
+        return self.inner.measured_bytes()
+
+    def counters(self) -> dict[str, float]:
+        return self.inner.counters()
+
+
 @dataclass
 class Method(ABC):
     """Base of every method. Subclasses are dataclasses: the fields are the configuration,

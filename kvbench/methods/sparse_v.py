@@ -6,51 +6,26 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from kvbench.methods.base import (
     Codec,
     LayerCachePolicy,
     Method,
+    WrappedPolicy,
     build_method,
     register_method,
 )
 
 
-class SparseVCache(LayerCachePolicy):
+class SparseVCache(WrappedPolicy):
     """Stores exactly what `inner` stores; only the attention over it changes."""
 
     def __init__(self, inner: LayerCachePolicy, tau: float):
-        self.inner = inner
+        super().__init__(inner)
         self.value_skip_threshold = tau
         self.rows_skipped = 0
         self.rows = 0
         self.output_error_sum = 0.0
         self.steps = 0
-
-    def append(self, keys, values, queries=None) -> None:
-        self.inner.append(keys, values, queries)
-
-    def attention_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        return self.inner.attention_inputs()
-
-    def end_prefill(self) -> None:
-        self.inner.end_prefill()
-
-    @property
-    def seen_tokens(self) -> int:
-        return self.inner.seen_tokens
-
-    @property
-    def retained_tokens(self) -> int:
-        return self.inner.retained_tokens
-
-    @property
-    def retained_bytes(self) -> int:
-        return self.inner.retained_bytes
-
-    def measured_bytes(self) -> int:
-        return self.inner.measured_bytes()
 
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
         self.rows_skipped += rows_skipped

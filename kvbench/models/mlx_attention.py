@@ -1,5 +1,6 @@
 """kvbench's attention for mlx-lm models: mlx-lm's own scaled_dot_product_attention, unless the
-kvbench cache layer it is handed asks for a per-key additive bias or sparse-V.
+kvbench cache layer it is handed asks for an additive bias (per key, or per query and key),
+sparse-V, or to see the queries.
 
 Why this replaces a name in the model's module. mlx-lm has no attention registry (transformers
 has AttentionInterface, which kvbench.models.attention uses). Each mlx-lm model file imports

@@ -8,19 +8,14 @@ parity; an Apple Silicon port that keeps the arrays in MLX would be measured aga
 """
 from __future__ import annotations
 
-from kvbench.methods.base import LayerCachePolicy
+from kvbench.methods.base import LayerCachePolicy, WrappedPolicy
 from kvbench.methods.butterfly import Butterfly
 from kvbench.methods.eviction import TokenMethod
 from kvbench.methods.mlx.base import MLXMethod, mlx_implementation, to_mx, to_torch
 
 
-class TorchPolicyOnMLX(LayerCachePolicy):
-    def __init__(self, inner: LayerCachePolicy):
-        self.inner = inner
-
-    @property
-    def observes_queries(self) -> bool:
-        return self.inner.observes_queries
+class TorchPolicyOnMLX(WrappedPolicy):
+    """A torch policy taking and giving mx.arrays."""
 
     def append(self, keys, values, queries=None) -> None:
         self.inner.append(to_torch(keys), to_torch(values))
@@ -31,34 +26,6 @@ class TorchPolicyOnMLX(LayerCachePolicy):
 
     def observe_queries(self, queries) -> None:
         self.inner.observe_queries(to_torch(queries))
-
-    def end_prefill(self) -> None:
-        self.inner.end_prefill()
-
-    def trim(self, n: int) -> int:
-        return self.inner.trim(n)
-
-    @property
-    def summary_slots(self) -> int:
-        return self.inner.summary_slots
-
-    @property
-    def seen_tokens(self) -> int:
-        return self.inner.seen_tokens
-
-    @property
-    def retained_tokens(self) -> int:
-        return self.inner.retained_tokens
-
-    @property
-    def retained_bytes(self) -> int:
-        return self.inner.retained_bytes
-
-    def measured_bytes(self) -> int:
-        return self.inner.measured_bytes()
-
-    def counters(self) -> dict[str, float]:
-        return self.inner.counters()
 
 
 @mlx_implementation(TokenMethod)
