@@ -238,3 +238,27 @@ def test_mad_mask_threshold_formula_and_fallback():
     assert flat.sum() == 1
     # nothing passes a high threshold: the single best token survives
     assert mad_mask(scores, 100.0).nonzero().flatten().tolist() == [5]
+
+
+def test_causal_positions_hide_later_keys_everywhere():
+    from kvbench.methods.am_fit import fit_beta, fit_values, key_scores, top_t
+
+    H, n, T, d = 2, 24, 24, 8
+    q, k, v = _qkv(H, n, T, d, seed=21)
+    s = 1 / math.sqrt(d)
+    positions = torch.arange(n)
+    masked = (q.double() @ k.double().transpose(-1, -2) * s).masked_fill(
+        torch.ones(n, T, dtype=torch.bool).triu(1), -math.inf)
+    want = torch.softmax(masked, -1).square().mean(-2).sqrt()
+    torch.testing.assert_close(key_scores(q, k, s, positions=positions).double(), want,
+                               rtol=1e-5, atol=1e-6)
+    # queries that sit after every key see them all: the same as no positions
+    late = torch.full((n,), T - 1)
+    torch.testing.assert_close(key_scores(q, k, s, positions=late), key_scores(q, k, s))
+    sel = top_t(key_scores(q, k, s, positions=positions), 8)
+    torch.testing.assert_close(fit_beta(q, k, sel, s, positions=late), fit_beta(q, k, sel, s))
+    # the value fit skips queries that see no kept key, and stays finite
+    beta = fit_beta(q, k, sel, s, positions=positions)
+    c_v = fit_values(q, k, v, sel, beta, s, positions=positions)
+    assert torch.isfinite(c_v).all() and torch.isfinite(beta).all()
+    assert not torch.allclose(c_v, fit_values(q, k, v, sel, beta, s))

@@ -269,3 +269,12 @@ def test_a_wrapper_passes_queries_and_bias_through_to_the_policy_it_wraps(tiny):
     assert cache.retained_tokens() == [12 + TOTAL - PREFILL] * len(cache.layers)
     assert cache.counters()["sparse_v_steps"] == (TOTAL - PREFILL) * len(cache.layers)
     torch.testing.assert_close(wrapped, bare, atol=1e-4, rtol=1e-4)
+
+
+def test_causal_am_fits_the_prompt_queries_only_against_earlier_keys(tiny):
+    plain, _ = _run(tiny, None)
+    causal, cache = _run(tiny, build_method("am", {"ratio": 0.25, "causal": True}))
+    spec, _ = _run(tiny, build_method("am", {"ratio": 0.25}))
+    assert cache.retained_tokens() == [12 + TOTAL - PREFILL] * len(cache.layers)
+    assert (causal - spec).abs().max() > 1e-3
+    assert 0 < _kl(plain, causal) < 5

@@ -20,6 +20,12 @@ averaged over heads and tokens scoring above median + tau * MAD are kept (`mad_m
 
 All functions are batched over H KV heads: queries (H, n, d), keys and values (H, T, d),
 selected indices (H, t). Scores are taken in float32 and the fits in float64; results are float32.
+
+`positions` (n,), when given, makes every step causal: query i sees only keys at positions
+<= positions[i] (keys sit at 0 .. T-1), in A, E, Y and X alike, and a query that sees no kept key
+drops out of the value fit. Without it (the spec) every query sees every key: right for queries
+from after the context (a task prompt, a repeat of the context), while the context's own queries
+then meet keys at negative RoPE distances they never saw in the model.
 """
 from __future__ import annotations
 
@@ -69,16 +75,29 @@ def _lstsq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.pinv(a) @ b
 
 
+def _logits(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+            positions: torch.Tensor | None, key_positions: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """scaling * Q K^T (H, n, T) at the queries' dtype, -inf where a query may not see a key
+    (positions given: key position > the query's); key_positions (H, T) default to 0 .. T-1."""
+    logits = queries @ keys.transpose(-1, -2) * scaling
+    if positions is None:
+        return logits
+    if key_positions is None:
+        key_positions = torch.arange(keys.shape[-2], device=keys.device).expand(keys.shape[0], -1)
+    hidden = key_positions[:, None, :] > positions.to(keys.device)[None, :, None]
+    return logits.masked_fill(hidden, -math.inf)
+
+
 def key_scores(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
-               how: str = "rms") -> torch.Tensor:
+               how: str = "rms", positions: torch.Tensor | None = None) -> torch.Tensor:
     """Per-key attention score (H, T), float32: the attention A = softmax(scaling * Q K^T) that the
     n reference queries give each key, reduced over queries by `how`: 'rms' sqrt(mean A^2),
     'max' or 'mean'."""
     if how not in _HOWS:
         raise ValueError(f"unknown score reduction {how!r}; expected one of {_HOWS}")
     _check_heads(queries, keys)
-    logits = queries.float() @ keys.float().transpose(-1, -2) * scaling
-    attn = torch.softmax(logits, dim=-1)  # (H, n, T)
+    attn = torch.softmax(_logits(queries.float(), keys.float(), scaling, positions), dim=-1)
     if how == "rms":
         return attn.square().mean(dim=-2).sqrt()
     if how == "max":
@@ -113,10 +132,11 @@ def mad_mask(scores: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 def _mass_system(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor,
-                 scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 scaling: float, positions: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """M = E[:, S] (H, n, t) and m = rowsum(E) (H, n), float64, E = exp(scaling Q K^T - rowmax).
     Subtracting the row max keeps E in (0, 1] with a 1 in each row, whatever the logit range."""
-    logits = queries.double() @ keys.double().transpose(-1, -2) * scaling
+    logits = _logits(queries.double(), keys.double(), scaling, positions)
     e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
     idx = selected.to(e.device)[:, None, :].expand(-1, e.shape[1], -1)
     return torch.gather(e, 2, idx), e.sum(-1)
@@ -128,7 +148,8 @@ def _residual(m_sel: torch.Tensor, b: torch.Tensor, mass: torch.Tensor) -> torch
 
 
 def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, scaling: float,
-             steps: int = 20, seed: int = 0) -> torch.Tensor:
+             steps: int = 20, seed: int = 0,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
     """Log-biases beta (H, t), float32, for the kept keys `selected` (H, t): beta = log B with
     B in [e^-3, e^3] minimising ||E[:, S] B - rowsum(E)||^2 (see the module docstring).
 
@@ -140,7 +161,7 @@ def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, 
     `seed`, so the result is deterministic given the seed."""
     _check_heads(queries, keys)
     _check_selected(selected, keys)
-    m_sel, mass = _mass_system(queries, keys, selected, scaling)
+    m_sel, mass = _mass_system(queries, keys, selected, scaling, positions)
     lo, hi = math.exp(-BETA_BOUND), math.exp(BETA_BOUND)
     H, _, t = m_sel.shape
 
@@ -171,7 +192,7 @@ def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, 
 
 def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                selected: torch.Tensor, beta: torch.Tensor, scaling: float,
-               ridge: float = 0.0) -> torch.Tensor:
+               ridge: float = 0.0, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Compacted values C_v (H, t, d), float32, so that softmax(scaling Q C_k^T + beta) C_v matches
     the original output softmax(scaling Q K^T) V on the reference queries, C_k = keys[selected].
 
@@ -186,10 +207,13 @@ def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if beta.shape != selected.shape:
         raise ValueError(f"beta {tuple(beta.shape)} must match selected {tuple(selected.shape)}")
     q, k, v = queries.double(), keys.double(), values.double()
-    y = torch.softmax(q @ k.transpose(-1, -2) * scaling, dim=-1) @ v  # (H, n, dv)
+    y = torch.softmax(_logits(q, k, scaling, positions), dim=-1) @ v  # (H, n, dv)
     c_k = _gather_rows(k, selected)
-    x = torch.softmax(q @ c_k.transpose(-1, -2) * scaling
-                      + beta.double().to(q.device)[:, None, :], dim=-1)  # (H, n, t)
+    x_logits = _logits(q, c_k, scaling, positions, key_positions=selected)
+    x = torch.softmax(x_logits + beta.double().to(q.device)[:, None, :], dim=-1)  # (H, n, t)
+    if positions is not None:  # a query that sees no kept key tells nothing: zero rows drop out
+        blind = torch.isinf(x_logits).all(dim=-1, keepdim=True)
+        x, y = x.masked_fill(blind, 0.0), y.masked_fill(blind, 0.0)
     if ridge == 0:
         return _lstsq(x, y).float()
     gram = x.transpose(-1, -2) @ x

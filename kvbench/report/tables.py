@@ -173,7 +173,7 @@ def _ordered_keys(dicts) -> list[str]:
 
 # The metrics that sum a benchmark up, for the one-row-per-method table across benchmarks.
 HEADLINE = {
-    "perplexity": ("ppl_rel_delta", "compression_ratio"),
+    "perplexity": ("ppl_rel_delta", "retained_kv"),
     "quality": ("top_k_overlap", "kl_plain_method", "top1_agreement", "greedy_agreement"),
     "compaction": ("retention", "answer_holds_fact"),
 }
