@@ -13,8 +13,7 @@ import torch
 
 from kvbench.methods import am_fit
 from kvbench.methods.base import register_method
-from kvbench.methods.eviction import TokenMethod
-from kvbench.methods.token_cache import TokenCache, per_kv_head
+from kvbench.methods.token_cache import TokenCache, TokenMethod, per_kv_head
 
 SCORES = ("rms", "max", "mean")
 

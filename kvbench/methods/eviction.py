@@ -9,17 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import Method, register_method
-from kvbench.methods.token_cache import Budget, TokenCache, attention_weights
-
-
-@dataclass
-class TokenMethod(Budget, Method):
-    """A token-reduction method: its budget, and the layout every ratio it reports stands on."""
-
-    def layout(self) -> str:
-        return (f"{self.name}: keeps {self.describe()} per head at full precision;"
-                " K and V both counted")
+from kvbench.methods.base import register_method
+from kvbench.methods.token_cache import Budget, TokenCache, TokenMethod, attention_weights
 
 
 class StreamingCache(TokenCache):

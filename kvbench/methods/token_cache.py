@@ -1,6 +1,7 @@
-"""What every token-reduction policy shares: full-precision keys and values of the tokens it keeps
-(each head its own tokens, the same count per head), an optional additive bias per kept key, the
-post-RoPE queries it observed before compacting, and its budget.
+"""What every token-reduction method and policy shares: the method's budget (a ratio of the
+prompt or a fixed number of tokens), and the policy's full-precision keys and values of the tokens
+it keeps (each head its own tokens, the same count per head), an optional additive bias per kept
+key, and the post-RoPE queries it observed before compacting.
 
 Positions: seen_tokens counts every token appended, kept or not, so new tokens take RoPE
 positions that continue from the original length; the adapters use it.
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import LayerCachePolicy, storage_bytes, tensor_bytes
+from kvbench.methods.base import LayerCachePolicy, Method, storage_bytes, tensor_bytes
 
 
 @dataclass
@@ -46,6 +47,15 @@ class Budget:
     def describe(self) -> str:
         return (f"{self.ratio:g} of the prompt" if self.ratio is not None
                 else f"{self.budget} tokens")
+
+
+@dataclass
+class TokenMethod(Budget, Method):
+    """A token-reduction method: its budget, and the layout every ratio it reports stands on."""
+
+    def layout(self) -> str:
+        return (f"{self.name}: keeps {self.describe()} per head at full precision;"
+                " K and V both counted")
 
 
 class TokenCache(LayerCachePolicy):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvbench.methods.base import LayerCachePolicy, WrappedPolicy
 from kvbench.methods.butterfly import Butterfly
-from kvbench.methods.eviction import TokenMethod
+from kvbench.methods.token_cache import TokenMethod
 from kvbench.methods.mlx.base import MLXMethod, mlx_implementation, to_mx, to_torch
 
 
