@@ -74,3 +74,13 @@ def test_bundled_model_answers_from_the_compacted_eiffel_passage(bundled):
     assert out.metrics["plain_holds_fact"].value == 1
     assert out.metrics["answer_holds_fact"].value == 1
     assert 0.2 < out.metrics["retention"].value < 0.5
+
+
+def test_a_method_that_cannot_take_the_probe_back_is_told_to_skip_it():
+    with pytest.raises(ValueError, match="set probe: false"):
+        _run(build_method("butterfly", {"block_size": 4, "window": 4}))
+    no_probe = CompactionParams(**{**PARAMS.__dict__, "probe": False})
+    out = _run(build_method("butterfly", {"block_size": 4, "window": 4}), no_probe)
+    # the 4 newest raw tokens plus one summary per completed 4-token block
+    kept = out.metrics["kept_tokens"].value
+    assert kept == 4 + out.metrics["prompt_tokens"].value // 4

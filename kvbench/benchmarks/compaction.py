@@ -61,8 +61,8 @@ class Compaction(Benchmark):
     backends = ("torch", "mlx")
     metrics = {
         "prompt_tokens": MetricSpec("tokens", "lower", "trajectory tokens prefilled"),
-        "kept_tokens": MetricSpec("tokens", "lower", "tokens kept per layer after compaction"
-                                  " (mean over layers)"),
+        "kept_tokens": MetricSpec("tokens", "lower", "K/V slots kept per layer after compaction,"
+                                  " block summaries included (mean over layers)"),
         "retention": MetricSpec("", "lower", "kept_tokens / prompt_tokens"),
         "compaction_s": MetricSpec("s", "lower", "end_prefill wall time", timed=True),
         "answer_holds_fact": MetricSpec("", "higher", "1 if the answer contains `expect`"),
@@ -92,9 +92,13 @@ class Compaction(Benchmark):
         session.step(trajectory, cache, last_only=True)
         if params.probe:
             session.step(task, cache, last_only=True)
-            session.trim(cache, len(task))
+            try:
+                session.trim(cache, len(task))
+            except ValueError as exc:
+                raise ValueError(f"method {method.name!r} cannot take the probed task back"
+                                 f" ({exc}); set probe: false for it") from None
         seconds = session.end_prefill(cache)
-        kept = cache.retained_tokens()
+        kept = [p.retained_tokens + p.summary_slots for p in cache.policies]
         mean_kept = sum(kept) / len(kept)
         ctx.status("answer")
         answer = _answer(session, cache, task, params.max_new_tokens)
