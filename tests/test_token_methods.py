@@ -216,6 +216,7 @@ def test_a_budget_that_keeps_everything_is_refused(tiny):
 @pytest.mark.parametrize("name, params, message", [
     ("am", {"ratio": 0.5, "score": "median"}, "score must be one of"),
     ("am", {"ratio": 0.5, "ridge": -1.0}, "ridge must be >= 0"),
+    ("am", {"ratio": 0.5, "queries": "self"}, "queries must be context or repeat"),
     ("snapkv", {"ratio": 0.5, "kernel": 4}, "odd"),
     ("h2o", {"ratio": 0.5, "recent": 1.0}, "recent"),
     ("streamingllm", {"ratio": 0.5, "sinks": -1}, "sinks"),
@@ -278,3 +279,34 @@ def test_causal_am_fits_the_prompt_queries_only_against_earlier_keys(tiny):
     assert cache.retained_tokens() == [12 + TOTAL - PREFILL] * len(cache.layers)
     assert (causal - spec).abs().max() > 1e-3
     assert 0 < _kl(plain, causal) < 5
+
+
+def test_repeat_prefill_queries_come_from_the_prompt_fed_again_and_taken_back(tiny):
+    method = build_method("am", {"ratio": 0.25, "queries": "repeat"})
+    assert method.reference_probe([5, 6, 7]) == [5, 6, 7]
+    assert build_method("am", {"ratio": 0.25}).reference_probe([5, 6, 7]) == []
+
+    def repeat_prompt(cache):
+        tiny(_ids()[:, :PREFILL], past_key_values=cache, use_cache=True)
+        cache.crop(-PREFILL)
+
+    repeated, cache = _run(tiny, method, before_compaction=repeat_prompt)
+    context, _ = _run(tiny, build_method("am", {"ratio": 0.25}))
+    assert cache.layers[0].policy.seen_tokens == TOTAL  # the repeat left no token behind
+    assert (repeated - context).abs().max() > 1e-3
+    with pytest.raises(RuntimeError, match="needs its reference probe"):
+        _run(tiny, method)
+
+
+def test_benchmarks_feed_the_reference_probe():
+    from kvbench.benchmarks.base import RunContext
+    from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
+
+    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
+                     load_model=lambda spec, device, backend="torch": load_model(spec, device))
+    params = PerplexityParams(context=48, continuation=16)
+    repeat = Perplexity().run(params, build_method("am", {"ratio": 0.25, "queries": "repeat"}),
+                              ctx).metrics
+    context = Perplexity().run(params, build_method("am", {"ratio": 0.25}), ctx).metrics
+    assert repeat["perplexity"].value != context["perplexity"].value
+    assert repeat["retained_kv"].value == context["retained_kv"].value

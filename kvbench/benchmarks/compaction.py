@@ -3,8 +3,8 @@ question is asked from the compacted cache and the answer generated greedily: ho
 trajectory shrank, how long compaction took, the answer, and whether it holds the fact.
 
 With `probe` (the default) the question is first fed through the cache and taken back before
-end_prefill, so a task-guided method (am_task) or SnapKV can use its queries; every other method
-keeps the trajectory alone. The plain cache answers the same question from the whole trajectory.
+end_prefill, so a task-guided method (am_task) or SnapKV can use its queries; without it a method
+gets its own reference probe, if it has one (am with `queries: repeat`). The plain cache answers the same question from the whole trajectory.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from kvbench.benchmarks.base import (
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
-from kvbench.models.session import Session, open_session
+from kvbench.models.session import Session, open_session, prefill
 
 _PLAIN: dict[tuple, list[int]] = {}  # the plain cache's answer per prompt: shared by the methods
 
@@ -89,15 +89,13 @@ class Compaction(Benchmark):
 
         ctx.status("compact")
         cache = session.new_cache(method)
-        session.step(trajectory, cache, last_only=True)
-        if params.probe:
-            session.step(task, cache, last_only=True)
-            try:
-                session.trim(cache, len(task))
-            except ValueError as exc:
-                raise ValueError(f"method {method.name!r} cannot take the probed task back"
-                                 f" ({exc}); set probe: false for it") from None
-        seconds = session.end_prefill(cache)
+        try:
+            seconds = prefill(session, cache, trajectory, method,
+                              probe=task if params.probe else None)[2]
+        except ValueError as exc:
+            if not params.probe:
+                raise
+            raise ValueError(f"{exc}; set probe: false for it") from None
         kept = [p.retained_tokens + p.summary_slots for p in cache.policies]
         mean_kept = sum(kept) / len(kept)
         ctx.status("answer")

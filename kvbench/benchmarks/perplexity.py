@@ -25,7 +25,7 @@ from kvbench.benchmarks.base import (
 )
 from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
 from kvbench.methods.base import Method
-from kvbench.models.session import Session, open_session
+from kvbench.models.session import Session, open_session, prefill
 from kvbench.models.info import ModelInfo
 
 # Lives for the process: every case of a run shares one reference per token window.
@@ -116,7 +116,7 @@ class Perplexity(TextModelBenchmark):
         for _ in range(ctx.repeats):
             torch.manual_seed(ctx.seed)  # methods drawing random rotations draw the same ones
             cache = session.new_cache(method)
-            passes.append(_run_pass(session, window, params, cache, ctx.status))
+            passes.append(_run_pass(session, window, params, cache, ctx.status, method))
         ppl = passes[0].ppl
         if any(not math.isclose(p.ppl, ppl, rel_tol=1e-6) for p in passes):
             # Fresh caches on the same tokens must agree; otherwise state leaks between runs.
@@ -174,13 +174,14 @@ def _windows(session, params: PerplexityParams) -> tuple[list[int], list[int]]:
 
 def _run_pass(
     session: Session, window: list[int], params: PerplexityParams, cache,
-    status: Callable[[str], None] = lambda message: None,
+    status: Callable[[str], None] = lambda message: None, method: Method | None = None,
 ) -> _Pass:
-    """Prefill, end_prefill, then decode and score through `cache`."""
+    """Prefill (and `method`'s reference probe), end_prefill, then decode and score through
+    `cache`."""
     context, total, chunk = params.context, len(window), params.decode_chunk
     status("prefill")
-    logits, prefill_s = session.step(window[:context], cache, last_only=True)
-    prefill_s += session.end_prefill(cache)
+    logits, forward_s, compact_s = prefill(session, cache, window[:context], method)
+    prefill_s = forward_s + compact_s
     nll = _nll_sum(logits, window[context : context + 1])
 
     # The last token is only scored, never fed: its logits are not needed.

@@ -24,7 +24,7 @@ from kvbench.benchmarks.base import (
 from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
-from kvbench.models.session import Session, open_session
+from kvbench.models.session import Session, open_session, prefill
 
 # The reference's logits and greedy tokens per token window: every method of a run shares them.
 _REFERENCE: dict[tuple, tuple[torch.Tensor, list[int]]] = {}
@@ -134,8 +134,7 @@ def _forced(session: Session, window: list[int], context: int,
             method: Method | None) -> torch.Tensor:
     """Next-token logits (len(window) - context, vocab) for positions context-1 .. end-1."""
     cache = session.new_cache(method)
-    first, _ = session.step(window[:context], cache, last_only=True)
-    session.end_prefill(cache)
+    first = prefill(session, cache, window[:context], method)[0]
     rows = [first]
     for token in window[context:-1]:
         rows.append(session.step([token], cache)[0])
@@ -144,8 +143,7 @@ def _forced(session: Session, window: list[int], context: int,
 
 def _greedy(session: Session, prompt: list[int], n: int, method: Method | None) -> list[int]:
     cache = session.new_cache(method)
-    logits, _ = session.step(prompt, cache, last_only=True)
-    session.end_prefill(cache)
+    logits = prefill(session, cache, prompt, method)[0]
     tokens = [int(logits[-1].argmax())]
     while len(tokens) < n:
         logits, _ = session.step(tokens[-1:], cache)

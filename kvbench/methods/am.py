@@ -27,7 +27,14 @@ class AMCache(TokenCache):
 
     def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(1, Hq, n, D) queries, and with `causal` their prompt positions (n,): the model's own
-        queries over the prompt."""
+        queries over the prompt, or (`queries: repeat`) those of the prompt fed again after
+        itself, which come after every key."""
+        if self.method.queries == "repeat":
+            if self.probe is None:
+                raise RuntimeError("am with queries: repeat needs its reference probe (the prompt"
+                                   " again) fed and taken back before end_prefill; kvbench's"
+                                   " benchmarks do (kvbench.models.session.prefill)")
+            return self.probe, None
         queries = self.observed_queries()
         return queries, self.positions(0, queries.shape[-2])
 
@@ -76,6 +83,9 @@ class AM(TokenMethod):
     `fit_beta: false` / `fit_values: false` turn the fits off (both off: plain top-t selection by
     the same score), so what beta and C_v buy is measured.
 
+    `queries: repeat` takes the reference queries from the prompt fed a second time after itself
+    (repeat-prefill, the paper's alternative): they see every key as later queries do.
+
     `causal: true` is the cleaner variant: each prompt query scores and fits only against keys up
     to its own position. The spec's default lets every prompt query see every key, pairing early
     queries with later keys at negative RoPE distances the model never produces; on the bundled
@@ -88,9 +98,12 @@ class AM(TokenMethod):
     ridge: float = 0.0
     seed: int = 0
     causal: bool = False
+    queries: str = "context"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.queries not in ("context", "repeat"):
+            raise ValueError(f"queries must be context or repeat, got {self.queries!r}")
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
         if self.ridge < 0:
@@ -98,6 +111,9 @@ class AM(TokenMethod):
 
     def new_layer_cache(self, layer_idx: int) -> AMCache:
         return AMCache(self)
+
+    def reference_probe(self, prompt: list[int]) -> list[int]:
+        return list(prompt) if self.queries == "repeat" else []
 
     def layout(self) -> str:
         fitted = [name for name, on in (("beta (one bias per kept key)", self.fit_beta),

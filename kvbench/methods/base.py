@@ -186,6 +186,12 @@ class Method(ABC):
         once per case, before any cache is built, with the loaded model and tokens that are not
         the ones they score."""
 
+    def reference_probe(self, prompt: list[int]) -> list[int]:
+        """Tokens a benchmark feeds after the prompt and takes back before end_prefill, so the
+        policies can read their queries (e.g. the prompt again: repeat-prefill queries). None by
+        default."""
+        return []
+
     def codec(self) -> Codec | None:
         """The codec behind this method, if it has one (the proofs benchmark needs it)."""
         return None

@@ -104,6 +104,25 @@ class TorchSession:
         return peak_memory_bytes(self.device), what
 
 
+def prefill(session: Session, cache: Any, ids: list[int], method: Method | None,
+            probe: list[int] | None = None) -> tuple[torch.Tensor, float, float]:
+    """Feed the prompt `ids` through `cache`, then the probe (given, else the method's
+    reference_probe(ids)) and take it back, then end_prefill: the policies have read the probe's
+    queries and compacted. Returns (the prompt's last logits (1, vocab), seconds of the forwards,
+    seconds of end_prefill)."""
+    logits, forward_s = session.step(ids, cache, last_only=True)
+    if probe is None and method is not None:
+        probe = method.reference_probe(ids)
+    if probe:
+        forward_s += session.step(probe, cache, last_only=True)[1]
+        try:
+            session.trim(cache, len(probe))
+        except ValueError as exc:
+            name = getattr(method, "name", "") or type(method).__name__
+            raise ValueError(f"method {name!r} cannot take the probe back ({exc})") from None
+    return logits, forward_s, session.end_prefill(cache)
+
+
 def open_session(ctx) -> Session:
     """The suite's model on the case's backend (loaded once per run by the runner)."""
     if ctx.model is None:
