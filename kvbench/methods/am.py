@@ -51,8 +51,7 @@ class AMCache(TokenCache):
         self.observes_queries = False
         m = self.method
         queries, positions = self.reference_queries()
-        heads = self.keys.shape[1]
-        queries = per_kv_head(queries, heads)
+        queries = per_kv_head(queries, self.keys.shape[1])
         if positions is not None:  # rows of per_kv_head: each query head's n queries in turn
             positions = positions.repeat(queries.shape[1] // positions.shape[0])
         keys, values = self.keys[0].float(), self.values[0].float()
