@@ -105,6 +105,14 @@ class TextModelBenchmark(Benchmark):
         if model is None:
             raise ValueError(f"{self.name} needs a model; set the suite's model")
 
+    @staticmethod
+    def check_length(model: ModelInfo, what: str, total: int) -> None:
+        """ValueError when `total` tokens (`what` says how they add up) exceed what the model is
+        good for."""
+        if model.max_context is not None and total > model.max_context:
+            raise ValueError(f"{what} = {total} tokens is above the {model.max_context} that"
+                             f" model {model.spec} is good for")
+
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")
 register_benchmark = BENCHMARKS.register

@@ -74,10 +74,7 @@ class Parity(TextModelBenchmark):
 
     def check(self, params: ParityParams, model: ModelInfo | None) -> None:
         self.check_text_and_model(params, model)
-        total = params.context + params.steps
-        if model.max_context is not None and total > model.max_context:
-            raise ValueError(f"context + steps = {total} tokens is above the"
-                             f" {model.max_context} that model {model.spec} is good for")
+        self.check_length(model, "context + steps", params.context + params.steps)
 
     def run(self, params: ParityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)

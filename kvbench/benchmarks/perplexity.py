@@ -90,12 +90,8 @@ class Perplexity(TextModelBenchmark):
 
     def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
         self.check_text_and_model(params, model)
-        total = params.context + params.continuation
-        if model.max_context is not None and total > model.max_context:
-            raise ValueError(
-                f"context + continuation = {params.context} + {params.continuation} = {total}"
-                f" tokens is above the {model.max_context} that model {model.spec} is good for"
-            )
+        self.check_length(model, f"context + continuation = {params.context} +"
+                                 f" {params.continuation}", params.context + params.continuation)
 
     def run(self, params: PerplexityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)

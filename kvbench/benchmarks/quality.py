@@ -77,10 +77,8 @@ class Quality(TextModelBenchmark):
 
     def check(self, params: QualityParams, model: ModelInfo | None) -> None:
         self.check_text_and_model(params, model)
-        longest = params.context + max(params.continuation, params.greedy_tokens)
-        if model.max_context is not None and longest > model.max_context:
-            raise ValueError(f"context + continuation (or greedy_tokens) = {longest} tokens is"
-                             f" above the {model.max_context} that model {model.spec} is good for")
+        self.check_length(model, "context + continuation (or greedy_tokens)",
+                          params.context + max(params.continuation, params.greedy_tokens))
 
     def run(self, params: QualityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)
