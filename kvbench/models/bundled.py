@@ -56,6 +56,14 @@ def is_prepared(name: str) -> bool:
     return (bundled_dir(name) / MARKER).is_file()
 
 
+def prepared_dir(name: str, log: Callable[[str], None]) -> Path:
+    """The folder of bundled model `name`, prepared first (once) if it is not yet."""
+    if not is_prepared(name):
+        log(f"bundled model {name!r} is not prepared yet; preparing it (once)")
+        prepare_bundled(name, log=log)
+    return bundled_dir(name)
+
+
 def prepare_bundled(
     name: str = "smollm2-135m", force: bool = False, log: Callable[[str], None] = print
 ) -> Path:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from kvbench.models.attention import NAME as ATTENTION
-from kvbench.models.bundled import BUNDLED, bundled_dir, bundled_model, is_prepared, prepare_bundled
+from kvbench.models.bundled import BUNDLED, bundled_model, prepared_dir
 from kvbench.models.info import ModelInfo
 from kvbench.models.tiny import TINY_KINDS, TINY_MAX_CONTEXT, build_tiny
 from kvbench.registry import did_you_mean
@@ -60,10 +60,7 @@ def load_model(
         max_context = TINY_MAX_CONTEXT
     else:
         if kind == "bundled":
-            if not is_prepared(target):
-                log(f"bundled model {target!r} is not prepared yet; preparing it (once)")
-                prepare_bundled(target, log=log)
-            target = str(bundled_dir(target))
+            target = str(prepared_dir(target, log))
         model, tokenizer = _load_transformers(target)
         max_context = describe_model(spec).max_context
     config = model.config.get_text_config()

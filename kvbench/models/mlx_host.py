@@ -58,7 +58,7 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLo
 
 
 def _load(spec: str, log: Callable[[str], None]) -> MLXLoaded:
-    from kvbench.models.bundled import bundled_dir, is_prepared, prepare_bundled
+    from kvbench.models.bundled import prepared_dir
     from kvbench.models.loading import _resolve, describe_model
 
     kind, target = _resolve(spec)
@@ -66,10 +66,7 @@ def _load(spec: str, log: Callable[[str], None]) -> MLXLoaded:
         model, tokenizer = _build_tiny(target)
     else:
         if kind == "bundled":
-            if not is_prepared(target):
-                log(f"bundled model {target!r} is not prepared yet; preparing it (once)")
-                prepare_bundled(target, log=log)
-            target = str(bundled_dir(target))
+            target = str(prepared_dir(target, log))
         model, tokenizer = _load_folder(Path(target), log)
     attention = install(model)
     args = model.args
