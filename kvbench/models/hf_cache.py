@@ -19,11 +19,11 @@ class PolicyLayer(CacheLayerMixin):
 
     is_sliding = False
 
-    def __init__(self, policy: LayerCachePolicy, layer_idx: int):
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache"):
         super().__init__()
         self.policy = policy
         self.layer_idx = layer_idx
-        self.own_mask = False  # the last update returned a per-query bias: no causal mask used
+        self._owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -39,8 +39,8 @@ class PolicyLayer(CacheLayerMixin):
         self.policy.append(key_states, value_states)
         keys, values, bias = self.policy.attention_inputs()
         check_attention_inputs(self.policy, self.layer_idx, keys.shape,
-                               None if bias is None else bias.shape, key_states.shape[-2])
-        self.own_mask = bias is not None and bias.dim() == 4
+                               None if bias is None else bias.shape, key_states.shape[-2],
+                               self._owner.mask_kv_length)
         policy = self.policy
         if bias is not None or policy.value_skip_threshold or policy.observes_queries:
             hand_over(Handoff(self.layer_idx, policy, bias))
@@ -76,29 +76,13 @@ class KVBenchCache(PolicyTotals, Cache):
     """The cache of a transformers model, made of one `method.new_layer_cache(i)` per layer."""
 
     def __init__(self, method: Method, num_layers: int):
-        layers = [PolicyLayer(method.new_layer_cache(i), i) for i in range(num_layers)]
+        self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
+        layers = [PolicyLayer(method.new_layer_cache(i), i, self) for i in range(num_layers)]
         super().__init__(layers=layers)
-        self._mask_kv_length: int | None = None
         drop_pending()
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         sizes = super().get_mask_sizes(query_length, layer_idx)
         # The model builds one mask (from one layer) and shares it with every layer.
-        self._mask_kv_length = sizes[0]
+        self.mask_kv_length = sizes[0]
         return sizes
-
-    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        # A one-token step needs no mask (SDPA attends to every key); a longer one uses the shared
-        # mask, which only fits if this layer returned as many keys as it was sized for.
-        query_length = key_states.shape[-2]
-        if (query_length > 1 and not self.layers[layer_idx].own_mask
-                and self._mask_kv_length not in (None, keys.shape[-2])):
-            raise RuntimeError(
-                f"layer {layer_idx}: {keys.shape[-2]} keys for a {query_length}-token step, but the"
-                f" causal mask was sized for {self._mask_kv_length}; a policy that drops tokens"
-                " inside a multi-token step, or keeps a different count per layer, needs"
-                " one-token decode steps"
-            )
-        return keys, values
-

@@ -155,20 +155,10 @@ class MLXPolicyLayer:
         self.policy.append(keys, values)
         self._started = True
         out_keys, out_values, bias = self.policy.attention_inputs()
-        query_length = keys.shape[-2]
+        # make_mask sized the model's one mask from the first layer
         check_attention_inputs(self.policy, self.layer_idx, out_keys.shape,
-                               None if bias is None else bias.shape, query_length)
-        # A one-token step needs no mask; a longer one uses the mask make_mask sized from the
-        # first layer, which only fits if this layer returned as many keys (unless its per-query
-        # bias replaces the mask).
-        own_mask = bias is not None and bias.ndim == 4
-        if (query_length > 1 and not own_mask
-                and owner._mask_kv_length not in (None, out_keys.shape[-2])):
-            raise RuntimeError(
-                f"layer {self.layer_idx}: {out_keys.shape[-2]} keys for a {query_length}-token"
-                f" step, but the causal mask was sized for {owner._mask_kv_length}; a policy that"
-                " drops tokens inside a multi-token step, or keeps a different count per layer,"
-                " needs one-token decode steps")
+                               None if bias is None else bias.shape, keys.shape[-2],
+                               owner._mask_kv_length)
         policy = self.policy
         if bias is not None or policy.value_skip_threshold or policy.observes_queries:
             owner._pending = Handoff(self.layer_idx, policy, bias)

@@ -39,9 +39,13 @@ class PolicyTotals:
 
 
 def check_attention_inputs(policy: LayerCachePolicy, layer_idx: int, keys_shape: tuple,
-                           bias_shape: tuple | None, query_length: int) -> None:
+                           bias_shape: tuple | None, query_length: int,
+                           mask_kv_length: int | None) -> None:
     """A policy that keeps nothing, more than it saw, or not what it reports, or whose bias does
-    not fit the keys it returned, is a bug: both adapters call this after every append."""
+    not fit the keys it returned, is a bug: both adapters call this after every append.
+    mask_kv_length: the keys the model's one shared causal mask was sized for (None: none yet).
+    A one-token step needs no mask; a longer one uses it, which only fits if this layer returned
+    as many keys, unless its per-query bias replaces the mask."""
     name = type(policy).__name__
     seen, retained, summaries = policy.seen_tokens, policy.retained_tokens, policy.summary_slots
     if not 0 < retained <= seen:
@@ -56,3 +60,10 @@ def check_attention_inputs(policy: LayerCachePolicy, layer_idx: int, keys_shape:
         raise RuntimeError(
             f"layer {layer_idx}: {name} returned a key bias of shape {tuple(bias_shape)}; it must"
             f" be (batch, kv_heads, keys) = {allowed[0]} or per query {allowed[1]}")
+    own_mask = bias_shape is not None and len(bias_shape) == 4
+    if query_length > 1 and not own_mask and mask_kv_length not in (None, keys_shape[-2]):
+        raise RuntimeError(
+            f"layer {layer_idx}: {keys_shape[-2]} keys for a {query_length}-token step, but the"
+            f" causal mask was sized for {mask_kv_length}; a policy that drops tokens inside a"
+            " multi-token step, or keeps a different count per layer, needs one-token decode"
+            " steps")
