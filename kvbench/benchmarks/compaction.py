@@ -21,7 +21,7 @@ from kvbench.benchmarks.base import (
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
-from kvbench.models.session import Session, open_session, prefill
+from kvbench.models.session import ProbeNotTakenBack, Session, open_session, prefill
 
 _PLAIN: dict[tuple, list[int]] = {}  # the plain cache's answer per prompt: shared by the methods
 
@@ -78,8 +78,8 @@ class Compaction(Benchmark):
     def run(self, params: CompactionParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)
         trajectory, task = _prompt(session, params)
-        key = (session.spec, tokens_sha256(trajectory + task), params.max_new_tokens,
-               ctx.backend)
+        sha = tokens_sha256(trajectory + task)
+        key = (session.spec, sha, params.max_new_tokens, ctx.backend)
         if key not in _PLAIN:
             ctx.status("plain answer")
             plain_cache = session.new_cache(None)
@@ -92,9 +92,7 @@ class Compaction(Benchmark):
         try:
             seconds = prefill(session, cache, trajectory, method,
                               probe=task if params.probe else None)[2]
-        except ValueError as exc:
-            if not params.probe:
-                raise
+        except ProbeNotTakenBack as exc:
             raise ValueError(f"{exc}; set probe: false for it") from None
         kept = [p.retained_tokens + p.summary_slots for p in cache.policies]
         mean_kept = sum(kept) / len(kept)
@@ -118,8 +116,7 @@ class Compaction(Benchmark):
             metrics=metrics,
             info={"layout": method.layout(), "answer": text, "plain_answer": plain_text,
                   "kept_tokens_per_layer": kept},
-            comparable={"tokens_sha256": tokens_sha256(trajectory + task),
-                        "model": session.spec},
+            comparable={"tokens_sha256": sha, "model": session.spec},
         )
 
 

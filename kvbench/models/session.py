@@ -104,6 +104,10 @@ class TorchSession:
         return peak_memory_bytes(self.device), what
 
 
+class ProbeNotTakenBack(ValueError):
+    """The cache could not take back the probe it was fed (its policy cannot trim)."""
+
+
 def prefill(session: Session, cache: Any, ids: list[int], method: Method | None,
             probe: list[int] | None = None) -> tuple[torch.Tensor, float, float]:
     """Feed the prompt `ids` through `cache`, then the probe (given, else the method's
@@ -119,7 +123,7 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Method | None,
             session.trim(cache, len(probe))
         except ValueError as exc:
             name = getattr(method, "name", "") or type(method).__name__
-            raise ValueError(f"method {name!r} cannot take the probe back ({exc})") from None
+            raise ProbeNotTakenBack(f"method {name!r} cannot take the probe back ({exc})") from None
     return logits, forward_s, session.end_prefill(cache)
 
 
