@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvbench.results import CaseResult, Metric, RunResult
-from kvbench.suite.case import DEFAULT_TOLERANCE, Tolerance
+from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
 
 # Fewer repeats than this give no spread to test, so the tolerance alone decides.
 MIN_SAMPLES_FOR_SPREAD = 2

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from kvbench.gate import gate, tolerances_from_resolved
-from kvbench.suite.case import DEFAULT_TOLERANCE
+from kvbench.tolerance import DEFAULT_TOLERANCE
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
-from kvbench.suite.case import Tolerance
+from kvbench.tolerance import Tolerance
 
 REL5 = Tolerance(rel=0.05)
 

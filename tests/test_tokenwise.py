@@ -22,7 +22,12 @@ def test_blocks_change_nothing(name, params, monkeypatch):
     assert codec.nbytes(blocked) == codec.nbytes(whole)
     decoded = codec.decode(blocked)
     monkeypatch.setattr(tokenwise, "TOKENS_PER_BLOCK", 8192)
-    assert torch.equal(decoded, codec.decode(whole))
+    if params.get("qjl"):
+        # QJL decodes its residual through a dense projection: a matmul whose summation order
+        # follows the batch shape (bit-equal on some CPUs, not on others). The codes are equal.
+        torch.testing.assert_close(decoded, codec.decode(whole), rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(decoded, codec.decode(whole))
 
 
 def test_blocked_dense_rotation_differs_only_by_matmul_rounding(monkeypatch):

@@ -6,7 +6,7 @@ from collections import Counter
 from kvbench.gate import GateReport, gate
 from kvbench.report.tables import fmt_ratio, md_table, metric_cell, metric_header
 from kvbench.results import Metric, RunResult
-from kvbench.suite.case import Tolerance
+from kvbench.tolerance import Tolerance
 
 # Fingerprint keys worth seeing next to each other; the full fingerprint is in each report.
 SIDE_FIELDS = ("cpu", "cores", "memory", "gpu", "device", "backend", "os", "python", "torch",

@@ -5,26 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.claims import Claim
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """A metric may move this far in its worse direction before the gate calls it a regression."""
-
-    abs: float | None = None
-    rel: float | None = None
-
-    def allowed(self, baseline: float) -> float:
-        slack = [0.0]
-        if self.abs is not None:
-            slack.append(self.abs)
-        if self.rel is not None:
-            slack.append(self.rel * abs(baseline))
-        return max(slack)
-
-
-# When a suite names none: a metric may move 5% in its worse direction.
-DEFAULT_TOLERANCE = Tolerance(rel=0.05)
+from kvbench.tolerance import Tolerance
 
 
 @dataclass
@@ -41,6 +22,7 @@ class Case:
     repeats: int
     timeout_s: float | None
     backend: str = "torch"
+    threads: int | None = None  # torch CPU threads; None: torch's default
     claims: list[Claim] = field(default_factory=list)
 
 

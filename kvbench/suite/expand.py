@@ -235,6 +235,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults
                 repeats=_first(entry.repeats, defaults.repeats),
                 timeout_s=_first(entry.timeout_s, defaults.timeout_s),
                 backend=defaults.backend,
+                threads=defaults.threads,
                 claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
                 + [c.value for c, pattern, _ in claims
                    if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],

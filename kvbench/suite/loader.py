@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvbench.suite.case import DEFAULT_TOLERANCE, LoadedSuite, Tolerance
+from kvbench.suite.case import LoadedSuite
+from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
 from kvbench.suite.errors import Issues, SuiteError, SuiteIssue
 from kvbench.suite.expand import Placed, check_gate_metrics, expand_cases
 from kvbench.suite.schema import (
@@ -46,7 +47,7 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
             issues.add(top_doc, (key,), f"the suite has no {key}",
                        "list at least one, here or in an included file")
     settings, default_model = _merge_defaults(files, defaults, issues)
-    default_tol, tolerances, gate_names = _merge_gate(files)
+    default_tol, tolerances, gate_names, absolute_timings = _merge_gate(files)
     check_gate_metrics(gate_names, benchmarks, issues)
     cases = expand_cases(methods, benchmarks, settings, default_model, issues)
     issues.raise_if_any()
@@ -57,7 +58,8 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
         "description": top.description,
         "defaults": settings.model_dump(),
         "gate": {"default": default_tol.model_dump(),
-                 "metrics": {k: v.model_dump() for k, v in tolerances.items()}},
+                 "metrics": {k: v.model_dump() for k, v in tolerances.items()},
+                 "absolute_timings": absolute_timings},
         "methods": [m.value.model_dump() for m in methods],
         "benchmarks": [b.value.model_dump() for b in benchmarks],
     }
@@ -132,13 +134,17 @@ def _merge_defaults(files, overrides: dict[str, Any], issues: Issues):
 
 
 def _merge_gate(files):
-    """(default tolerance, per-metric tolerances, where each metric was named)."""
+    """(default tolerance, per-metric tolerances, where each metric was named, whether absolute
+    timings are gated); a later file's setting wins."""
     default = ToleranceSpec(abs=DEFAULT_TOLERANCE.abs, rel=DEFAULT_TOLERANCE.rel)
     tolerances: dict[str, ToleranceSpec] = {}
     names: dict[str, Placed[str]] = {}
+    absolute_timings = False
     for doc, suite in files:
         default = suite.gate.default or default
+        if "absolute_timings" in suite.gate.model_fields_set:
+            absolute_timings = suite.gate.absolute_timings
         for metric, tolerance in suite.gate.metrics.items():
             tolerances[metric] = tolerance
             names[metric] = Placed(metric, doc, ("gate", "metrics", metric))
-    return default, tolerances, list(names.values())
+    return default, tolerances, list(names.values()), absolute_timings

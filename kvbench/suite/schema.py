@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from kvbench.registry import did_you_mean
-from kvbench.suite.case import DEFAULT_TOLERANCE
+from kvbench.tolerance import DEFAULT_TOLERANCE
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("suite.schema.json")
@@ -53,6 +53,10 @@ class Gate(_Strict):
     default: ToleranceSpec | None = Field(
         None, description=f"for metrics not listed under metrics (default: rel {DEFAULT_TOLERANCE.rel})")
     metrics: dict[str, ToleranceSpec] = Field(default_factory=dict)
+    absolute_timings: bool = Field(
+        False, description="also gate absolute timings (ms, s, tok/s), each only when it moved "
+                           "beyond its tolerance and significantly over the repeats; by default "
+                           "only their same-run ratios are gated")
 
 
 class Defaults(_Strict):
@@ -67,6 +71,9 @@ class Defaults(_Strict):
     seed: int = 0
     repeats: int = Field(1, ge=1)
     timeout_s: float | None = Field(900, gt=0, description="per case; null: no limit")
+    threads: int | None = Field(
+        None, ge=1, description="torch CPU threads for every case; null: torch's default. One "
+                                "thread keeps timings steady on a shared machine")
 
 
 class MethodEntry(_Strict):
