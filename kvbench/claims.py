@@ -40,10 +40,14 @@ def parse_claim(text: str, source: str = "") -> Claim:
 
 
 def judge(claim: Claim, metrics: dict[str, Metric]) -> ClaimResult:
+    """held / failed, or missing when the case did not report the metric. A NaN or infinite
+    measurement fails every claim: `perplexity >= 1` must not hold for a diverged run."""
     metric = metrics.get(claim.metric)
     measured = None if metric is None else metric.value
-    if measured is None or math.isnan(measured):
+    if measured is None:
         verdict = "missing"
+    elif not math.isfinite(measured):
+        verdict = "failed"
     else:
         verdict = "held" if OPS[claim.op](measured, claim.target) else "failed"
     return ClaimResult(

@@ -2,29 +2,44 @@
 
 results.jsonl: one header line, then one line per finished case (append-only, fsynced).
 results.json: the whole run, written atomically at the end; reports are made from it alone.
+Non-finite numbers are written as the JSON strings "NaN", "Infinity" and "-Infinity" (valid
+JSON for every reader) and read back as the same floats.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SCHEMA_VERSION = 1
+# 2: case fingerprints, metric timing kinds, run settings, non-finite numbers as strings.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1 is read for reports and compare; the gate refuses to mix them
 
 Direction = Literal["higher", "lower", "none"]
 Status = Literal["ok", "error", "timeout"]
 Verdict = Literal["held", "failed", "missing"]
+# absolute: a wall-clock figure (ms, s, tok/s); ratio: a timing divided by a reference timed in
+# the same repeat (a memcpy of the same bytes, the plain cache), which load moves far less.
+Timing = Literal["absolute", "ratio"]
 
 
-class Metric(BaseModel):
+class _Record(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class Metric(_Record):
     value: float
     unit: str = ""
     direction: Direction = "none"
+    timing: Timing | None = None  # None: the same inputs give the same value
     # Timed metrics keep every repeat; value is their median.
     samples: list[float] | None = None
     min: float | None = None
@@ -32,7 +47,8 @@ class Metric(BaseModel):
     iqr: float | None = None
 
     @classmethod
-    def from_samples(cls, samples: list[float], unit: str, direction: Direction) -> "Metric":
+    def from_samples(cls, samples: list[float], unit: str, direction: Direction,
+                     timing: Timing | None = None) -> "Metric":
         ordered = sorted(float(s) for s in samples)
         if len(ordered) >= 2:
             q = statistics.quantiles(ordered, n=4, method="inclusive")
@@ -40,12 +56,15 @@ class Metric(BaseModel):
         else:
             iqr = 0.0
         return cls(
-            value=statistics.median(ordered), unit=unit, direction=direction,
+            value=statistics.median(ordered), unit=unit, direction=direction, timing=timing,
             samples=list(map(float, samples)), min=ordered[0], max=ordered[-1], iqr=iqr,
         )
 
+    def finite(self) -> bool:
+        return math.isfinite(self.value)
 
-class ClaimResult(BaseModel):
+
+class ClaimResult(_Record):
     claim: str  # as written: "metric op value"
     metric: str
     op: str
@@ -55,13 +74,13 @@ class ClaimResult(BaseModel):
     source: str = ""  # where the claim was stated: "file:line"
 
 
-class CaseError(BaseModel):
+class CaseError(_Record):
     type: str
     message: str
     traceback: str
 
 
-class CaseResult(BaseModel):
+class CaseResult(_Record):
     id: str
     benchmark: str
     bench_params: dict[str, Any]
@@ -71,31 +90,56 @@ class CaseResult(BaseModel):
     model: str | None = None
     device: str = "cpu"
     backend: str = "torch"
+    threads: int | None = None  # the suite's torch thread setting; None: torch's default
     seed: int = 0
     status: Status
     metrics: dict[str, Metric] = Field(default_factory=dict)
     claims: list[ClaimResult] = Field(default_factory=list)
     # Values that must match for two results of this case to be compared (e.g. token hash).
     comparable: dict[str, str] = Field(default_factory=dict)
+    # sha256 of defining_parts(): a baseline case with another one is not comparable.
+    fingerprint: str = ""
+    # What was wrong with a case that finished (a non-finite metric, say).
+    warnings: list[str] = Field(default_factory=list)
     info: dict[str, Any] = Field(default_factory=dict)
     error: CaseError | None = None
     started: str = ""
     duration_s: float = 0.0
 
 
-class SuiteRecord(BaseModel):
+def defining_parts(case: CaseResult) -> dict[str, Any]:
+    """What defines a case: two results may be compared only if all of it is equal. The
+    machine is checked per run (its key), the code is what a gate judges, so neither is here."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": case.benchmark, "bench_params": case.bench_params,
+        "method": case.method, "method_params": case.method_params,
+        "backend": case.backend, "model": case.model, "threads": case.threads,
+        "data": case.comparable,
+    }
+
+
+def fingerprint(case: CaseResult) -> str:
+    canonical = json.dumps(defining_parts(case), sort_keys=True, separators=(",", ":"),
+                           default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class SuiteRecord(_Record):
     name: str
     path: str
     hash: str  # sha256 of the resolved suite: a resumed run must match it
     resolved: dict[str, Any]
 
 
-class RunHeader(BaseModel):
+class RunHeader(_Record):
     schema_version: int = SCHEMA_VERSION
     kvbench_version: str
     git_sha: str | None
     machine: dict[str, Any]  # hardware.fingerprint(); machine["key"] keys baselines
     suite: SuiteRecord
+    # What the command line changed (device, backend, repeats): a resumed run must match it.
+    settings: dict[str, Any] = Field(default_factory=dict)
     started: str
 
 
@@ -121,33 +165,30 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+class ResultsFileError(ValueError):
+    """A results file that cannot be used: truncated, corrupt, or of a schema this kvbench does
+    not read. The message names the file and the fault."""
+
+
 def append_jsonl(path: str | Path, record: BaseModel) -> None:
-    with open(path, "a") as fh:
-        fh.write(record.model_dump_json() + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def read_jsonl(path: str | Path) -> tuple[RunHeader | None, list[CaseResult]]:
-    """Header and finished cases; a torn last line (killed mid-write) is ignored."""
-    header, cases = None, []
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
+    """One line, fsynced. If the write fails (a full disk), the file is cut back to where it
+    was, so no half line stays behind for the next append to glue onto."""
+    line = (record.model_dump_json() + "\n").encode()
+    with open(path, "ab") as fh:
+        size = fh.tell()
+        try:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+        except OSError:
             try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if data.get("type") == "header":
-                header = RunHeader.model_validate(data["header"])
-            elif data.get("type") == "case":
-                cases.append(CaseResult.model_validate(data["case"]))
-    return header, cases
+                fh.truncate(size)
+            except OSError:
+                pass  # the cut line is dropped, with a message, when the run is resumed
+            raise
 
 
-class _Line(BaseModel):
+class _Line(_Record):
     type: Literal["header", "case"]
     header: RunHeader | None = None
     case: CaseResult | None = None
@@ -161,19 +202,80 @@ def case_line(case: CaseResult) -> BaseModel:
     return _Line(type="case", case=case)
 
 
+@dataclass
+class Jsonl:
+    header: RunHeader | None
+    cases: list[CaseResult]
+    torn_tail: str  # a last line cut mid-write (it has no newline); "" when there is none
+
+
+def read_jsonl(path: str | Path) -> Jsonl:
+    """Header and finished cases. Only the last line can be cut by a kill (each line is written
+    in one call and ends with a newline): it is returned apart. Any other unreadable line is a
+    corrupt file: ResultsFileError naming its line."""
+    path = Path(path)
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    torn = lines.pop()  # after the last newline: "" unless the last write was cut
+    header, cases = None, []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            parsed = _Line.model_validate_json(line)
+        except ValidationError as exc:
+            raise ResultsFileError(f"{path}:{number}: not a kvbench record "
+                                   f"({_first_error(exc)})") from None
+        if parsed.header is not None:
+            header = parsed.header
+        elif parsed.case is not None:
+            cases.append(parsed.case)
+    return Jsonl(header, cases, torn)
+
+
 def load_results(path: str | Path) -> RunResult:
-    """Read results.json (or a results.jsonl of an unfinished run)."""
+    """Read results.json (or a results.jsonl of an unfinished run); ResultsFileError when the
+    file is truncated, corrupt or of a schema this kvbench does not read."""
     path = Path(path)
     if path.suffix == ".jsonl":
-        header, cases = read_jsonl(path)
-        if header is None:
-            raise ValueError(f"{path}: no header line")
-        return RunResult(**header.model_dump(), cases=cases, interrupted=True)
-    data = json.loads(path.read_text())
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {version!r}, this kvbench reads {SCHEMA_VERSION}")
-    return RunResult.model_validate(data)
+        jsonl = read_jsonl(path)
+        if jsonl.header is None:
+            raise ResultsFileError(f"{path}: no header line")
+        return RunResult(**jsonl.header.model_dump(), cases=jsonl.cases, interrupted=True)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ResultsFileError(f"{path}: not valid JSON, truncated or corrupt (line {exc.lineno},"
+                               f" column {exc.colno}: {exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise ResultsFileError(f"{path}: not a text file ({exc})") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version not in READABLE_VERSIONS:
+        raise ResultsFileError(f"{path}: schema_version {version!r}; this kvbench reads "
+                               f"{' and '.join(map(str, READABLE_VERSIONS))}")
+    if version == 1:
+        _upgrade_v1(data)
+    try:
+        return RunResult.model_validate(data)
+    except ValidationError as exc:
+        raise ResultsFileError(f"{path}: not a kvbench results file ({_first_error(exc)})") from None
+
+
+def _upgrade_v1(data: dict) -> None:
+    """Schema 1 wrote a non-finite metric as null; it reads back as NaN. Its cases have no
+    fingerprint, so a gate finds them not comparable with schema 2 cases."""
+    for case in data.get("cases") or []:
+        for metric in (case.get("metrics") or {}).values():
+            if isinstance(metric, dict) and metric.get("value") is None:
+                metric["value"] = math.nan
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(map(str, first["loc"])) or "top level"
+    more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
 
 
 def save_results(path: str | Path, result: RunResult) -> None:

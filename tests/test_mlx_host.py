@@ -130,6 +130,9 @@ class Policy:
     def new_layer_cache(self, layer_idx):
         return self.factory()
 
+    def reference_probe(self, prompt):
+        return []  # no reference queries to feed before end_prefill
+
 
 def hide_prefix_after_prefill(n):
     def bias(lead, tokens):
@@ -372,15 +375,15 @@ def test_biased_attention_matches_torch_and_mx_fast(q_len, t_len):
 
 def _mlx_perplexity(loaded, ids, context, method, decode_chunk=1):
     """(ppl, prefill_s, decode_s, cache): the perplexity benchmark's pass on an MLX session."""
-    from kvbench.benchmarks.perplexity import PerplexityParams, _run_pass
+    from kvbench.benchmarks.perplexity import PerplexityParams, _run_lockstep
     from kvbench.models.mlx_session import MLXSession
 
     session = MLXSession(loaded)
-    cache = session.new_cache(method)
     params = PerplexityParams(context=context, continuation=len(ids) - context,
                               decode_chunk=decode_chunk)
-    result = _run_pass(session, ids, params, cache)
-    return result.ppl, result.prefill_s, result.decode_s, cache
+    _, result = _run_lockstep(session, ids, params, method, 0, lambda message: None)
+    return (result.ppl(len(ids) - context), result.prefill_s, sum(result.segment_s),
+            result.cache)
 
 
 def test_perplexity_pass_reads_through_the_cache(tiny):

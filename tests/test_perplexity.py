@@ -138,14 +138,21 @@ def test_identity_accounting_and_records():
     assert out.metrics["compression_ratio"].value == 0.5  # fp32 storage is twice 16-bit
     assert out.metrics["retained_kv"].value == 1  # against the plain cache, same dtype
     assert len(out.metrics["prefill_s"].samples) == 3
+    assert len(out.metrics["prefill_s_vs_plain"].samples) == 3
+    # 15 decode steps: one segment of timings per repeat
     assert len(out.metrics["decode_tok_s"].samples) == 3
+    assert len(out.metrics["decode_tok_s_vs_plain"].samples) == 3
+    assert {out.metrics[name].timing for name in ("prefill_s", "decode_tok_s")} == {"absolute"}
+    assert {out.metrics[name].timing for name in ("prefill_s_vs_plain",
+                                                  "decode_tok_s_vs_plain")} == {"ratio"}
     assert out.metrics["perplexity"].samples is None
     assert out.info["peak_memory_bytes"] > 2 * fp32_bytes  # process RSS on CPU: the model too
     assert out.info["peak_memory"].startswith("peak process RSS")
     del out.info["peak_memory_bytes"], out.info["peak_memory"]
     assert out.info == {"layout": "identity (auto); K and V both counted", "tokens": 64, "text": "pydoc"}
     tokens = load_model("tiny:llama", "cpu").tokenizer.encode(pydoc_text())[:64]
-    assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama"}
+    assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama",
+                              "model_dtype": "float32"}
     assert set(out.metrics) == set(Perplexity.metrics) - {"values_skipped", "sparse_v_output_error"}
 
 
@@ -167,20 +174,26 @@ def test_state_leaking_between_repeats_is_caught():
         _run(Leaky(), repeats=2)
 
 
-def test_reference_is_computed_once_per_tokens_and_chunk(monkeypatch):
-    caches = []
-    real = ppl_module._run_pass
+def test_plain_and_method_caches_run_in_lockstep(monkeypatch):
+    """Every prefill and decode step feeds the plain cache and then the method's, so their
+    speed ratio compares work done moments apart; one timing sample per 16 decode steps."""
+    from kvbench.models.session import TorchSession
 
-    def counting(model, ids, params, cache, *rest):
-        caches.append(type(cache).__name__)
-        return real(model, ids, params, cache, *rest)
+    fed, real = [], TorchSession.step
 
-    monkeypatch.setattr(ppl_module, "_REFERENCE", {})
-    monkeypatch.setattr(ppl_module, "_run_pass", counting)
-    _run(Identity())
-    _run(Ternary())  # same tokens and chunk: reuses the reference
-    _run(Identity(), decode_chunk=4)
-    assert caches.count("DynamicCache") == 2 and caches.count("KVBenchCache") == 3
+    def recording(self, ids, cache, last_only=False):
+        fed.append((type(cache).__name__, len(ids)))
+        return real(self, ids, cache, last_only)
+
+    monkeypatch.setattr(TorchSession, "step", recording)
+    out = _run(Ternary(), continuation=40, decode_chunk=2)
+    expected_steps = [2] * 19 + [1]  # 39 tokens fed after the prompt, two at a time
+    assert fed == [("DynamicCache", 48), ("KVBenchCache", 48)] + [
+        (name, n) for n in expected_steps for name in ("DynamicCache", "KVBenchCache")]
+    # 20 decode steps: segments of 16 and 4 steps
+    assert len(out.metrics["decode_tok_s"].samples) == 2
+    assert len(out.metrics["decode_tok_s_vs_plain"].samples) == 2
+    assert all(r > 0 for r in out.metrics["decode_tok_s_vs_plain"].samples)
 
 
 def test_progress_is_reported():

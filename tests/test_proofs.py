@@ -116,6 +116,10 @@ def test_output_records_layout_shape_hash_and_timings():
     for name in ("encode_ms", "decode_ms"):
         metric = out.metrics[name]
         assert len(metric.samples) == CTX.repeats and metric.min > 0 and metric.unit == "ms"
+        assert metric.timing == "absolute"
+    for name in ("encode_vs_memcpy", "decode_vs_memcpy"):
+        metric = out.metrics[name]
+        assert len(metric.samples) == CTX.repeats and metric.timing == "ratio" and metric.min > 0
 
 
 def test_metric_table_matches_the_output():
@@ -124,7 +128,9 @@ def test_metric_table_matches_the_output():
     for name, spec in Proofs.metrics.items():
         assert out.metrics[name].direction == spec.direction
         assert out.metrics[name].unit == spec.unit
-        assert spec.timed == name.endswith("_ms")
+        assert out.metrics[name].timing == spec.timing
+        assert spec.timing == ("absolute" if name.endswith("_ms") else
+                               "ratio" if name.endswith("_vs_memcpy") else None)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,8 @@ def test_every_declared_metric_is_reported_with_its_unit():
     for name, spec in Speed.metrics.items():
         metric = out.metrics[name]
         assert metric.unit == spec.unit and metric.direction == spec.direction, name
-        if spec.timed:
+        assert metric.timing == spec.timing, name
+        if spec.timing:
             assert len(metric.samples) == CTX.repeats and metric.min > 0, name
     assert out.metrics["encode_gb_s"].unit == "GB/s"
     assert out.metrics["encode_vectors_s"].unit == "vectors/s"

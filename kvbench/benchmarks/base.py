@@ -20,7 +20,7 @@ from kvbench.data.text import check_text, resolve_text
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.registry import Registry
-from kvbench.results import Direction, Metric
+from kvbench.results import Direction, Metric, Timing
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,16 @@ class MetricSpec:
     unit: str
     direction: Direction
     description: str = ""
-    timed: bool = False  # varies run to run: recorded with repeats, gated with its spread
+    # Varies run to run: recorded with its samples. "ratio" (to a reference timed in the same
+    # repeat) is what the gate judges by default; "absolute" only when the suite asks.
+    timing: Timing | None = None
 
     def of(self, value: float) -> Metric:
-        return Metric(value=float(value), unit=self.unit, direction=self.direction)
+        return Metric(value=float(value), unit=self.unit, direction=self.direction,
+                      timing=self.timing)
 
     def of_samples(self, samples: list[float]) -> Metric:
-        return Metric.from_samples(samples, self.unit, self.direction)
+        return Metric.from_samples(samples, self.unit, self.direction, self.timing)
 
 
 @dataclass

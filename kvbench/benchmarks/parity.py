@@ -116,5 +116,6 @@ class Parity(TextModelBenchmark):
                 "kl_per_step": [round(float(x), 6) for x in kl],
                 "tokens": tokens,
             },
-            comparable={"tokens_sha256": tokens_sha256(prompt), "model": session.spec},
+            comparable={"tokens_sha256": tokens_sha256(prompt), "model": session.spec,
+                        "model_dtype": session.dtype},
         )

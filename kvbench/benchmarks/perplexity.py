@@ -5,13 +5,15 @@ on mlx-lm) in one forward, call end_prefill() (compaction methods compress here)
 continuation through the same cache `decode_chunk` tokens at a time. Token i is scored from the
 logits at position i-1; the first continuation token from the prefill's last logits. The
 reference is the same protocol with the plain cache (transformers DynamicCache, mlx-lm KVCache)
-on the same tokens and backend.
+on the same tokens and backend, run in lockstep with the method's: each prefill and each decode
+step feeds the plain cache and then the method's, so the speed ratios between the two compare
+work done moments apart, under the same load on the machine.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +30,9 @@ from kvbench.methods.base import Method
 from kvbench.models.session import Session, open_session, prefill
 from kvbench.models.info import ModelInfo
 
-# Lives for the process: every case of a run shares one reference per token window.
-_REFERENCE: dict[tuple, float] = {}
+# Decode steps per timing sample: a change of load on the machine spoils one sample, not the
+# case's figure, and one pass gives enough samples for a significance test.
+DECODE_SEGMENT = 16
 
 
 @dataclass
@@ -61,9 +64,16 @@ class PerplexityParams:
 
 @dataclass
 class _Pass:
-    ppl: float
-    prefill_s: float
-    decode_s: float
+    """One cache's run over the window: its NLL sum, prefill time and decode times."""
+
+    cache: Any
+    nll: float = 0.0
+    prefill_s: float = 0.0  # the prefill's forwards plus end_prefill
+    segment_s: list[float] = field(default_factory=list)  # per DECODE_SEGMENT steps
+    segment_tokens: list[int] = field(default_factory=list)
+
+    def ppl(self, scored: int) -> float:
+        return math.exp(self.nll / scored)
 
 
 @register_benchmark("perplexity")
@@ -80,8 +90,16 @@ class Perplexity(TextModelBenchmark):
         "compression_ratio": MetricSpec("x", "higher", "16-bit K+V of all tokens seen / kv_bytes"),
         "retained_kv": MetricSpec("x", "lower", "kv_bytes / the plain cache's K+V bytes of all"
                                   " tokens seen, at the model's dtype"),
-        "prefill_s": MetricSpec("s", "lower", "prefill forward plus end_prefill", timed=True),
-        "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second", timed=True),
+        "prefill_s": MetricSpec("s", "lower", "prefill forward plus end_prefill, per repeat",
+                                timing="absolute"),
+        "decode_tok_s": MetricSpec("tok/s", "higher", "decoded tokens per second, per"
+                                   f" {DECODE_SEGMENT} decode steps", timing="absolute"),
+        "prefill_s_vs_plain": MetricSpec(
+            "x", "lower", "prefill_s / the plain cache's prefill, run just before it",
+            timing="ratio"),
+        "decode_tok_s_vs_plain": MetricSpec(
+            "x", "higher", f"decode tok/s / the plain cache's over the same {DECODE_SEGMENT}"
+                           " steps, run in lockstep", timing="ratio"),
         # Only for methods with sparse-V (their caches count what they skipped):
         "values_skipped": MetricSpec("", "none", "fraction of value rows skipped at decode"),
         "sparse_v_output_error": MetricSpec(
@@ -96,35 +114,29 @@ class Perplexity(TextModelBenchmark):
     def run(self, params: PerplexityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)
         window, calibration = _windows(session, params)
-        sha = tokens_sha256(window)
-
-        key = (session.spec, sha, params.context, params.decode_chunk, str(ctx.device),
-               ctx.backend)
-        if key not in _REFERENCE:
-            ctx.status("reference")
-            _REFERENCE[key] = _run_pass(session, window, params, session.new_cache(None)).ppl
-        reference = _REFERENCE[key]
-
         ctx.status("calibrate")
         session.calibrate(method, calibration)
-        passes, cache = [], None
+        runs: list[tuple[_Pass, _Pass]] = []
         session.reset_peak_memory()
         for _ in range(ctx.repeats):
-            torch.manual_seed(ctx.seed)  # methods drawing random rotations draw the same ones
-            cache = session.new_cache(method)
-            passes.append(_run_pass(session, window, params, cache, ctx.status, method))
-        ppl = passes[0].ppl
-        if any(not math.isclose(p.ppl, ppl, rel_tol=1e-6) for p in passes):
+            runs.append(_run_lockstep(session, window, params, method, ctx.seed, ctx.status))
+        scored = len(window) - params.context
+        reference = runs[0][0].ppl(scored)
+        ppl = runs[0][1].ppl(scored)
+        for plain, mine in runs:
             # Fresh caches on the same tokens must agree; otherwise state leaks between runs.
-            raise RuntimeError(f"perplexity differs across repeats: {[p.ppl for p in passes]}")
+            if not (math.isclose(mine.ppl(scored), ppl, rel_tol=1e-6)
+                    and math.isclose(plain.ppl(scored), reference, rel_tol=1e-6)):
+                raise RuntimeError("perplexity differs across repeats: "
+                                   f"{[(p.ppl(scored), q.ppl(scored)) for p, q in runs]}")
 
         peak_bytes, peak_what = session.peak_memory()
+        cache = runs[-1][1].cache
         kv_bytes = cache.accounted_bytes()
         # Against every token seen, so a method that evicts is credited with what it dropped.
         seen = sum(policy.seen_tokens for policy in cache.policies)
         bytes_16bit = 2 * 2 * session.num_kv_heads * session.head_dim * seen
         bytes_plain = bytes_16bit // 2 * session.kv_element_size
-        decode_tok_s = [(params.continuation - 1) / p.decode_s for p in passes]
         m = self.metrics
         counters = cache.counters()
         sparse = {}
@@ -135,6 +147,8 @@ class Perplexity(TextModelBenchmark):
                 "sparse_v_output_error": m["sparse_v_output_error"].of(
                     counters["sparse_v_output_error_sum"] / counters["sparse_v_steps"]),
             }
+        segments = [(p_s, q_s, n) for plain, mine in runs
+                    for p_s, q_s, n in zip(plain.segment_s, mine.segment_s, mine.segment_tokens)]
         return BenchmarkOutput(
             metrics={
                 "perplexity": m["perplexity"].of(ppl),
@@ -144,8 +158,12 @@ class Perplexity(TextModelBenchmark):
                 "kv_bytes_measured": m["kv_bytes_measured"].of(cache.measured_bytes()),
                 "compression_ratio": m["compression_ratio"].of(bytes_16bit / kv_bytes),
                 "retained_kv": m["retained_kv"].of(kv_bytes / bytes_plain),
-                "prefill_s": m["prefill_s"].of_samples([p.prefill_s for p in passes]),
-                "decode_tok_s": m["decode_tok_s"].of_samples(decode_tok_s),
+                "prefill_s": m["prefill_s"].of_samples([mine.prefill_s for _, mine in runs]),
+                "decode_tok_s": m["decode_tok_s"].of_samples([n / q_s for _, q_s, n in segments]),
+                "prefill_s_vs_plain": m["prefill_s_vs_plain"].of_samples(
+                    [mine.prefill_s / plain.prefill_s for plain, mine in runs]),
+                "decode_tok_s_vs_plain": m["decode_tok_s_vs_plain"].of_samples(
+                    [p_s / q_s for p_s, q_s, _ in segments]),
                 **sparse,
             },
             info={
@@ -153,10 +171,12 @@ class Perplexity(TextModelBenchmark):
                 "tokens": len(window),
                 "text": params.text,
                 "peak_memory_bytes": peak_bytes,
-                "peak_memory": peak_what,
+                "peak_memory": f"{peak_what}; the plain reference cache, run in lockstep,"
+                               " included",
                 **counters,
             },
-            comparable={"tokens_sha256": sha, "model": session.spec},
+            comparable={"tokens_sha256": tokens_sha256(window), "model": session.spec,
+                        "model_dtype": session.dtype},
         )
 
 
@@ -168,28 +188,38 @@ def _windows(session, params: PerplexityParams) -> tuple[list[int], list[int]]:
     return window, after[: params.calibration]
 
 
-def _run_pass(
-    session: Session, window: list[int], params: PerplexityParams, cache,
-    status: Callable[[str], None] = lambda message: None, method: Method | None = None,
-) -> _Pass:
-    """Prefill (and `method`'s reference probe), end_prefill, then decode and score through
-    `cache`."""
+def _run_lockstep(
+    session: Session, window: list[int], params: PerplexityParams, method: Method, seed: int,
+    status: Callable[[str], None],
+) -> tuple[_Pass, _Pass]:
+    """(the plain cache's pass, the method's): prefill (and `method`'s reference probe),
+    end_prefill, then decode and score, each step first through the plain cache, then through
+    the method's."""
+    plain = _Pass(session.new_cache(None))
+    torch.manual_seed(seed)  # methods drawing random rotations draw the same ones every repeat
+    mine = _Pass(session.new_cache(method))
     context, total, chunk = params.context, len(window), params.decode_chunk
     status("prefill")
-    logits, forward_s, compact_s = prefill(session, cache, window[:context], method)
-    prefill_s = forward_s + compact_s
-    nll = _nll_sum(logits, window[context : context + 1])
+    for run, run_method in ((plain, None), (mine, method)):
+        logits, forward_s, compact_s = prefill(session, run.cache, window[:context], run_method)
+        run.prefill_s = forward_s + compact_s
+        run.nll = _nll_sum(logits, window[context : context + 1])
 
     # The last token is only scored, never fed: its logits are not needed.
     starts = range(context, total - 1, chunk)
-    decode_s = 0.0
     for i, start in enumerate(starts):
         status(f"decode {i + 1}/{len(starts)}")
         end = min(start + chunk, total - 1)
-        logits, seconds = session.step(window[start:end], cache)
-        decode_s += seconds
-        nll += _nll_sum(logits, window[start + 1 : end + 1])
-    return _Pass(ppl=math.exp(nll / (total - context)), prefill_s=prefill_s, decode_s=decode_s)
+        if i % DECODE_SEGMENT == 0:
+            for run in (plain, mine):
+                run.segment_s.append(0.0)
+                run.segment_tokens.append(0)
+        for run in (plain, mine):
+            logits, seconds = session.step(window[start:end], run.cache)
+            run.segment_s[-1] += seconds
+            run.segment_tokens[-1] += end - start
+            run.nll += _nll_sum(logits, window[start + 1 : end + 1])
+    return plain, mine
 
 
 def _nll_sum(logits: torch.Tensor, targets: list[int]) -> float:

@@ -124,7 +124,8 @@ class Quality(TextModelBenchmark):
                 "greedy_text": session.tokenizer.decode(greedy),
                 "greedy_text_plain": session.tokenizer.decode(plain_greedy),
             },
-            comparable={"tokens_sha256": sha, "model": session.spec},
+            comparable={"tokens_sha256": sha, "model": session.spec,
+                        "model_dtype": session.dtype},
         )
 
 

@@ -27,6 +27,7 @@ class MLXSession:
         weight = next(w for _, w in tree_flatten(loaded.model.parameters())
                       if mx.issubdtype(w.dtype, mx.floating))
         self.kv_element_size = weight.dtype.size
+        self.dtype = str(weight.dtype).rpartition(".")[2]  # mlx.core.float32 -> float32
 
     def new_cache(self, method: Method | None):
         from mlx_lm.models.cache import make_prompt_cache

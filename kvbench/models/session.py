@@ -19,6 +19,7 @@ class Session(Protocol):
     num_kv_heads: int
     head_dim: int
     kv_element_size: int  # bytes per cached K/V element in the plain cache (the model's dtype)
+    dtype: str  # the model's float dtype: "float32", "bfloat16", ...
 
     def new_cache(self, method: Method | None) -> Any:
         """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None."""
@@ -53,6 +54,7 @@ class TorchSession:
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
         self.head_dim = loaded.head_dim
         self.kv_element_size = torch.empty((), dtype=loaded.dtype).element_size()
+        self.dtype = str(loaded.dtype).removeprefix("torch.")
 
     def new_cache(self, method: Method | None):
         from transformers import DynamicCache
