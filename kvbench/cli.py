@@ -36,7 +36,9 @@ def _load_suite_or_exit(path: str, **defaults):
     except SuiteError as exc:
         err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
         for line in str(exc).splitlines():
-            err.print(f"  {escape(line)}", soft_wrap=True)  # one issue per line, greppable
+            # one issue per line, greppable; printed as is (rich would turn "x.yaml:100:" into
+            # an emoji and markup-like text into styles)
+            err.print(f"  {line}", soft_wrap=True, markup=False, emoji=False, highlight=False)
         sys.exit(EXIT_INVALID)
 
 
@@ -72,6 +74,9 @@ class _RichProgress:
         self.bar.start()
         self.task = self.bar.add_task("cases", total=total, status="")
 
+    def notice(self, text):
+        err.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True)
+
     def case_started(self, case):
         self.case_id = case.id
         self.bar.update(self.task, status=escape(case.id))
@@ -94,25 +99,37 @@ class _RichProgress:
         self.bar.stop()
 
 
+def _method_matches(case, pattern: str) -> bool:
+    """--methods' one test, for the check and the filter alike: the label or the method's
+    name matches the glob."""
+    return fnmatch.fnmatchcase(case.method_label, pattern) or fnmatch.fnmatchcase(case.method,
+                                                                                   pattern)
+
+
 def _select_cases(suite, only, methods, limit):
+    """The cases to run; a selection that leaves none exits 2 with what there is."""
     from kvbench.registry import did_you_mean
 
     cases = suite.cases
+    if not cases:
+        _fail(f"{suite.path} expands to no case (its benchmarks' `methods:` select none)")
     if methods:
         wanted = [m.strip() for m in methods.split(",") if m.strip()]
-        labels = {c.method_label for c in cases} | {c.method for c in cases}
-        for name in wanted:
-            if not any(fnmatch.fnmatchcase(label, name) for label in labels):
-                _fail(f"--methods: no method {name!r} in {suite.path}.{did_you_mean(name, labels)}")
-        cases = [
-            c for c in cases
-            if any(fnmatch.fnmatchcase(c.method_label, w) or c.method == w for w in wanted)
-        ]
+        names = sorted({c.method_label for c in cases} | {c.method for c in cases})
+        for pattern in wanted:
+            if not any(_method_matches(c, pattern) for c in cases):
+                _fail(f"--methods: {pattern!r} matches no method label or name in {suite.path}."
+                      f"{did_you_mean(pattern, names)} Available: {', '.join(names)}")
+        cases = [c for c in cases if any(_method_matches(c, w) for w in wanted)]
     if only:
         pattern = only if any(ch in only for ch in "*?[") else f"*{only}*"
-        cases = [c for c in cases if fnmatch.fnmatchcase(c.id, pattern)]
-        if not cases:
-            _fail(f"--only {only!r} matches no case; see `kvbench run {suite.path} --dry-run`")
+        chosen = [c for c in cases if fnmatch.fnmatchcase(c.id, pattern)]
+        if not chosen:
+            among = " among the --methods selection" if methods else ""
+            shown = ", ".join(c.id for c in cases[:12]) + (", ..." if len(cases) > 12 else "")
+            _fail(f"--only {only!r} matches no case{among}. Case ids: {shown} (all of them: "
+                  f"`kvbench run {suite.path} --dry-run`)")
+        cases = chosen
     if limit is not None:
         cases = cases[:limit]
     return cases
@@ -120,18 +137,21 @@ def _select_cases(suite, only, methods, limit):
 
 def _load_baseline_or_exit(path: str, suite, device: str, backend: str):
     from kvbench.hardware import machine_key
-    from kvbench.results import SCHEMA_VERSION, load_results
+    from kvbench.results import SCHEMA_VERSION, ResultsFileError, load_results
 
     if not Path(path).exists():
         _fail(f"baseline {path} does not exist (make one with `kvbench baseline save`)",
               EXIT_BASELINE)
     try:
         baseline = load_results(path)
-    except ValueError as exc:
-        _fail(f"baseline {path} is not comparable: {exc}", EXIT_BASELINE)
+    except ResultsFileError as exc:
+        _fail(f"baseline {exc}", EXIT_BASELINE)
+    except OSError as exc:
+        _fail(f"baseline {path} cannot be read: {exc}", EXIT_BASELINE)
     problems = []
     if baseline.schema_version != SCHEMA_VERSION:
-        problems.append(f"schema version {baseline.schema_version} != {SCHEMA_VERSION}")
+        problems.append(f"schema version {baseline.schema_version} != {SCHEMA_VERSION} (remake "
+                        "it with this kvbench)")
     if baseline.suite.name != suite.name:
         problems.append(f"it is for suite {baseline.suite.name!r}, not {suite.name!r}")
     key = machine_key(device, backend)
@@ -140,6 +160,34 @@ def _load_baseline_or_exit(path: str, suite, device: str, backend: str):
     if problems:
         _fail(f"baseline {path} is not comparable: " + "; ".join(problems), EXIT_BASELINE)
     return baseline
+
+
+def _check_definitions_or_exit(path: str, baseline, cases) -> None:
+    """Refuse before running when a selected case is defined otherwise in the baseline (method
+    or benchmark settings, model, backend, threads): its results could never be compared. The
+    data (token hashes) is checked after the run, by the gate."""
+    from kvbench.gate import fingerprint_differences
+    from kvbench.results import CaseResult, fingerprint
+
+    stored = {c.id: c for c in baseline.cases}
+    problems = []
+    for case in cases:
+        old = stored.get(case.id)
+        if old is None or old.status != "ok":
+            continue
+        planned = CaseResult(
+            id=case.id, benchmark=case.benchmark, bench_params=case.bench_params,
+            method=case.method, method_label=case.method_label,
+            method_params=case.method_params, model=case.model, backend=case.backend,
+            threads=case.threads, status="ok", comparable=old.comparable)
+        planned.fingerprint = fingerprint(planned)
+        differences = fingerprint_differences(old, planned)
+        if differences:
+            problems.append(f"{case.id}: " + "; ".join(differences))
+    if problems:
+        shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
+        _fail(f"baseline {path} is not comparable: {len(problems)} case(s) are defined otherwise"
+              f" there:\n  {shown}", EXIT_BASELINE)
 
 
 def _claims_table(result) -> Table:
@@ -187,7 +235,11 @@ def _summary(result, gate_report, out_dir: Path) -> None:
             console.print(f"  [yellow]gate:[/] {escape(reason)}")
         for row in gate_report.regressions:
             console.print(f"  [red]regression[/] {escape(row.case_id)} {row.metric}: "
-                          f"{fmt_number(row.baseline)} -> {fmt_number(row.current)}")
+                          f"{fmt_number(row.baseline)} -> {fmt_number(row.current)} "
+                          f"({escape(row.rule)})")
+    for case in result.cases:
+        for warning in case.warnings:
+            console.print(f"  [yellow]warning[/] {escape(case.id)}: {escape(warning)}")
     console.print(f"reports: {out_dir / 'report.md'}, {out_dir / 'results.json'}")
 
 
@@ -230,35 +282,44 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         console.print(table)
         return
     try:
-        device_name = str(resolve_device(cases[0].device if cases else "cpu"))
+        device_name = str(resolve_device(cases[0].device))
     except ValueError as exc:
         _fail(str(exc))
-    backend_name = cases[0].backend if cases else "torch"
-    baseline_result = (_load_baseline_or_exit(baseline, suite, device_name, backend_name)
-                       if baseline else None)
+    baseline_result = None
+    if baseline:
+        baseline_result = _load_baseline_or_exit(baseline, suite, device_name, cases[0].backend)
+        _check_definitions_or_exit(baseline, baseline_result, cases)
 
-    from kvbench.gate import gate, tolerances_from_resolved
+    from kvbench.gate import gate
     from kvbench.report.markdown import write_reports
-    from kvbench.runner import ResumeError, run_suite
+    from kvbench.runner import (
+        OutDirBusy, ResultsNotWritten, ResumeError, hold_out_dir, run_suite,
+    )
 
     out_dir = Path(out_dir or Path("runs") / suite.name)
     try:
-        outcome = run_suite(suite, out_dir, cases=cases, resume=resume, progress=_RichProgress())
-    except ResumeError as exc:
+        with hold_out_dir(out_dir):
+            outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
+                                progress=_RichProgress(), repeats_override=repeats)
+            result = outcome.result
+            gate_report = None
+            if baseline_result is not None:
+                filtered = len(cases) != len(suite.cases)
+                gate_report = gate(result, baseline_result, expect_all=not filtered)
+            write_reports(result, out_dir, gate=gate_report)
+    except (ResumeError, OutDirBusy) as exc:
         _fail(str(exc))
+    except ResultsNotWritten as exc:
+        _fail(exc.strerror, EXIT_CRASHED)
+    except OSError as exc:  # the report: every case is saved in results.json(l) already
+        _fail(f"cannot write the report in {out_dir}: {exc}; the results are saved (`kvbench "
+              f"report {out_dir / 'results.json'}` makes it again)", EXIT_CRASHED)
     except KeyboardInterrupt:
         err.print(
             f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / 'results.jsonl'}. "
             f"Continue with:\n  kvbench run {suite_path} --out {out_dir} --resume"
         )
         sys.exit(EXIT_INTERRUPTED)
-    result = outcome.result
-    gate_report = None
-    if baseline_result is not None:
-        default, per_metric = tolerances_from_resolved(result.suite.resolved)
-        filtered = len(cases) != len(suite.cases)
-        gate_report = gate(result, baseline_result, default, per_metric, expect_all=not filtered)
-    write_reports(result, out_dir, gate=gate_report)
     _summary(result, gate_report, out_dir)
     sys.exit(_exit_code(result, gate_report))
 
@@ -269,6 +330,8 @@ def validate(suite_path):
     """Check a suite without running it (exit 2 with file:line: key for each problem)."""
     suite = _load_suite_or_exit(suite_path)
     console.print(f"[green]valid:[/] {suite.name}: {len(suite.cases)} case(s)")
+    if suite.note:
+        console.print(f"[yellow]note:[/] {escape(suite.note)}")
 
 
 # ---------------------------------------------------------------- list, env, schema
@@ -406,14 +469,13 @@ def report(results_path, fmt, readme, section):
 @click.argument("a_path", metavar="A", type=click.Path(dir_okay=False))
 @click.argument("b_path", metavar="B", type=click.Path(dir_okay=False))
 def compare(a_path, b_path):
-    """Side by side: A, B, ratio B/A and a mark (better, worse, ~ not significant, x not
-    comparable), with the tolerances of A's suite."""
-    from kvbench.gate import tolerances_from_resolved
+    """Side by side: A, B, ratio B/A, a mark (better, worse, ~ not significant, x not
+    comparable) and the rule that judged each row, with the stricter of the two suites' gate
+    settings."""
     from kvbench.report.compare import render_compare
 
     a, b = _load_results_or_exit(a_path), _load_results_or_exit(b_path)
-    default, per_metric = tolerances_from_resolved(a.suite.resolved)
-    click.echo(render_compare(a, b, default, per_metric))
+    click.echo(render_compare(a, b))
 
 
 @main.group()

@@ -1,18 +1,32 @@
-"""Compare a run with a baseline: per metric, its direction and tolerance decide the verdict.
+"""Compare a run with a baseline: per metric, its kind, direction and tolerance decide.
 
-Reads result records only (no runner, no suite loader), so a gate can be re-run from two JSON files.
+Each row names the rule that judged it:
+- tolerance: a figure the same inputs reproduce (bytes, errors, perplexity) is a regression when
+  it moved beyond its tolerance in its worse direction.
+- same-run ratio: a timing divided by a reference timed in the same repeat (a copy of the same
+  bytes, the plain cache) moves only when its median moved beyond its tolerance AND its samples
+  moved significantly (Mann-Whitney U, one-sided, p < SIGNIFICANCE): noise on a shared machine
+  has to beat both.
+- absolute timing: shown, not gated, unless the suite's gate sets absolute_timings; then judged
+  as a ratio is.
+A case whose fingerprint differs from the baseline's (another method setting, benchmark
+setting, model, data, backend) is not comparable: never a regression, never an improvement.
+
+Reads result records only (no runner, no suite loader, no torch), so a gate can be re-run from
+two JSON files.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvbench.results import CaseResult, Metric, RunResult
+from kvbench.results import CaseResult, Metric, RunResult, defining_parts
+from kvbench.significance import shift_p_value, smallest_p_value
 from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
 
-# Fewer repeats than this give no spread to test, so the tolerance alone decides.
-MIN_SAMPLES_FOR_SPREAD = 2
+SIGNIFICANCE = 0.01  # one-sided Mann-Whitney level a timing's move must reach
 
 RowVerdict = Literal[
     "regression", "improvement", "same", "not significant", "not gated",
@@ -20,17 +34,39 @@ RowVerdict = Literal[
 ]
 
 
-def tolerances_from_resolved(resolved_suite: dict[str, Any]) -> tuple[Tolerance, dict[str, Tolerance]]:
-    """The suite's `gate:` block as stored in RunResult.suite.resolved -> (default, per metric)."""
-    block = resolved_suite.get("gate") or {}
-    default_spec = block.get("default")
-    default = _tolerance(default_spec) if default_spec else DEFAULT_TOLERANCE
-    per_metric = {name: _tolerance(spec) for name, spec in (block.get("metrics") or {}).items()}
-    return default, per_metric
+@dataclass(frozen=True)
+class GatePolicy:
+    """A suite's `gate:` block: tolerances and whether absolute timings are gated."""
+
+    default: Tolerance = DEFAULT_TOLERANCE
+    per_metric: Mapping[str, Tolerance] = field(default_factory=dict)
+    absolute_timings: bool = False
+
+    @classmethod
+    def from_resolved(cls, resolved_suite: dict[str, Any]) -> "GatePolicy":
+        """From the suite as stored in RunResult.suite.resolved."""
+        block = resolved_suite.get("gate") or {}
+        default_spec = block.get("default")
+        return cls(
+            default=_tolerance(default_spec) if default_spec else DEFAULT_TOLERANCE,
+            per_metric={name: _tolerance(spec)
+                        for name, spec in (block.get("metrics") or {}).items()},
+            absolute_timings=bool(block.get("absolute_timings", False)),
+        )
+
+    def tolerance(self, metric: str) -> Tolerance:
+        return self.per_metric.get(metric, self.default)
 
 
 def _tolerance(spec: dict[str, Any]) -> Tolerance:
     return Tolerance(abs=spec.get("abs"), rel=spec.get("rel"))
+
+
+def policies_of(current: RunResult, baseline: RunResult) -> list[GatePolicy]:
+    """Both runs' stored gate settings: each metric gets the stricter of the two, so a change
+    to a suite cannot loosen the gate it is judged by."""
+    return [GatePolicy.from_resolved(baseline.suite.resolved),
+            GatePolicy.from_resolved(current.suite.resolved)]
 
 
 @dataclass
@@ -43,6 +79,7 @@ class GateRow:
     current: float | None
     ratio: float | None  # current / baseline; None when either is absent or baseline is 0
     verdict: RowVerdict
+    rule: str = ""  # what judged it: "tolerance rel 0.02", "same-run ratio: ... p=0.004", ...
 
 
 @dataclass
@@ -71,15 +108,17 @@ class GateReport:
 def gate(
     current: RunResult,
     baseline: RunResult,
-    default: Tolerance,
-    per_metric: dict[str, Tolerance],
+    policies: Sequence[GatePolicy] | None = None,
     expect_all: bool = True,
 ) -> GateReport:
     """Judge every metric of `current` against `baseline`.
 
+    policies: the gate settings that apply; each metric gets the strictest. Default: both runs'
+    stored suites (policies_of).
     expect_all: the current run was not filtered, so a case (or metric) that the baseline has and
     this run lacks counts as a regression: CI notices a dropped case.
     """
+    policies = list(policies or policies_of(current, baseline))
     report = GateReport(expect_all=expect_all)
     _check_run_level(current, baseline, report)
     now = {case.id: case for case in current.cases}
@@ -91,7 +130,7 @@ def gate(
             report.missing_cases.append(case_id)
             _add(report, [_row(case_id, name, m, None, "missing") for name, m in old.metrics.items()])
         else:
-            _compare_case(old, new, default, per_metric, expect_all, report)
+            _compare_case(old, new, policies, expect_all, report)
     for case_id, new in now.items():
         if case_id not in before:
             report.new_cases.append(case_id)
@@ -111,10 +150,8 @@ def _check_run_level(current: RunResult, baseline: RunResult, report: GateReport
             report.reasons.append(f"{what} differs: baseline {before!r}, current {now!r}")
 
 
-def _compare_case(
-    old: CaseResult, new: CaseResult, default: Tolerance, per_metric: dict[str, Tolerance],
-    expect_all: bool, report: GateReport,
-) -> None:
+def _compare_case(old: CaseResult, new: CaseResult, policies: Sequence[GatePolicy],
+                  expect_all: bool, report: GateReport) -> None:
     case_id = new.id
     if new.status != "ok" or old.status != "ok":
         if new.status != "ok":
@@ -122,18 +159,15 @@ def _compare_case(
         report.reasons.append(f"{case_id}: status {new.status} (baseline {old.status})")
         _add(report, _rows_of_both(old, new, "error"))
         return
-    mismatched = sorted(k for k in old.comparable.keys() | new.comparable.keys()
-                        if old.comparable.get(k) != new.comparable.get(k))
-    if mismatched:
+    differences = fingerprint_differences(old, new)
+    if differences:
         report.not_comparable_cases.append(case_id)
-        for key in mismatched:
-            report.reasons.append(
-                f"{case_id}: {key} differs: baseline {old.comparable.get(key)!r}, "
-                f"current {new.comparable.get(key)!r}"
-            )
+        report.reasons.append(f"{case_id}: not comparable, its definition differs: "
+                              + "; ".join(differences))
         _add(report, _rows_of_both(old, new, "not comparable"))
         return
 
+    absolute_timings = any(p.absolute_timings for p in policies)
     for name, before in old.metrics.items():
         now = new.metrics.get(name)
         if now is None:
@@ -143,44 +177,83 @@ def _compare_case(
             report.reasons.append(f"{case_id}: {name} unit {before.unit!r} became {now.unit!r}")
             _add(report, [_row(case_id, name, before, now, "not comparable")])
         else:
-            verdict = judge_metric(before, now, per_metric.get(name, default))
-            _add(report, [_row(case_id, name, before, now, verdict)])
+            tolerance = min((p.tolerance(name) for p in policies),
+                            key=lambda t: t.allowed(before.value))
+            verdict, rule = judge_metric(before, now, tolerance, absolute_timings)
+            _add(report, [_row(case_id, name, before, now, verdict, rule)])
     for name, now in new.metrics.items():
         if name not in old.metrics:
             _add(report, [_row(case_id, name, None, now, "new")])
 
 
-def judge_metric(before: Metric, now: Metric, tolerance: Tolerance) -> RowVerdict:
-    """regression / improvement / same / not significant / not gated for one metric."""
-    direction = now.direction
-    if direction == "none":
-        return "not gated"
-    if math.isnan(now.value) or math.isnan(before.value):
-        # A number that became NaN (a diverged perplexity, say) is worse; nothing else can be judged.
-        return "not gated" if math.isnan(before.value) else "regression"
+def fingerprint_differences(old: CaseResult, new: CaseResult) -> list[str]:
+    """What makes two results of one case id not comparable, as "key: before -> after"; empty
+    when their fingerprints agree."""
+    if old.fingerprint == new.fingerprint and old.fingerprint:
+        return []
+    before, after = _flatten(defining_parts(old)), _flatten(defining_parts(new))
+    changed = [f"{key}: {before.get(key, '(absent)')!r} -> {after.get(key, '(absent)')!r}"
+               for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
+    if not changed and old.fingerprint and new.fingerprint:
+        changed = ["the stored fingerprints differ, though the records agree (edited by hand?)"]
+    return changed  # records from before schema 2 carry none: their fields are compared
+
+
+def _flatten(parts: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in parts.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def judge_metric(before: Metric, now: Metric, tolerance: Tolerance,
+                 absolute_timings: bool = False) -> tuple[RowVerdict, str]:
+    """(verdict, the rule that gave it) for one metric; see the module docstring."""
+    if now.direction == "none":
+        return "not gated", "no better direction"
+    if not math.isfinite(before.value):
+        return "not gated", "the baseline value is not finite"
+    if not math.isfinite(now.value):
+        return "regression", "not finite (a diverged or failed measurement)"
+    if now.timing == "absolute" and not absolute_timings:
+        return "not gated", ("absolute timing: gated through its same-run ratio "
+                             "(gate.absolute_timings: true gates it too)")
     delta = now.value - before.value
-    worse = delta > 0 if direction == "lower" else delta < 0
+    worse = delta > 0 if now.direction == "lower" else delta < 0
+    moved = "regression" if worse else "improvement"
+    kind = {None: "tolerance", "ratio": "same-run ratio", "absolute": "absolute timing"}[now.timing]
     if abs(delta) <= tolerance.allowed(before.value):
-        return "same"
-    if not _spreads_apart(before, now):
-        return "not significant"
-    return "regression" if worse else "improvement"
+        return "same", f"{kind}: within {tolerance}"
+    if now.timing is None:
+        return moved, f"{kind}: beyond {tolerance}"
+    a, b = before.samples or [before.value], now.samples or [now.value]
+    if smallest_p_value(len(a), len(b)) >= SIGNIFICANCE:
+        return "not significant", (f"{kind}: beyond {tolerance}, but {len(a)} and {len(b)} "
+                                   f"samples cannot reach p < {SIGNIFICANCE:g}")
+    p = shift_p_value(a, b, larger=delta > 0)
+    if p >= SIGNIFICANCE:
+        return "not significant", f"{kind}: beyond {tolerance}, Mann-Whitney p = {p:.2g}"
+    return moved, f"{kind}: beyond {tolerance} and Mann-Whitney p = {p:.2g}"
 
 
-def _spreads_apart(before: Metric, now: Metric) -> bool:
-    """Timed metrics move only when every repeat of one side lies beyond every repeat of the other."""
-    a, b = before.samples or [], now.samples or []
-    if len(a) < MIN_SAMPLES_FOR_SPREAD or len(b) < MIN_SAMPLES_FOR_SPREAD:
-        return True
-    return min(b) > max(a) or max(b) < min(a)
-
-
-def _row(case_id: str, name: str, before: Metric | None, now: Metric | None, verdict: RowVerdict) -> GateRow:
+def _row(case_id: str, name: str, before: Metric | None, now: Metric | None,
+         verdict: RowVerdict, rule: str = "") -> GateRow:
     shown = now or before
     old_value = None if before is None else before.value
     new_value = None if now is None else now.value
     ratio = new_value / old_value if old_value and new_value is not None else None
-    return GateRow(case_id, name, shown.unit, shown.direction, old_value, new_value, ratio, verdict)
+    rule = rule or _UNJUDGED.get(verdict, "")
+    return GateRow(case_id, name, shown.unit, shown.direction, old_value, new_value, ratio,
+                   verdict, rule)
+
+
+_UNJUDGED = {
+    "missing": "absent from the current run", "new": "absent from the baseline",
+    "error": "the case did not finish ok", "not comparable": "the case's definition differs",
+}
 
 
 def _rows_of_both(old: CaseResult, new: CaseResult, verdict: RowVerdict) -> list[GateRow]:

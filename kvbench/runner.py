@@ -1,7 +1,10 @@
-"""Runs expanded cases: isolation, per-case timeout, fixed seeds, results.jsonl and --resume."""
+"""Runs expanded cases: isolation, per-case timeout, fixed seeds, results.jsonl and --resume,
+one run per output folder at a time."""
 from __future__ import annotations
 
+import os
 import random
+import re
 import signal
 import threading
 import time
@@ -10,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -19,20 +22,37 @@ from kvbench import __version__
 from kvbench.backends.torch_backend import resolve_device
 from kvbench.benchmarks import BENCHMARKS, RunContext
 from kvbench.claims import judge
-from kvbench.hardware import fingerprint, git_sha
+from kvbench.hardware import fingerprint as machine_fingerprint
+from kvbench.hardware import git_sha
 from kvbench.methods.base import build_method
 from kvbench.results import (
-    CaseError, CaseResult, RunHeader, RunResult, SuiteRecord, append_jsonl, case_line,
-    header_line, read_jsonl, save_results,
+    SCHEMA_VERSION, CaseError, CaseResult, ResultsFileError, RunHeader, RunResult, SuiteRecord,
+    append_jsonl, case_line, fingerprint, header_line, read_jsonl, save_results,
 )
 from kvbench.suite.case import Case, LoadedSuite
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; two runs into one folder are not caught
+    fcntl = None
+
 JSONL = "results.jsonl"
 JSON = "results.json"
+LOCK = ".kvbench.lock"
+_DEFAULT_THREADS = torch.get_num_threads()
 
 
 class ResumeError(ValueError):
-    """The folder holds results that cannot be resumed with this suite."""
+    """The folder holds results that cannot be resumed with this suite or these settings."""
+
+
+class OutDirBusy(RuntimeError):
+    """Another run is writing into the output folder."""
+
+
+class ResultsNotWritten(OSError):
+    """A finished case could not be saved (a full disk, say): the run stops; what was saved
+    before is intact and --resume continues from it."""
 
 
 class CaseTimeout(Exception):
@@ -41,6 +61,7 @@ class CaseTimeout(Exception):
 
 class Progress(Protocol):
     def start(self, total: int, skipped: int) -> None: ...
+    def notice(self, text: str) -> None: ...
     def case_started(self, case: Case) -> None: ...
     def status(self, text: str) -> None: ...
     def case_finished(self, result: CaseResult) -> None: ...
@@ -49,6 +70,7 @@ class Progress(Protocol):
 
 class _Silent:
     def start(self, total, skipped): ...
+    def notice(self, text): ...
     def case_started(self, case): ...
     def status(self, text): ...
     def case_finished(self, result): ...
@@ -132,11 +154,12 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
     record = CaseResult(
         id=case.id, benchmark=case.benchmark, bench_params=case.bench_params,
         method=case.method, method_label=case.method_label, method_params=case.method_params,
-        model=case.model, device=case.device, backend=case.backend, seed=case.seed, status="ok",
-        started=started,
+        model=case.model, device=case.device, backend=case.backend, threads=case.threads,
+        seed=case.seed, status="ok", started=started,
     )
     try:
         with _deadline(case.timeout_s):
+            torch.set_num_threads(case.threads or _DEFAULT_THREADS)
             _seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
             record.device = _device_name(device, case.backend)
@@ -152,6 +175,8 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
             output.metrics, output.info, output.comparable,
         )
         record.claims = [judge(claim, output.metrics) for claim in case.claims]
+        record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
+                           for name, metric in output.metrics.items() if not metric.finite()]
     except CaseTimeout as exc:
         record.status = "timeout"
         record.error = CaseError(type="CaseTimeout", message=str(exc), traceback="")
@@ -160,8 +185,43 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
         record.error = CaseError(
             type=type(exc).__name__, message=str(exc), traceback=traceback.format_exc()
         )
+    record.fingerprint = fingerprint(record)
     record.duration_s = round(time.perf_counter() - clock, 3)
     return record
+
+
+_HELD: set[Path] = set()  # folders this process holds: run_suite inside the CLI's hold is fine
+
+
+@contextmanager
+def hold_out_dir(out_dir: Path):
+    """Hold `out_dir` for this run: another run into it is refused at once (OutDirBusy). The
+    lock is an flock, which the kernel drops when the process ends, so a crashed or killed run
+    leaves no stuck lock behind."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key = out_dir.resolve()
+    if fcntl is None or key in _HELD:
+        yield
+        return
+    handle = open(out_dir / LOCK, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process"
+        handle.close()
+        raise OutDirBusy(f"{out_dir} is in use by another kvbench run ({holder}); wait for it "
+                         "to finish or use another --out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}, since {_now()}\n")
+    handle.flush()
+    _HELD.add(key)
+    try:
+        yield
+    finally:
+        _HELD.discard(key)
+        handle.close()  # releases the lock
 
 
 def _archive_previous(out_dir: Path) -> None:
@@ -179,26 +239,42 @@ def _archive_previous(out_dir: Path) -> None:
         (out_dir / name).rename(archive / name)
 
 
-def _drop_torn_line(path: Path) -> None:
-    """A kill mid-write can leave half a line; cut it so the next append starts clean."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
-
-
-def _resume_state(out_dir: Path, suite: LoadedSuite) -> tuple[RunHeader, list[CaseResult]]:
-    _drop_torn_line(out_dir / JSONL)
-    header, finished = read_jsonl(out_dir / JSONL)
+def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
+                  progress: Progress) -> tuple[RunHeader, list[CaseResult]]:
+    path = out_dir / JSONL
+    try:
+        jsonl = read_jsonl(path)
+    except ResultsFileError as exc:
+        raise ResumeError(f"{exc}; move {out_dir} aside or run without --resume") from None
+    header = jsonl.header
     if header is None:
-        raise ResumeError(f"{out_dir / JSONL} has no header line; cannot resume from it")
+        raise ResumeError(f"{path} has no header line; cannot resume from it")
+    if header.schema_version != SCHEMA_VERSION:
+        raise ResumeError(f"{path} was written by another kvbench (schema "
+                          f"{header.schema_version}, this one writes {SCHEMA_VERSION}); run "
+                          "without --resume or with another --out")
+    # The settings first: --backend also changes the suite's hash, and this names it.
+    changed = [f"{key} {header.settings.get(key)!r} then, {value!r} now"
+               for key, value in settings.items() if header.settings.get(key) != value]
+    if changed:
+        raise ResumeError(f"{path} was run with other settings ({'; '.join(changed)}); resume "
+                          "with the same --device, --backend and --repeats, or use another --out")
     if header.suite.hash != suite.hash:
         raise ResumeError(
-            f"{out_dir / JSONL} was written by a different version of suite {suite.name!r} "
+            f"{path} was written by a different version of suite {suite.name!r} "
             f"(hash {header.suite.hash[:12]} != {suite.hash[:12]}); run without --resume "
             "or with another --out"
         )
-    return header, finished
+    if jsonl.torn_tail:
+        # A kill mid-write cut the last line: drop it so the next append starts clean.
+        size = path.stat().st_size
+        with open(path, "r+b") as fh:
+            fh.truncate(size - len(jsonl.torn_tail.encode()))
+        cut = re.search(r'"id":"([^"]+)"', jsonl.torn_tail)
+        what = f"case {cut.group(1)!r}" if cut else "a case"
+        progress.notice(f"{path}: the last line was cut mid-write ({what}); it is dropped and "
+                        "that case runs again")
+    return header, jsonl.cases
 
 
 def run_suite(
@@ -207,35 +283,43 @@ def run_suite(
     cases: list[Case] | None = None,
     resume: bool = False,
     progress: Progress | None = None,
+    repeats_override: int | None = None,
 ) -> RunOutcome:
     """Run `cases` (default: all of the suite's) into out_dir.
 
     Every finished case is appended to results.jsonl and fsynced before the next starts;
     results.json is written at the end, and also when interrupted (then `interrupted` is set
-    and KeyboardInterrupt is raised again for the caller to report).
+    and KeyboardInterrupt is raised again for the caller to report). repeats_override is the
+    command line's --repeats, recorded so that --resume can insist on it.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress or _Silent()
     cases = suite.cases if cases is None else cases
     device = cases[0].device if cases else "cpu"
     backend = cases[0].backend if cases else "torch"
+    settings = {"device": str(resolve_device(device)), "backend": backend,
+                "repeats": repeats_override}
+    with hold_out_dir(out_dir):
+        finished: list[CaseResult] = []
+        if resume and (out_dir / JSONL).exists():
+            header, finished = _resume_state(out_dir, suite, settings, progress)
+        else:
+            _archive_previous(out_dir)
+            header = RunHeader(
+                kvbench_version=__version__, git_sha=git_sha(Path(suite.path).parent),
+                machine=machine_fingerprint(settings["device"], backend),
+                suite=SuiteRecord(
+                    name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved
+                ),
+                settings=settings,
+                started=_now(),
+            )
+            _append(out_dir / JSONL, header_line(header), kept=0)
+        return _run_cases(suite, cases, out_dir, header, finished, progress)
 
-    finished: list[CaseResult] = []
-    if resume and (out_dir / JSONL).exists():
-        header, finished = _resume_state(out_dir, suite)
-    else:
-        _archive_previous(out_dir)
-        header = RunHeader(
-            kvbench_version=__version__, git_sha=git_sha(Path(suite.path).parent),
-            machine=fingerprint(str(resolve_device(device)), backend),
-            suite=SuiteRecord(
-                name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved
-            ),
-            started=_now(),
-        )
-        append_jsonl(out_dir / JSONL, header_line(header))
 
+def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: RunHeader,
+               finished: list[CaseResult], progress: Progress) -> RunOutcome:
     done = {c.id for c in finished}
     todo = [c for c in cases if c.id not in done]
     result = RunResult(**header.model_dump(), cases=list(finished))
@@ -245,16 +329,40 @@ def run_suite(
         for case in todo:
             progress.case_started(case)
             record = run_case(case, load_model, progress)
-            append_jsonl(out_dir / JSONL, case_line(record))
+            _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)
-    except KeyboardInterrupt:
-        result.interrupted = True
+    except BaseException as exc:
+        result.interrupted = isinstance(exc, KeyboardInterrupt)
+        _finish(result, suite, out_dir, progress, strict=False)  # must not hide `exc`
         raise
-    finally:
-        progress.stop()
-        order = {c.id: i for i, c in enumerate(suite.cases)}
-        result.cases.sort(key=lambda c: order.get(c.id, len(order)))
-        result.finished = _now()
-        save_results(out_dir / JSON, result)
+    _finish(result, suite, out_dir, progress, strict=True)
     return RunOutcome(result=result, out_dir=out_dir, skipped=len(cases) - len(todo))
+
+
+def _append(path: Path, line, kept: int) -> None:
+    try:
+        append_jsonl(path, line)
+    except OSError as exc:
+        raise ResultsNotWritten(
+            exc.errno, f"cannot write {path}: {exc.strerror or exc}; the {kept} case(s) saved "
+                       "before are kept in it; free the space and continue with --resume"
+        ) from exc
+
+
+def _finish(result: RunResult, suite: LoadedSuite, out_dir: Path, progress: Progress,
+            strict: bool) -> None:
+    """results.json, in the suite's case order. strict=False: another error is on its way out
+    and a failure to write must not replace it (results.jsonl holds every saved case)."""
+    progress.stop()
+    torch.set_num_threads(_DEFAULT_THREADS)
+    order = {c.id: i for i, c in enumerate(suite.cases)}
+    result.cases.sort(key=lambda c: order.get(c.id, len(order)))
+    result.finished = _now()
+    try:
+        save_results(out_dir / JSON, result)
+    except OSError as exc:
+        if strict:
+            raise ResultsNotWritten(
+                exc.errno, f"cannot write {out_dir / JSON}: {exc.strerror or exc}; every finished "
+                           f"case is in {out_dir / JSONL} (`kvbench report` reads it)") from exc

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from kvbench import cli
 from kvbench.results import SCHEMA_VERSION
@@ -135,7 +136,7 @@ def test_selection_options(options, expected):
 def test_unknown_method_label_exits_2_with_did_you_mean():
     result = invoke("run", TINY, "--dry-run", "--methods", "intq-bits3")
     assert result.exit_code == 2
-    assert "--methods: no method 'intq-bits3'" in result.output
+    assert "--methods: 'intq-bits3' matches no method label or name" in result.output
     assert "Did you mean" in result.output and "'intq-bits8'" in result.output
     assert case_ids(result.output) == []
 
@@ -144,6 +145,79 @@ def test_only_matching_nothing_exits_2():
     result = invoke("run", TINY, "--dry-run", "--only", "no-such-case")
     assert result.exit_code == 2
     assert "matches no case" in result.output
+
+
+def labelled_suite(tmp_path: Path) -> Path:
+    """tiny.yaml with its intq entry labelled `q`: labels and method names differ."""
+    path = tmp_path / "labelled.yaml"
+    path.write_text(TINY.read_text().replace("  - name: intq\n", "  - name: intq\n    label: q\n")
+                    .replace("intq-bits", "q-bits"))
+    return path
+
+
+@pytest.mark.parametrize("pattern, labels", [
+    ("intq*", ["q-bits8", "q-bits4"]),  # the method's name, globbed: was 0 cases and exit 0
+    ("intq", ["q-bits8", "q-bits4"]),
+    ("q-bits4", ["q-bits4"]),
+    ("q-*", ["q-bits8", "q-bits4"]),
+    ("ident*", ["identity"]),
+])
+def test_methods_matches_labels_and_names_alike(tmp_path, pattern, labels):
+    suite = labelled_suite(tmp_path)
+    result = invoke("run", suite, "--dry-run", "--methods", pattern)
+    assert result.exit_code == 0, result.output
+    shown = re.findall(r"proofs/([\w.-]+)/data=gaussian", result.output)
+    assert shown == labels
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--methods", "kivi*"], "--methods: 'kivi*' matches no method label or name in"),
+    (["--methods", "identity", "--only", "q-bits"],
+     "--only 'q-bits' matches no case among the --methods selection. Case ids: "
+     "proofs/identity/data=gaussian, proofs/identity/data=sphere"),
+])
+def test_a_selection_of_nothing_exits_2_with_what_there_is(tmp_path, options, message):
+    result = invoke("run", labelled_suite(tmp_path), "--dry-run", *options)
+    assert result.exit_code == 2
+    assert message in result.output
+    if "--only" not in options:
+        assert "Available: identity, intq, q-bits4, q-bits8" in result.output
+
+
+def test_limit_zero_is_refused():
+    result = CliRunner().invoke(cli.main, ["run", str(TINY), "--dry-run", "--limit", "0"])
+    assert result.exit_code == 2 and "--limit" in result.output
+
+
+def test_resume_with_other_repeats_or_device_is_refused(tmp_path):
+    out = tmp_path / "out"
+    assert invoke("run", TINY, "--out", out, "--limit", "2", "--repeats", "2").exit_code == 0
+    saved = (out / "results.jsonl").read_bytes()
+    result = invoke("run", TINY, "--out", out, "--resume")
+    assert result.exit_code == 2
+    assert "was run with other settings (repeats 2 then, None now)" in result.output
+    # a run made on another device (as its header says) is not continued on this one
+    jsonl = out / "results.jsonl"
+    header, *cases = jsonl.read_text().splitlines(keepends=True)
+    moved = json.loads(header)
+    moved["header"]["settings"]["device"] = "cuda:0"
+    jsonl.write_text(json.dumps(moved) + "\n" + "".join(cases))
+    result = invoke("run", TINY, "--out", out, "--resume", "--repeats", "2")
+    assert result.exit_code == 2
+    assert "(device 'cuda:0' then, 'cpu' now)" in result.output
+    jsonl.write_bytes(saved)
+    result = invoke("run", TINY, "--out", out, "--resume", "--repeats", "2")
+    assert result.exit_code == 0, result.output
+    assert "resuming: 2 finished case(s) kept, 4 to run" in result.output
+
+
+def test_resume_on_another_backend_is_refused_naming_it(tmp_path):
+    pytest.importorskip("mlx.core")
+    out = tmp_path / "out"
+    assert invoke("run", TINY, "--out", out, "--limit", "1").exit_code == 0
+    result = invoke("run", TINY, "--out", out, "--resume", "--backend", "mlx")
+    assert result.exit_code == 2
+    assert "(backend 'torch' then, 'mlx' now)" in result.output
 
 
 def test_run_with_only_writes_just_those_cases(tmp_path):
@@ -379,10 +453,11 @@ def test_compare_prints_ratios_and_marks(tiny_run, tmp_path):
     result = invoke("compare", out / "results.json", b)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert "| mark | case | metric | A | B | B/A |" in lines
+    assert "| mark | case | metric | A | B | B/A | rule |" in lines
     worse = [ln for ln in lines if "proofs/intq-bits4/data=gaussian" in ln and "| mse" in ln]
     better = [ln for ln in lines if "proofs/intq-bits8/data=sphere" in ln and "| mse" in ln]
     assert len(worse) == 1 and worse[0].startswith("| worse |") and "| 10.00 |" in worse[0]
+    assert worse[0].endswith("| tolerance: beyond rel 0.05 |")
     assert len(better) == 1 and better[0].startswith("| better |") and "| 0.25 |" in better[0]
     same = [ln for ln in lines if "proofs/intq-bits4/data=sphere" in ln and "| cosine" in ln]
     assert len(same) == 1 and same[0].startswith("| ~ |") and "| 1.00 |" in same[0]
@@ -428,9 +503,11 @@ def test_list_unknown_kind_exits_2():
 def test_schema_is_json_with_the_schema_version():
     result = invoke("schema")
     assert result.exit_code == 0
+    from kvbench.suite.schema import SCHEMA_VERSION as SUITE_VERSION  # not the results' schema
+
     schema = json.loads(result.output)
-    assert schema["title"] == f"kvbench suite, version {SCHEMA_VERSION}"
-    assert schema["properties"]["kvbench"]["const"] == SCHEMA_VERSION
+    assert schema["title"] == f"kvbench suite, version {SUITE_VERSION}"
+    assert schema["properties"]["kvbench"]["const"] == SUITE_VERSION
     assert "kvbench" in schema["required"]
     assert {"methods", "benchmarks", "defaults", "gate"} <= set(schema["properties"])
 

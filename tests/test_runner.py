@@ -1,5 +1,5 @@
-"""The runner: per-case isolation and timeout, fixed seeds, results.jsonl and --resume (with a
-real process killed by SIGINT), and archiving an earlier run instead of overwriting it.
+"""The runner: per-case isolation and timeout, fixed seeds, --resume, and archiving an earlier
+run instead of overwriting it (kills, torn files, locks and full disks: test_faults.py).
 
 The cases come from the test-only benchmarks of tests/plugins (no model); the Step benchmark
 appends its index to cases.log in the working folder, so a test can tell which cases really ran.
@@ -7,25 +7,21 @@ appends its index to cases.log in the working folder, so a test can tell which c
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
-from kvbench import cli
 from kvbench.runner import run_suite
 from kvbench.suite.loader import load_suite
-from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.cli_support import (  # noqa: F401
+    invoke, jsonl_lines, logged, wide_consoles,
+)
 from tests.plugins.kvb_testplugin import CRASH_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,15 +32,6 @@ STEP_IDS = [f"{STEP}/Nop/i={i}" for i in range(5)]
 
 def load_json(path: Path) -> dict:
     return json.loads(path.read_text())
-
-
-def jsonl_lines(path: Path) -> list[dict]:
-    """Every line must parse: a torn or garbled line fails the test."""
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def logged(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 # ---------------------------------------------------------------- isolation, timeout, seeds
@@ -116,81 +103,7 @@ def test_seeds_are_fixed_per_case(tmp_path, monkeypatch):
     assert _seeded_values(4) != expected  # the check above can tell seeds apart
 
 
-# ---------------------------------------------------------------- resume after a real kill
-
-
-def _default_sigint():
-    # A child inherits an ignored SIGINT (e.g. from a background CI job); Python then never
-    # raises KeyboardInterrupt. Restore the default so the child behaves as on a terminal.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _kvbench(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["COLUMNS"] = "300"
-    return subprocess.Popen(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=cwd, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_sigint, **kwargs,
-    )
-
-
-def _case_lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return sum(1 for line in path.read_text().splitlines() if line.startswith('{"type":"case"'))
-
-
-def test_resume_after_sigint_runs_only_the_unfinished_cases(tmp_path):
-    suite, out = SUITES / "steps_slow.yaml", tmp_path / "out"
-    log, jsonl = tmp_path / "cases.log", out / "results.jsonl"
-    proc = _kvbench(["run", str(suite), "--out", str(out)], tmp_path)
-    try:
-        deadline = time.monotonic() + 60
-        while _case_lines(jsonl) < 2:
-            assert proc.poll() is None, f"exited early ({proc.returncode}):\n{proc.stdout.read()}"
-            assert time.monotonic() < deadline, "no two finished cases within 60 s"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, output
-    assert "interrupted" in output and f"--out {out} --resume" in output
-
-    lines = jsonl_lines(jsonl)  # parses: nothing torn
-    assert lines[0]["type"] == "header"
-    finished = [line["case"] for line in lines[1:]]
-    assert 2 <= len(finished) < 5, "the run was not interrupted mid-way"
-    finished_i = [c["bench_params"]["i"] for c in finished]
-    assert finished_i == list(range(len(finished)))
-    interrupted = load_json(out / "results.json")
-    assert interrupted["interrupted"] is True
-    assert [c["id"] for c in interrupted["cases"]] == [c["id"] for c in finished]
-    before = logged(log)
-    assert before[: len(finished)] == finished_i
-
-    resumed = _kvbench(["run", str(suite), "--out", str(out), "--resume"], tmp_path)
-    output, _ = resumed.communicate(timeout=60)
-    assert resumed.returncode == 0, output
-    assert f"resuming: {len(finished)} finished case(s) kept" in output
-    ran_again = logged(log)[len(before):]
-    assert not set(ran_again) & set(finished_i), f"finished cases ran again: {ran_again}"
-    assert sorted(finished_i + ran_again) == list(range(5))  # each case once, none lost
-
-    final = load_json(out / "results.json")
-    assert final["interrupted"] is False
-    assert [c["id"] for c in final["cases"]] == STEP_IDS
-    assert all(c["status"] == "ok" for c in final["cases"])
-    assert [c["metrics"]["value"]["value"] for c in final["cases"]] == [0, 1, 2, 3, 4]
-    # the finished cases were kept as they were, not re-measured
-    assert final["cases"][: len(finished)] == finished
-    lines = jsonl_lines(jsonl)
-    assert [line["type"] for line in lines] == ["header"] + ["case"] * 5
-    assert sorted(line["case"]["id"] for line in lines[1:]) == STEP_IDS
-    assert not list(out.glob("previous"))  # --resume archives nothing
+# ---------------------------------------------------------------- resume
 
 
 def _full_run(tmp_path, monkeypatch, suite=SUITES / "steps.yaml") -> Path:
@@ -199,24 +112,6 @@ def _full_run(tmp_path, monkeypatch, suite=SUITES / "steps.yaml") -> Path:
     result = invoke("run", suite, "--out", out)
     assert result.exit_code == 0, result.output
     return out
-
-
-def test_resume_drops_a_torn_last_line(tmp_path, monkeypatch):
-    out = _full_run(tmp_path, monkeypatch)
-    jsonl = out / "results.jsonl"
-    lines = jsonl.read_text().splitlines(keepends=True)
-    assert len(lines) == 6
-    third = lines[3]
-    jsonl.write_text("".join(lines[:3]) + third[: len(third) // 2])  # killed mid-write
-    (tmp_path / "cases.log").unlink()
-    result = invoke("run", SUITES / "steps.yaml", "--out", out, "--resume")
-    assert result.exit_code == 0, result.output
-    assert "resuming: 2 finished case(s) kept" in result.output
-    assert logged(tmp_path / "cases.log") == [2, 3, 4]
-    parsed = jsonl_lines(jsonl)  # the half line is gone, not glued to the next one
-    assert [line["type"] for line in parsed] == ["header"] + ["case"] * 5
-    assert [line["case"]["id"] for line in parsed[1:]] == STEP_IDS
-    assert [c["id"] for c in load_json(out / "results.json")["cases"]] == STEP_IDS
 
 
 def test_resume_with_a_changed_suite_is_refused(tmp_path, monkeypatch):

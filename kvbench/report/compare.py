@@ -6,7 +6,6 @@ from collections import Counter
 from kvbench.gate import GateReport, gate
 from kvbench.report.tables import fmt_ratio, md_table, metric_cell, metric_header
 from kvbench.results import Metric, RunResult
-from kvbench.tolerance import Tolerance
 
 # Fingerprint keys worth seeing next to each other; the full fingerprint is in each report.
 SIDE_FIELDS = ("cpu", "cores", "memory", "gpu", "device", "backend", "os", "python", "torch",
@@ -18,18 +17,18 @@ MARKS = {
     "not comparable": "x", "missing": "x", "new": "x", "error": "x",
 }
 LEGEND = (
-    "<sub>worse / better: moved beyond the tolerance (timed metrics: and the spreads do not "
-    "overlap) · ~: within tolerance or not significant · x: not comparable (missing on one side, "
-    "other `comparable` values, or the case did not run ok) · blank: no better direction · "
-    "timed metrics: median ± IQR/2</sub>"
+    "<sub>worse / better: moved beyond the tolerance (same-run timing ratios: and significantly, "
+    "Mann-Whitney p < 0.01 over their samples) · ~: within tolerance or not significant · "
+    "x: not comparable (missing on one side, another definition of the case, or the case did not "
+    "run ok) · blank: not gated (no better direction, or an absolute timing) · timed metrics: "
+    "median ± IQR/2 · the rule column says what judged each row</sub>"
 )
 
 
-def render_compare(
-    a: RunResult, b: RunResult, default_tolerance: Tolerance, per_metric: dict[str, Tolerance],
-) -> str:
-    # B is judged against A; a compare is often across machines, so run-level reasons are notes.
-    report = gate(b, a, default_tolerance, per_metric, expect_all=False)
+def render_compare(a: RunResult, b: RunResult) -> str:
+    """B judged against A with the stricter of their suites' gate settings; a compare is often
+    across machines, so run-level differences are notes."""
+    report = gate(b, a, expect_all=False)
     names = a.suite.name if a.suite.name == b.suite.name else f"{a.suite.name} vs {b.suite.name}"
     parts = [f"# kvbench compare: {names}", _sides(a, b),
              _table(a, b, report), _summary(report)]
@@ -58,11 +57,11 @@ def _table(a: RunResult, b: RunResult, report: GateReport) -> str:
         rows.append([
             MARKS[row.verdict], row.case_id, metric_header(row.metric, row.unit, row.direction),
             metric_cell(shown_a) if shown_a else "", metric_cell(shown_b) if shown_b else "",
-            fmt_ratio(row.ratio),
+            fmt_ratio(row.ratio), row.rule,
         ])
     if not rows:
         return "No metrics to compare."
-    return md_table(["mark", "case", "metric", "A", "B", "B/A"], rows, right={3, 4, 5})
+    return md_table(["mark", "case", "metric", "A", "B", "B/A", "rule"], rows, right={3, 4, 5})
 
 
 def _summary(report: GateReport) -> str:

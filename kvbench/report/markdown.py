@@ -35,6 +35,9 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
     claims = _claims_section(result)
     if claims:
         parts.append(claims)
+    warnings = [f"- `{case.id}`: {warning}" for case in result.cases for warning in case.warnings]
+    if warnings:
+        parts.append("## Warnings\n\n" + "\n".join(warnings))
     if gate is not None:
         parts.append(_gate_section(gate))
     parts.append(_environment_section(result.machine))
@@ -112,13 +115,18 @@ def _gate_section(gate: GateReport) -> str:
                        ("Failed cases", gate.failed_cases)):
         if ids:
             lines += ["", f"### {title}", ""] + [f"- `{case_id}`" for case_id in ids]
+    if gate.rows:
+        lines += ["", "<details><summary>Every metric and the rule that judged it</summary>", "",
+                  _gate_rows_table(gate.rows, verdicts=True), "", "</details>"]
     return "\n".join(lines)
 
 
-def _gate_rows_table(rows: list[GateRow]) -> str:
+def _gate_rows_table(rows: list[GateRow], verdicts: bool = False) -> str:
     body = [[r.case_id, r.metric, fmt_number(r.baseline, r.unit), fmt_number(r.current, r.unit),
-             fmt_ratio(r.ratio)] for r in rows]
-    return md_table(["case", "metric", "baseline", "current", "ratio"], body, right={2, 3, 4})
+             fmt_ratio(r.ratio), *([r.verdict] if verdicts else []), r.rule] for r in rows]
+    header = ["case", "metric", "baseline", "current", "ratio", *(["verdict"] if verdicts else []),
+              "rule"]
+    return md_table(header, body, right={2, 3, 4})
 
 
 def _environment_section(machine: dict) -> str:

@@ -5,6 +5,8 @@ so nothing is registered globally and a subprocess finds them with the repo root
 """
 from __future__ import annotations
 
+import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -50,8 +52,15 @@ def _sleep(seconds: float) -> None:
         time.sleep(min(0.02, max(0.0, end - time.monotonic())))
 
 
+# The case whose index this names blocks after logging its start, until the process is
+# signalled: the interrupt tests stop a run mid-case without depending on timing.
+BLOCK_AT = "KVB_BLOCK_AT"
+BLOCK_LIMIT_S = 120.0
+
+
 class Step(Benchmark):
-    """Appends its index to `log`, sleeps, and reports values drawn from the seeded RNGs."""
+    """Appends its index to `log`, sleeps (or blocks, see BLOCK_AT), and reports values drawn
+    from the seeded RNGs."""
 
     Params = StepParams
     metrics = {
@@ -66,7 +75,7 @@ class Step(Benchmark):
             with open(Path(params.log), "a") as fh:
                 fh.write(f"{params.i}\n")
                 fh.flush()
-        _sleep(params.sleep_s)
+        _sleep(BLOCK_LIMIT_S if os.environ.get(BLOCK_AT) == str(params.i) else params.sleep_s)
         m = self.metrics
         return BenchmarkOutput(
             metrics={
@@ -89,3 +98,20 @@ class Crash(Step):
 def _explode(i: int):
     raise ValueError(f"{CRASH_MESSAGE} (i={i})")
 
+
+
+class NonFinite(Benchmark):
+    """Reports NaN, +inf and -inf beside a finite value: for the round trip of results files."""
+
+    Params = StepParams
+    metrics = {
+        "finite": MetricSpec("", "lower", "1.5"),
+        "nan": MetricSpec("", "lower", "NaN"),
+        "inf": MetricSpec("", "lower", "+inf"),
+        "neg_inf": MetricSpec("", "higher", "-inf"),
+    }
+
+    def run(self, params, method, ctx):
+        m = self.metrics
+        values = {"finite": 1.5, "nan": math.nan, "inf": math.inf, "neg_inf": -math.inf}
+        return BenchmarkOutput(metrics={name: m[name].of(v) for name, v in values.items()})
