@@ -331,7 +331,7 @@ def validate(suite_path):
     suite = _load_suite_or_exit(suite_path)
     console.print(f"[green]valid:[/] {suite.name}: {len(suite.cases)} case(s)")
     if suite.note:
-        console.print(f"[yellow]note:[/] {escape(suite.note)}")
+        console.print(f"[yellow]note:[/] {escape(suite.note)}", soft_wrap=True)
 
 
 # ---------------------------------------------------------------- list, env, schema

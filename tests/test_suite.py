@@ -382,3 +382,120 @@ def test_backend_override_reaches_every_case():
     cases = load_suite(SUITES.parent.parent / "suites" / "quick.yaml", backend="mlx").cases
     assert {c.backend for c in cases} == {"mlx"}
     assert {c.backend for c in load_suite(SUITES.parent.parent / "suites" / "quick.yaml").cases} == {"torch"}
+
+
+# ---- hostile input: what the fuzzer (test_suite_fuzz.py) and probing found ---------------------
+
+def _issues_of(tmp_path: Path, text: str) -> tuple[str, list[SuiteIssue]]:
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    return str(path), caught.value.issues
+
+
+def test_a_matrix_too_big_is_refused_unexpanded_at_its_line(tmp_path):
+    keys = "\n".join(f"      k{i}: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" for i in range(10))
+    path, issues = _issues_of(tmp_path, f"""kvbench: 1
+methods:
+  - name: _test_codec
+    matrix:
+{keys}
+benchmarks:
+  - kind: _test_bench
+""")
+    (issue,) = issues  # nothing else was looked at: not even the unknown parameters
+    assert (issue.file, issue.line, issue.key) == (path, 4, "methods[0].matrix")
+    assert "10000000000 method variants, more than the 10000" in issue.message
+
+
+def test_cases_over_the_limit_are_refused_at_the_biggest_benchmark(tmp_path):
+    path, issues = _issues_of(tmp_path, f"""kvbench: 1
+methods:
+  - name: _test_codec
+    matrix: {{group_size: {list(range(1, 102))}}}
+benchmarks:
+  - kind: _test_bench
+  - kind: _test_bench
+    matrix: {{n: {list(range(100))}}}
+""")
+    (issue,) = issues
+    assert (issue.line, issue.key) == (8, "benchmarks[1].matrix")
+    assert "makes 10201 cases, more than the 10000" in issue.message
+    assert "this entry makes 10100" in issue.hint
+
+
+def test_parameters_must_have_the_type_yaml_wrote_not_a_coercible_one(tmp_path):
+    _, issues = _issues_of(tmp_path, """kvbench: 1
+methods:
+  - name: _test_codec
+    params: {bits: "4", group_size: true}
+benchmarks:
+  - kind: _test_bench
+    matrix: {n: [16, 1.0]}
+""")
+    assert [(i.key, i.message) for i in issues] == [
+        ("methods[0].params.bits", "must be a valid integer, got text '4'"),
+        ("methods[0].params.group_size", "must be a valid integer, got a boolean True"),
+        ("benchmarks[0].matrix.n[1]", "must be a valid integer, got float 1.0"),
+    ]
+
+
+def test_a_repeated_matrix_value_is_named_at_the_matrix(tmp_path):
+    path, issues = _issues_of(tmp_path, """kvbench: 1
+methods:
+  - name: _test_codec
+    matrix: {bits: [4, 4]}
+benchmarks:
+  - kind: _test_bench
+""")
+    assert [(i.line, i.key, i.message) for i in issues] == [
+        (4, "methods[0].matrix", "method label '_test_codec-bits4' is made twice here"),
+        (6, "benchmarks[0]", "case id '_test_bench/_test_codec-bits4' is produced twice here")]
+
+
+@pytest.mark.parametrize("name, words", [
+    (":", "cannot import method ':': ValueError"),
+    ("os:sep", "cannot import method 'os:sep'"),
+    ("tests.plugins.kvb_testplugin:Step", "is not a method: it must be a dataclass"),
+])
+def test_a_module_class_path_that_is_no_method_is_an_issue(tmp_path, name, words):
+    _, issues = _issues_of(tmp_path, f"""kvbench: 1
+methods:
+  - name: "{name}"
+benchmarks:
+  - kind: _test_bench
+""")
+    (issue,) = issues
+    assert (issue.line, issue.key) == (3, "methods[0].name") and words in issue.message
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("kvbench: 1\nname: a\x07b\n", 2, "character '\\x07' is not allowed"),
+    ("kvbench: 1\nmethods: [{name: identity}\n", 2, "YAML syntax error"),  # not 3: past the end
+    ("kvbench: true\n", 1, "schema version True is not supported"),
+    ("kvbench: 1\nx: " + "[" * 5000 + "]" * 5000 + "\n", 1, "nested too deeply"),
+])
+def test_broken_yaml_names_a_line_of_the_file(tmp_path, text, line, words):
+    _, issues = _issues_of(tmp_path, text)
+    assert issues[0].line == line and words in issues[0].message, issues[0]
+
+
+def test_an_alias_bomb_is_refused_at_the_key_that_holds_it(tmp_path):
+    lines = ['kvbench: 1', 'a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 8)}]" for i in range(1, 9)]
+    _, issues = _issues_of(tmp_path, "\n".join(lines) + "\n")  # 8**9: 134 million strings
+    (issue,) = issues
+    assert (issue.line, issue.key) == (7, "a5")
+    assert "more than 100000 keys and list items" in issue.message
+
+
+def test_a_model_path_under_an_unknown_users_home_does_not_exist(tmp_path):
+    _, issues = _issues_of(tmp_path, """kvbench: 1
+defaults: {model: "~nosuchuser_kvbench/ckpt"}
+methods: [{name: identity}]
+benchmarks: [{kind: _test_lm}]
+""")
+    (issue,) = issues
+    assert issue.key == "defaults.model" and "'~nosuchuser_kvbench/ckpt' does not exist" in (
+        issue.message)

