@@ -36,6 +36,8 @@ def parse_claim(text: str, source: str = "") -> Claim:
         target = float(raw)
     except ValueError:
         raise ValueError(f"claim {text!r}: {raw!r} is not a number") from None
+    if not math.isfinite(target):
+        raise ValueError(f"claim {text!r}: the target must be a finite number")
     return Claim(text=" ".join(match.groups()), metric=metric, op=op, target=target, source=source)
 
 

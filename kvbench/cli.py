@@ -264,7 +264,11 @@ def _summary(result, gate_report, out_dir: Path) -> None:
 def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
         dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
-    from kvbench.backends.torch_backend import resolve_device
+    try:
+        from kvbench.backends.torch_backend import resolve_device
+    except ImportError as exc:
+        _fail(f"kvbench run needs torch ({exc}): pip install 'kvbench[torch]'. validate, report,"
+              " compare and baseline save work without it")
 
     # The backend decides which methods and benchmarks are valid: the suite is checked with it.
     suite = _load_suite_or_exit(suite_path, **({"backend": backend} if backend else {}))

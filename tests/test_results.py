@@ -116,3 +116,11 @@ def test_a_jsonl_without_header_or_with_a_bad_line_is_a_clear_error(tmp_path):
     path.write_text('{"type": "header"}\nnot json\n')
     with pytest.raises(ResultsFileError, match=r"results.jsonl:2: not a kvbench record"):
         load_results(path)
+
+
+@pytest.mark.parametrize("text", ["cosine >= nan", "ppl <= inf", "x > -inf"])
+def test_a_claim_on_a_non_finite_target_is_refused(text):
+    from kvbench.claims import parse_claim
+
+    with pytest.raises(ValueError, match="the target must be a finite number"):
+        parse_claim(text)

@@ -123,6 +123,13 @@ def test_report_compare_and_baseline_save_without_torch(tmp_path):
     assert done.stdout.startswith("# kvbench compare: small")
 
 
+def test_run_without_torch_says_what_to_install(tmp_path):
+    done, _ = _kvbench(tmp_path, "run", ROOT / "suites" / "quick.yaml", "--out", tmp_path / "out")
+    assert done.returncode == 2
+    assert "kvbench run needs torch" in done.stderr and "kvbench[torch]" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("args", [
     ("validate", ROOT / "suites" / "quick.yaml"),
     ("report", RESULTS),

@@ -60,16 +60,31 @@ class ProofsParams:
             raise ValueError(f"layers must be a non-empty list of indices >= 0, got {self.layers}")
 
 
+# A timed round lasts at least this long: an operation of a few microseconds (identity's
+# encode, a copy of 1 MiB) is timed over as many calls as that takes, not at the clock's grain.
+MIN_ROUND_S = 2e-3
+
+
+def _calls_per_round(fn, arrays) -> int:
+    calls = 1
+    while True:
+        seconds = arrays.timed(lambda: [fn() for _ in range(calls)])[1]
+        if seconds >= MIN_ROUND_S or calls >= 1 << 16:
+            return calls
+        calls *= 2
+
+
 def _time_against_copy(fn, original, ctx: RunContext) -> tuple[list[float], list[float]]:
-    """ctx.repeats wall times of fn() in ms, and per repeat the time of a plain copy of
+    """ctx.repeats times of one fn() call in ms, and per repeat the time of a plain copy of
     `original` made just before it divided by fn's: a ratio that load on the machine moves
     far less than either time."""
     arrays = ctx.arrays
-    arrays.copy(original)  # the copy's buffer is made (and paged in) outside the clock
+    copy = lambda: arrays.copy(original)  # noqa: E731 - its buffer is made here, unclocked
+    fn_calls, copy_calls = _calls_per_round(fn, arrays), _calls_per_round(copy, arrays)
     times_ms, ratios = [], []
     for _ in range(ctx.repeats):
-        copy_s = arrays.timed(lambda: arrays.copy(original))[1]
-        fn_s = arrays.timed(fn)[1]
+        copy_s = arrays.timed(lambda: [copy() for _ in range(copy_calls)])[1] / copy_calls
+        fn_s = arrays.timed(lambda: [fn() for _ in range(fn_calls)])[1] / fn_calls
         times_ms.append(fn_s * 1e3)
         ratios.append(copy_s / fn_s)
     return times_ms, ratios
