@@ -310,14 +310,18 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
             if baseline_result is not None:
                 filtered = len(cases) != len(suite.cases)
                 gate_report = gate(result, baseline_result, expect_all=not filtered)
-            write_reports(result, out_dir, gate=gate_report)
+            try:
+                write_reports(result, out_dir, gate=gate_report)
+            except OSError as exc:
+                _fail(f"cannot write the report in {out_dir}: {exc}; the results are saved "
+                      f"(`kvbench report {out_dir / 'results.json'}` makes it again)",
+                      EXIT_CRASHED)
     except (ResumeError, OutDirBusy) as exc:
         _fail(str(exc))
     except ResultsNotWritten as exc:
         _fail(exc.strerror, EXIT_CRASHED)
-    except OSError as exc:  # the report: every case is saved in results.json(l) already
-        _fail(f"cannot write the report in {out_dir}: {exc}; the results are saved (`kvbench "
-              f"report {out_dir / 'results.json'}` makes it again)", EXIT_CRASHED)
+    except OSError as exc:  # the folder itself: not creatable, not writable
+        _fail(f"cannot use {out_dir}: {exc}")
     except KeyboardInterrupt:
         err.print(
             f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / 'results.jsonl'}. "

@@ -110,13 +110,26 @@ class CaseResult(_Record):
 def defining_parts(case: CaseResult) -> dict[str, Any]:
     """What defines a case: two results may be compared only if all of it is equal. The
     machine is checked per run (its key), the code is what a gate judges, so neither is here."""
-    return {
+    return _portable({
         "schema_version": SCHEMA_VERSION,
         "benchmark": case.benchmark, "bench_params": case.bench_params,
         "method": case.method, "method_params": case.method_params,
         "backend": case.backend, "model": case.model, "threads": case.threads,
         "data": case.comparable,
-    }
+    })
+
+
+def _portable(value: Any) -> Any:
+    """Absolute file paths (a text file, a checkpoint folder, resolved against the suite) by
+    their name: two checkouts in different folders define the same case. What the file held is
+    in `data` (its tokens' hash)."""
+    if isinstance(value, dict):
+        return {key: _portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_portable(item) for item in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return f".../{os.path.basename(value.rstrip('/'))}"
+    return value
 
 
 def fingerprint(case: CaseResult) -> str:

@@ -347,6 +347,38 @@ def test_baseline_save_then_run_against_it_exits_0(tiny_run, tmp_path):
     assert "no regression (exit 0)" in (run_out / "report.md").read_text()
 
 
+Q_SUITE = """\
+kvbench: 1
+name: q
+defaults: {device: cpu, repeats: 1}
+methods:
+  - name: intq
+    label: q
+    params: {group_size: 32, bits: BITS}
+benchmarks:
+  - kind: proofs
+    params: {n_vectors: 256, dim: 32, n_queries: 8}
+    matrix: {data: [gaussian, sphere]}
+"""
+
+
+def test_a_changed_method_setting_under_the_same_label_is_not_comparable(tmp_path):
+    """Baseline: intq bits 4 under label q; then the suite says bits 8. Never a regression:
+    exit 4 before anything runs, naming what differs."""
+    suite = tmp_path / "q.yaml"
+    suite.write_text(Q_SUITE.replace("BITS", "4"))
+    first = tmp_path / "first"
+    assert invoke("run", suite, "--out", first).exit_code == 0
+    baseline = tmp_path / "q-bits4.json"
+    assert invoke("baseline", "save", first / "results.json", "--to", baseline).exit_code == 0
+    suite.write_text(Q_SUITE.replace("BITS", "8"))
+    result = invoke("run", suite, "--out", tmp_path / "second", "--baseline", baseline)
+    assert result.exit_code == 4
+    assert "2 case(s) are defined otherwise there" in result.output
+    assert "proofs/q/data=gaussian: method_params.bits: 4 -> 8" in result.output
+    assert "regression" not in result.output and not (tmp_path / "second").exists()
+
+
 def test_baseline_save_refuses_error_cases_unless_allowed(tmp_path):
     out = tmp_path / "out"
     assert invoke("run", SUITES / "crash.yaml", "--out", out).exit_code == 3

@@ -108,6 +108,21 @@ def test_fingerprint_covers_what_defines_a_case_and_nothing_else():
                                          "method_params", "backend", "model", "threads", "data"}
 
 
+def test_a_case_reading_a_file_is_the_same_case_in_another_checkout():
+    def reading(root: str) -> CaseResult:
+        return CaseResult(id="perplexity/identity", benchmark="perplexity",
+                          bench_params={"text": f"{root}/suites/texts/essay.txt"},
+                          method="identity", method_label="identity", method_params={},
+                          model=f"{root}/checkpoints/tiny", status="ok",
+                          comparable={"tokens_sha256": "abc", "model": f"{root}/checkpoints/tiny"})
+
+    here, there = reading("/home/me/kvbench"), reading("/home/runner/work/kvbench")
+    assert fingerprint(here) == fingerprint(there)
+    assert defining_parts(here)["bench_params"] == {"text": ".../essay.txt"}
+    other_text = here.model_copy(update={"bench_params": {"text": "/home/me/kvbench/other.txt"}})
+    assert fingerprint(other_text) != fingerprint(here)
+
+
 def test_a_jsonl_without_header_or_with_a_bad_line_is_a_clear_error(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text("")

@@ -155,7 +155,7 @@ def _legend(cases: list[CaseResult], metrics: dict[str, Metric]) -> str:
         parts.append("↓ lower is better")
     repeats = {len(m.samples) for c in cases for m in c.metrics.values() if is_timed(m)}
     if repeats:
-        of = f"{repeats.pop()} repeats" if len(repeats) == 1 else "the repeats"
+        of = f"{repeats.pop()} samples" if len(repeats) == 1 else "their samples"
         parts.append(f"timed metrics: median ± IQR/2 of {of}")
     return f"<sub>{' · '.join(parts)}</sub>" if parts else ""
 
