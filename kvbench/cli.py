@@ -434,13 +434,15 @@ def schema():
 
 
 def _load_results_or_exit(path: str, code: int = EXIT_INVALID):
-    from kvbench.results import load_results
+    from kvbench.results import ResultsFileError, load_results
 
     if not Path(path).exists():
         _fail(f"{path} does not exist", code)
     try:
         return load_results(path)
-    except (ValueError, OSError) as exc:
+    except ResultsFileError as exc:  # names the file and the fault
+        _fail(str(exc), code)
+    except OSError as exc:
         _fail(f"cannot read {path}: {exc}", code)
 
 
@@ -476,14 +478,23 @@ def report(results_path, fmt, readme, section):
 @main.command()
 @click.argument("a_path", metavar="A", type=click.Path(dir_okay=False))
 @click.argument("b_path", metavar="B", type=click.Path(dir_okay=False))
-def compare(a_path, b_path):
+@click.option("--gate", "as_gate", is_flag=True,
+              help="A is the baseline: exit as `kvbench run --baseline` would for B (1 a failed "
+                   "claim or a regression, 3 a crashed case, 4 not comparable). Needs no torch: "
+                   "a CI job can gate a run made elsewhere.")
+def compare(a_path, b_path, as_gate):
     """Side by side: A, B, ratio B/A, a mark (better, worse, ~ not significant, x not
     comparable) and the rule that judged each row, with the stricter of the two suites' gate
     settings."""
     from kvbench.report.compare import render_compare
 
-    a, b = _load_results_or_exit(a_path), _load_results_or_exit(b_path)
+    code = EXIT_BASELINE if as_gate else EXIT_INVALID  # a broken baseline is a gate's exit 4
+    a, b = _load_results_or_exit(a_path, code), _load_results_or_exit(b_path)
     click.echo(render_compare(a, b))
+    if as_gate:
+        from kvbench.gate import gate
+
+        sys.exit(_exit_code(b, gate(b, a)))
 
 
 @main.group()

@@ -188,15 +188,15 @@ def _compare_case(old: CaseResult, new: CaseResult, policies: Sequence[GatePolic
 
 def fingerprint_differences(old: CaseResult, new: CaseResult) -> list[str]:
     """What makes two results of one case id not comparable, as "key: before -> after"; empty
-    when their fingerprints agree."""
-    if old.fingerprint == new.fingerprint and old.fingerprint:
-        return []
+    when they define the same case. The records' fields are compared, not only their stored
+    fingerprints: a record edited by hand (or written before schema 2, with none) is judged by
+    what it says."""
     before, after = _flatten(defining_parts(old)), _flatten(defining_parts(new))
     changed = [f"{key}: {before.get(key, '(absent)')!r} -> {after.get(key, '(absent)')!r}"
                for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
-    if not changed and old.fingerprint and new.fingerprint:
+    if not changed and old.fingerprint and new.fingerprint and old.fingerprint != new.fingerprint:
         changed = ["the stored fingerprints differ, though the records agree (edited by hand?)"]
-    return changed  # records from before schema 2 carry none: their fields are compared
+    return changed
 
 
 def _flatten(parts: dict[str, Any], prefix: str = "") -> dict[str, Any]:

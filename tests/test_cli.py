@@ -496,6 +496,29 @@ def test_compare_prints_ratios_and_marks(tiny_run, tmp_path):
     assert "1 worse" in result.output and "1 better" in result.output
 
 
+def test_compare_gate_exits_as_run_baseline_would(tiny_run, tmp_path):
+    out, _ = tiny_run
+    results = out / "results.json"
+    same = invoke("compare", results, results, "--gate")
+    assert same.exit_code == 0, same.output
+    data = load_json(results)
+    cases_by_id(data)["proofs/intq-bits4/data=gaussian"]["metrics"]["mse"]["value"] *= 10
+    worse = tmp_path / "worse.json"
+    worse.write_text(json.dumps(data))
+    assert invoke("compare", results, worse, "--gate").exit_code == 1
+    assert invoke("compare", results, worse).exit_code == 0  # without --gate: a table only
+    cases_by_id(data)["proofs/intq-bits4/data=gaussian"]["method_params"]["bits"] = 2
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    result = invoke("compare", results, other, "--gate")
+    assert result.exit_code == 4 and "method_params.bits: 4 -> 2" in result.output
+    broken = tmp_path / "broken.json"
+    broken.write_text(results.read_text()[:100])
+    result = invoke("compare", broken, results, "--gate")
+    assert result.exit_code == 4
+    assert f"{broken}: not valid JSON, truncated or corrupt" in result.output
+
+
 def test_compare_missing_file_exits_2(tiny_run, tmp_path):
     out, _ = tiny_run
     result = invoke("compare", out / "results.json", tmp_path / "b.json")

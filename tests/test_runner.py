@@ -66,11 +66,12 @@ def test_case_over_its_timeout_is_stopped_and_the_run_goes_on(tmp_path):
     elapsed = time.perf_counter() - clock
     quick, slow, last = outcome.result.cases
     assert (quick.status, slow.status, last.status) == ("ok", "timeout", "ok")
-    assert slow.id == f"{STEP}/Nop/sleep_s=5.0"
+    assert slow.id == f"{STEP}/Nop/sleep_s=60.0"
     assert slow.error.type == "CaseTimeout" and "timeout of 1 s" in slow.error.message
     assert slow.metrics == {}
-    assert 0.9 <= slow.duration_s < 2.5  # cut at 1 s, not after the 5 s sleep
-    assert elapsed < 4.5
+    # cut at 1 s, not after its minute of sleep (the margin is for a loaded machine)
+    assert 0.9 <= slow.duration_s < 30
+    assert elapsed < 45
     assert last.metrics["value"].value == 2  # the case after the timeout ran, and was not hit
     saved = load_json(tmp_path / "out" / "results.json")
     assert [c["status"] for c in saved["cases"]] == ["ok", "timeout", "ok"]

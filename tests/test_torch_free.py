@@ -121,6 +121,8 @@ def test_report_compare_and_baseline_save_without_torch(tmp_path):
     done, _ = _kvbench(tmp_path, "compare", RESULTS, baseline)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("# kvbench compare: small")
+    done, _ = _kvbench(tmp_path, "compare", baseline, RESULTS, "--gate")
+    assert done.returncode == 3, done.stderr  # the gate's exit: RESULTS holds a crashed case
 
 
 def test_run_without_torch_says_what_to_install(tmp_path):
