@@ -15,13 +15,13 @@ PARAMS = CompactionParams(
     task="When was the tower finished?", chat=False, max_new_tokens=8)
 
 
-def _ctx():
-    return RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
+def _ctx(repeats=1):
+    return RunContext(device=torch.device("cpu"), seed=0, repeats=repeats, model="tiny:llama",
                       load_model=lambda spec, device, backend="torch": load_model(spec, device))
 
 
-def _run(method, params=PARAMS):
-    return Compaction().run(params, method, _ctx())
+def _run(method, params=PARAMS, repeats=1):
+    return Compaction().run(params, method, _ctx(repeats))
 
 
 def test_identity_keeps_everything_and_answers_as_the_plain_cache():
@@ -40,6 +40,13 @@ def test_am_task_compacts_the_passage_to_its_budget():
     assert metrics["retention"].value == pytest.approx(round(0.3 * prompt) / prompt)
     assert metrics["compaction_s"].value > 0
     assert set(with_probe.info["kept_tokens_per_layer"]) == {round(0.3 * prompt)}
+
+
+def test_compaction_is_timed_per_repeat_against_its_prefill():
+    metrics = _run(build_method("am_task", {"ratio": 0.3}), repeats=3).metrics
+    assert len(metrics["compaction_s"].samples) == 3 and metrics["compaction_s"].timing == "absolute"
+    ratio = metrics["compaction_vs_prefill"]
+    assert len(ratio.samples) == 3 and ratio.timing == "ratio" and ratio.min > 0
 
 
 def test_expect_is_checked_against_both_answers():
