@@ -219,7 +219,9 @@ def case_line(case: CaseResult) -> BaseModel:
 class Jsonl:
     header: RunHeader | None
     cases: list[CaseResult]
-    torn_tail: str  # a last line cut mid-write (it has no newline); "" when there is none
+    # A last line cut mid-write (it has no newline), as bytes: a cut can fall inside a
+    # character, and the runner truncates the file by its exact length. b"" when there is none.
+    torn_tail: bytes
 
 
 def read_jsonl(path: str | Path) -> Jsonl:
@@ -227,9 +229,8 @@ def read_jsonl(path: str | Path) -> Jsonl:
     in one call and ends with a newline): it is returned apart. Any other unreadable line is a
     corrupt file: ResultsFileError naming its line."""
     path = Path(path)
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    torn = lines.pop()  # after the last newline: "" unless the last write was cut
+    lines = path.read_bytes().split(b"\n")
+    torn = lines.pop()  # after the last newline: empty unless the last write was cut
     header, cases = None, []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -269,8 +269,8 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
         # A kill mid-write cut the last line: drop it so the next append starts clean.
         size = path.stat().st_size
         with open(path, "r+b") as fh:
-            fh.truncate(size - len(jsonl.torn_tail.encode()))
-        cut = re.search(r'"id":"([^"]+)"', jsonl.torn_tail)
+            fh.truncate(size - len(jsonl.torn_tail))
+        cut = re.search(r'"id":"([^"]+)"', jsonl.torn_tail.decode("utf-8", errors="replace"))
         what = f"case {cut.group(1)!r}" if cut else "a case"
         progress.notice(f"{path}: the last line was cut mid-write ({what}); it is dropped and "
                         "that case runs again")

@@ -118,6 +118,21 @@ def test_a_line_cut_mid_write_is_dropped_with_a_message_and_its_case_runs_again(
     assert [line["case"]["id"] for line in parsed[1:]] == STEP_IDS
 
 
+def test_a_line_cut_inside_a_multibyte_character_is_dropped_exactly(tmp_path, monkeypatch):
+    out = _finished_run(tmp_path, monkeypatch)
+    jsonl = out / "results.jsonl"
+    lines = jsonl.read_bytes().splitlines(keepends=True)
+    kept = b"".join(lines[:3])
+    cut = lines[3][:40] + "\u2265".encode()[:2]  # "≥" cut after 2 of its 3 bytes
+    jsonl.write_bytes(kept + cut)
+    result = invoke("run", SUITE, "--out", out, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "the last line was cut mid-write" in result.output
+    assert logged(tmp_path / "cases.log") == [2, 3, 4]
+    assert jsonl.read_bytes().startswith(kept + b'{"type":"case"')  # nothing of the cut left
+    assert [line["case"]["id"] for line in jsonl_lines(jsonl)[1:]] == STEP_IDS
+
+
 def test_a_corrupt_line_before_the_end_is_refused_naming_it(tmp_path, monkeypatch):
     out = _finished_run(tmp_path, monkeypatch)
     jsonl = out / "results.jsonl"
