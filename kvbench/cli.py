@@ -167,7 +167,8 @@ def _check_definitions_or_exit(path: str, baseline, cases) -> None:
     or benchmark settings, model, backend, threads): its results could never be compared. The
     data (token hashes) is checked after the run, by the gate."""
     from kvbench.gate import fingerprint_differences
-    from kvbench.results import CaseResult, fingerprint
+    from kvbench.results import fingerprint
+    from kvbench.runner import case_record
 
     stored = {c.id: c for c in baseline.cases}
     problems = []
@@ -175,11 +176,8 @@ def _check_definitions_or_exit(path: str, baseline, cases) -> None:
         old = stored.get(case.id)
         if old is None or old.status != "ok":
             continue
-        planned = CaseResult(
-            id=case.id, benchmark=case.benchmark, bench_params=case.bench_params,
-            method=case.method, method_label=case.method_label,
-            method_params=case.method_params, model=case.model, backend=case.backend,
-            threads=case.threads, status="ok", comparable=old.comparable)
+        planned = case_record(case)
+        planned.comparable = old.comparable  # the data is known only once the case has run
         planned.fingerprint = fingerprint(planned)
         differences = fingerprint_differences(old, planned)
         if differences:
@@ -488,13 +486,15 @@ def compare(a_path, b_path, as_gate):
     settings."""
     from kvbench.report.compare import render_compare
 
+    from kvbench.gate import gate
+
     code = EXIT_BASELINE if as_gate else EXIT_INVALID  # a broken baseline is a gate's exit 4
     a, b = _load_results_or_exit(a_path, code), _load_results_or_exit(b_path)
-    click.echo(render_compare(a, b))
+    # As a gate, a case A has and B lacks counts as lost; side by side it is only marked x.
+    report = gate(b, a, expect_all=as_gate)
+    click.echo(render_compare(a, b, report))
     if as_gate:
-        from kvbench.gate import gate
-
-        sys.exit(_exit_code(b, gate(b, a)))
+        sys.exit(_exit_code(b, report))
 
 
 @main.group()

@@ -148,15 +148,21 @@ class _ModelCache:
         return self._loaded[key]
 
 
-def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
-    """One case, isolated: any exception becomes status error with its traceback."""
-    started, clock = _now(), time.perf_counter()
-    record = CaseResult(
+def case_record(case: Case) -> CaseResult:
+    """The record of `case` before it runs: what defines it, nothing measured yet."""
+    return CaseResult(
         id=case.id, benchmark=case.benchmark, bench_params=case.bench_params,
         method=case.method, method_label=case.method_label, method_params=case.method_params,
         model=case.model, device=case.device, backend=case.backend, threads=case.threads,
-        seed=case.seed, status="ok", started=started,
+        seed=case.seed, status="ok",
     )
+
+
+def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
+    """One case, isolated: any exception becomes status error with its traceback."""
+    clock = time.perf_counter()
+    record = case_record(case)
+    record.started = _now()
     try:
         with _deadline(case.timeout_s):
             torch.set_num_threads(case.threads or _DEFAULT_THREADS)

@@ -25,10 +25,10 @@ LEGEND = (
 )
 
 
-def render_compare(a: RunResult, b: RunResult) -> str:
-    """B judged against A with the stricter of their suites' gate settings; a compare is often
-    across machines, so run-level differences are notes."""
-    report = gate(b, a, expect_all=False)
+def render_compare(a: RunResult, b: RunResult, report: GateReport | None = None) -> str:
+    """B judged against A (`report`, default: the gate with the stricter of their suites'
+    settings); a compare is often across machines, so run-level differences are notes."""
+    report = report or gate(b, a, expect_all=False)
     names = a.suite.name if a.suite.name == b.suite.name else f"{a.suite.name} vs {b.suite.name}"
     parts = [f"# kvbench compare: {names}", _sides(a, b),
              _table(a, b, report), _summary(report)]
