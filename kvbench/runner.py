@@ -24,6 +24,7 @@ from kvbench.benchmarks import BENCHMARKS, RunContext
 from kvbench.claims import judge
 from kvbench.hardware import fingerprint as machine_fingerprint
 from kvbench.hardware import git_sha
+from kvbench.memo import Memo
 from kvbench.methods.base import build_method
 from kvbench.results import (
     SCHEMA_VERSION, CaseError, CaseResult, ResultsFileError, RunHeader, RunResult, SuiteRecord,
@@ -158,8 +159,9 @@ def case_record(case: Case) -> CaseResult:
     )
 
 
-def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
-    """One case, isolated: any exception becomes status error with its traceback."""
+def run_case(case: Case, load_model, progress: Progress, memo: Memo) -> CaseResult:
+    """One case, isolated: any exception becomes status error with its traceback. `memo`: what
+    the run's cases share (kvbench.memo)."""
     clock = time.perf_counter()
     record = case_record(case)
     record.started = _now()
@@ -174,7 +176,7 @@ def run_case(case: Case, load_model, progress: Progress) -> CaseResult:
             method = build_method(case.method, case.method_params)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
-                load_model=load_model, status=progress.status, backend=case.backend,
+                load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
             )
             output = benchmark.run(params, method, ctx)
         record.metrics, record.info, record.comparable = (
@@ -329,12 +331,12 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
     done = {c.id for c in finished}
     todo = [c for c in cases if c.id not in done]
     result = RunResult(**header.model_dump(), cases=list(finished))
-    load_model = _ModelCache()
+    load_model, memo = _ModelCache(), Memo()  # this run's: nothing carries over to another
     progress.start(total=len(todo), skipped=len(cases) - len(todo))
     try:
         for case in todo:
             progress.case_started(case)
-            record = run_case(case, load_model, progress)
+            record = run_case(case, load_model, progress, memo)
             _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)

@@ -1,4 +1,8 @@
-"""Shared fixtures.
+"""Shared fixtures. Shared plain helpers live in tests/plugins (import them from there):
+- tests.plugins.tensors: randn, token_ids, round_trip (seeded inputs, codec round trips)
+- tests.plugins.model_runs: cpu_context (a RunContext), stepped_logits (prefill, then decode)
+- tests.plugins.suites: ROOT, SHIPPED_SUITES, SMALL_RESULTS, line_of, catalog_only
+- tests.plugins.cli_support: invoke, kvbench_process and the CLI's console fixture
 
 The bundled model is prepared once per session (into KVBENCH_HOME if set, else the default home);
 tests that use it are marked `model`.
@@ -14,7 +18,7 @@ import torch
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...
+if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...; tests import tests.plugins
     sys.path.insert(0, str(ROOT))
 
 
@@ -24,3 +28,42 @@ def bundled():
     from kvbench.models import load_model
 
     return load_model("bundled:smollm2-135m", "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """The tiny:llama test model on the CPU as a LoadedModel (`.model` is the transformers
+    model); one per test module, so nothing one module does to it reaches another."""
+    from kvbench.models import load_model
+
+    return load_model("tiny:llama", "cpu")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for the module, restored after it (the session already starts with one;
+    this holds it against a test that changes it). Use with
+    `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def small():
+    """tests/data/results_small.json, a real run of tests/data/small.yaml, as a RunResult (a
+    fresh copy per test: tests may change it)."""
+    from kvbench.results import load_results
+    from tests.plugins.suites import SMALL_RESULTS
+
+    return load_results(SMALL_RESULTS)
+
+
+@pytest.fixture
+def small_unplotted(small):
+    """`small` without its attention-output errors: no proofs case can be plotted, so reports
+    of it have no rate-distortion figure."""
+    for case in small.cases:
+        case.metrics.pop("attn_output_error", None)
+    return small

@@ -4,29 +4,27 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
 from kvbench.methods import METHODS
 from kvbench.methods.adaptive import Adaptive, AdaptiveCache
 from kvbench.methods.base import build_method
-from kvbench.models import load_model
+from kvbench.models.session import CalibrationStats, TorchSession
+from tests.plugins.model_runs import cpu_context
+from tests.plugins.tensors import randn
 
 TEXT = "Adaptive bits: peaked heads keep more of them, diffuse heads fewer. " * 6
 
 
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+def _calibrate(method, loaded, tokens):
+    """As a benchmark calibrates: the session measures, the method takes the statistics."""
+    TorchSession(loaded, torch.device("cpu")).calibrate(method, tokens)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny:llama", "cpu")
-
-
-@pytest.fixture(scope="module")
-def calibrated(tiny):
+def calibrated(tiny_llama):
     method = Adaptive(base="lloydmax", base_bits=3, scale=1.0)
-    method.calibrate(tiny, tiny.tokenizer.encode(TEXT)[:300])  # more rows than one chunk
+    tokens = tiny_llama.tokenizer.encode(TEXT)[:300]  # more rows than one chunk
+    _calibrate(method, tiny_llama, tokens)
     return method
 
 
@@ -54,7 +52,7 @@ def test_registered_and_uncalibrated_is_the_base_at_base_bits():
     assert "not calibrated" in method.layout()
     cache, reference = method.new_layer_cache(0), base.new_layer_cache(0)
     assert isinstance(cache, AdaptiveCache)
-    keys, values = _randn(1, 3, 20, 16, seed=1), _randn(1, 3, 20, 16, seed=2)
+    keys, values = randn(1, 3, 20, 16, seed=1), randn(1, 3, 20, 16, seed=2)
     for c in (cache, reference):
         c.append(keys[..., :12, :], values[..., :12, :])
         c.append(keys[..., 12:, :], values[..., 12:, :])
@@ -67,17 +65,17 @@ def test_registered_and_uncalibrated_is_the_base_at_base_bits():
     assert cache.counters() == {"kv_heads_4bit": 3.0}
 
 
-def test_calibration_follows_entropy(tiny, calibrated):
-    tokens = tiny.tokenizer.encode(TEXT)[:300]
+def test_calibration_follows_entropy(tiny_llama, calibrated):
+    tokens = tiny_llama.tokenizer.encode(TEXT)[:300]
     assert len(tokens) == 300
     # The entropy it measured is the eager attention's, query heads averaged per GQA group.
-    query = _eager_entropy(tiny, tokens)
-    per_kv = query.view(tiny.num_layers, tiny.num_kv_heads, -1).mean(-1)
+    query = _eager_entropy(tiny_llama, tokens)
+    per_kv = query.view(tiny_llama.num_layers, tiny_llama.num_kv_heads, -1).mean(-1)
     torch.testing.assert_close(calibrated.entropy, per_kv)
     # ... and the model is back on its own attention, computing what it computed before.
-    assert tiny.model.config._attn_implementation == "kvbench"
+    assert tiny_llama.model.config._attn_implementation == "kvbench"
     bits = torch.tensor(calibrated.head_bits)
-    assert bits.shape == (tiny.num_layers, tiny.num_kv_heads)
+    assert bits.shape == (tiny_llama.num_layers, tiny_llama.num_kv_heads)
     assert bits.unique().numel() > 1
     # The lowest-entropy head gets the most bits, the highest the fewest; the order is monotone.
     entropy = calibrated.entropy.flatten()
@@ -88,25 +86,25 @@ def test_calibration_follows_entropy(tiny, calibrated):
     assert "mean" in calibrated.layout() and "per layer" in calibrated.layout()
 
 
-def test_calibration_is_deterministic_and_leaves_the_model_as_it_was(tiny):
-    ids = torch.tensor([tiny.tokenizer.encode(TEXT)[:40]])
+def test_calibration_is_deterministic_and_leaves_the_model_as_it_was(tiny_llama):
+    ids = torch.tensor([tiny_llama.tokenizer.encode(TEXT)[:40]])
     with torch.inference_mode():
-        before = tiny.model(ids).logits
-    tokens = tiny.tokenizer.encode(TEXT)[:64]
+        before = tiny_llama.model(ids).logits
+    tokens = tiny_llama.tokenizer.encode(TEXT)[:64]
     a, b = Adaptive(base="turbo", scale=1.0), Adaptive(base="turbo", scale=1.0)
-    a.calibrate(tiny, tokens)
-    b.calibrate(tiny, tokens)
+    _calibrate(a, tiny_llama, tokens)
+    _calibrate(b, tiny_llama, tokens)
     assert a.head_bits == b.head_bits and torch.equal(a.entropy, b.entropy)
     with torch.inference_mode():
-        after = tiny.model(ids).logits
+        after = tiny_llama.model(ids).logits
     assert torch.equal(before, after)
 
 
-def test_bytes_and_values_per_head_are_each_heads_codec(tiny, calibrated):
+def test_bytes_and_values_per_head_are_each_heads_codec(tiny_llama, calibrated):
     assert any(len(set(row)) > 1 for row in calibrated.head_bits)  # heads split across widths
-    for layer in range(tiny.num_layers):
+    for layer in range(tiny_llama.num_layers):
         cache = calibrated.new_layer_cache(layer)
-        keys, values = _randn(1, 2, 30, 16, seed=3 + layer), _randn(1, 2, 30, 16, seed=5 + layer)
+        keys, values = randn(1, 2, 30, 16, seed=3 + layer), randn(1, 2, 30, 16, seed=5 + layer)
         cache.append(keys[..., :25, :], values[..., :25, :])
         cache.append(keys[..., 25:, :], values[..., 25:, :])
         k_out, v_out, bias = cache.attention_inputs()
@@ -141,16 +139,30 @@ def test_allocation_rule_snaps_to_the_widths_the_base_accepts():
         torch.full((2, 3), 2.5)) == [[3, 3, 3], [3, 3, 3]]
 
 
-def test_fewer_than_16_calibration_tokens_is_refused(tiny):
+def test_fewer_than_16_calibration_tokens_is_refused(tiny_llama):
     method = Adaptive()
     with pytest.raises(ValueError, match="at least 16 tokens, got 15"):
-        method.calibrate(tiny, list(range(10, 25)))
+        _calibrate(method, tiny_llama, list(range(10, 25)))
     assert method.head_bits is None
 
 
+def test_calibration_takes_statistics_never_a_model(tiny_llama):
+    """The method sets its widths from the entropy table it is handed; given a model it refuses
+    instead of running one."""
+    method = Adaptive(base="lloydmax", base_bits=3, scale=1.0)
+    with pytest.raises(TypeError, match="attention entropy a benchmark measures"):
+        method.calibrate(tiny_llama, list(range(10, 40)))
+    entropy = torch.tensor([[1.0, 3.0], [1.0, 1.0]], dtype=torch.float64)  # (layers, query heads)
+    stats = CalibrationStats(list(range(10, 40)), num_kv_heads=1,
+                             measure_attention_entropy=lambda tokens: entropy)
+    method.calibrate(stats, stats.tokens)
+    # one KV head per layer: its query heads' mean; z = -1 and +1 around base_bits 3
+    torch.testing.assert_close(method.entropy, torch.tensor([[2.0], [1.0]], dtype=torch.float64))
+    assert method.head_bits == [[2], [4]]
+
+
 def test_perplexity_calibrates_and_reports_heads_per_width():
-    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
-                     load_model=load_model, status=lambda message: None)
+    ctx = cpu_context("tiny:llama")
     method = Adaptive(base="lloydmax", base_bits=3, scale=1.0)
     params = PerplexityParams(context=48, continuation=16, calibration=64)
     out = Perplexity().run(params, method, ctx)

@@ -8,10 +8,10 @@ from kvbench.methods.base import Method
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.identity import CastCodec, Identity
 from kvbench.methods.sparse_v import SparseV
-from kvbench.models import load_model
 from kvbench.models.attention import biased_attention
-from kvbench.models.hf_cache import KVBenchCache
 from kvbench.models.tiny import _config
+from tests.plugins.model_runs import stepped_logits
+from tests.plugins.tensors import token_ids
 
 
 def _qkv(q_len, t_len, q_heads=4, kv_heads=2, dim=16, seed=0):
@@ -102,20 +102,14 @@ class _DropPrefixCache(CodecCache):
 
 
 def _decode_logits(model, method, ids, prefill):
-    cache = KVBenchCache(method, model.config.num_hidden_layers)
-    with torch.inference_mode():
-        model(ids[:, :prefill], past_key_values=cache, use_cache=True)
-        return torch.cat([model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
-                          for i in range(prefill, ids.shape[1])], dim=1)
+    """The logits of the one-token steps after a prefill of `prefill` tokens, (1, steps, vocab)."""
+    logits, _ = stepped_logits(model, method, ids, prefill)
+    return torch.cat(logits[1:], dim=1)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny:llama", torch.device("cpu")).model
-
-
-def _ids(n=40):
-    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(3))
+def tiny(tiny_llama):
+    return tiny_llama.model
 
 
 def _hide_prefix_after_prefill(n):
@@ -128,7 +122,7 @@ def _hide_prefix_after_prefill(n):
 
 
 def test_the_model_adds_the_cache_bias_to_its_attention(tiny):
-    ids = _ids()
+    ids = token_ids(40)
     plain = _decode_logits(tiny, Identity(), ids, 10)
     zero = _decode_logits(tiny, BiasedIdentity(lambda lead, t: torch.zeros(*lead, t)), ids, 10)
     torch.testing.assert_close(zero, plain, atol=1e-4, rtol=1e-4)
@@ -140,17 +134,14 @@ def test_the_model_adds_the_cache_bias_to_its_attention(tiny):
 
 
 def test_sparse_v_inside_the_model(tiny):
-    ids = _ids()
+    ids = token_ids(40)
     plain = _decode_logits(tiny, Identity(), ids, 10)
     method = SparseV(tau=1e-30)
     cache_logits = _decode_logits(tiny, method, ids, 10)
     torch.testing.assert_close(cache_logits, plain, atol=1e-4, rtol=1e-4)
 
-    cache = KVBenchCache(SparseV(tau=0.05), tiny.config.num_hidden_layers)
-    with torch.inference_mode():
-        tiny(ids[:, :10], past_key_values=cache, use_cache=True)
-        coarse = torch.cat([tiny(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
-                            for i in range(10, 40)], dim=1)
+    steps, cache = stepped_logits(tiny, SparseV(tau=0.05), ids, 10)
+    coarse = torch.cat(steps[1:], dim=1)
     counters = cache.counters()
     layers, heads = tiny.config.num_hidden_layers, tiny.config.num_attention_heads
     assert counters["sparse_v_steps"] == 30 * layers
@@ -168,7 +159,7 @@ def test_a_model_without_kvbench_attention_is_refused():
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(RuntimeError, match="attn_implementation='kvbench'"):
-        _decode_logits(model, SparseV(tau=1e-3), _ids(20), 10)
+        _decode_logits(model, SparseV(tau=1e-3), token_ids(20), 10)
 
 
 def test_sparse_v_refuses_bad_settings():

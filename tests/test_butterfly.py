@@ -15,6 +15,8 @@ from kvbench.methods.butterfly import (
     visible_summaries,
 )
 from kvbench.models.attention import biased_attention
+from tests.plugins.model_runs import stepped_logits
+from tests.plugins.tensors import token_ids
 
 B, W, T, D, HKV, HQ = 8, 6, 70, 16, 2, 4
 
@@ -242,31 +244,18 @@ def test_registered_with_layout():
 # -- inside a model ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny():
-    from kvbench.models import load_model
-
-    return load_model("tiny:llama", torch.device("cpu")).model
+def tiny(tiny_llama):
+    return tiny_llama.model
 
 
-@torch.inference_mode()
 def _model_logits(model, method, ids, prefill):
     """Logits of every position: a prefill of `prefill` tokens, then one-token steps."""
-    from transformers import DynamicCache
-
-    from kvbench.models.hf_cache import KVBenchCache
-
-    cache = (DynamicCache(config=model.config) if method is None
-             else KVBenchCache(method, model.config.num_hidden_layers))
-    rows = [model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits]
-    if method is not None:
-        cache.end_prefill()
-    rows += [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
-             for i in range(prefill, ids.shape[1])]
-    return torch.cat(rows, dim=1), cache
+    logits, cache = stepped_logits(model, method, ids, prefill)
+    return torch.cat(logits, dim=1), cache
 
 
 def test_in_the_model_a_window_over_everything_is_plain_attention(tiny):
-    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(4))
+    ids = token_ids(60, seed=4)
     plain, _ = _model_logits(tiny, None, ids, 30)
     wide, _ = _model_logits(tiny, Butterfly(block_size=8, window=1000), ids, 30)
     torch.testing.assert_close(wide, plain, atol=1e-4, rtol=1e-4)
@@ -274,7 +263,7 @@ def test_in_the_model_a_window_over_everything_is_plain_attention(tiny):
 
 @pytest.mark.parametrize("rule", ["causal_shift", "local_only", "random"])
 def test_in_the_model_block_sparse_prefill_equals_decoding_token_by_token(tiny, rule):
-    ids = torch.randint(0, 256, (1, 90), generator=torch.Generator().manual_seed(4))
+    ids = token_ids(90, seed=4)
     method = Butterfly(block_size=8, window=6, partner_rule=rule)
     one_pass, cache = _model_logits(tiny, method, ids, 90)
     stepped, _ = _model_logits(tiny, method, ids, 37)

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from kvbench import cli
 from kvbench.results import SCHEMA_VERSION
-from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.cli_support import invoke, load_json, wide_consoles  # noqa: F401
 from tests.plugins.kvb_testplugin import CRASH_MESSAGE
+from tests.plugins.suites import ROOT, line_of
 
-ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "tests" / "suites" / "cli"
 TINY = SUITES / "tiny.yaml"
 TINY_IDS = [
@@ -27,20 +27,8 @@ TINY_IDS = [
 ]
 
 
-def line_of(path: Path, text: str) -> int:
-    """1-based line of the first line of `path` containing `text`."""
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if text in line:
-            return number
-    raise AssertionError(f"{text!r} not in {path}")
-
-
 def case_ids(output: str) -> list[str]:
     return re.findall(r"proofs/[\w.=-]+/data=\w+", output)
-
-
-def load_json(path: Path) -> dict:
-    return json.loads(path.read_text())
 
 
 def cases_by_id(results: dict) -> dict[str, dict]:

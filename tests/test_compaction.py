@@ -2,12 +2,10 @@
 plain cache does; a compacting method keeps its budget; bad settings are refused. (That the
 probe becomes am_task's reference queries: tests/test_token_methods.py.)"""
 import pytest
-import torch
 
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.compaction import Compaction, CompactionParams
 from kvbench.methods.base import build_method
-from kvbench.models import load_model
+from tests.plugins.model_runs import cpu_context
 
 PARAMS = CompactionParams(
     trajectory="The tower stands in the old city square. It was finished in the year 1889,"
@@ -15,13 +13,8 @@ PARAMS = CompactionParams(
     task="When was the tower finished?", chat=False, max_new_tokens=8)
 
 
-def _ctx(repeats=1):
-    return RunContext(device=torch.device("cpu"), seed=0, repeats=repeats, model="tiny:llama",
-                      load_model=lambda spec, device, backend="torch": load_model(spec, device))
-
-
 def _run(method, params=PARAMS, repeats=1):
-    return Compaction().run(params, method, _ctx(repeats))
+    return Compaction().run(params, method, cpu_context("tiny:llama", repeats))
 
 
 def test_identity_keeps_everything_and_answers_as_the_plain_cache():
@@ -72,8 +65,7 @@ def test_bad_params_are_refused(field, value):
 def test_bundled_model_answers_from_the_compacted_eiffel_passage(bundled):
     """Seed 000's demo on the real model: am_task keeps about a third and the answer keeps the
     year."""
-    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model=bundled.spec,
-                     load_model=lambda spec, device, backend="torch": bundled)
+    ctx = cpu_context(loaded=bundled)
     params = CompactionParams(
         trajectory="The Eiffel Tower is located in Paris, France. It was built in 1889.",
         task="What year was the Eiffel Tower built?", expect="1889")

@@ -5,20 +5,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
 from kvbench.methods import METHODS
 from kvbench.methods.decay import Decay, DecayCache
-from kvbench.models import load_model
-from kvbench.models.hf_cache import KVBenchCache
+from tests.plugins.model_runs import cpu_context, stepped_logits
+from tests.plugins.tensors import randn
 
 HEADS, DIM = 2, 8
 # lloydmax accepts every width: the schedule picks among 2, 3, 4.
 PARAMS = dict(base="lloydmax", base_bits=4, min_bits=2, decay_rate=4.0, window=3, segment=4)
-
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _score(age, seen, rate):
@@ -74,7 +69,7 @@ def test_one_token_appends_follow_the_score_rule_exactly():
     cache = method.new_layer_cache(0)
     assert isinstance(cache, DecayCache)
     total = 120
-    keys, values = _randn(1, HEADS, total, DIM, seed=1), _randn(1, HEADS, total, DIM, seed=2)
+    keys, values = randn(1, HEADS, total, DIM, seed=1), randn(1, HEADS, total, DIM, seed=2)
     requantized, widths = 0, {}
     for t in range(1, total + 1):
         cache.append(keys[..., t - 1 : t, :], values[..., t - 1 : t, :])
@@ -107,7 +102,7 @@ def test_one_token_appends_follow_the_score_rule_exactly():
 def test_requantized_segments_hold_fewer_bytes():
     method = Decay(**PARAMS)
     cache = method.new_layer_cache(0)
-    keys, values = _randn(1, HEADS, 100, DIM, seed=3), _randn(1, HEADS, 100, DIM, seed=4)
+    keys, values = randn(1, HEADS, 100, DIM, seed=3), randn(1, HEADS, 100, DIM, seed=4)
     history = []  # (bits, bytes, decoded keys) of the segment of tokens 40..43, at each width
     for t in range(100):
         cache.append(keys[..., t : t + 1, :], values[..., t : t + 1, :])
@@ -128,7 +123,7 @@ def test_requantized_segments_hold_fewer_bytes():
 def test_retained_bytes_is_the_sum_over_segments_and_window():
     method = Decay(**PARAMS)
     cache = method.new_layer_cache(0)
-    keys, values = _randn(1, HEADS, 97, DIM, seed=5), _randn(1, HEADS, 97, DIM, seed=6)
+    keys, values = randn(1, HEADS, 97, DIM, seed=5), randn(1, HEADS, 97, DIM, seed=6)
     for t in range(97):
         cache.append(keys[..., t : t + 1, :], values[..., t : t + 1, :])
     kept, _, raw = _expected(97)
@@ -140,7 +135,7 @@ def test_retained_bytes_is_the_sum_over_segments_and_window():
 def test_multi_token_appends_requantize_but_evict_only_at_end_prefill_or_one_token_steps():
     method = Decay(**PARAMS)
     cache = method.new_layer_cache(0)
-    keys, values = _randn(1, HEADS, 72, DIM, seed=7), _randn(1, HEADS, 72, DIM, seed=8)
+    keys, values = randn(1, HEADS, 72, DIM, seed=7), randn(1, HEADS, 72, DIM, seed=8)
     cache.append(keys[..., :64, :], values[..., :64, :])
     # Nothing dropped inside the prefill step: every token is still there, the due ones at min.
     kept, evicted, raw = _expected(64)
@@ -165,7 +160,7 @@ def test_upstream_default_rate_never_evicts():
     # exp(-1) = 0.37 > 0.3: the oldest token keeps more than min_bits... and is never evicted.
     method = Decay(base="lloydmax", base_bits=4, min_bits=1, window=0, segment=2)
     cache = method.new_layer_cache(0)
-    x = _randn(1, 1, 200, DIM, seed=9)
+    x = randn(1, 1, 200, DIM, seed=9)
     for t in range(200):
         cache.append(x[..., t : t + 1, :], x[..., t : t + 1, :])
     assert cache.retained_tokens == 200 and cache.counters()["tokens_evicted"] == 0
@@ -177,7 +172,7 @@ def test_kivi_base_uses_its_key_and_value_codecs():
                    min_bits=2, decay_rate=4.0, window=2, segment=8)
     assert method.key_codec().axis == "channel" and method.value_codec().axis == "token"
     cache = method.new_layer_cache(0)
-    x = _randn(1, HEADS, 80, DIM, seed=10)
+    x = randn(1, HEADS, 80, DIM, seed=10)
     for t in range(80):
         cache.append(x[..., t : t + 1, :], x[..., t : t + 1, :])
     assert cache.counters()["tokens_evicted"] > 0 and cache.counters()["tokens_requantized"] > 0
@@ -204,30 +199,25 @@ def test_invalid_config_names_the_field(field, params):
 # --- through a real model -----------------------------------------------------------------------
 
 
-def test_tiny_model_decodes_through_the_decayed_cache_with_positions_continuing():
-    loaded = load_model("tiny:llama", "cpu")
+def test_tiny_model_decodes_through_the_decayed_cache_with_positions_continuing(tiny_llama):
+    loaded = tiny_llama
     model = loaded.model
     tokens = loaded.tokenizer.encode("Temporal decay forgets the distant past, bit by bit. " * 3)
     tokens = tokens[:90]
     method = Decay(**{**PARAMS, "window": 6, "segment": 8})
-    cache = KVBenchCache(method, loaded.num_layers)
     positions = []
     hook = model.model.rotary_emb.register_forward_hook(
         lambda module, args, kwargs, out: positions.append(kwargs["position_ids"][0].tolist()),
         with_kwargs=True,
     )
     ids = torch.tensor([tokens])
-    try:
-        with torch.inference_mode():
-            model(ids[:, :24], past_key_values=cache, use_cache=True)
-            cache.end_prefill()
-            for t in range(24, len(tokens) - 1):
-                model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+    fed = len(tokens) - 1
+    try:  # a prefill of 24 tokens, end_prefill, then one-token steps up to the last token
+        _, cache = stepped_logits(model, method, ids[:, :fed], 24)
     finally:
         hook.remove()
     assert positions[0] == list(range(24))
-    assert [p[0] for p in positions[1:]] == list(range(24, len(tokens) - 1))
-    fed = len(tokens) - 1
+    assert [p[0] for p in positions[1:]] == list(range(24, fed))
     assert cache.get_seq_length() == fed
     kept, evicted, _ = _expected(fed, {**PARAMS, "window": 6, "segment": 8})
     assert cache.retained_tokens() == [fed - evicted] * loaded.num_layers and evicted > 0
@@ -255,8 +245,7 @@ def test_tiny_model_decodes_through_the_decayed_cache_with_positions_continuing(
 
 
 def test_perplexity_reports_decay_counters():
-    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
-                     load_model=load_model, status=lambda message: None)
+    ctx = cpu_context("tiny:llama")
     params = PerplexityParams(context=64, continuation=16)
     out = Perplexity().run(params, Decay(**{**PARAMS, "window": 8, "segment": 8}), ctx)
     kept, evicted, raw = _expected(64 + 15, {**PARAMS, "window": 8, "segment": 8})

@@ -18,8 +18,8 @@ from tests.plugins.cli_support import (  # noqa: F401 - wide_consoles is an auto
     invoke, jsonl_lines, kvbench_process, logged, wait_until, wide_consoles,
 )
 from tests.plugins.kvb_testplugin import BLOCK_AT
+from tests.plugins.suites import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "tests" / "suites" / "cli" / "steps.yaml"  # five cases, each logs its index
 STEP_IDS = [f"tests.plugins.kvb_testplugin:Step/Nop/i={i}" for i in range(5)]
 

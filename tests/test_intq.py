@@ -6,10 +6,7 @@ import torch
 from kvbench.methods import METHODS
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.intq import IntQ, IntQCodec
-
-
-def _randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+from tests.plugins.tensors import randn
 
 
 def _expected_nbytes(shape, bits, group, axis):
@@ -37,7 +34,7 @@ def test_registered_by_name():
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_error_is_within_half_a_step(bits, axis):
     # 70 is two whole groups of 32 and a partial group of 6, on either axis.
-    x = _randn(2, 3, 70, 70, seed=bits) * 3 + 1
+    x = randn(2, 3, 70, 70, seed=bits) * 3 + 1
     codec = IntQ(bits=bits, group_size=32, axis=axis).codec()
     packed = codec.encode(x)
     x_hat = codec.decode(packed)
@@ -64,7 +61,7 @@ def test_error_is_within_half_a_step(bits, axis):
 @pytest.mark.parametrize("shape", [(1, 2, 64, 64), (2, 1, 40, 70), (1, 1, 3, 5)])
 def test_nbytes_is_the_layout_formula(shape, group, bits, axis):
     codec = IntQ(bits=bits, group_size=group, axis=axis).codec()
-    packed = codec.encode(_randn(*shape))
+    packed = codec.encode(randn(*shape))
     # The packed form holds exactly the layout's tensors, so nbytes is what is stored.
     assert set(packed.tensors) == {"codes", "scale", "min"}
     assert packed.tensors["codes"].dtype == torch.uint8
@@ -73,14 +70,14 @@ def test_nbytes_is_the_layout_formula(shape, group, bits, axis):
 
 
 def test_bits_per_value_is_bits_plus_32_over_group():
-    x = _randn(1, 4, 128, 128)
+    x = randn(1, 4, 128, 128)
     for bits, group in [(2, 32), (4, 32), (4, 128), (8, 64)]:
         codec = IntQ(bits=bits, group_size=group).codec()
         assert 8 * codec.nbytes(codec.encode(x)) / x.numel() == bits + 32 / group
 
 
 def test_eight_bits_is_near_lossless():
-    x = _randn(1, 2, 256, 64, dtype=torch.float16)
+    x = randn(1, 2, 256, 64, dtype=torch.float16)
     x_hat = IntQ(bits=8).codec().decode(IntQ(bits=8).codec().encode(x))
     x, x_hat = x.double(), x_hat.double()
     assert ((x_hat - x).pow(2).mean() / x.pow(2).mean()) < 1e-4
@@ -88,7 +85,7 @@ def test_eight_bits_is_near_lossless():
 
 
 def test_more_bits_less_error():
-    x = _randn(1, 2, 128, 64)
+    x = randn(1, 2, 128, 64)
     errors = []
     for bits in (2, 4, 8):
         codec = IntQ(bits=bits).codec()
@@ -108,7 +105,7 @@ def test_constant_input_decodes_exactly(axis):
 def test_channel_axis_groups_over_tokens():
     # Each channel constant over the tokens, different across channels: per-channel groups
     # have zero range (exact), per-token groups span the channels (lossy).
-    x = _randn(1, 2, 1, 64, dtype=torch.float16).expand(1, 2, 96, 64).contiguous()
+    x = randn(1, 2, 1, 64, dtype=torch.float16).expand(1, 2, 96, 64).contiguous()
     channel, token = IntQ(axis="channel", group_size=32), IntQ(axis="token", group_size=32)
     assert channel.codec().token_block == 32 and token.codec().token_block == 1
     assert torch.equal(channel.codec().decode(channel.codec().encode(x)), x)
@@ -121,7 +118,7 @@ def test_cache_window_stays_exact(axis, group):
     method = IntQ(bits=bits, group_size=group, axis=axis, window=window)
     cache = method.new_layer_cache(0)
     assert isinstance(cache, CodecCache)
-    keys, values = _randn(1, 2, 30, dim, seed=1), _randn(1, 2, 30, dim, seed=2)
+    keys, values = randn(1, 2, 30, dim, seed=1), randn(1, 2, 30, dim, seed=2)
     for start, stop in [(0, 11), (11, 12), (12, 30)]:  # a prefill, then uneven appends
         cache.append(keys[..., start:stop, :], values[..., start:stop, :])
         assert cache.retained_tokens == stop
@@ -188,7 +185,7 @@ def test_encoding_in_row_blocks_matches_encoding_the_pieces(axis, monkeypatch):
 
     monkeypatch.setattr(intq_module, "ROWS_PER_BLOCK", 5)  # many blocks, a ragged last one
     codec = IntQ(bits=4, group_size=8, axis=axis).codec()
-    x = torch.randn(1, 3, 16, 12, generator=torch.Generator().manual_seed(1))
+    x = randn(1, 3, 16, 12, seed=1)
     whole = codec.encode(x)
     pieces = codec.merge([codec.encode(x[..., :8, :]), codec.encode(x[..., 8:, :])])
     for name in whole.tensors:
@@ -201,7 +198,7 @@ def test_channel_axis_in_token_blocks_equals_one_pass():
     channel's whole row."""
     codec = IntQCodec(bits=2, group_size=32, axis="channel")
     step = codec._token_step(128)
-    x = torch.randn(1, 2, 2 * step + 37, 128, generator=torch.Generator().manual_seed(0)).half()
+    x = randn(1, 2, 2 * step + 37, 128, dtype=torch.float16)
     packed = codec.encode(x)
     for head in range(2):
         codes, scale, zero = codec._encode_rows(x[0, head].T.contiguous())

@@ -3,17 +3,12 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
 from kvbench.methods import METHODS
 from kvbench.methods.identity import Identity
 from kvbench.methods.kivi import Kivi, KiviCache
-from kvbench.models import load_model
-from kvbench.models.hf_cache import KVBenchCache
-
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+from tests.plugins.model_runs import cpu_context, stepped_logits
+from tests.plugins.tensors import randn
 
 
 def _raw_after(tokens, method):
@@ -46,7 +41,7 @@ def test_raw_tokens_follow_the_rule_one_token_at_a_time(residual, group):
     method = Kivi(bits=2, group_size=group, residual=residual)
     cache = method.new_layer_cache(0)
     assert isinstance(cache, KiviCache)
-    keys, values = _randn(1, 2, 40, 8, seed=1), _randn(1, 2, 40, 8, seed=2)
+    keys, values = randn(1, 2, 40, 8, seed=1), randn(1, 2, 40, 8, seed=2)
     for t in range(1, 41):
         cache.append(keys[..., t - 1 : t, :], values[..., t - 1 : t, :])
         # The step's own token is attended raw; what came before is quantized by the rule.
@@ -70,7 +65,7 @@ def test_raw_tokens_follow_the_rule_one_token_at_a_time(residual, group):
 def test_raw_tokens_follow_the_rule_after_a_prefill(tokens, residual):
     method = Kivi(bits=4, group_size=4, residual=residual)
     cache = method.new_layer_cache(0)
-    keys, values = _randn(1, 2, tokens, 8, seed=3), _randn(1, 2, tokens, 8, seed=4)
+    keys, values = randn(1, 2, tokens, 8, seed=3), randn(1, 2, tokens, 8, seed=4)
     cache.append(keys, values)
     assert (cache.keys.raw_tokens, cache.values.raw_tokens) == (tokens, tokens)
     cache.end_prefill()
@@ -89,7 +84,7 @@ def test_quantized_part_is_within_half_a_step(bits):
     # head_dim 20 with groups of 8 channels: values have a trailing partial group of 4.
     method = Kivi(bits=bits, group_size=8, residual=16)
     cache = method.new_layer_cache(0)
-    keys, values = _randn(1, 2, 50, 20, seed=5) * 3 + 1, _randn(1, 2, 50, 20, seed=6) * 2
+    keys, values = randn(1, 2, 50, 20, seed=5) * 3 + 1, randn(1, 2, 50, 20, seed=6) * 2
     cache.append(keys, values)
     cache.end_prefill()
     k_out, v_out, _ = cache.attention_inputs()
@@ -109,8 +104,8 @@ def test_retained_bytes_is_packed_plus_raw(bits):
     group, residual, dim, heads = 4, 8, 12, 2
     method = Kivi(bits=bits, group_size=group, residual=residual)
     cache = method.new_layer_cache(0)
-    keys = _randn(1, heads, 37, dim, seed=7).half()
-    values = _randn(1, heads, 37, dim, seed=8).half()
+    keys = randn(1, heads, 37, dim, seed=7).half()
+    values = randn(1, heads, 37, dim, seed=8).half()
     cache.append(keys[..., :20, :], values[..., :20, :])
     cache.end_prefill()
     for t in range(20, 37):
@@ -130,7 +125,7 @@ def test_retained_bytes_is_packed_plus_raw(bits):
 @pytest.mark.parametrize("bits, group, expected", [(2, 32, 3.0), (4, 32, 5.0), (2, 64, 2.5)])
 def test_bits_per_quantized_value(bits, group, expected):
     method = Kivi(bits=bits, group_size=group, residual=0)
-    x = _randn(1, 2, 128, 64, seed=9)
+    x = randn(1, 2, 128, 64, seed=9)
     for codec in (method.key_codec(), method.value_codec()):
         assert 8 * codec.nbytes(codec.encode(x)) / x.numel() == expected
     cache = method.new_layer_cache(0)
@@ -140,25 +135,13 @@ def test_bits_per_quantized_value(bits, group, expected):
     assert 8 * cache.retained_bytes / (2 * x.numel()) == expected
 
 
-def _step_logits(loaded, method, tokens, prefill):
-    """Logits of a prefill of `prefill` tokens, then of each later token decoded one at a time."""
-    cache = KVBenchCache(method, loaded.num_layers)
-    ids = torch.tensor([tokens])
-    with torch.inference_mode():
-        out = [loaded.model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits]
-        cache.end_prefill()
-        for t in range(prefill, len(tokens)):
-            out.append(loaded.model(ids[:, t : t + 1], past_key_values=cache).logits)
-    return out
-
-
 @pytest.mark.parametrize("prefill", [5, 20])
-def test_tiny_model_is_exact_until_something_is_quantized(prefill):
-    loaded = load_model("tiny:llama", "cpu")
-    tokens = loaded.tokenizer.encode("KIVI keeps the newest tokens in full precision.")[:30]
+def test_tiny_model_is_exact_until_something_is_quantized(tiny_llama, prefill):
+    tokens = tiny_llama.tokenizer.encode("KIVI keeps the newest tokens in full precision.")[:30]
+    ids = torch.tensor([tokens])
     method = Kivi(bits=2, group_size=4, residual=8)
-    kivi = _step_logits(loaded, method, tokens, prefill)
-    identity = _step_logits(loaded, Identity(), tokens, prefill)
+    kivi, _ = stepped_logits(tiny_llama.model, method, ids, prefill)
+    identity, _ = stepped_logits(tiny_llama.model, Identity(), ids, prefill)
     # The prefill attends to itself unquantized, as upstream KIVI does.
     assert torch.equal(kivi[0], identity[0])
     for step, t in enumerate(range(prefill + 1, len(tokens) + 1), start=1):
@@ -171,10 +154,7 @@ def test_tiny_model_is_exact_until_something_is_quantized(prefill):
 
 
 def test_perplexity_on_tiny_model_compresses_well_beyond_the_residual():
-    ctx = RunContext(
-        device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
-        load_model=load_model, status=lambda message: None,
-    )
+    ctx = cpu_context("tiny:llama")
     params = PerplexityParams(context=1024, continuation=16)
     out = Perplexity().run(params, Kivi(), ctx).metrics
     # 1039 tokens fed; the last step attends raw to its token on top of the rule at 1038:

@@ -3,25 +3,14 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.proofs import Proofs, ProofsParams
 from kvbench.data.synthetic import make_vectors
 from kvbench.methods import METHODS
 from kvbench.methods.codebooks import lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.lloydmax import LloydMax
-
-CTX = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model=None,
-                 load_model=lambda spec, device: None)
-
-
-def _randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def _round_trip(method, x):
-    codec = method.codec()
-    return codec.decode(codec.encode(x))
+from tests.plugins.model_runs import cpu_context
+from tests.plugins.tensors import randn, round_trip
 
 
 def _cosine(a, b):
@@ -34,14 +23,14 @@ def test_registered_by_name():
 
 def test_100_bytes_per_256_dim_vector_at_3_bits():
     codec = LloydMax().codec()
-    assert codec.nbytes(codec.encode(_randn(1, 2, 10, 256))) == 2 * 10 * 100
+    assert codec.nbytes(codec.encode(randn(1, 2, 10, 256))) == 2 * 10 * 100
 
 
 @pytest.mark.parametrize("bits, dim", [(1, 7), (2, 130), (3, 13), (3, 64), (4, 33), (5, 100),
                                        (7, 9), (8, 64)])
 def test_nbytes_is_norm_plus_packed_codes_per_vector(bits, dim):
     codec = LloydMax(bits=bits).codec()
-    packed = codec.encode(_randn(2, 3, 5, dim))
+    packed = codec.encode(randn(2, 3, 5, dim))
     assert set(packed.tensors) == {"codes", "norms"}
     assert packed.tensors["codes"].dtype == torch.uint8
     assert packed.tensors["codes"].shape == (2, 3, 5, math.ceil(bits * dim / 8))
@@ -52,8 +41,8 @@ def test_nbytes_is_norm_plus_packed_codes_per_vector(bits, dim):
 @pytest.mark.parametrize("bits", [1, 3, 8])
 def test_decode_is_the_manthanquant_formula(bits):
     dim = 96
-    x = _randn(1, 2, 20, dim, seed=bits) * 3
-    x_hat = _round_trip(LloydMax(bits=bits), x)
+    x = randn(1, 2, 20, dim, seed=bits) * 3
+    x_hat = round_trip(LloydMax(bits=bits), x)
     # Written out independently: nearest centroid of x / ||x|| * sqrt(D), times ||x|| / sqrt(D).
     c = lloyd_max("gaussian", bits).centroids.float()
     r = x.norm(dim=-1, keepdim=True)
@@ -65,7 +54,7 @@ def test_decode_is_the_manthanquant_formula(bits):
 
 def test_cosine_on_gaussian_vectors_is_what_lloyd_max_predicts():
     x = make_vectors("gaussian", 4096, 256, seed=0).reshape(1, 1, 4096, 256)
-    cosine = float(_cosine(_round_trip(LloydMax(bits=3), x), x).mean())
+    cosine = float(_cosine(round_trip(LloydMax(bits=3), x), x).mean())
     # E[s c(s)] = E[c^2] = 1 - mse at the Lloyd-Max optimum, so cosine ~ sqrt(1 - mse) ~ 0.9826;
     # measured 0.9828 (finite D: ||s||^2 = D exactly, not just on average).
     assert 0.975 < cosine < 0.99
@@ -75,8 +64,8 @@ def test_cosine_on_gaussian_vectors_is_what_lloyd_max_predicts():
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_rotation_rescues_outlier_channels(bits):
     x = make_vectors("outliers", 2048, 128, seed=1).reshape(1, 1, 2048, 128)
-    plain = float((_round_trip(LloydMax(bits=bits), x) - x).pow(2).mean())
-    rotated = float((_round_trip(LloydMax(bits=bits, rotate=True), x) - x).pow(2).mean())
+    plain = float((round_trip(LloydMax(bits=bits), x) - x).pow(2).mean())
+    rotated = float((round_trip(LloydMax(bits=bits, rotate=True), x) - x).pow(2).mean())
     assert rotated < plain / 5
 
 
@@ -95,16 +84,16 @@ def test_rotation_is_orthogonal_and_seeded():
 
 
 def test_rotation_round_trips_at_eight_bits():
-    x = _randn(1, 2, 50, 64, seed=4)
-    x_hat = _round_trip(LloydMax(bits=8, rotate=True, rotation_seed=7), x)
+    x = randn(1, 2, 50, 64, seed=4)
+    x_hat = round_trip(LloydMax(bits=8, rotate=True, rotation_seed=7), x)
     assert _cosine(x_hat, x).min() > 0.9999
 
 
 @pytest.mark.parametrize("rotate", [False, True])
 def test_zero_vector_decodes_to_zeros(rotate):
-    x = _randn(1, 1, 6, 32)
+    x = randn(1, 1, 6, 32)
     x[..., 2, :] = 0
-    x_hat = _round_trip(LloydMax(rotate=rotate), x)
+    x_hat = round_trip(LloydMax(rotate=rotate), x)
     assert torch.isfinite(x_hat).all()
     assert (x_hat[..., 2, :] == 0).all()
     assert (x_hat[..., 3, :] != 0).any()
@@ -112,8 +101,8 @@ def test_zero_vector_decodes_to_zeros(rotate):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_decode_keeps_shape_and_dtype(dtype):
-    x = _randn(2, 2, 7, 48, dtype=dtype)
-    x_hat = _round_trip(LloydMax(), x)
+    x = randn(2, 2, 7, 48, dtype=dtype)
+    x_hat = round_trip(LloydMax(), x)
     assert x_hat.shape == x.shape and x_hat.dtype == dtype
     assert _cosine(x_hat, x).mean() > 0.97
 
@@ -138,7 +127,7 @@ def test_cache_keeps_the_window_and_one_merged_block():
     window, dim = 4, 64
     cache = LloydMax(window=window).new_layer_cache(0)
     assert isinstance(cache, CodecCache)
-    keys, values = _randn(1, 2, 30, dim, seed=1), _randn(1, 2, 30, dim, seed=2)
+    keys, values = randn(1, 2, 30, dim, seed=1), randn(1, 2, 30, dim, seed=2)
     for start, stop in [(0, 11), (11, 12), (12, 30)]:  # a prefill, then uneven appends
         cache.append(keys[..., start:stop, :], values[..., start:stop, :])
         assert cache.retained_tokens == stop
@@ -171,7 +160,7 @@ def test_layout_names_the_layout():
 
 
 def test_proofs_reports_the_upstream_ratio():
-    out = Proofs().run(ProofsParams(dim=256, n_vectors=512), LloydMax(), CTX)
+    out = Proofs().run(ProofsParams(dim=256, n_vectors=512), LloydMax(), cpu_context())
     # 512 B of 16-bit values against 4 + 96 B per vector.
     assert out.metrics["compression_ratio"].value == 5.12
     assert out.metrics["bits_per_value"].value == 3.125

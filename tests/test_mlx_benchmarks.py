@@ -5,30 +5,22 @@ pytest.importorskip("mlx.core")
 
 import torch  # noqa: E402
 
-from kvbench.benchmarks.base import RunContext  # noqa: E402
 from kvbench.benchmarks.parity import Parity, ParityParams  # noqa: E402
 from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams  # noqa: E402
 from kvbench.benchmarks.proofs import Proofs, ProofsParams  # noqa: E402
 from kvbench.benchmarks.quality import Quality, QualityParams  # noqa: E402
 from kvbench.benchmarks.speed import Speed, SpeedParams  # noqa: E402
 from kvbench.methods.base import build_method  # noqa: E402
-from kvbench.models import load_model  # noqa: E402
 from kvbench.models.mlx_host import load_mlx_model  # noqa: E402
+from tests.plugins.model_runs import cpu_context  # noqa: E402
 
-
-def _load(spec, device, backend="torch"):
-    return load_mlx_model(spec) if backend == "mlx" else load_model(spec, device)
-
-
-def _ctx(backend, repeats=1):
-    return RunContext(device=torch.device("cpu"), seed=0, repeats=repeats, model="tiny:llama",
-                      load_model=_load, backend=backend)
+TINY = "tiny:llama"
 
 
 def _both(benchmark, params, name, method_params=None):
     """The case's metrics on torch, then on MLX."""
-    return [benchmark.run(params, build_method(name, method_params or {}), _ctx(b)).metrics
-            for b in ("torch", "mlx")]
+    return [benchmark.run(params, build_method(name, method_params or {}),
+                          cpu_context(TINY, backend=b)).metrics for b in ("torch", "mlx")]
 
 
 @pytest.mark.parametrize("name, params", [("identity", {}), ("intq", {"bits": 4}),
@@ -60,7 +52,8 @@ def test_perplexity_quality_and_parity_agree_across_backends(name):
 def test_speed_runs_on_mlx_and_counts_the_same_bytes():
     params = SpeedParams(n_vectors=4096, dim=64, warmup=0)
     torch_m, mlx_m = (Speed().run(params, build_method("turbo3", {"block": 64}),
-                                  _ctx(b, repeats=2)).metrics for b in ("torch", "mlx"))
+                                  cpu_context(TINY, repeats=2, backend=b)).metrics
+                      for b in ("torch", "mlx"))
     assert mlx_m["nbytes"].value == torch_m["nbytes"].value
     assert mlx_m["encode_gb_s"].value > 0 and mlx_m["memcpy_gb_s"].value > 0
     assert len(mlx_m["encode_vs_memcpy"].samples) == 2
@@ -68,8 +61,36 @@ def test_speed_runs_on_mlx_and_counts_the_same_bytes():
 
 def test_parity_after_a_rewind_on_mlx():
     out = Parity().run(ParityParams(context=40, steps=6, trim=13), build_method("identity"),
-                       _ctx("mlx")).metrics
+                       cpu_context(TINY, backend="mlx")).metrics
     assert out["max_logit_diff"].value < 1e-4 and out["greedy_agreement"].value == 1
     with pytest.raises(ValueError, match="took back 0 of the 13"):
         Parity().run(ParityParams(context=40, steps=6, trim=13), build_method("intq"),
-                     _ctx("mlx"))
+                     cpu_context(TINY, backend="mlx"))
+
+
+def test_adaptive_calibrates_on_mlx_from_the_mlx_models_own_attention(monkeypatch, tiny_llama):
+    """The MLX session measures attention entropy on the MLX model and hands it over; no torch
+    model is loaded for it. The entropies are torch's to float32 rounding, so are the widths."""
+    from kvbench.models import loading
+    from kvbench.models.mlx_session import MLXSession
+    from kvbench.models.session import TorchSession
+
+    torch_session = TorchSession(tiny_llama, torch.device("cpu"))
+    mlx_session = MLXSession(load_mlx_model(TINY))
+    tokens = torch_session.tokenizer.encode("Peaked heads keep more bits, diffuse fewer. " * 8)
+    params = {"base": "lloydmax", "base_bits": 3, "scale": 1.0}
+    on_torch, on_mlx = build_method("adaptive", params), build_method("adaptive", params)
+    torch_session.calibrate(on_torch, tokens[:300])  # more rows than one chunk
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("MLX calibration loaded a torch model")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+    mlx_session.calibrate(on_mlx, tokens[:300])
+    torch.testing.assert_close(on_mlx.entropy, on_torch.entropy, rtol=1e-5, atol=1e-6)
+    assert on_mlx.head_bits == on_torch.head_bits
+    assert len({b for row in on_mlx.head_bits for b in row}) > 1
+    # and a benchmark on MLX calibrates it so
+    out = Perplexity().run(PerplexityParams(context=48, continuation=12, calibration=64),
+                           build_method("adaptive", params), cpu_context(TINY, backend="mlx"))
+    assert sum(v for k, v in out.info.items() if k.startswith("kv_heads_")) == 4

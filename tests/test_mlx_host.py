@@ -32,6 +32,10 @@ from kvbench.models.mlx_host import (  # noqa: E402
     rope_overrides,
 )
 
+# torch's OpenMP workers spin-wait: on a busy 2-core machine a bundled-model decode step took
+# 1.6 s with 2 threads and 0.07 s with one. Nothing here is timed.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 BUNDLED = "bundled:smollm2-135m"
 
 
@@ -144,16 +148,6 @@ def hide_prefix_after_prefill(n):
 
 # ---- helpers ----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """torch's OpenMP workers spin-wait: on a busy 2-core machine a bundled-model decode step
-    took 1.6 s with 2 threads and 0.07 s with one. Nothing here is timed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny():
     return load_mlx_model("tiny:llama")
@@ -259,7 +253,7 @@ def test_tiny_mlx_models_have_the_torch_weights(kind):
     from kvbench.models import load_model
 
     loaded = load_mlx_model(f"tiny:{kind}")
-    assert load_mlx_model(f"tiny:{kind}") is loaded  # loaded once per process
+    assert load_mlx_model(f"tiny:{kind}") is not loaded  # a run shares one; a process does not
     ids = _ids(24)
     with torch.inference_mode():
         expected = load_model(f"tiny:{kind}").model(torch.tensor([ids])).logits[0].numpy()

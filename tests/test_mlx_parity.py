@@ -58,15 +58,9 @@ ULP16 = {torch.float16: 2**-10, torch.bfloat16: 2**-7, torch.float32: 0.0}
 SHAPES = [(1, 2, 40, 64), (1, 2, 33, 128)]
 SEEDS = [0, 1, 2]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The tensors here are tiny: torch's thread pool costs more than it saves (5x on a busy
-    2-core machine). Restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# The tensors here are tiny: torch's thread pool costs more than it saves (5x on a busy 2-core
+# machine). One thread for this module, restored after it.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 TO_MX = {torch.float32: mx.float32, torch.float16: mx.float16, torch.bfloat16: mx.bfloat16,

@@ -144,16 +144,23 @@ def test_describe_uncached_hub_id(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_tiny_models_are_the_same_every_time(kind):
-    first, second = build_tiny(kind)[0], build_tiny.__wrapped__(kind)[0]
+    first, second = build_tiny(kind)[0], build_tiny(kind)[0]
+    assert first is not second  # one caller's model is never another's
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_loading_a_tiny_model_on_another_device_leaves_the_first_where_it_was():
+    on_cpu = load_model("tiny:llama", "cpu")
+    load_model("tiny:llama", "meta")
+    assert {p.device.type for p in on_cpu.model.parameters()} == {"cpu"}
 
 
 def test_tiny_build_leaves_the_global_rng_alone():
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    build_tiny.__wrapped__("llama")
+    build_tiny("llama")
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -195,8 +202,8 @@ def test_attention_reads_the_policy(spec):
 
 
 @torch.inference_mode()
-def test_positions_continue_from_seen_tokens_when_a_policy_keeps_fewer():
-    model = load_model("tiny:llama", "cpu").model
+def test_positions_continue_from_seen_tokens_when_a_policy_keeps_fewer(tiny_llama):
+    model = tiny_llama.model
     ids = _ids()
     n = ids.shape[1]
     full = DynamicCache(config=model.config)
@@ -239,15 +246,15 @@ def test_chunked_decode_after_eviction_matches_token_by_token(spec):
     torch.testing.assert_close(decode(8), decode(1), rtol=1e-5, atol=1e-5)
 
 
-def test_seq_length_and_accounting_through_prefill_and_decode():
-    loaded = load_model("tiny:llama", "cpu")
-    cache = KVBenchCache(Identity(), loaded.num_layers)
+def test_seq_length_and_accounting_through_prefill_and_decode(tiny_llama):
+    cache = KVBenchCache(Identity(), tiny_llama.num_layers)
     assert cache.get_seq_length() == 0
-    _greedy(loaded.model, cache, _ids(), 5)
+    _greedy(tiny_llama.model, cache, _ids(), 5)
     tokens = _ids().shape[1] + 5
     assert cache.get_seq_length() == tokens
     assert cache.retained_tokens() == [tokens, tokens]
-    per_token = loaded.num_layers * 2 * loaded.num_kv_heads * loaded.head_dim * 4  # K+V fp32
+    vectors = tiny_llama.num_layers * 2 * tiny_llama.num_kv_heads  # K and V per layer and head
+    per_token = vectors * tiny_llama.head_dim * 4  # fp32
     assert cache.accounted_bytes() == tokens * per_token
     assert cache.measured_bytes() >= cache.accounted_bytes()
 
@@ -259,8 +266,8 @@ def test_end_prefill_reaches_every_layer():
 
 
 @torch.inference_mode()
-def test_a_bias_of_the_wrong_shape_is_refused():
-    model = load_model("tiny:llama", "cpu").model
+def test_a_bias_of_the_wrong_shape_is_refused(tiny_llama):
+    model = tiny_llama.model
     with pytest.raises(RuntimeError, match=r"key bias of shape \(\d+,\); it must be"):
         model(_ids(), past_key_values=KVBenchCache(TestMethod(bias=True), 2))
 
@@ -273,15 +280,15 @@ def test_a_bias_of_the_wrong_shape_is_refused():
     ],
 )
 @torch.inference_mode()
-def test_a_policy_keeping_nothing_or_more_than_it_saw_is_a_bug(options, message):
-    model = load_model("tiny:llama", "cpu").model
+def test_a_policy_keeping_nothing_or_more_than_it_saw_is_a_bug(options, message, tiny_llama):
+    model = tiny_llama.model
     with pytest.raises(RuntimeError, match=message):
         model(_ids(), past_key_values=KVBenchCache(TestMethod(**options), 2))
 
 
 @torch.inference_mode()
-def test_dropping_tokens_inside_a_multi_token_step_is_refused():
-    model = load_model("tiny:llama", "cpu").model
+def test_dropping_tokens_inside_a_multi_token_step_is_refused(tiny_llama):
+    model = tiny_llama.model
     with pytest.raises(RuntimeError, match="layer 0: 4 keys for a 90-token step.*sized for 90"):
         model(_ids(), past_key_values=KVBenchCache(TestMethod(keep=4), 2))
 

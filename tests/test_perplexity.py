@@ -4,16 +4,17 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks import perplexity as ppl_module
-from kvbench.benchmarks.base import RunContext
+from kvbench.benchmarks.base import TextWindowParams
+from kvbench.benchmarks.parity import ParityParams
 from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
+from kvbench.benchmarks.quality import QualityParams
 from kvbench.data.text import load_text, pydoc_text, tokens_sha256
 from kvbench.methods.base import Codec, Method, Packed
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.identity import Identity
 from kvbench.methods.sparse_v import SparseV
-from kvbench.models import load_model
 from kvbench.models.info import ModelInfo
+from tests.plugins.model_runs import cpu_context
 
 
 class TernaryCodec(Codec):
@@ -58,16 +59,9 @@ class _Scale(Codec):
         return packed.tensors["x"]
 
 
-def _ctx(model="tiny:llama", repeats=1, status=lambda message: None):
-    return RunContext(
-        device=torch.device("cpu"), seed=0, repeats=repeats, model=model,
-        load_model=load_model, status=status,
-    )
-
-
 def _run(method, model="tiny:llama", repeats=1, **params):
     params = {"context": 48, "continuation": 16, **params}
-    return Perplexity().run(PerplexityParams(**params), method, _ctx(model, repeats))
+    return Perplexity().run(PerplexityParams(**params), method, cpu_context(model, repeats))
 
 
 # --- parameters and check ---------------------------------------------------------------------
@@ -84,6 +78,22 @@ def test_params_out_of_range_name_the_field(field, value):
 def test_params_refuse_a_malformed_hf_source():
     with pytest.raises(ValueError, match="hf:<dataset>"):
         PerplexityParams(text="hf:wikitext")
+
+
+@pytest.mark.parametrize("params", [ParityParams, PerplexityParams, QualityParams])
+def test_text_window_params_are_one_base(params):
+    """parity, perplexity and quality take text, offset and calibration from one base: the same
+    defaults and the same checks, after their own fields' checks."""
+    assert issubclass(params, TextWindowParams)
+    made = params()
+    assert (made.text, made.offset, made.calibration) == ("pydoc", 0, 512)
+    for field in ("offset", "calibration"):
+        with pytest.raises(ValueError, match=f"^{field} must be >= 0, got -1"):
+            params(**{field: -1})
+    with pytest.raises(ValueError, match="hf:<dataset>"):
+        params(text="hf:wikitext")
+    with pytest.raises(ValueError, match="^context must be >= 1"):
+        params(context=0, offset=-1)
 
 
 def test_check_refuses_more_tokens_than_the_model_is_good_for():
@@ -108,11 +118,10 @@ def test_identity_reproduces_the_plain_model(model, chunk):
     assert 1 < ref < 1e4
 
 
-def test_reference_matches_a_full_forward_without_cache():
-    loaded = load_model("tiny:llama", "cpu")
-    tokens = loaded.tokenizer.encode(pydoc_text())[:64]
+def test_reference_matches_a_full_forward_without_cache(tiny_llama):
+    tokens = tiny_llama.tokenizer.encode(pydoc_text())[:64]
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([tokens])).logits[0, 47:63]
+        logits = tiny_llama.model(torch.tensor([tokens])).logits[0, 47:63]
     nll = torch.nn.functional.cross_entropy(logits, torch.tensor(tokens[48:64]))
     out = _run(Identity())
     assert math.isclose(out.metrics["ppl_reference"].value, math.exp(nll.item()), rel_tol=1e-4)
@@ -130,7 +139,7 @@ def test_a_lossy_codec_changes_perplexity_and_saves_bytes():
     assert lossy.info["layout"] == "TernaryCodec; K and V both counted"
 
 
-def test_identity_accounting_and_records():
+def test_identity_accounting_and_records(tiny_llama):
     out = _run(Identity(), repeats=3)
     fp32_bytes = 63 * 2 * 2 * 2 * 16 * 4
     assert out.metrics["kv_bytes"].value == fp32_bytes
@@ -150,7 +159,7 @@ def test_identity_accounting_and_records():
     assert out.info["peak_memory"].startswith("peak process RSS")
     del out.info["peak_memory_bytes"], out.info["peak_memory"]
     assert out.info == {"layout": "identity (auto); K and V both counted", "tokens": 64, "text": "pydoc"}
-    tokens = load_model("tiny:llama", "cpu").tokenizer.encode(pydoc_text())[:64]
+    tokens = tiny_llama.tokenizer.encode(pydoc_text())[:64]
     assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama",
                               "model_dtype": "float32"}
     assert set(out.metrics) == set(Perplexity.metrics) - {"values_skipped", "sparse_v_output_error"}
@@ -199,7 +208,7 @@ def test_plain_and_method_caches_run_in_lockstep(monkeypatch):
 def test_progress_is_reported():
     seen = []
     params = PerplexityParams(context=8, continuation=4)
-    Perplexity().run(params, Identity(), _ctx(status=seen.append))
+    Perplexity().run(params, Identity(), cpu_context("tiny:llama", status=seen.append))
     assert seen[-4:] == ["prefill", "decode 1/3", "decode 2/3", "decode 3/3"]
 
 
@@ -251,10 +260,7 @@ def test_tokens_sha256_identifies_the_sequence():
 
 @pytest.mark.model
 def test_bundled_identity_parity(bundled):
-    ctx = RunContext(
-        device=torch.device("cpu"), seed=0, repeats=1, model=bundled.spec,
-        load_model=lambda spec, device: bundled,
-    )
+    ctx = cpu_context(loaded=bundled)
     out = Perplexity().run(PerplexityParams(context=128, continuation=32), Identity(), ctx)
     ppl, ref = out.metrics["perplexity"].value, out.metrics["ppl_reference"].value
     assert math.isclose(ppl, ref, rel_tol=1e-4)
@@ -266,10 +272,7 @@ def test_bundled_identity_parity(bundled):
 def test_bundled_intq_two_bits_changes_perplexity_eight_bits_barely(bundled):
     from kvbench.methods.intq import IntQ
 
-    ctx = RunContext(
-        device=torch.device("cpu"), seed=0, repeats=1, model=bundled.spec,
-        load_model=lambda spec, device: bundled,
-    )
+    ctx = cpu_context(loaded=bundled)
     params = PerplexityParams(context=128, continuation=32)
     two = Perplexity().run(params, IntQ(bits=2), ctx).metrics
     eight = Perplexity().run(params, IntQ(bits=8), ctx).metrics

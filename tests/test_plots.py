@@ -3,27 +3,21 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
-from pathlib import Path
 
 import pytest
 
 from kvbench.report import plots
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.report.plots import PlotUnavailable, rate_distortion_data, rate_distortion_png
-from kvbench.results import Metric, RunResult, load_results
+from kvbench.results import Metric, RunResult
 
-DATA = Path(__file__).parent / "data"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture
-def small() -> RunResult:
-    return load_results(DATA / "results_small.json")
-
-
-@pytest.fixture
 def with_attn(small) -> RunResult:
-    """The fixture's proofs cases given an attention-output error, plus one on outlier data."""
+    """The stored run (conftest's `small`) with set attention-output errors on its proofs cases,
+    plus one more case on outlier data."""
     result = small.model_copy(deep=True)
     errors = {"fp16": 0.0, "intq-4bit-g32": 0.11}
     for case in result.cases:
@@ -49,7 +43,7 @@ def test_png_written_with_one_point_per_proofs_case(with_attn, tmp_path):
     assert plot.n_points == 3
     assert [s.data for s in plot.series] == ["gaussian", "outliers"]
     assert plot.series[0].labels == ["fp16", "intq-4bit-g32"]
-    assert plot.series[0].x == [16.0, 4.5] and plot.series[0].y == [0.0, 0.11]
+    assert plot.series[0].x == [16.0, 5.0] and plot.series[0].y == [0.0, 0.11]
     assert plot.log_y  # 0.11 .. 1.4 spans more than 10x
     assert "small" in plot.title
     assert [p.name for p in tmp_path.iterdir()] == ["rd.png"]  # no temp file left
@@ -58,21 +52,21 @@ def test_png_written_with_one_point_per_proofs_case(with_attn, tmp_path):
 def test_other_axes_and_linear_scale(with_attn):
     plot = rate_distortion_data(with_attn, x="compression_ratio", y="cosine")
     assert plot.n_points == 3 and not plot.log_y  # cosine 0.99..1 spans less than 10x
-    assert plot.series[0].x == pytest.approx([1.0, 3.5556], abs=1e-4)
+    assert plot.series[0].x == pytest.approx([1.0, 3.2], abs=1e-4)
 
 
-def test_none_without_proofs_cases_with_both_metrics(small, with_attn, tmp_path):
-    assert rate_distortion_png(small, tmp_path / "rd.png") is None  # no attn_output_error
+def test_none_without_proofs_cases_with_both_metrics(small_unplotted, with_attn, tmp_path):
+    assert rate_distortion_png(small_unplotted, tmp_path / "rd.png") is None  # no attn_output_error
     only_ppl = with_attn.model_copy(deep=True)
     only_ppl.cases = [c for c in only_ppl.cases if c.benchmark != "proofs"]
     assert rate_distortion_png(only_ppl, tmp_path / "rd.png") is None
     assert not (tmp_path / "rd.png").exists()
 
 
-def test_write_reports_links_the_png_only_when_written(small, with_attn, tmp_path):
+def test_write_reports_links_the_png_only_when_written(small_unplotted, with_attn, tmp_path):
     pytest.importorskip("matplotlib")
-    plain = write_reports(small, tmp_path / "plain")
-    assert plain.read_text() == render_markdown(small)  # nothing to plot: report unchanged
+    plain = write_reports(small_unplotted, tmp_path / "plain")
+    assert plain.read_text() == render_markdown(small_unplotted)  # nothing to plot: unchanged
     assert "rate_distortion" not in plain.read_text()
     report = write_reports(with_attn, tmp_path / "out")
     text = report.read_text()

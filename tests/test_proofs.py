@@ -4,15 +4,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.proofs import Proofs, ProofsParams, _cosine
 from kvbench.data.synthetic import KINDS, make_queries, make_vectors
 from kvbench.methods.base import Method
 from kvbench.methods.identity import Identity
 from kvbench.methods.intq import IntQ
+from tests.plugins.model_runs import cpu_context
 
-CTX = RunContext(device=torch.device("cpu"), seed=0, repeats=2, model=None,
-                 load_model=lambda spec, device: None)
+CTX = cpu_context(repeats=2)
 
 
 def _run(method, **params):
@@ -165,8 +164,7 @@ def test_captured_needs_a_model():
 
 @pytest.mark.model
 def test_captured_keys_and_values(bundled):
-    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1,
-                     model=bundled.spec, load_model=lambda spec, device: bundled)
+    ctx = cpu_context(loaded=bundled)
     params = ProofsParams(data="captured", layers=[0, 5], tokens=128, dtype="float32")
     exact = _values(Proofs().run(params, Identity(), ctx))
     assert exact["mse"] == 0.0 and exact["cosine"] == 1.0

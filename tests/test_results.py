@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from kvbench.gate import gate
 from kvbench.results import (
-    CaseResult, Metric, ResultsFileError, defining_parts, fingerprint, load_results,
+    SCHEMA_VERSION, CaseResult, Metric, ResultsFileError, defining_parts, fingerprint,
+    load_results,
 )
 from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.suites import DATA, ROOT, SMALL_RESULTS
 
-ROOT = Path(__file__).resolve().parents[1]
 NON_FINITE = ROOT / "tests" / "suites" / "cli" / "non_finite.yaml"
+SCHEMA_1 = DATA / "results_schema1.json"  # written by hand in schema 1; kept as it was
 EXPECTED = {"finite": 1.5, "nan": math.nan, "inf": math.inf, "neg_inf": -math.inf}
 
 
@@ -82,7 +83,7 @@ def test_reports_baselines_and_resume_work_on_non_finite_results(non_finite_run,
 
 
 def test_schema_1_files_are_read_with_null_as_nan(tmp_path):
-    old = json.loads((ROOT / "tests" / "data" / "results_small.json").read_text())
+    old = json.loads(SCHEMA_1.read_text())
     assert old["schema_version"] == 1
     old["cases"][0]["metrics"]["mse"]["value"] = None  # how schema 1 wrote a NaN
     path = tmp_path / "old.json"
@@ -90,6 +91,15 @@ def test_schema_1_files_are_read_with_null_as_nan(tmp_path):
     result = load_results(path)
     assert result.schema_version == 1 and math.isnan(result.cases[0].metrics["mse"].value)
     assert result.cases[0].fingerprint == ""
+
+
+def test_the_golden_results_file_is_a_current_run():
+    """results_small.json is remade by running tests/data/small.yaml (tests/data/README.md): a
+    file of an older schema, or of another suite, is stale."""
+    small = load_results(SMALL_RESULTS)
+    assert small.schema_version == SCHEMA_VERSION
+    assert (small.suite.name, small.suite.path) == ("small", "tests/data/small.yaml")
+    assert all(case.fingerprint == fingerprint(case) for case in small.cases)
 
 
 def test_fingerprint_covers_what_defines_a_case_and_nothing_else():

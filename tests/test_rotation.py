@@ -4,10 +4,7 @@ import pytest
 import torch
 
 from kvbench.methods.rotation import HaarRotation, SignedHadamard, fwht, make_rotation
-
-
-def _randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+from tests.plugins.tensors import randn
 
 
 def _sylvester(n):
@@ -19,7 +16,7 @@ def _sylvester(n):
 
 @pytest.mark.parametrize("n", [2**k for k in range(9)])
 def test_fwht_is_the_sylvester_matrix(n):
-    x = _randn(3, 5, n, seed=n, dtype=torch.float64)
+    x = randn(3, 5, n, seed=n, dtype=torch.float64)
     expected = x @ _sylvester(n).T / math.sqrt(n)
     assert torch.allclose(fwht(x), expected, atol=1e-12)
     # The basis vectors give the matrix itself, column by column.
@@ -27,11 +24,11 @@ def test_fwht_is_the_sylvester_matrix(n):
 
 
 def test_fwht_is_its_own_inverse_and_keeps_dtype():
-    x = _randn(128, 64).T  # a non-contiguous input
+    x = randn(128, 64).T  # a non-contiguous input
     y = fwht(x)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert torch.allclose(fwht(y), x, atol=1e-5)
-    assert torch.equal(x, _randn(128, 64).T)  # the input is left as it was
+    assert torch.equal(x, randn(128, 64).T)  # the input is left as it was
 
 
 @pytest.mark.parametrize("n", [0, 3, 6, 96, 100])
@@ -46,7 +43,7 @@ def test_non_power_of_two_is_refused(n):
                                        ("haar", 96)])
 def test_rotations_are_orthogonal(kind, dim):
     rotation = make_rotation(kind, dim, seed=7)
-    x = _randn(500, dim, seed=1)
+    x = randn(500, dim, seed=1)
     y = rotation.forward(x)
     assert y.dtype == torch.float32
     assert torch.allclose(rotation.inverse(y), x, atol=1e-5)
@@ -75,7 +72,7 @@ def test_haar_has_the_sign_fix():
 
 @pytest.mark.parametrize("kind", ["hadamard", "haar"])
 def test_seeds_reproducible_and_distinct(kind):
-    x = _randn(4, 64)
+    x = randn(4, 64)
     a, b, c = (make_rotation(kind, 64, seed=s).forward(x) for s in (0, 0, 1))
     assert torch.equal(a, b)
     assert not torch.allclose(a, c, atol=1e-3)
@@ -95,7 +92,7 @@ def test_unknown_rotation_is_refused():
 
 @pytest.mark.slow
 def test_fwht_speed(benchmark):
-    x = _randn(65536, 128)
+    x = randn(65536, 128)
     y = benchmark(fwht, x)
     assert y.shape == x.shape
 
@@ -104,7 +101,7 @@ def test_fwht_speed(benchmark):
 @pytest.mark.parametrize("kind", ["hadamard", "haar"])
 def test_rotation_speed(benchmark, kind):
     """What the codecs run: one matrix product per call."""
-    x = _randn(65536, 128)
+    x = randn(65536, 128)
     rotation = make_rotation(kind, 128, seed=1)
     y = benchmark(rotation.forward, x)
     torch.testing.assert_close(rotation.inverse(y), x, atol=1e-4, rtol=1e-4)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from kvbench.benchmarks import BENCHMARKS
-from kvbench.benchmarks.base import RunContext
 from kvbench.benchmarks.speed import (
     Speed,
     SpeedParams,
@@ -19,9 +18,9 @@ from kvbench.data.synthetic import make_vectors
 from kvbench.methods.base import Method
 from kvbench.methods.identity import Identity
 from kvbench.methods.intq import IntQ
+from tests.plugins.model_runs import cpu_context
 
-CTX = RunContext(device=torch.device("cpu"), seed=0, repeats=3, model=None,
-                 load_model=lambda spec, device: None)
+CTX = cpu_context(repeats=3)
 N, DIM = 4096, 128
 
 

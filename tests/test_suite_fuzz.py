@@ -23,11 +23,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.catalog import catalog_registries
 from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.suites import ROOT, SHIPPED_SUITES, catalog_only
 
-ROOT = Path(__file__).resolve().parents[1]
-SEEDS = sorted(ROOT.glob("suites/*.yaml")) + sorted(ROOT.glob("suites/seeds/*.yaml"))
 EXAMPLES = 50  # per kind of mutation
 
 # A parameter value each built-in method or benchmark refuses, by parameter name (ranges are
@@ -273,7 +271,7 @@ def _seed(path: Path) -> tuple[str, Any]:
 
 @st.composite
 def mutants(draw, mutation: Callable) -> Mutant:
-    seed = draw(st.sampled_from(SEEDS))
+    seed = draw(st.sampled_from(SHIPPED_SUITES))
     text, data = _seed(seed)
     mutant = mutation(draw, text, copy.deepcopy(data))
     mutant.what = f"{seed.relative_to(ROOT)}: {mutant.what}"
@@ -317,7 +315,7 @@ def test_mutated_suite_is_refused_cleanly(mutation, data):
         Path(file).write_text(mutant.text, encoding="utf-8")
         validated = _validate(file, mutant.text)
         assert validated.exit_code == 2 or not mutant.invalid, mutant.what
-        with mock.patch("kvbench.suite.loader.registries", catalog_registries):
+        with catalog_only():
             without_torch = _validate(file, mutant.text)
         if mutant.invalid and mutation is not out_of_range:  # ranges need the methods' code
             assert without_torch.exit_code == 2, mutant.what

@@ -4,6 +4,7 @@ import torch
 
 import kvbench.methods.tokenwise as tokenwise
 from kvbench.methods import METHODS
+from tests.plugins.tensors import randn, round_trip
 
 
 @pytest.mark.parametrize("name, params", [
@@ -12,7 +13,7 @@ from kvbench.methods import METHODS
 ])
 def test_blocks_change_nothing(name, params, monkeypatch):
     codec = METHODS.get(name)(**params).codec()
-    x = torch.randn(1, 2, 23, 128, generator=torch.Generator().manual_seed(2))
+    x = randn(1, 2, 23, 128, seed=2)
     whole = codec.encode(x)  # 23 tokens: one block at the default size
     monkeypatch.setattr(tokenwise, "TOKENS_PER_BLOCK", 5)  # five blocks, a ragged last one
     blocked = codec.encode(x)
@@ -33,8 +34,8 @@ def test_blocks_change_nothing(name, params, monkeypatch):
 def test_blocked_dense_rotation_differs_only_by_matmul_rounding(monkeypatch):
     """A dense rotation is a matmul whose summation order follows the batch shape: blocks may
     move the last bits, never more."""
-    codec = METHODS.get("lloydmax")(bits=2, rotate=True).codec()
-    x = torch.randn(1, 2, 23, 128, generator=torch.Generator().manual_seed(2))
-    whole = codec.decode(codec.encode(x))
+    method = METHODS.get("lloydmax")(bits=2, rotate=True)
+    x = randn(1, 2, 23, 128, seed=2)
+    whole = round_trip(method, x)
     monkeypatch.setattr(tokenwise, "TOKENS_PER_BLOCK", 5)
-    torch.testing.assert_close(codec.decode(codec.encode(x)), whole, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(round_trip(method, x), whole, rtol=1e-4, atol=1e-4)

@@ -1,6 +1,6 @@
 """validate, report, compare and baseline save in an install without torch (`pip install kvbench`):
-each command runs in a child process where torch, transformers, mlx and mlx_lm cannot be
-imported, and imports nothing the base dependencies do not bring. Without torch, validate checks
+each command runs in a child process where torch, transformers, mlx, mlx_lm and matplotlib (the
+optional extras) cannot be imported, and imports nothing the base dependencies do not bring. Without torch, validate checks
 against the committed catalog of built-in methods and benchmarks, through the same code as with
 the registries: the catalog must match them, and give the same cases and the same problems.
 """
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 import kvbench.suite.loader as loader
-from kvbench.catalog import CATALOG_FILE, NOTE, build_catalog, catalog_registries
+from kvbench.catalog import CATALOG_FILE, NOTE, build_catalog
 from kvbench.results import load_results
 from kvbench.suite.errors import SuiteError
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "tests" / "data" / "results_small.json"
-SHIPPED = sorted(ROOT.glob("suites/*.yaml")) + sorted(ROOT.glob("suites/seeds/*.yaml"))
-HIDDEN = ("torch", "transformers", "mlx", "mlx_lm")
+from tests.plugins.suites import ROOT, SHIPPED_SUITES, catalog_only
+from tests.plugins.suites import SMALL_RESULTS as RESULTS
+# Not installed by `pip install kvbench`. matplotlib (kvbench[plots]) too: `report` of a run with
+# proofs cases imports it where it is installed, and must print its note where it is not.
+HIDDEN = ("torch", "transformers", "mlx", "mlx_lm", "matplotlib")
 
 # The child: hide HIDDEN as if they were not installed, run the command line, then write the
 # top-level modules it imported (not those the interpreter started with) to $KVBENCH_IMPORTS.
@@ -114,6 +114,7 @@ def test_report_compare_and_baseline_save_without_torch(tmp_path):
     done, _ = _kvbench(tmp_path, "report", RESULTS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("# kvbench: small")
+    assert "rate-distortion plot skipped: matplotlib is not installed" in done.stdout
     baseline = tmp_path / "baseline.json"
     done, _ = _kvbench(tmp_path, "baseline", "save", RESULTS, "--to", baseline, "--allow-errors")
     assert done.returncode == 0, done.stderr
@@ -174,27 +175,21 @@ def test_committed_catalog_is_what_the_registries_give():
     assert json.loads(json.dumps(built)) == committed
 
 
-def _with_catalog(monkeypatch):
-    """load_suite checks against the catalog's stand-ins, as it does without torch."""
-    monkeypatch.setattr(loader, "registries", catalog_registries)
-
-
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
-def test_catalog_gives_the_same_cases_as_the_registries(path, monkeypatch):
+@pytest.mark.parametrize("path", SHIPPED_SUITES, ids=lambda p: p.name)
+def test_catalog_gives_the_same_cases_as_the_registries(path):
     real = loader.load_suite(path)
-    _with_catalog(monkeypatch)
-    stand_in = loader.load_suite(path)
+    with catalog_only():  # load_suite checks against the catalog's stand-ins, as without torch
+        stand_in = loader.load_suite(path)
     assert stand_in.cases == real.cases
     assert (stand_in.hash, real.note, stand_in.note) == (real.hash, "", NOTE)
 
 
-def test_catalog_finds_the_same_problems_as_the_registries(tmp_path, monkeypatch):
+def test_catalog_finds_the_same_problems_as_the_registries(tmp_path):
     suite = tmp_path / "bad.yaml"
     suite.write_text(BAD_SUITE)
     with pytest.raises(SuiteError) as real:
         loader.load_suite(suite)
-    _with_catalog(monkeypatch)
-    with pytest.raises(SuiteError) as stand_in:
+    with catalog_only(), pytest.raises(SuiteError) as stand_in:
         loader.load_suite(suite)
     assert stand_in.value.issues == real.value.issues
     assert [(i.key, i.line) for i in real.value.issues] == [(k, n) for k, n, _ in BAD_PROBLEMS]

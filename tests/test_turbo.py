@@ -9,6 +9,7 @@ from kvbench.methods.codebooks import lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import packed_length
 from kvbench.methods.turbo import Turbo, channels_by_magnitude, llamacpp_codebook
+from tests.plugins.tensors import randn, round_trip
 
 PRESETS = {  # name: (bits, outlier_fraction)
     "turbo2": (2, 0.0), "turbo2.5": (2, 0.5), "turbo3": (3, 0.0), "turbo3.5": (3, 0.5),
@@ -19,22 +20,13 @@ SPLIT = {"turbo2.5": ("channels", "haar"), "turbo3.5": ("channels", "haar")}
 CHANNELS = {"outlier_fraction": 0.5, "outlier_split": "channels", "rotation": "haar"}
 
 
-def _randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
 def _unit(n, d, seed=0):
-    x = _randn(n, d, seed=seed, dtype=torch.float64)
+    x = randn(n, d, seed=seed, dtype=torch.float64)
     return (x / x.norm(dim=-1, keepdim=True)).float()
 
 
-def _roundtrip(method, x):
-    codec = method.codec()
-    return codec.decode(codec.encode(x))
-
-
 def _per_vector_error(method, x):
-    return (_roundtrip(method, x[None, None])[0, 0].double() - x.double()).pow(2).sum(-1)
+    return (round_trip(method, x[None, None])[0, 0].double() - x.double()).pow(2).sum(-1)
 
 
 @pytest.mark.parametrize("name, bits, fraction", [(n, *v) for n, v in PRESETS.items()])
@@ -55,7 +47,7 @@ def test_presets_registered_with_their_defaults(name, bits, fraction):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_bits_per_value_is_the_layout_formula(name, block):
     bits, fraction = PRESETS[name]
-    x = _randn(2, 3, 16, 256)
+    x = randn(2, 3, 16, 256)
     for qjl in (False, True):
         method = METHODS.get(name)(block=block, qjl=qjl)
         codec = method.codec()
@@ -72,7 +64,7 @@ def test_bits_per_value_is_the_layout_formula(name, block):
 
 
 def test_turbo3_ratio_vs_fp16():
-    x = _randn(1, 4, 64, 128, dtype=torch.float16)
+    x = randn(1, 4, 64, 128, dtype=torch.float16)
     for block, bits_per_value, ratio in [(128, 3.125, 5.12), (32, 3.5, 4.57)]:
         codec = Turbo(bits=3, block=block).codec()
         stored = codec.nbytes(codec.encode(x))
@@ -82,23 +74,23 @@ def test_turbo3_ratio_vs_fp16():
 
 def test_stored_tensors_and_shapes():
     codec = Turbo(bits=3, block=64, outlier_fraction=0.5, qjl=True).codec()
-    packed = codec.encode(_randn(2, 3, 5, 128))
+    packed = codec.encode(randn(2, 3, 5, 128))
     t = packed.tensors
     # qjl: a 2-bit MSE stage, 32 coordinates of each block at 3 bits, 32 at 2.
     assert t["codes"].shape == (2, 3, 5, 2, 8) and t["codes_high"].shape == (2, 3, 5, 2, 12)
     assert t["signs"].shape == (2, 3, 5, 2, 8)
     assert t["norm"].shape == t["rnorm"].shape == (2, 3, 5, 2)
-    assert set(Turbo().codec().encode(_randn(1, 1, 2, 128)).tensors) == {"codes", "norm"}
+    assert set(Turbo().codec().encode(randn(1, 1, 2, 128)).tensors) == {"codes", "norm"}
 
 
 @pytest.mark.parametrize("rotation", ["hadamard", "haar"])
 def test_norm_correction_restores_the_block_norm(rotation):
-    x = _randn(1, 2, 50, 256, seed=4) * 3
+    x = randn(1, 2, 50, 256, seed=4) * 3
     blocks = x.unflatten(-1, (2, 128))
-    corrected = _roundtrip(Turbo(rotation=rotation), x).unflatten(-1, (2, 128))
+    corrected = round_trip(Turbo(rotation=rotation), x).unflatten(-1, (2, 128))
     assert torch.allclose(corrected.norm(dim=-1), blocks.norm(dim=-1), rtol=1e-3)
     # Without it the stored norm is gamma and the codebook's shrinkage shows: E||c||^2 = 1 - D.
-    plain = _roundtrip(Turbo(rotation=rotation, norm_correction=False), x)
+    plain = round_trip(Turbo(rotation=rotation, norm_correction=False), x)
     shrink = plain.unflatten(-1, (2, 128)).norm(dim=-1) / blocks.norm(dim=-1)
     theory = math.sqrt(1 - 128 * lloyd_max("gaussian_d", 3, 128).mse)  # 0.983
     assert shrink.mean() == pytest.approx(theory, abs=0.01)
@@ -130,7 +122,7 @@ def test_unit_vector_mse_matches_lloyd_max_theory(codebook, bits, fraction, spli
 def test_turbo3_mse_and_cosine_on_unit_vectors():
     x = _unit(1000, 128, seed=11)
     method = METHODS.get("turbo3")()  # with norm correction, the default
-    x_hat = _roundtrip(method, x[None, None])[0, 0]
+    x_hat = round_trip(method, x[None, None])[0, 0]
     theory = 128 * lloyd_max("gaussian_d", 3, 128).mse  # 0.0345 per vector
     assert _per_vector_error(method, x).mean() == pytest.approx(theory, rel=0.15)
     assert F.cosine_similarity(x_hat, x, dim=-1).mean() > 0.98
@@ -156,7 +148,7 @@ def _inner_product_errors(qjl, norm_correction=True, keys=100, seeds=30):
     for seed in range(seeds):
         k = _unit(keys, 128, seed=1000 + seed).double()
         method = Turbo(bits=3, qjl=qjl, norm_correction=norm_correction, seed=seed)
-        k_hat = _roundtrip(method, k.float()[None, None])[0, 0].double()
+        k_hat = round_trip(method, k.float()[None, None])[0, 0].double()
         errors.append((k * k_hat).sum(-1) - 1)
     return torch.cat(errors)
 
@@ -180,12 +172,12 @@ def test_qjl_inner_products_are_unbiased_and_mse_ones_shrink():
 
 
 def test_zero_blocks_decode_to_zero():
-    x = _randn(1, 1, 4, 256)
+    x = randn(1, 1, 4, 256)
     x[..., 1, :] = 0
     x[..., 2, :128] = 0
     for method in (Turbo(), Turbo(qjl=True), Turbo(norm_correction=False), Turbo(**CHANNELS),
                    Turbo(**CHANNELS, qjl=True)):
-        x_hat = _roundtrip(method, x)
+        x_hat = round_trip(method, x)
         assert torch.isfinite(x_hat).all()
         assert (x_hat[..., 1, :] == 0).all() and (x_hat[..., 2, :128] == 0).all()
         assert (x_hat[..., 2, 128:] != 0).any()
@@ -195,7 +187,7 @@ def test_zero_blocks_decode_to_zero():
                                     {**CHANNELS, "qjl": True}])
 def test_merge_decodes_like_the_parts(kwargs):
     codec = Turbo(**kwargs).codec()
-    parts = [codec.encode(_randn(2, 2, n, 128, seed=n)) for n in (5, 1, 3)]
+    parts = [codec.encode(randn(2, 2, n, 128, seed=n)) for n in (5, 1, 3)]
     merged = codec.merge(parts)
     assert merged.shape == (2, 2, 9, 128)
     expected = torch.cat([codec.decode(p) for p in parts], dim=-2)
@@ -205,21 +197,21 @@ def test_merge_decodes_like_the_parts(kwargs):
 
 @pytest.mark.parametrize("kwargs", [{}, {"rotation": "haar"}, {"qjl": True}, CHANNELS])
 def test_seeds_reproducible_and_distinct(kwargs):
-    x = _randn(1, 2, 8, 128)
-    a, b, c = (_roundtrip(Turbo(seed=s, **kwargs), x) for s in (0, 0, 1))
+    x = randn(1, 2, 8, 128)
+    a, b, c = (round_trip(Turbo(seed=s, **kwargs), x) for s in (0, 0, 1))
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
 
 
 def test_decode_keeps_dtype_and_shape():
-    x = _randn(1, 2, 7, 64, dtype=torch.bfloat16)
-    x_hat = _roundtrip(Turbo(block=32), x)
+    x = randn(1, 2, 7, 64, dtype=torch.bfloat16)
+    x_hat = round_trip(Turbo(block=32), x)
     assert x_hat.dtype == torch.bfloat16 and x_hat.shape == x.shape
 
 
 def test_head_dim_must_be_a_multiple_of_block():
     with pytest.raises(ValueError, match=r"head_dim 96 .* block 64"):
-        Turbo(block=64).codec().encode(_randn(1, 1, 2, 96))
+        Turbo(block=64).codec().encode(randn(1, 1, 2, 96))
 
 
 @pytest.mark.parametrize("field, value", [
@@ -239,8 +231,8 @@ def test_llamacpp_table_only_where_it_applies(kwargs):
 
 
 def test_haar_allows_any_block():
-    x = _randn(1, 1, 20, 96)
-    x_hat = _roundtrip(Turbo(block=96, rotation="haar"), x)
+    x = randn(1, 1, 20, 96)
+    x_hat = round_trip(Turbo(block=96, rotation="haar"), x)
     assert F.cosine_similarity(x_hat, x, dim=-1).min() > 0.95
 
 
@@ -256,7 +248,7 @@ def test_cache_packs_outside_the_window():
     method = METHODS.get("turbo3")(window=4)
     cache = method.new_layer_cache(0)
     assert isinstance(cache, CodecCache)
-    keys, values = _randn(1, 2, 20, 128, seed=1), _randn(1, 2, 20, 128, seed=2)
+    keys, values = randn(1, 2, 20, 128, seed=1), randn(1, 2, 20, 128, seed=2)
     for start, stop in [(0, 9), (9, 10), (10, 20)]:
         cache.append(keys[..., start:stop, :], values[..., start:stop, :])
         assert cache.retained_tokens == stop
@@ -279,7 +271,7 @@ def test_cache_packs_outside_the_window():
     ("turbo2.5", True, 64 * 2 // 8 + 64 * 1 // 8 + 4 + 4 + 16 + 4),  # 52 bytes: 3.25, 4.92x
 ])
 def test_channel_split_bytes_are_the_hand_formula(name, qjl, block_bytes):
-    x = _randn(2, 3, 5, 256)  # two blocks of 128 per token
+    x = randn(2, 3, 5, 256)  # two blocks of 128 per token
     codec = METHODS.get(name)(qjl=qjl).codec()
     packed = codec.encode(x)
     assert codec.nbytes(packed) == 2 * 3 * 5 * 2 * block_bytes
@@ -302,7 +294,7 @@ def test_channel_split_bytes_are_the_hand_formula(name, qjl, block_bytes):
 def test_channel_split_bytes_round_up_per_part():
     # 12 outlier channels at 4 bits (6 bytes), 28 at 3 bits (84 bits -> 11 bytes), 2 fp32 norms.
     codec = Turbo(block=40, rotation="haar", outlier_fraction=0.3, outlier_split="channels").codec()
-    x = _randn(1, 2, 7, 80)
+    x = randn(1, 2, 7, 80)
     packed = codec.encode(x)
     assert codec.n_high == 12
     per_block = packed_length(12, 4) + packed_length(28, 3) + 8
@@ -311,15 +303,15 @@ def test_channel_split_bytes_round_up_per_part():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_channel_split_decodes_to_the_input_shape_and_dtype(dtype):
-    x = _randn(2, 2, 9, 128, seed=3, dtype=dtype)
+    x = randn(2, 2, 9, 128, seed=3, dtype=dtype)
     for qjl in (False, True):
-        x_hat = _roundtrip(METHODS.get("turbo3.5")(qjl=qjl), x)
+        x_hat = round_trip(METHODS.get("turbo3.5")(qjl=qjl), x)
         assert x_hat.dtype == dtype and x_hat.shape == x.shape and torch.isfinite(x_hat).all()
         assert F.cosine_similarity(x_hat.float(), x.float(), dim=-1).min() > 0.9
 
 
 def _outlier_data(channels, n=512, factor=20.0, seed=5):
-    x = _randn(n, 128, seed=seed)
+    x = randn(n, 128, seed=seed)
     x[:, list(channels)] *= factor
     return x
 
@@ -352,14 +344,14 @@ def test_channel_split_puts_exactly_the_intended_channels_in_the_outlier_part(gi
     outliers = list(given) if given else [0, 1, 2, 3]
     assert codec.outlier_channels.tolist() == outliers  # order kept, as upstream
     normal = [c for c in range(128) if c not in outliers]
-    x = _randn(1, 1, 6, 128, seed=8)
+    x = randn(1, 1, 6, 128, seed=8)
     packed = codec.encode(x)
     # Plain norms are each part's own norm: ||x[outliers]|| and ||x[normal]||.
     assert torch.allclose(packed.tensors["norm_high"][..., 0], x[..., outliers].norm(dim=-1))
     assert torch.allclose(packed.tensors["norm"][..., 0], x[..., normal].norm(dim=-1))
     # The outlier part is blind to the normal channels, and the other way round.
     y = x.clone()
-    y[..., normal] = _randn(1, 1, 6, 124, seed=9)
+    y[..., normal] = randn(1, 1, 6, 124, seed=9)
     other = codec.encode(y).tensors
     assert torch.equal(other["codes_high"], packed.tensors["codes_high"])
     assert torch.equal(other["norm_high"], packed.tensors["norm_high"])
@@ -372,7 +364,7 @@ def test_channel_split_puts_exactly_the_intended_channels_in_the_outlier_part(gi
 
 
 def test_channels_by_magnitude_is_upstreams_calibration():
-    x = _randn(2, 3, 50, 16, seed=1)
+    x = randn(2, 3, 50, 16, seed=1)
     x[..., 7] *= 10
     x[..., 2] *= 5
     x[..., 11] *= 3
@@ -386,7 +378,7 @@ def test_channel_split_seeds_each_part():
     # Outlier part rotation seed, normal part seed + 500 (upstream's offsets): changing one
     # channel set's data never touches the other part's codes, and the seed moves both.
     codecs = [METHODS.get("turbo3.5")(seed=s).codec() for s in (0, 0, 1)]
-    x = _randn(1, 2, 8, 128, seed=2)
+    x = randn(1, 2, 8, 128, seed=2)
     a, b, c = (codec.encode(x).tensors for codec in codecs)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["codes_high"], c["codes_high"])
@@ -396,7 +388,7 @@ def test_channel_split_seeds_each_part():
 
 
 def test_outlier_split_is_ignored_without_outliers():
-    x = _randn(1, 2, 4, 128)
+    x = randn(1, 2, 4, 128)
     plain, split = Turbo().codec(), Turbo(outlier_split="channels").codec()
     assert torch.equal(plain.decode(plain.encode(x)), split.decode(split.encode(x)))
     assert plain.layout() == split.layout()
@@ -429,8 +421,8 @@ def test_invalid_channel_split_names_the_field(kwargs, field):
 
 def test_channel_split_hadamard_on_power_of_two_parts():
     # Allowed (64 + 64 channels), though upstream's parts use a dense rotation.
-    x = _randn(1, 1, 20, 128, seed=6)
-    x_hat = _roundtrip(Turbo(outlier_fraction=0.5, outlier_split="channels"), x)
+    x = randn(1, 1, 20, 128, seed=6)
+    x_hat = round_trip(Turbo(outlier_fraction=0.5, outlier_split="channels"), x)
     assert F.cosine_similarity(x_hat, x, dim=-1).min() > 0.97
 
 

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
+from kvbench.backends.devices import DEVICES
+
 # Storage dtypes a suite may name.
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -16,7 +16,8 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from kvbench.backends.arrays import ArrayBackend, array_backend
-from kvbench.data.text import check_text, resolve_text
+from kvbench.data.text import check_text, parse_hf_source, resolve_text, token_window
+from kvbench.memo import Memo
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.registry import Registry
@@ -50,6 +51,9 @@ class RunContext:
     load_model: Callable[..., Any]
     status: Callable[[str], None] = lambda message: None  # progress text for the current case
     backend: str = "torch"
+    # What the run's cases share (tokenised texts, references): the runner's, one per run; a
+    # fresh one for a context made outside a run.
+    memo: Memo = field(default_factory=Memo)
 
     @functools.cached_property
     def arrays(self) -> ArrayBackend:
@@ -72,6 +76,9 @@ class Benchmark(ABC):
     metrics: ClassVar[dict[str, MetricSpec]]
     uses_model: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
+    # parameter -> (method capability it needs, the value that needs none): checked against
+    # each method's supports() when a suite is validated (kvbench.methods.base.Capabilities)
+    needs: ClassVar[dict[str, tuple[str, Any]]] = {}
 
     def resolve_paths(self, params: Any, base_dir: Path) -> Any:
         """Params with file parameters made absolute against the suite's folder."""
@@ -92,17 +99,46 @@ def check_at_least(params: Any, lows: dict[str, int]) -> None:
             raise ValueError(f"{name} must be >= {low}, got {value!r}")
 
 
+@dataclass(kw_only=True)
+class TextWindowParams:
+    """The text parameters of a TextModelBenchmark (parity, quality, perplexity), which its
+    Params inherit:
+
+    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
+    offset: int = 0 — token offset into the tokenised text.
+    calibration: int = 512 — tokens right after the measured ones, handed to methods that
+        calibrate themselves (never the measured tokens).
+    """
+
+    text: str = "pydoc"
+    offset: int = 0
+    calibration: int = 512
+
+    def __post_init__(self):
+        check_at_least(self, {"offset": 0, "calibration": 0})
+        if self.text.startswith("hf:"):
+            parse_hf_source(self.text)  # a malformed source is refused before anything runs
+
+
 class TextModelBenchmark(Benchmark):
     """A benchmark that reads a text's tokens through the suite's model, on either backend.
-    Its Params have `text` ("pydoc", a file relative to the suite, or an hf: source)."""
+    Its Params are TextWindowParams."""
 
     uses_model = True
     backends = ("torch", "mlx")
 
-    def resolve_paths(self, params: Any, base_dir: Path) -> Any:
+    def resolve_paths(self, params: TextWindowParams, base_dir: Path) -> TextWindowParams:
         return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
 
-    def check_text_and_model(self, params: Any, model: ModelInfo | None) -> None:
+    @staticmethod
+    def read_window(ctx: RunContext, session: Any, params: TextWindowParams,
+                    need: int) -> tuple[list[int], list[int]]:
+        """(`need` tokens of the text from its offset, the calibration tokens right after them:
+        as many of params.calibration as the text has)."""
+        window, after = token_window(ctx.memo, session, params.text, params.offset, need)
+        return window, after[: params.calibration]
+
+    def check_text_and_model(self, params: TextWindowParams, model: ModelInfo | None) -> None:
         """The start of every such check(): the text exists and a model is set."""
         check_text(params.text)
         if model is None:

@@ -23,8 +23,6 @@ from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.models.session import ProbeNotTakenBack, Session, open_session, prefill
 
-_PLAIN: dict[tuple, list[int]] = {}  # the plain cache's answer per prompt: shared by the methods
-
 
 @dataclass
 class CompactionParams:
@@ -57,6 +55,7 @@ class Compaction(Benchmark):
     the answer and whether it holds the expected fact."""
 
     Params = CompactionParams
+    needs = {"probe": ("trim", False)}  # the task is fed, then taken back
     uses_model = True
     backends = ("torch", "mlx")
     metrics = {
@@ -83,13 +82,17 @@ class Compaction(Benchmark):
         session = open_session(ctx)
         trajectory, task = _prompt(session, params)
         sha = tokens_sha256(trajectory + task)
-        key = (session.spec, sha, params.max_new_tokens, ctx.backend)
-        if key not in _PLAIN:
+
+        def plain_answer() -> list[int]:
             ctx.status("plain answer")
             plain_cache = session.new_cache(None)
             session.step(trajectory, plain_cache, last_only=True)
-            _PLAIN[key] = _answer(session, plain_cache, task, params.max_new_tokens)
-        plain = _PLAIN[key]
+            return _answer(session, plain_cache, task, params.max_new_tokens)
+
+        # Every method of the run compares with the same plain answer to the same prompt.
+        plain = ctx.memo.get(("compaction.plain_answer", *session.memo_key,
+                              tokens_sha256(trajectory), tokens_sha256(task),
+                              params.max_new_tokens), plain_answer)
 
         ctx.status("compact")
         timings = []  # (prefill forward seconds, compaction seconds) per repeat

@@ -1,11 +1,12 @@
 """`parity`: does incremental decode through the method's cache give what a full recompute of the
 same sequence gives?
 
-Prefill `context` tokens (any length) through the cache, end_prefill, then decode `steps` tokens
-greedily, one at a time through the cache. Then run the plain model once over the whole sequence
-(no cache) and compare its logits at the same positions. A lossless method must match to float
-tolerance and pick the same tokens (this is where wrong RoPE positions, masks or cache order
-show); a lossy one reports how far each step diverges.
+Prefill `context` tokens (any length) through the cache, feed the method's reference probe and take
+it back (kvbench.models.session.prefill, as every benchmark does), end_prefill, then decode `steps`
+tokens greedily, one at a time through the cache. Then run the plain model once over the whole
+sequence (no cache) and compare its logits at the same positions. A lossless method must match to
+float tolerance and pick the same tokens (this is where wrong RoPE positions, masks or cache
+order show); a lossy one reports how far each step diverges.
 """
 from __future__ import annotations
 
@@ -18,42 +19,37 @@ from kvbench.benchmarks.base import (
     MetricSpec,
     RunContext,
     TextModelBenchmark,
+    TextWindowParams,
     check_at_least,
     register_benchmark,
 )
-from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
+from kvbench.benchmarks.divergence import kl_divergence
+from kvbench.data.text import tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
-from kvbench.models.session import open_session
+from kvbench.models.session import open_session, prefill
 
 
 @dataclass
-class ParityParams:
-    """Parameters of the parity benchmark.
+class ParityParams(TextWindowParams):
+    """Parameters of the parity benchmark, and TextWindowParams' text, offset and calibration.
 
     context: int = 100 — prompt tokens prefilled before decoding (any length >= 1).
     steps: int = 16 — tokens decoded one at a time through the cache (>= 1).
     trim: int = 0 — after the prefill, rewind the cache by this many tokens and feed them again
         (0 <= trim < context): the re-fed tokens must get their positions back. Methods that
         cannot take tokens back (compressed ones) refuse a trim.
-    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
-    offset: int = 0 — token offset into the tokenised text.
-    calibration: int = 512 — tokens after the prompt, for methods that calibrate.
     """
 
     context: int = 100
     steps: int = 16
     trim: int = 0
-    text: str = "pydoc"
-    offset: int = 0
-    calibration: int = 512
 
     def __post_init__(self):
-        check_at_least(self, {"context": 1, "steps": 1, "trim": 0, "offset": 0, "calibration": 0})
+        check_at_least(self, {"context": 1, "steps": 1, "trim": 0})
         if self.trim >= self.context:
             raise ValueError(f"trim must be below context ({self.context}), got {self.trim!r}")
-        if self.text.startswith("hf:"):
-            parse_hf_source(self.text)
+        super().__post_init__()
 
 
 @register_benchmark("parity")
@@ -61,6 +57,7 @@ class Parity(TextModelBenchmark):
     """Incremental decode through the cache against a full recompute of the same sequence."""
 
     Params = ParityParams
+    needs = {"trim": ("trim", 0)}
     metrics = {
         "max_logit_diff": MetricSpec(
             "logit", "lower", "max |logit_cached - logit_full|, all steps"),
@@ -78,17 +75,13 @@ class Parity(TextModelBenchmark):
 
     def run(self, params: ParityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)
-        prompt, after = token_window(session, params.text, params.offset, params.context)
-        session.calibrate(method, after[: params.calibration])
+        prompt, calibration = self.read_window(ctx, session, params, params.context)
+        session.calibrate(method, calibration)
         torch.manual_seed(ctx.seed)
 
         ctx.status("cached decode")
         cache = session.new_cache(method)
-        logits, _ = session.step(prompt, cache, last_only=True)
-        if params.trim:
-            session.trim(cache, params.trim)
-            logits, _ = session.step(prompt[-params.trim:], cache, last_only=True)
-        session.end_prefill(cache)
+        logits = prefill(session, cache, prompt, method, refeed=params.trim)[0]
         rows, tokens = [logits[-1]], [int(logits[-1].argmax())]
         while len(tokens) < params.steps:
             logits, _ = session.step(tokens[-1:], cache)
@@ -98,8 +91,7 @@ class Parity(TextModelBenchmark):
 
         ctx.status("full recompute")
         full = session.full_logits(prompt + tokens[:-1], last=params.steps).double()
-        log_full, log_cached = full.log_softmax(-1), cached.log_softmax(-1)
-        kl = (log_full.exp() * (log_full - log_cached)).sum(-1)
+        kl = kl_divergence(full, cached)
         agree = [int(row.argmax()) == token for row, token in zip(full, tokens)]
         first = agree.index(False) if False in agree else len(agree)
         m = self.metrics

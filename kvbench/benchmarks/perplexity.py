@@ -22,10 +22,11 @@ from kvbench.benchmarks.base import (
     MetricSpec,
     RunContext,
     TextModelBenchmark,
+    TextWindowParams,
     check_at_least,
     register_benchmark,
 )
-from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
+from kvbench.data.text import tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.session import Session, open_session, prefill
 from kvbench.models.info import ModelInfo
@@ -36,30 +37,21 @@ DECODE_SEGMENT = 16
 
 
 @dataclass
-class PerplexityParams:
-    """Parameters of the perplexity benchmark.
+class PerplexityParams(TextWindowParams):
+    """Parameters of the perplexity benchmark, and TextWindowParams' text, offset and calibration.
 
     context: int = 1024 — prompt tokens prefilled into the cache.
     continuation: int = 256 — tokens scored through the cache (at least 2: one decode step).
-    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
-    offset: int = 0 — token offset into the tokenised text.
     decode_chunk: int = 1 — tokens per decode step; 1 is true token-by-token decode.
-    calibration: int = 512 — tokens right after the scored ones, handed to methods that
-        calibrate themselves (never the scored tokens).
     """
 
     context: int = 1024
     continuation: int = 256
-    text: str = "pydoc"
-    offset: int = 0
     decode_chunk: int = 1
-    calibration: int = 512
 
     def __post_init__(self):
-        check_at_least(self, {"context": 1, "continuation": 2, "decode_chunk": 1, "offset": 0,
-                              "calibration": 0})
-        if self.text.startswith("hf:"):
-            parse_hf_source(self.text)  # a malformed source is refused before anything runs
+        check_at_least(self, {"context": 1, "continuation": 2, "decode_chunk": 1})
+        super().__post_init__()
 
 
 @dataclass
@@ -81,6 +73,7 @@ class Perplexity(TextModelBenchmark):
     """Perplexity of a continuation read through the method's cache, against the plain model."""
 
     Params = PerplexityParams
+    needs = {"decode_chunk": ("decode_chunk", 1)}
     metrics = {
         "perplexity": MetricSpec("ppl", "lower", "exp(mean NLL) of the continuation via the cache"),
         "ppl_reference": MetricSpec("ppl", "none", "the plain model (DynamicCache), same tokens"),
@@ -113,7 +106,8 @@ class Perplexity(TextModelBenchmark):
 
     def run(self, params: PerplexityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)
-        window, calibration = _windows(session, params)
+        window, calibration = self.read_window(ctx, session, params,
+                                               params.context + params.continuation)
         ctx.status("calibrate")
         session.calibrate(method, calibration)
         runs: list[tuple[_Pass, _Pass]] = []
@@ -178,14 +172,6 @@ class Perplexity(TextModelBenchmark):
             comparable={"tokens_sha256": tokens_sha256(window), "model": session.spec,
                         "model_dtype": session.dtype},
         )
-
-
-def _windows(session, params: PerplexityParams) -> tuple[list[int], list[int]]:
-    """The context + continuation tokens the case scores, and the calibration tokens after them
-    (as many of `params.calibration` as the text has)."""
-    window, after = token_window(session, params.text, params.offset,
-                                 params.context + params.continuation)
-    return window, after[: params.calibration]
 
 
 def _run_lockstep(

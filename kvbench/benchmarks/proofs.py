@@ -21,6 +21,7 @@ from kvbench.benchmarks.base import (
     check_at_least,
     register_benchmark,
 )
+from kvbench.benchmarks.divergence import kl_divergence
 from kvbench.data.synthetic import KINDS, make_queries, make_vectors
 from kvbench.methods.base import Codec, Method
 from kvbench.models.info import ModelInfo
@@ -129,13 +130,6 @@ def _attend(logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1) @ v
 
 
-def _kl(logits: torch.Tensor, logits_hat: torch.Tensor) -> float:
-    """Mean over queries of KL(softmax(logits) || softmax(logits_hat)), in nats."""
-    log_p, log_p_hat = torch.log_softmax(logits, -1), torch.log_softmax(logits_hat, -1)
-    terms = log_p.exp() * (log_p - log_p_hat)
-    return float(terms.nan_to_num(0.0).sum(-1).mean())  # masked keys: 0 * (-inf - -inf)
-
-
 @dataclass
 class _Data:
     """Queries (1, heads, n, D), keys and values (1, kv_heads, T, D), float32, and what identifies
@@ -212,13 +206,14 @@ class Proofs(Benchmark):
             source = {"data": params.data, "shape": f"{n}x{d}", "data_seed": str(params.data_seed)}
             return _Data(queries.reshape(1, 1, -1, d), keys, both[n:].reshape(1, 1, n, d), source,
                          visible=None)
-        from kvbench.data.text import pydoc_text, tokens_sha256
+        from kvbench.data.text import text_tokens, tokens_sha256
         from kvbench.models.capture import capture_qkv
+        from kvbench.models.session import TorchSession
 
         if ctx.model is None:
             raise ValueError("data: captured needs a model; set the suite's model")
         loaded = ctx.load_model(ctx.model, ctx.device)
-        token_ids = loaded.tokenizer.encode(pydoc_text())
+        token_ids = text_tokens(ctx.memo, TorchSession(loaded, ctx.device), "pydoc")
         if len(token_ids) < params.tokens:
             raise ValueError(f"tokens: the text has only {len(token_ids)} tokens")
         captured = [capture_qkv(loaded, token_ids[: params.tokens], params.layers)[i]
@@ -273,7 +268,7 @@ class Proofs(Benchmark):
             "ip_rel_error": m["ip_rel_error"].of(_rel_error(ip_hat, ip)),
             "ip_bias": m["ip_bias"].of(float(ip_error.mean())),
             "ip_error_std": m["ip_error_std"].of(float(ip_error.std())),
-            "attn_kl": m["attn_kl"].of(_kl(logits, logits_hat)),
+            "attn_kl": m["attn_kl"].of(float(kl_divergence(logits, logits_hat).mean())),
             "attn_output_error": m["attn_output_error"].of(
                 _rel_error(_attend(logits_hat, v_hat), _attend(logits, v))
             ),

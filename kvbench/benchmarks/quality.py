@@ -18,44 +18,35 @@ from kvbench.benchmarks.base import (
     MetricSpec,
     RunContext,
     TextModelBenchmark,
+    TextWindowParams,
     check_at_least,
     register_benchmark,
 )
-from kvbench.data.text import parse_hf_source, token_window, tokens_sha256
+from kvbench.benchmarks.divergence import kl_divergence
+from kvbench.data.text import tokens_sha256
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.models.session import Session, open_session, prefill
 
-# The reference's logits and greedy tokens per token window: every method of a run shares them.
-_REFERENCE: dict[tuple, tuple[torch.Tensor, list[int]]] = {}
-
 
 @dataclass
-class QualityParams:
-    """Parameters of the quality benchmark.
+class QualityParams(TextWindowParams):
+    """Parameters of the quality benchmark, and TextWindowParams' text, offset and calibration.
 
     context: int = 512 — prompt tokens prefilled into the cache.
     continuation: int = 64 — teacher-forced positions compared (>= 1).
     greedy_tokens: int = 32 — tokens generated greedily by each cache and compared (>= 1).
     top_k: int = 50 — k of the top-k overlap.
-    text: str = "pydoc" — "pydoc", a text file, or "hf:<dataset>[:<config>]:<split>:<column>".
-    offset: int = 0 — token offset into the tokenised text.
-    calibration: int = 512 — tokens after the compared ones, for methods that calibrate.
     """
 
     context: int = 512
     continuation: int = 64
     greedy_tokens: int = 32
     top_k: int = 50
-    text: str = "pydoc"
-    offset: int = 0
-    calibration: int = 512
 
     def __post_init__(self):
-        check_at_least(self, {"context": 1, "continuation": 1, "greedy_tokens": 1, "top_k": 1,
-                              "offset": 0, "calibration": 0})
-        if self.text.startswith("hf:"):
-            parse_hf_source(self.text)
+        check_at_least(self, {"context": 1, "continuation": 1, "greedy_tokens": 1, "top_k": 1})
+        super().__post_init__()
 
 
 @register_benchmark("quality")
@@ -82,26 +73,28 @@ class Quality(TextModelBenchmark):
 
     def run(self, params: QualityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:
         session = open_session(ctx)
-        window, after = token_window(session, params.text, params.offset,
-                                     params.context + params.continuation)
+        window, calibration = self.read_window(ctx, session, params,
+                                               params.context + params.continuation)
         sha = tokens_sha256(window)
-        key = (session.spec, sha, params.context, params.greedy_tokens, ctx.backend)
-        if key not in _REFERENCE:
+
+        def reference() -> tuple[torch.Tensor, list[int]]:
             ctx.status("reference")
-            _REFERENCE[key] = (_forced(session, window, params.context, None),
-                               _greedy(session, window[: params.context], params.greedy_tokens,
-                                       None))
-        plain, plain_greedy = _REFERENCE[key]
+            return (_forced(session, window, params.context, None),
+                    _greedy(session, window[: params.context], params.greedy_tokens, None))
+
+        # Every method of the run compares with the same plain logits and greedy tokens.
+        plain, plain_greedy = ctx.memo.get(
+            ("quality.reference", *session.memo_key, sha, params.context, params.greedy_tokens),
+            reference)
 
         ctx.status("calibrate")
-        session.calibrate(method, after[: params.calibration])
+        session.calibrate(method, calibration)
         torch.manual_seed(ctx.seed)
         ctx.status("teacher-forced")
         logits = _forced(session, window, params.context, method)
         ctx.status("greedy")
         greedy = _greedy(session, window[: params.context], params.greedy_tokens, method)
 
-        log_p, log_q = plain.log_softmax(-1), logits.log_softmax(-1)
         k = min(params.top_k, plain.shape[-1])
         top_p, top_q = plain.topk(k, dim=-1).indices, logits.topk(k, dim=-1).indices
         overlap = [len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top_p, top_q)]
@@ -111,8 +104,10 @@ class Quality(TextModelBenchmark):
         return BenchmarkOutput(
             metrics={
                 "top_k_overlap": m["top_k_overlap"].of(sum(overlap) / len(overlap)),
-                "kl_plain_method": m["kl_plain_method"].of(_kl(log_p, log_q)),
-                "kl_method_plain": m["kl_method_plain"].of(_kl(log_q, log_p)),
+                "kl_plain_method": m["kl_plain_method"].of(
+                    float(kl_divergence(plain, logits).mean())),
+                "kl_method_plain": m["kl_method_plain"].of(
+                    float(kl_divergence(logits, plain).mean())),
                 "top1_agreement": m["top1_agreement"].of(
                     float((top_p[:, 0] == top_q[:, 0]).double().mean())),
                 "greedy_agreement": m["greedy_agreement"].of(sum(same) / len(same)),
@@ -148,8 +143,3 @@ def _greedy(session: Session, prompt: list[int], n: int, method: Method | None) 
         logits, _ = session.step(tokens[-1:], cache)
         tokens.append(int(logits[-1].argmax()))
     return tokens
-
-
-def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
-    """Mean over rows of KL(p || q), from log-probabilities (float64)."""
-    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())

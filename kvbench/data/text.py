@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
+
+from kvbench.memo import Memo
 
 
 def pydoc_text() -> str:
@@ -68,17 +71,18 @@ def tokens_sha256(ids: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
 
 
-# Every case of a run shares one tokenization per (model, text).
-_TOKENS: dict[tuple[str, str], list[int]] = {}
+def text_tokens(memo: Memo, session: Any, text: str) -> list[int]:
+    """`text` as the session's (kvbench.models.session) tokenizer cuts it, tokenised once per
+    run (`memo`: the run's) per model and text."""
+    return memo.get(("text_tokens", *session.memo_key, text),
+                    lambda: session.tokenizer.encode(load_text(text, None)))
 
 
-def token_window(session, text: str, offset: int, need: int) -> tuple[list[int], list[int]]:
+def token_window(memo: Memo, session: Any, text: str, offset: int,
+                 need: int) -> tuple[list[int], list[int]]:
     """`need` tokens of `text` from `offset` as the session's tokenizer cuts them, and all the
     tokens after them (calibration material that is never the scored text)."""
-    key = (session.spec, text)
-    if key not in _TOKENS:
-        _TOKENS[key] = session.tokenizer.encode(load_text(text, None))
-    tokens = _TOKENS[key]
+    tokens = text_tokens(memo, session, text)
     if offset + need > len(tokens):
         raise ValueError(f"text {text!r} has {len(tokens)} tokens; offset + the tokens needed ="
                          f" {offset} + {need} = {offset + need}")

@@ -1,12 +1,12 @@
-"""`adaptive`: per-(layer, KV head) bits over any method with a `bits` field, set by a calibration
-pass that measures attention entropy: peaked heads get more bits."""
+"""`adaptive`: per-(layer, KV head) bits over any method with a `bits` field, set from the attention
+entropy a benchmark measures on calibration tokens: peaked heads get more bits."""
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -14,57 +14,9 @@ from kvbench.methods.base import Codec, LayerCachePolicy, Method, register_metho
 from kvbench.methods.widths import MAX_BITS, bit_variants, check_width, nearest_width, refused
 
 MIN_CALIBRATION_TOKENS = 16
-ROWS_PER_CHUNK = 256  # attention rows turned into entropies at a time
 
 
 # ---- calibration -------------------------------------------------------------------------------
-
-@torch.inference_mode()
-def attention_entropy(model: Any, tokens: list[int]) -> torch.Tensor:
-    """Mean entropy, in bits, of each query head's attention rows over `tokens` (one causal
-    forward pass): float64 (layers, query heads).
-
-    Attention weights come from transformers' eager attention: the model is switched to it for
-    the pass and back to its own implementation afterwards (also on error). A forward hook on each
-    attention module (a module with a layer_idx whose output is (output, weights)) reduces that
-    layer's weights as soon as they exist, so only one layer's weights are held at a time.
-    Row i of the causal pass attends to i + 1 keys; every head sees the same rows.
-    """
-    entropies: dict[int, torch.Tensor] = {}
-
-    def record(module, args, output):
-        if not (isinstance(output, tuple) and len(output) >= 2 and torch.is_tensor(output[1])
-                and output[1].dim() == 4):
-            return
-        weights = output[1][0]  # (heads, queries, keys); masked keys have weight 0
-        total = torch.zeros(weights.shape[0], dtype=torch.float64, device=weights.device)
-        for start in range(0, weights.shape[1], ROWS_PER_CHUNK):  # bounded float64 temporaries
-            p = weights[:, start : start + ROWS_PER_CHUNK].double()
-            total += -(p * torch.log2(p.clamp_min(1e-300))).sum(-1).sum(-1)
-        if module.layer_idx in entropies:
-            raise RuntimeError(f"attention of layer {module.layer_idx} ran twice in one pass")
-        entropies[module.layer_idx] = (total / weights.shape[1]).cpu()
-
-    attention = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(tokens)], device=device)
-    previous = model.config._attn_implementation
-    handles = [m.register_forward_hook(record) for m in attention]
-    try:
-        model.set_attn_implementation("eager")
-        model(ids, use_cache=False, logits_to_keep=1)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.set_attn_implementation(previous)
-    layers = model.config.get_text_config().num_hidden_layers
-    if sorted(entropies) != list(range(layers)):
-        raise RuntimeError(
-            f"eager attention gave weights for layers {sorted(entropies)} of {layers};"
-            " cannot measure attention entropy on this model"
-        )
-    return torch.stack([entropies[i] for i in range(layers)])
-
 
 def kv_head_entropy(query_entropy: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """(layers, query heads) -> (layers, kv_heads): the mean over each GQA group (query heads
@@ -207,13 +159,16 @@ class Adaptive(Method):
     Source: TurboQuant+'s adaptive-bits extension as its MLX port (ediestel/turboquant-plus-mlx,
     turboquant/adaptive_bits.py and bit_budget.py's SensitivityCalibratedPolicy): sensitivity =
     -(mean attention entropy), z-scored over all slots, bits = clip(base + scale * z, 1, 8),
-    rounded to a width the quantizer has.
+    rounded to a width the quantizer has. Defaults: scale 0.5 and the 1..8 clip as its
+    AdaptiveBitAllocator (sensitivity_scale=0.5, min_bits=1.0, max_bits=8.0); upstream's
+    base_bits is 3.5 (3 here: integer widths) and it rounds half to even, here half up.
 
     Scheme: wraps any registered method with an integer `bits` field (intq, lloydmax, turbo,
-    kivi, ...). calibrate(loaded, tokens) runs the model once over the calibration tokens (at
-    least 16) with eager attention and takes, per layer and query head, the entropy (bits) of
-    each causal attention row, averaged over rows; query heads are averaged within their GQA
-    group to give one entropy per KV head. sensitivity = -entropy; z = (s - mean) / std over every
+    kivi, ...). calibrate(stats, tokens) takes from the benchmark, per layer and query head, the
+    entropy (bits) of each causal attention row over the calibration tokens (at least 16),
+    averaged over rows (kvbench.models.session.CalibrationStats: eager attention on torch, the
+    same softmax on MLX); query heads are averaged within their GQA group to give one entropy
+    per KV head. sensitivity = -entropy; z = (s - mean) / std over every
     (layer, KV head), population std (all z = 0 when std is 0); width = clip(floor(base_bits +
     scale * z + 0.5), 1, 8), then the nearest width the base accepts (a tie goes toward
     base_bits). The mapping is monotone: a lower entropy never gets fewer bits.
@@ -240,6 +195,8 @@ class Adaptive(Method):
     codec(), key_codec() and value_codec() are the base's at base_bits.
     """
 
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({"base_params": {"block": 16}},)
+
     base: str = "turbo"
     base_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     base_bits: int = 3
@@ -264,17 +221,18 @@ class Adaptive(Method):
         """The base method built with base_params at `bits` (one of widths())."""
         return self._variants[bits]
 
-    def calibrate(self, model: Any, tokens: list[int]) -> None:
-        """Sets every head's width from attention entropy on `tokens`; `model` is a LoadedModel
-        (as benchmarks pass it) or a transformers causal LM."""
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        """Sets every head's width from the attention entropy of `tokens`. `stats` is what the
+        benchmark's session hands over (kvbench.models.session.CalibrationStats, on either
+        backend): its attention_entropy() (layers, query heads) and num_kv_heads."""
         if len(tokens) < MIN_CALIBRATION_TOKENS:
             raise ValueError(f"adaptive calibration needs at least {MIN_CALIBRATION_TOKENS}"
                              f" tokens, got {len(tokens)}")
-        hf_model = model.model if hasattr(model, "num_kv_heads") else model
-        config = hf_model.config.get_text_config()
-        kv_heads = getattr(model, "num_kv_heads", None) or (
-            getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        entropy = kv_head_entropy(attention_entropy(hf_model, tokens), kv_heads)
+        if not callable(getattr(stats, "attention_entropy", None)):
+            raise TypeError("adaptive calibrates from the attention entropy a benchmark measures"
+                            " (kvbench.models.session.CalibrationStats; session.calibrate(method,"
+                            f" tokens) makes it), got {type(stats).__name__}")
+        entropy = kv_head_entropy(stats.attention_entropy(), stats.num_kv_heads)
         self.entropy = entropy
         self.head_bits = self.allocate(entropy)
 

@@ -1,13 +1,17 @@
-"""Queries, keys and values captured from a real model, for benchmarks that test codecs on them."""
+"""What benchmarks measure inside a real model's attention: queries, keys and values captured for
+the codec proofs, and attention entropy for methods that calibrate from it (adaptive)."""
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from kvbench.models.loading import LoadedModel
+
+ROWS_PER_CHUNK = 256  # attention rows turned into entropies at a time: bounded float64 temporaries
 
 
 @dataclass
@@ -65,3 +69,55 @@ def capture_qkv(loaded: LoadedModel, token_ids: list[int], layers: list[int]) ->
         i: Captured(queries[i].float(), cache.layers[i].keys.float(), cache.layers[i].values.float())
         for i in layers
     }
+
+
+def entropy_sums(weights: torch.Tensor) -> torch.Tensor:
+    """Per head, the summed entropy in bits of its attention rows: weights (heads, rows, keys),
+    masked keys at weight 0; float64, ROWS_PER_CHUNK rows at a time."""
+    total = torch.zeros(weights.shape[0], dtype=torch.float64, device=weights.device)
+    for start in range(0, weights.shape[1], ROWS_PER_CHUNK):
+        p = weights[:, start : start + ROWS_PER_CHUNK].double()
+        total += -(p * torch.log2(p.clamp_min(1e-300))).sum(-1).sum(-1)
+    return total
+
+
+@torch.inference_mode()
+def attention_entropy(model: Any, tokens: list[int]) -> torch.Tensor:
+    """Mean entropy, in bits, of each query head's attention rows over `tokens` (one causal
+    forward pass of a transformers causal LM): float64 (layers, query heads), on the CPU.
+
+    Attention weights come from transformers' eager attention: the model is switched to it for
+    the pass and back to its own implementation afterwards (also on error). A forward hook on each
+    attention module (a module with a layer_idx whose output is (output, weights)) reduces that
+    layer's weights as soon as they exist, so only one layer's weights are held at a time.
+    """
+    entropies: dict[int, torch.Tensor] = {}
+
+    def record(module, args, output):
+        if not (isinstance(output, tuple) and len(output) >= 2 and torch.is_tensor(output[1])
+                and output[1].dim() == 4):
+            return
+        weights = output[1][0]  # (heads, queries, keys)
+        if module.layer_idx in entropies:
+            raise RuntimeError(f"attention of layer {module.layer_idx} ran twice in one pass")
+        entropies[module.layer_idx] = (entropy_sums(weights) / weights.shape[1]).cpu()
+
+    attention = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(tokens)], device=device)
+    previous = model.config._attn_implementation
+    handles = [m.register_forward_hook(record) for m in attention]
+    try:
+        model.set_attn_implementation("eager")
+        model(ids, use_cache=False, logits_to_keep=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.set_attn_implementation(previous)
+    layers = model.config.get_text_config().num_hidden_layers
+    if sorted(entropies) != list(range(layers)):
+        raise RuntimeError(
+            f"eager attention gave weights for layers {sorted(entropies)} of {layers};"
+            " cannot measure attention entropy on this model"
+        )
+    return torch.stack([entropies[i] for i in range(layers)])

@@ -47,20 +47,13 @@ class MLXLoaded:
     attention: tuple[str, ...] = ()
 
 
-_LOADED: dict[str, MLXLoaded] = {}
-
-
 def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLoaded:
-    """The mlx-lm model a spec names (see kvbench.models.loading), loaded once per process."""
-    if spec not in _LOADED:
-        _LOADED[spec] = _load(spec, log or _stderr)
-    return _LOADED[spec]
-
-
-def _load(spec: str, log: Callable[[str], None]) -> MLXLoaded:
+    """The mlx-lm model a spec names (see kvbench.models.loading), loaded anew: the runner
+    shares one per run between its cases."""
     from kvbench.models.bundled import prepared_dir
     from kvbench.models.loading import _resolve, describe_model
 
+    log = log or _stderr
     kind, target = _resolve(spec)
     if kind == "tiny":
         model, tokenizer = _build_tiny(target)

@@ -6,6 +6,8 @@ float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
 """
 from __future__ import annotations
 
+import sys
+
 import mlx.core as mx
 from mlx.utils import tree_flatten
 import numpy as np
@@ -14,7 +16,10 @@ import torch
 from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
 from kvbench.methods.base import Method
 from kvbench.methods.mlx.base import on_mlx
+from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
+from kvbench.models.mlx_attention import _ATTR
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
+from kvbench.models.session import CalibrationStats
 
 
 class MLXSession:
@@ -28,6 +33,7 @@ class MLXSession:
                       if mx.issubdtype(w.dtype, mx.floating))
         self.kv_element_size = weight.dtype.size
         self.dtype = str(weight.dtype).rpartition(".")[2]  # mlx.core.float32 -> float32
+        self.memo_key = ("mlx", self.spec, str(mx.default_device()), self.dtype)
 
     def new_cache(self, method: Method | None):
         from mlx_lm.models.cache import make_prompt_cache
@@ -64,13 +70,66 @@ class MLXSession:
             raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")
 
     def calibrate(self, method: Method, tokens: list[int]) -> None:
-        on_mlx(method).calibrate(self.loaded, tokens)
+        stats = CalibrationStats(tokens, self.num_kv_heads,
+                                 lambda ids: attention_entropy(self.loaded, ids))
+        on_mlx(method).calibrate(stats, tokens)
 
     def reset_peak_memory(self) -> None:
         reset_peak_memory()
 
     def peak_memory(self) -> tuple[int, str]:
         return peak_memory_bytes(), "mx.get_peak_memory (MLX allocator)"
+
+
+def attention_entropy(loaded: MLXLoaded, tokens: list[int]) -> torch.Tensor:
+    """kvbench.models.capture.attention_entropy on the MLX model: float64 (layers, query heads),
+    the mean entropy in bits of each query head's rows in one causal pass over `tokens`.
+
+    For the pass, the attention function of the modules that carry kvbench's attention
+    (loaded.attention) is wrapped by one that reduces each layer's weights, softmax(q k^T *
+    scale) under the causal mask in float32 as mlx-lm's attention computes them, to entropies
+    before attention goes on; the layers attend in order, one call each."""
+    if not loaded.attention:
+        raise ValueError(f"cannot measure attention entropy on {loaded.spec}: its model file"
+                         " does not call attention through kvbench.models.mlx_attention")
+    entropies: list[torch.Tensor] = []
+
+    def recording(attend):
+        def scaled_dot_product_attention(queries, keys, values, *args, **kwargs):
+            scale = kwargs["scale"] if "scale" in kwargs else args[1]
+            entropies.append(_mean_row_entropy(queries, keys, scale))
+            return attend(queries, keys, values, *args, **kwargs)
+
+        return scaled_dot_product_attention
+
+    modules = [sys.modules[name] for name in loaded.attention]
+    installed = [getattr(module, _ATTR) for module in modules]
+    try:
+        for module, attend in zip(modules, installed):
+            setattr(module, _ATTR, recording(attend))
+        mx.eval(mlx_logits(loaded.model, mx.array([list(tokens)]), None, last_only=True))
+    finally:
+        for module, attend in zip(modules, installed):
+            setattr(module, _ATTR, attend)
+    if len(entropies) != loaded.num_layers:
+        raise RuntimeError(f"attention ran {len(entropies)} times for {loaded.num_layers} layers;"
+                           " cannot measure attention entropy on this model")
+    return torch.stack(entropies)
+
+
+def _mean_row_entropy(queries: mx.array, keys: mx.array, scale: float) -> torch.Tensor:
+    """Per query head, the mean entropy of its causal attention rows: queries (1, Hq, T, D) and
+    keys (1, Hkv, T, D) of one prompt from position 0; ROWS_PER_CHUNK rows at a time."""
+    heads, rows = queries.shape[1], queries.shape[2]
+    k = mx.repeat(keys[0].astype(mx.float32), heads // keys.shape[1], axis=0)
+    total = torch.zeros(heads, dtype=torch.float64)
+    for start in range(0, rows, ROWS_PER_CHUNK):
+        q = queries[0, :, start : start + ROWS_PER_CHUNK].astype(mx.float32)
+        logits = q @ k.swapaxes(-1, -2) * scale
+        visible = mx.arange(start, start + q.shape[1])[:, None] >= mx.arange(k.shape[1])[None]
+        logits = mx.where(visible, logits, mx.array(-mx.inf, dtype=mx.float32))
+        total += entropy_sums(_to_torch(mx.softmax(logits, axis=-1, precise=True)))
+    return total / rows
 
 
 def _to_torch(logits: mx.array) -> torch.Tensor:

@@ -5,7 +5,7 @@ computed the same way whatever ran the model.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -20,6 +20,9 @@ class Session(Protocol):
     head_dim: int
     kv_element_size: int  # bytes per cached K/V element in the plain cache (the model's dtype)
     dtype: str  # the model's float dtype: "float32", "bfloat16", ...
+    # What the model's outputs depend on: (backend, spec, device, dtype), the start of every
+    # run-memo key of a value computed through it.
+    memo_key: tuple[str, ...]
 
     def new_cache(self, method: Method | None) -> Any:
         """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None."""
@@ -37,7 +40,8 @@ class Session(Protocol):
     def trim(self, cache: Any, n: int) -> None:
         """Rewind the cache by its newest n tokens; ValueError if it cannot take them all back."""
 
-    def calibrate(self, method: Method, tokens: list[int]) -> None: ...
+    def calibrate(self, method: Method, tokens: list[int]) -> None:
+        """method.calibrate(CalibrationStats of `tokens` on this model, tokens)."""
 
     def reset_peak_memory(self) -> None: ...
 
@@ -55,6 +59,7 @@ class TorchSession:
         self.head_dim = loaded.head_dim
         self.kv_element_size = torch.empty((), dtype=loaded.dtype).element_size()
         self.dtype = str(loaded.dtype).removeprefix("torch.")
+        self.memo_key = ("torch", self.spec, str(device), self.dtype)
 
     def new_cache(self, method: Method | None):
         from transformers import DynamicCache
@@ -91,7 +96,11 @@ class TorchSession:
         cache.crop(-n)
 
     def calibrate(self, method: Method, tokens: list[int]) -> None:
-        method.calibrate(self.loaded, tokens)
+        from kvbench.models.capture import attention_entropy
+
+        stats = CalibrationStats(tokens, self.num_kv_heads,
+                                 lambda ids: attention_entropy(self.loaded.model, ids))
+        method.calibrate(stats, tokens)
 
     def reset_peak_memory(self) -> None:
         from kvbench.backends.torch_backend import reset_peak_memory
@@ -106,17 +115,43 @@ class TorchSession:
         return peak_memory_bytes(self.device), what
 
 
+class CalibrationStats:
+    """What a session hands Method.calibrate in place of the model: statistics of the calibration
+    tokens on the case's model and backend, each measured when a method first asks for it (a
+    method that needs none costs no pass). A method calibrates from these tensors; it never
+    drives a model itself."""
+
+    def __init__(self, tokens: list[int], num_kv_heads: int,
+                 measure_attention_entropy: Callable[[list[int]], torch.Tensor]):
+        self.tokens = list(tokens)
+        self.num_kv_heads = num_kv_heads
+        self._measure_attention_entropy = measure_attention_entropy
+        self._attention_entropy: torch.Tensor | None = None
+
+    def attention_entropy(self) -> torch.Tensor:
+        """float64 (layers, query heads): the mean entropy, in bits, of each query head's
+        attention rows in one causal pass over the tokens (row i attends to i + 1 keys)."""
+        if self._attention_entropy is None:
+            self._attention_entropy = self._measure_attention_entropy(self.tokens)
+        return self._attention_entropy
+
+
 class ProbeNotTakenBack(ValueError):
     """The cache could not take back the probe it was fed (its policy cannot trim)."""
 
 
 def prefill(session: Session, cache: Any, ids: list[int], method: Method | None,
-            probe: list[int] | None = None) -> tuple[torch.Tensor, float, float]:
-    """Feed the prompt `ids` through `cache`, then the probe (given, else the method's
-    reference_probe(ids)) and take it back, then end_prefill: the policies have read the probe's
-    queries and compacted. Returns (the prompt's last logits (1, vocab), seconds of the forwards,
-    seconds of end_prefill)."""
+            probe: list[int] | None = None, refeed: int = 0) -> tuple[torch.Tensor, float, float]:
+    """Feed the prompt `ids` through `cache` (with `refeed`, then take its newest `refeed` tokens
+    back and feed them again), then the probe (given, else the method's reference_probe(ids))
+    and take it back, then end_prefill: the policies have read the probe's queries and
+    compacted. Returns (the prompt's last logits (1, vocab), seconds of the forwards, seconds of
+    end_prefill)."""
     logits, forward_s = session.step(ids, cache, last_only=True)
+    if refeed:
+        session.trim(cache, refeed)
+        logits, seconds = session.step(ids[-refeed:], cache, last_only=True)
+        forward_s += seconds
     if probe is None and method is not None:
         probe = method.reference_probe(ids)
     if probe:

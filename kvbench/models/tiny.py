@@ -5,8 +5,6 @@ vocabulary of 260. The weights come from a fixed seed, so they are the same on e
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from kvbench.models.attention import NAME as ATTENTION
@@ -56,9 +54,9 @@ def _config(kind: str):
     raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_KINDS)}")
 
 
-@functools.cache
 def build_tiny(kind: str):
-    """(model, tokenizer) for a tiny kind; built once per process, float32, eval mode."""
+    """(model, tokenizer) for a tiny kind, float32, eval mode: a new model every call (a few
+    ms), so that moving or changing one never reaches another caller's."""
     from transformers import AutoModelForCausalLM
 
     config = _config(kind)

@@ -22,12 +22,12 @@ from pydantic import (
     model_validator,
 )
 
+from kvbench.backends.devices import DEVICES
 from kvbench.registry import did_you_mean
 from kvbench.tolerance import DEFAULT_TOLERANCE
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("suite.schema.json")
-DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 class _Strict(BaseModel):

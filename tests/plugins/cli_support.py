@@ -11,8 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvbench import cli
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.plugins.suites import ROOT
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,6 +57,10 @@ def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = 60
             proc.kill()
             pytest.fail(f"no {what} within {timeout} s")
         time.sleep(0.02)
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 def jsonl_lines(path: Path) -> list[dict]:

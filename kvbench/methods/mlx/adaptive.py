@@ -5,7 +5,8 @@ The per-head storage is torch's AdaptiveCache run on mx.array: MLXAdaptiveCache 
 how a group's heads are taken out of a step (_select) and put back (_place), and gives each
 width's heads to the base's MLX cache at that width (on_mlx of the base built at that width).
 The widths themselves live on the torch config (config.head_bits), so both backends store every
-head at the same width.
+head at the same width; calibrating sets them from the statistics the benchmark hands over
+(kvbench.models.mlx_session measures attention entropy on the MLX model itself).
 """
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-import torch
 
-from kvbench.methods.adaptive import MIN_CALIBRATION_TOKENS, Adaptive, AdaptiveCache
+from kvbench.methods.adaptive import Adaptive, AdaptiveCache
 from kvbench.methods.base import Codec
 from kvbench.methods.mlx.base import MLXMethod, mlx_implementation, on_mlx
 
@@ -47,22 +47,6 @@ class MLXAdaptiveCache(AdaptiveCache):
         return keys, values, bias
 
 
-def torch_model_for(model: Any) -> Any:
-    """The torch model to calibrate with: `model` itself when it is one (a transformers model or
-    a torch LoadedModel), else kvbench.models.load_model(model.spec, cpu), the torch model of
-    the spec an MLX-hosted model (kvbench.models.mlx_host.MLXLoaded) was loaded from."""
-    if isinstance(model, torch.nn.Module) or isinstance(getattr(model, "model", None),
-                                                        torch.nn.Module):
-        return model
-    spec = getattr(model, "spec", None)
-    if not isinstance(spec, str):
-        raise TypeError(f"adaptive calibration on MLX needs the model's spec (a `.spec`), got"
-                        f" {type(model).__name__}")
-    from kvbench.models import load_model
-
-    return load_model(spec, torch.device("cpu"))
-
-
 @mlx_implementation(Adaptive)
 class MLXAdaptive(MLXMethod):
     """Adaptive on MLX; config: kvbench.methods.adaptive.Adaptive (base, base_params, base_bits,
@@ -74,20 +58,10 @@ class MLXAdaptive(MLXMethod):
         super().__init__(config)
         self.variants = {bits: on_mlx(config.variant(bits)) for bits in config.widths()}
 
-    def calibrate(self, model: Any, tokens: list[int]) -> None:
-        """Sets every head's width from attention entropy on `tokens`, on the torch config, so
-        that both backends use the same widths.
-
-        The entropy measurement is a model analysis, not a cache operation: it runs torch's
-        calibration (Adaptive.calibrate: one eager-attention forward pass) on the torch model of
-        the same spec, kvbench.models.load_model(model.spec, torch.device("cpu")), where
-        `model` is the MLX-hosted model (it has a `.spec`); a torch model given here is used as
-        it is. The torch model is loaded for the pass and dropped after it.
-        """
-        if len(tokens) < MIN_CALIBRATION_TOKENS:  # before loading a model for nothing
-            raise ValueError(f"adaptive calibration needs at least {MIN_CALIBRATION_TOKENS}"
-                             f" tokens, got {len(tokens)}")
-        self.config.calibrate(torch_model_for(model), tokens)
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        """Adaptive.calibrate on the torch config, so that both backends use the same widths;
+        `stats` carry the entropy the MLX session measured on the MLX model."""
+        self.config.calibrate(stats, tokens)
 
     def new_layer_cache(self, layer_idx: int) -> MLXAdaptiveCache:
         c = self.config

@@ -1,0 +1,55 @@
+"""Running methods inside a model or a benchmark for tests, without a suite (plain functions)."""
+from __future__ import annotations
+
+import torch
+
+from kvbench.benchmarks.base import RunContext
+
+
+def cpu_context(model: str | None = None, repeats: int = 1, *, loaded=None,
+                backend: str = "torch", status=None) -> RunContext:
+    """A benchmark's context on the CPU, seed 0. Without a model spec (or `loaded`) nothing may
+    be loaded; with one, it loads as a run does: kvbench's load_model, or load_mlx_model when a
+    session asks for backend "mlx".
+    loaded: a model already loaded (e.g. the `bundled` fixture), handed out for its spec instead.
+    backend: the case's backend ("torch" or "mlx").
+    status: what gets the benchmark's progress text (by default it is dropped)."""
+    if loaded is not None:
+        model = model or loaded.spec
+
+        def load(spec, device, backend="torch"):
+            return loaded
+    elif model is None:
+        def load(spec, device, *args, **kwargs):
+            return None
+    else:
+        def load(spec, device, backend="torch"):
+            if backend == "mlx":
+                from kvbench.models.mlx_host import load_mlx_model
+
+                return load_mlx_model(spec)
+            from kvbench.models import load_model
+
+            return load_model(spec, device)
+    extra = {} if status is None else {"status": status}
+    return RunContext(device=torch.device("cpu"), seed=0, repeats=repeats, model=model,
+                      load_model=load, backend=backend, **extra)
+
+
+@torch.inference_mode()
+def stepped_logits(model, method, ids: torch.Tensor, prefill: int):
+    """Feed ids (1, T) to a transformers model: a prefill of `prefill` tokens through a
+    KVBenchCache of `method` (a plain DynamicCache for None), end_prefill, then one-token decode
+    steps. ([the prefill's logits, then each step's], the cache)."""
+    from transformers import DynamicCache
+
+    from kvbench.models.hf_cache import KVBenchCache
+
+    cache = (DynamicCache(config=model.config) if method is None
+             else KVBenchCache(method, model.config.num_hidden_layers))
+    logits = [model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits]
+    if method is not None:
+        cache.end_prefill()
+    logits += [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+               for i in range(prefill, ids.shape[1])]
+    return logits, cache
