@@ -24,8 +24,8 @@ from kvbench.suite.registries import Registries
 
 CATALOG_FILE = Path(__file__).with_name("catalog.json")
 NOTE = ("validated against the catalog of built-in methods and benchmarks (torch is not"
-        " installed): parameter ranges, model limits and text files are not checked, and"
-        " entry-point plugins are not loaded")
+        " installed): parameter ranges, method capabilities, model limits and text files are"
+        " not checked, and entry-point plugins are not loaded")
 # The names a type text may use; rebuilt with eval over these alone.
 _TYPE_NAMES = {t.__name__: t for t in (int, float, bool, str, list, dict, tuple)} | {
     "Any": Any, "Literal": Literal, "None": None}

@@ -25,6 +25,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self.entry_point_group = entry_point_group
         self._classes: dict[str, type[T]] = {}
+        self._broken: dict[str, str] = {}  # entry points that failed to load: why
         self._entry_points_loaded = False
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
@@ -42,10 +43,18 @@ class Registry(Generic[T]):
             return
         self._entry_points_loaded = True
         for ep in entry_points(group=self.entry_point_group):
-            if ep.name not in self._classes:
+            if ep.name in self._classes:
+                continue
+            try:  # a broken plug-in must not take every other name down with it
                 cls = ep.load()
-                cls.name = ep.name
-                self._classes[ep.name] = cls
+            except Exception as exc:
+                self._broken[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+                continue
+            if not isinstance(cls, type):
+                self._broken[ep.name] = f"{ep.value} is not a class"
+                continue
+            cls.name = ep.name
+            self._classes[ep.name] = cls
 
     def names(self) -> list[str]:
         self._load_entry_points()
@@ -58,10 +67,14 @@ class Registry(Generic[T]):
                 cls = getattr(importlib.import_module(module_name), attr)
             except (ImportError, AttributeError) as exc:
                 raise UnknownName(f"cannot import {self.kind} {name!r}: {exc}") from exc
+            if not isinstance(cls, type):
+                raise UnknownName(f"{self.kind} {name!r} is not a class")
             if not cls.__dict__.get("name"):  # not a name inherited from a registered parent
                 cls.name = name
             return cls
         self._load_entry_points()
+        if name in self._broken:
+            raise UnknownName(f"{self.kind} plug-in {name!r} failed to load ({self._broken[name]})")
         if name not in self._classes:
             raise UnknownName(
                 f"unknown {self.kind} {name!r}.{did_you_mean(name, self._classes)}"

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from kvbench.methods.am_fit import fit_beta, fit_values, key_scores, mad_mask, top_t
+from kvbench.methods.am_fit import fit_beta, fit_values, key_scores, mad_mask
+from kvbench.methods.token_cache import top_k
 
 
 def _qkv(H, n, T, d, seed):
@@ -82,10 +83,10 @@ def test_key_scores_reductions_differ_and_unknown_raises():
         key_scores(q, k, 0.35, how="median")
 
 
-def test_top_t_sorted_indices_of_largest():
+def test_top_k_sorted_indices_of_largest():
     torch.manual_seed(3)
     scores = torch.rand(4, 50)
-    sel = top_t(scores, 7)
+    sel = top_k(scores, 7)
     assert sel.shape == (4, 7) and sel.dtype == torch.long
     assert (sel[:, 1:] > sel[:, :-1]).all()
     for h in range(4):
@@ -95,13 +96,7 @@ def test_top_t_sorted_indices_of_largest():
         mask = torch.zeros(50, dtype=torch.bool)
         mask[sel[h]] = True
         assert scores[h][mask].min() > scores[h][~mask].max()
-    assert top_t(scores, 50).tolist() == [list(range(50))] * 4
-
-
-@pytest.mark.parametrize("t", [0, -1, 51])
-def test_top_t_out_of_range_raises(t):
-    with pytest.raises(ValueError):
-        top_t(torch.rand(2, 50), t)
+    assert top_k(scores, 50).tolist() == [list(range(50))] * 4
 
 
 def test_keeping_every_key_is_exact():
@@ -123,7 +118,7 @@ def test_beta_lowers_mass_residual_is_bounded_and_deterministic():
     H, n, T, t, d = 3, 48, 80, 12, 16
     q, k, _ = _clustered(H, n, T, d, seed=5)
     s = 1 / math.sqrt(d)
-    sel = top_t(key_scores(q, k, s), t)
+    sel = top_k(key_scores(q, k, s), t)
     beta = fit_beta(q, k, sel, s, seed=7)
     assert beta.shape == (H, t)
     assert beta.min() >= -3 - 1e-6 and beta.max() <= 3 + 1e-6
@@ -157,7 +152,7 @@ def test_fitted_beta_and_values_beat_plain_top_t():
     H, n, T, t, d = 2, 64, 96, 24, 16
     q, k, v = _clustered(H, n, T, d, seed=8)
     s = 1 / math.sqrt(d)
-    sel = top_t(key_scores(q, k, s), t)
+    sel = top_k(key_scores(q, k, s), t)
     c_k, v_sel = _gather(k, sel), _gather(v, sel)
     truth = _attend(q, k, v, s)
 
@@ -178,7 +173,7 @@ def test_ridge_zero_is_lstsq_and_ridge_shrinks():
     H, n, T, t, d = 2, 40, 30, 10, 8
     q, k, v = _qkv(H, n, T, d, seed=9)
     s = 1 / math.sqrt(d)
-    sel = top_t(key_scores(q, k, s), t)
+    sel = top_k(key_scores(q, k, s), t)
     torch.manual_seed(10)
     beta = 0.5 * torch.randn(H, t)
 
@@ -241,7 +236,7 @@ def test_mad_mask_threshold_formula_and_fallback():
 
 
 def test_causal_positions_hide_later_keys_everywhere():
-    from kvbench.methods.am_fit import fit_beta, fit_values, key_scores, top_t
+    from kvbench.methods.am_fit import fit_beta, fit_values, key_scores
 
     H, n, T, d = 2, 24, 24, 8
     q, k, v = _qkv(H, n, T, d, seed=21)
@@ -255,7 +250,7 @@ def test_causal_positions_hide_later_keys_everywhere():
     # queries that sit after every key see them all: the same as no positions
     late = torch.full((n,), T - 1)
     torch.testing.assert_close(key_scores(q, k, s, positions=late), key_scores(q, k, s))
-    sel = top_t(key_scores(q, k, s, positions=positions), 8)
+    sel = top_k(key_scores(q, k, s, positions=positions), 8)
     torch.testing.assert_close(fit_beta(q, k, sel, s, positions=late), fit_beta(q, k, sel, s))
     # the value fit skips queries that see no kept key, and stays finite
     beta = fit_beta(q, k, sel, s, positions=positions)

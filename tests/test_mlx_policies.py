@@ -365,40 +365,6 @@ def test_adaptive_places_every_heads_keys_values_and_bias_as_torch():
                                                                           parts_t[1][1][:, 0])
 
 
-def test_adaptive_calibrates_through_the_torch_model_of_the_spec():
-    """calibrate() on MLX runs torch's entropy calibration on the torch model of the MLX model's
-    spec (a stand-in with the `.spec` the MLX host's loaded model carries) and leaves the widths
-    on the config: the same as calibrating the torch model directly, and used by both backends'
-    caches."""
-    from kvbench.models import load_model
-
-    loaded = load_model("tiny:llama", torch.device("cpu"))
-    tokens = loaded.tokenizer.encode("Peaked heads keep more bits, diffuse heads fewer. " * 4)[:64]
-    assert len(tokens) == 64
-    reference = Adaptive(base="turbo", base_params={"block": 16}, scale=1.0)
-    reference.calibrate(loaded, tokens)
-    method = Adaptive(base="turbo", base_params={"block": 16}, scale=1.0)
-    port = on_mlx(method)
-    port.calibrate(types.SimpleNamespace(spec="tiny:llama"), tokens)
-    assert method.head_bits == reference.head_bits
-    assert torch.equal(method.entropy, reference.entropy)
-    assert len({b for row in method.head_bits for b in row}) > 1  # heads split across widths
-    for layer, widths in enumerate(method.head_bits):
-        torch_cache, mlx_cache = method.new_layer_cache(layer), port.new_layer_cache(layer)
-        x = fresh((1, loaded.num_kv_heads, 20, loaded.head_dim), 60 + layer)
-        feed(torch_cache, mlx_cache, x, x, (0, 20), first=True)
-        assert mlx_cache.head_bits == torch_cache.head_bits == widths
-        assert mlx_cache.group_bytes() == torch_cache.group_bytes()
-    # a torch model passed in is used as it is; too few tokens are refused before any loading
-    again = Adaptive(base="turbo", base_params={"block": 16}, scale=1.0)
-    on_mlx(again).calibrate(loaded, tokens)
-    assert again.head_bits == reference.head_bits
-    with pytest.raises(ValueError, match="at least 16 tokens, got 15"):
-        on_mlx(again).calibrate(types.SimpleNamespace(spec="no-such:model"), tokens[:15])
-    with pytest.raises(TypeError, match="spec"):
-        on_mlx(again).calibrate(object(), tokens)
-
-
 def test_a_differing_row_is_caught():
     """The inexact comparison is not vacuous: one row changed on the MLX side fails it."""
     method = Decay(base="turbo3", base_params={"block": 64}, window=8, segment=16)

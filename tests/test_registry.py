@@ -61,3 +61,56 @@ def test_a_subclass_loaded_by_path_gets_its_own_name():
 
 class Child(PluginMethod):
     pass
+
+
+NOT_A_CLASS = object()
+
+
+def test_a_broken_plugin_is_named_and_the_others_still_load(monkeypatch):
+    good = EntryPoint(name="plugin", value=f"{__name__}:PluginMethod", group="kvbench.methods")
+    broken = EntryPoint(name="broken", value="no_such_module_anywhere:Thing",
+                        group="kvbench.methods")
+    odd = EntryPoint(name="odd", value=f"{__name__}:NOT_A_CLASS", group="kvbench.methods")
+    monkeypatch.setattr(registry_module, "entry_points", lambda group: [broken, odd, good])
+    reg = Registry("method", entry_point_group="kvbench.methods")
+    assert reg.names() == ["plugin"] and reg.get("plugin") is PluginMethod
+    with pytest.raises(UnknownName, match="plug-in 'broken' failed to load.*ModuleNotFoundError"):
+        reg.get("broken")
+    with pytest.raises(UnknownName, match="plug-in 'odd' failed to load.*is not a class"):
+        reg.get("odd")
+    assert not hasattr(NOT_A_CLASS, "name")
+
+
+def test_a_path_to_something_that_is_not_a_class_is_refused():
+    with pytest.raises(UnknownName, match="is not a class"):
+        Registry("method").get(f"{__name__}:NOT_A_CLASS")
+    assert not hasattr(NOT_A_CLASS, "name")
+
+
+def test_build_method_checks_parameters_as_strictly_as_a_suite():
+    from kvbench.methods.base import build_method
+
+    assert build_method("intq", {"bits": 4}).bits == 4
+    for params, wrong in [({"bits": "4"}, "bits"), ({"bits": True}, "bits"),
+                          ({"bitz": 4}, "bitz")]:
+        with pytest.raises(ValueError, match=wrong):
+            build_method("intq", params)
+    with pytest.raises(ValueError, match="fit_beta"):
+        build_method("am", {"ratio": 0.5, "fit_beta": "yes"})
+    # a wrapper's base is built the same way: its __post_init__ refuses the lax value
+    with pytest.raises(ValueError, match="bits"):
+        build_method("sparse_v", {"base": "intq", "base_params": {"bits": "4"}})
+
+
+def test_mlx_implementations_belong_to_their_exact_class():
+    pytest.importorskip("mlx.core")
+    from kvbench.methods.intq import IntQ
+    from kvbench.methods.mlx import has_mlx, on_mlx
+
+    @dataclass
+    class MyIntQ(IntQ):
+        """A plug-in that changes the algorithm: IntQ's MLX twin would not run it."""
+
+    assert has_mlx(IntQ) and not has_mlx(MyIntQ)
+    with pytest.raises(NotImplementedError, match="no MLX implementation"):
+        on_mlx(MyIntQ())

@@ -18,6 +18,7 @@ from kvbench.methods.base import METHODS, Method
 from kvbench.suite.errors import SuiteError, SuiteIssue
 from kvbench.suite.loader import load_suite
 from kvbench.suite.schema import SCHEMA_FILE, schema_text, suite_json_schema
+from tests.plugins.suites import line_of
 
 SUITES = Path(__file__).parent / "suites"
 
@@ -87,12 +88,6 @@ def _issues(name: str) -> list[SuiteIssue]:
     return caught.value.issues
 
 
-def _line(name: str, text: str, nth: int = 1) -> int:
-    """1-based line of the nth line of a fixture that contains `text`."""
-    hits = [i for i, line in enumerate((SUITES / name).read_text().splitlines(), 1) if text in line]
-    return hits[nth - 1]
-
-
 def _issue(issues: list[SuiteIssue], key: str, name: str = "") -> SuiteIssue:
     found = [i for i in issues if i.key == key and i.file.endswith(name)]
     assert len(found) == 1, f"{key!r} in {[str(i) for i in issues]}"
@@ -102,7 +97,7 @@ def _issue(issues: list[SuiteIssue], key: str, name: str = "") -> SuiteIssue:
 def _assert_issue(issues, name, key, line_text, message, hint="", nth=1):
     issue = _issue(issues, key, name)
     assert issue.file == str(SUITES / name)
-    assert issue.line == _line(name, line_text, nth), str(issue)
+    assert issue.line == line_of(SUITES / name, line_text, nth), str(issue)
     assert message in issue.message, str(issue)
     assert hint in issue.hint, str(issue)
 
@@ -144,7 +139,7 @@ def test_claims_reach_the_cases_they_name():
     # the method's cosine claim skips a benchmark that does not report cosine
     assert texts["_test_lm/_test_codec-bits4"] == []
     claim = cases["_test_bench/_test_codec-bits2/data=outliers"].claims[2]
-    assert claim.source == f"{SUITES / 'valid.yaml'}:{_line('valid.yaml', 'mse <= 0.1')}"
+    assert claim.source == f"{SUITES / 'valid.yaml'}:{line_of(SUITES / 'valid.yaml', 'mse <= 0.1')}"
 
 
 def test_gate_merges_includes_and_hash_is_stable():
@@ -189,15 +184,15 @@ def test_keyword_overrides_replace_defaults():
 def test_yaml_syntax_error_names_the_parser_line():
     (issue,) = _issues("bad_syntax.yaml")
     assert issue.file == str(SUITES / "bad_syntax.yaml")
-    assert issue.line == _line("bad_syntax.yaml", "benchmarks:")  # where the parser stopped
+    assert issue.line == line_of(SUITES / "bad_syntax.yaml", "benchmarks:")  # where the parser stopped
     assert "YAML syntax error" in issue.message
 
 
 def test_duplicate_yaml_key_is_refused():
     (issue,) = _issues("bad_duplicate_key.yaml")
     assert issue.key == "methods[0].params"
-    assert issue.line == _line("bad_duplicate_key.yaml", "params", 2)
-    assert f"first written at line {_line('bad_duplicate_key.yaml', 'params')}" in issue.message
+    assert issue.line == line_of(SUITES / "bad_duplicate_key.yaml", "params", 2)
+    assert f"first written at line {line_of(SUITES / 'bad_duplicate_key.yaml', 'params')}" in issue.message
 
 
 def test_other_schema_version_is_refused_naming_the_supported_one():
@@ -292,7 +287,7 @@ def test_missing_include_and_include_cycle():
     issues = _issues("bad_include.yaml")
     _assert_issue(issues, "bad_include.yaml", "include[0]", "missing.yaml", "no such file")
     cycle = _issue(issues, "include[0]", "cycle_b.yaml")
-    assert cycle.line == _line("cycle_b.yaml", "include:")
+    assert cycle.line == line_of(SUITES / "cycle_b.yaml", "include:")
     assert cycle.message.endswith("cycle_a.yaml -> " + str(SUITES / "cycle_b.yaml") + " -> "
                                   + str(SUITES / "cycle_a.yaml"))
     assert len(issues) == 2
@@ -302,10 +297,10 @@ def test_duplicate_labels_and_case_ids_name_both_places():
     issues = _issues("bad_duplicates.yaml")
     name = "bad_duplicates.yaml"
     label = _issue(issues, "methods[1]")
-    assert label.line == _line(name, "- name: _test_codec", 2)
-    assert f"methods[0] ({SUITES / name}:{_line(name, '- name: _test_codec')})" in label.message
+    assert label.line == line_of(SUITES / name, "- name: _test_codec", 2)
+    assert f"methods[0] ({SUITES / name}:{line_of(SUITES / name, '- name: _test_codec')})" in label.message
     dup = _issue(issues, "benchmarks[1]")
-    assert dup.line == _line(name, "- kind: _test_bench", 2)
+    assert dup.line == line_of(SUITES / name, "- kind: _test_bench", 2)
     assert "case id '_test_bench/_test_codec-bits4' is also produced by benchmarks[0]" in (
         dup.message)
 
@@ -353,16 +348,16 @@ def test_real_methods_and_benchmarks_expand():
 def test_real_impossible_settings_are_refused():
     issues = _issues("real_bad.yaml")
     bits = _issue(issues, "methods[0].params.bits")
-    assert bits.line == _line("real_bad.yaml", "bits: 3") and "3" in bits.message
+    assert bits.line == line_of(SUITES / "real_bad.yaml", "bits: 3") and "3" in bits.message
     context = _issue(issues, "benchmarks[0].params.context")
-    assert context.line == _line("real_bad.yaml", "context: 8000")
+    assert context.line == line_of(SUITES / "real_bad.yaml", "context: 8000")
 
 
 @_real
 def test_text_files_resolve_against_the_suite_folder_and_missing_ones_are_refused():
     issues = _issues("real_text.yaml")
     missing = _issue(issues, "benchmarks[1].params.text")
-    assert missing.line == _line("real_text.yaml", "texts/missing.txt")
+    assert missing.line == line_of(SUITES / "real_text.yaml", "texts/missing.txt")
     assert "missing.txt" in missing.message and "does not exist" in missing.message
     assert not [i for i in issues if i.key.startswith("benchmarks[0]")]
 
@@ -372,7 +367,7 @@ def test_backend_mlx_refuses_methods_and_benchmarks_without_mlx_support():
     issues = _issues("mlx_unsupported.yaml")
     by_key = {issue.key: issue for issue in issues}
     assert "no MLX implementation" in by_key["methods[1].name"].message
-    assert by_key["methods[1].name"].line == _line("mlx_unsupported.yaml", "kvb_testplugin:Nop")
+    assert by_key["methods[1].name"].line == line_of(SUITES / "mlx_unsupported.yaml", "kvb_testplugin:Nop")
     assert "does not run on backend 'mlx'" in by_key["benchmarks[0].kind"].message
     assert "methods[0].name" not in by_key  # identity has one
 
@@ -456,7 +451,7 @@ benchmarks:
 
 @pytest.mark.parametrize("name, words", [
     (":", "cannot import method ':': ValueError"),
-    ("os:sep", "cannot import method 'os:sep'"),
+    ("os:sep", "method 'os:sep' is not a class"),
     ("tests.plugins.kvb_testplugin:Step", "is not a method: it must be a dataclass"),
 ])
 def test_a_module_class_path_that_is_no_method_is_an_issue(tmp_path, name, words):

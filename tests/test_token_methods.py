@@ -8,21 +8,23 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from kvbench.benchmarks.divergence import kl_divergence
 from kvbench.methods.base import build_method
-from kvbench.models import load_model
 from kvbench.models.attention import biased_attention
 from kvbench.models.hf_cache import KVBenchCache
+from tests.plugins.model_runs import cpu_context
+from tests.plugins.tensors import token_ids
 
 PREFILL, TOTAL = 48, 64
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny:llama", torch.device("cpu")).model
+def tiny(tiny_llama):
+    return tiny_llama.model
 
 
 def _ids(n=TOTAL, seed=3):
-    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+    return token_ids(n, seed)
 
 
 @torch.inference_mode()
@@ -50,8 +52,7 @@ def _full_keys(model, ids):
 
 
 def _kl(plain, other):
-    log_p, log_q = plain.log_softmax(-1), other.log_softmax(-1)
-    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    return float(kl_divergence(plain, other).mean())
 
 
 # ---- Attention Matching -----------------------------------------------------------------------
@@ -178,7 +179,7 @@ def test_snapkv_keeps_its_window_and_the_budget(tiny):
 def test_h2o_holds_its_budget_and_recent_window_through_decode(tiny):
     _, cache = _run(tiny, build_method("h2o", {"budget": 16, "recent": 0.5}))
     assert cache.retained_tokens() == [16] * len(cache.layers)
-    assert all(layer.policy.scores.shape[-1] == 16 for layer in cache.layers)
+    assert all(layer.policy.accumulated.shape[-1] == 16 for layer in cache.layers)
     keys = _full_keys(tiny, _ids())[0]
     torch.testing.assert_close(cache.layers[0].policy.keys[..., 8:, :], keys[..., TOTAL - 8:, :])
 
@@ -299,14 +300,41 @@ def test_repeat_prefill_queries_come_from_the_prompt_fed_again_and_taken_back(ti
 
 
 def test_benchmarks_feed_the_reference_probe():
-    from kvbench.benchmarks.base import RunContext
     from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
 
-    ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
-                     load_model=lambda spec, device, backend="torch": load_model(spec, device))
+    ctx = cpu_context("tiny:llama")
     params = PerplexityParams(context=48, continuation=16)
     repeat = Perplexity().run(params, build_method("am", {"ratio": 0.25, "queries": "repeat"}),
                               ctx).metrics
     context = Perplexity().run(params, build_method("am", {"ratio": 0.25}), ctx).metrics
     assert repeat["perplexity"].value != context["perplexity"].value
     assert repeat["retained_kv"].value == context["retained_kv"].value
+
+
+def test_snapkv_keeps_what_the_official_code_keeps():
+    """FasterDecoding/SnapKV's update_kv, restated (one query head per KV head, where its per
+    query head choice and kvbench's per KV head one agree): the window's queries attend
+    causally, their weights summed over the window on the prefix are average-pooled (kernel 5,
+    zero padded), and the top budget - window prefix tokens are kept with the window."""
+    from kvbench.methods.eviction import SnapKV
+
+    heads, prompt, dim, window, kernel, budget = 2, 80, 16, 32, 5, 48
+    g = torch.Generator().manual_seed(7)
+    keys = torch.randn(1, heads, prompt, dim, generator=g)
+    queries = torch.randn(1, heads, prompt, dim, generator=g) * 2
+    method = SnapKV(budget=budget)
+    assert (method.window, method.kernel, method.pooling) == (window, kernel, "avg")
+    cache = method.new_layer_cache(0)
+    cache.append(keys, keys.clone())
+    cache.observe_queries(queries)
+    cache.end_prefill()
+
+    logits = queries[..., -window:, :] @ keys.transpose(2, 3) / dim ** 0.5
+    causal = torch.full((window, window), float("-inf")).triu(1)
+    logits[..., -window:] += causal
+    votes = logits.softmax(-1)[..., : prompt - window].sum(dim=-2)
+    pooled = torch.nn.functional.avg_pool1d(votes, kernel, padding=kernel // 2, stride=1)
+    top = pooled.topk(budget - window, dim=-1).indices.sort(dim=-1).values
+    want = torch.cat([keys[..., : prompt - window, :].gather(
+        2, top[0].unsqueeze(0).unsqueeze(-1).expand(-1, -1, -1, dim)), keys[..., -window:, :]], 2)
+    assert torch.equal(cache.attention_inputs()[0], want)

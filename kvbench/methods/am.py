@@ -8,22 +8,19 @@ positions continuing from the prompt length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from kvbench.methods import am_fit
-from kvbench.methods.base import register_method
-from kvbench.methods.token_cache import TokenCache, TokenMethod, per_kv_head
+from kvbench.methods.base import Capabilities, register_method
+from kvbench.methods.token_cache import ScorerCache, TokenMethod, per_kv_head
 
 SCORES = ("rms", "max", "mean")
 
 
-class AMCache(TokenCache):
-    observes_queries = True
-
-    def __init__(self, method: "AM"):
-        super().__init__()
-        self.method = method
+class AMCache(ScorerCache):
+    method: "AM"
 
     def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(1, Hq, n, D) queries, and with `causal` their prompt positions (n,): the model's own
@@ -39,37 +36,37 @@ class AMCache(TokenCache):
         return queries, self.positions(0, queries.shape[-2])
 
     def positions(self, first: int, n: int) -> torch.Tensor | None:
-        return torch.arange(first, first + n) if self.method.causal else None
+        if not self.method.causal:
+            return None
+        return torch.arange(first, first + n, device=self.keys.device)
 
-    def select(self, queries: torch.Tensor, keys: torch.Tensor,
-               positions: torch.Tensor | None) -> torch.Tensor:
-        """(H, t) kept token indices per KV head, ascending."""
-        scores = am_fit.key_scores(queries, keys, self.scaling, self.method.score, positions)
-        return am_fit.top_t(scores, self.method.tokens(self._seen))
-
-    def end_prefill(self) -> None:
-        self.observes_queries = False
-        m = self.method
+    def scores(self) -> torch.Tensor:
+        """Per-head scores; the reference queries they came from are kept for the fits."""
         queries, positions = self.reference_queries()
         queries = per_kv_head(queries, self.keys.shape[1])
         if positions is not None:  # rows of per_kv_head: each query head's n queries in turn
             positions = positions.repeat(queries.shape[1] // positions.shape[0])
-        keys, values = self.keys[0].float(), self.values[0].float()
-        selected = self.select(queries, keys, positions)
+        self._fit_queries = queries, positions
+        return am_fit.key_scores(queries, self.keys[0].float(), self.scaling, self.method.score,
+                                 positions)
+
+    def compact(self, index: torch.Tensor) -> None:
+        m = self.method
+        (queries, positions), self._fit_queries = self._fit_queries, None
+        keys, values, selected = self.keys[0].float(), self.values[0].float(), index[0]
         if m.fit_beta:
             beta = am_fit.fit_beta(queries, keys, selected, self.scaling, seed=m.seed,
                                    positions=positions)
         else:
-            beta = torch.zeros(selected.shape)
+            beta = keys.new_zeros(selected.shape)
         fitted = None
         if m.fit_values:
             fitted = am_fit.fit_values(queries, keys, values, selected, beta, self.scaling,
                                        ridge=m.ridge, positions=positions)
             fitted = fitted.to(self.values.dtype).unsqueeze(0)
         # the bias is stored at the keys' dtype: t per head, counted like a key element
-        self.keep(selected.unsqueeze(0), values=fitted,
+        self.keep(index, values=fitted,
                   bias=beta.to(self.keys.dtype).unsqueeze(0) if m.fit_beta else None)
-        self.observed, self.probe = [], None
 
 
 @register_method("am")
@@ -89,7 +86,16 @@ class AM(TokenMethod):
     to its own position. The spec's default lets every prompt query see every key, pairing early
     queries with later keys at negative RoPE distances the model never produces; on the bundled
     model that fits beta to queries unlike the decode queries that meet it (kvbench's eviction
-    suite measures both)."""
+    suite measures both).
+
+    Defaults: score rms, B in [e^-3, e^3], ridge 0 as the paper's AM-HighestAttnKeys config
+    (evaluation/configs/algorithms/default.py, seen in the fork bkal01/compaction, which also sets
+    nnls_iters=2 and on_policy=True); here 20 projected-gradient steps from a seeded power
+    iteration and no on-policy pass; upstream scales a nonzero ridge by ||X||_2^2."""
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"ratio": 0.5}, {"ratio": 0.5, "queries": "repeat"},
+        {"budget": 12, "causal": True, "score": "max", "fit_values": False})
 
     score: str = "rms"
     fit_beta: bool = True
@@ -107,6 +113,10 @@ class AM(TokenMethod):
             raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
         if self.ridge < 0:
             raise ValueError(f"ridge must be >= 0, got {self.ridge}")
+
+    def supports(self) -> Capabilities:
+        # a probe's queries are the reference queries only with `queries: repeat`
+        return Capabilities(trim=True, probes=self.queries == "repeat")
 
     def new_layer_cache(self, layer_idx: int) -> AMCache:
         return AMCache(self)
@@ -134,16 +144,18 @@ class AMTaskCache(AMCache):
         n = queries.shape[-2]
         return queries, self.positions(self._seen - n, n)
 
-    def select(self, queries: torch.Tensor, keys: torch.Tensor,
-               positions: torch.Tensor | None) -> torch.Tensor:
+    def scores(self) -> torch.Tensor:
+        """One row shared by every head: the heads' mean."""
+        return super().scores().mean(0, keepdim=True)
+
+    def budget_tokens(self) -> int | None:
         m = self.method
-        scores = am_fit.key_scores(queries, keys, self.scaling, m.score, positions)
-        heads = scores.shape[0]
-        if m.ratio is None and m.budget is None:
-            kept = am_fit.mad_mask(scores, m.tau).nonzero().squeeze(-1)
-        else:
-            kept = am_fit.top_t(scores.mean(0, keepdim=True), m.tokens(self._seen))[0]
-        return kept.expand(heads, -1)
+        return None if m.ratio is None and m.budget is None else m.tokens(self._seen)
+
+    def select(self, scores: torch.Tensor, keep: int | None) -> torch.Tensor:
+        if keep is None:  # the MAD threshold decides how many
+            return am_fit.mad_mask(scores, self.method.tau).nonzero().squeeze(-1).unsqueeze(0)
+        return super().select(scores, keep)
 
 
 @register_method("am_task")
@@ -158,7 +170,13 @@ class AMTask(AM):
     Values are fitted by ridge regression, as the engine does; its lambda is not published, so
     the default `ridge` 1e-3 is measured here: a few task queries leave the plain least squares
     ill-posed (bundled model, 1024-token prompt, ratio 0.25: ppl_rel_delta 5.34 at ridge 0, -0.06
-    at 1e-3, -0.06 at 1e-2, 0.10 at 1e-1)."""
+    at 1e-3, -0.06 at 1e-2, 0.10 at 1e-1).
+
+    Defaults: tau 1.0, task_tokens 32 and ridge 1e-3 are kvbench's; no upstream code for seed
+    000's engine or Latent Briefing was found."""
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"ratio": 0.5}, {"tau": 0.5}, {"budget": 12, "task_tokens": 8})
 
     tau: float = 1.0
     task_tokens: int = 32
@@ -172,6 +190,12 @@ class AMTask(AM):
     def check_budget(self) -> None:
         if self.ratio is not None or self.budget is not None:  # else: the MAD threshold
             super().check_budget()
+
+    def supports(self) -> Capabilities:
+        # the MAD threshold keeps a different count per layer, and a multi-token step's one
+        # causal mask must fit every layer
+        fixed = self.ratio is not None or self.budget is not None
+        return Capabilities(decode_chunk=fixed, trim=True, probes=True)
 
     def new_layer_cache(self, layer_idx: int) -> AMTaskCache:
         return AMTaskCache(self)

@@ -105,15 +105,6 @@ def key_scores(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     return attn.mean(dim=-2)
 
 
-def top_t(scores: torch.Tensor, t: int) -> torch.Tensor:
-    """Indices (H, t) of the t highest scores per head, sorted ascending so kept keys stay in their
-    original order."""
-    T = scores.shape[-1]
-    if not 1 <= t <= T:
-        raise ValueError(f"budget t={t} outside [1, {T}]")
-    return torch.topk(scores, t, dim=-1).indices.sort(dim=-1).values
-
-
 def mad_mask(scores: torch.Tensor, tau: float) -> torch.Tensor:
     """One token mask (T,) shared by all heads (the task-guided variant).
 
@@ -174,7 +165,7 @@ def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, 
     rhs = (m_sel.transpose(-1, -2) @ mass[..., None]).squeeze(-1)
     gen = torch.Generator().manual_seed(seed)
     # M >= 0, so gram's top eigenvector is nonnegative: a positive start cannot be orthogonal to it.
-    v = torch.rand(H, t, generator=gen, dtype=torch.float64).add_(0.5).to(gram.device)
+    v = torch.rand(H, t, generator=gen, dtype=torch.float64, device="cpu").add_(0.5).to(gram.device)
     for _ in range(_POWER_ITERS):
         v = (gram @ v[..., None]).squeeze(-1)
         v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-300)

@@ -170,27 +170,8 @@ class WrappedPolicy(LayerCachePolicy):
         return self.inner.counters()
 
 
-@dataclass
-class Method(ABC):
-    """Base of every method. Subclasses are dataclasses: the fields are the configuration,
-    ranges are checked in __post_init__ (raise ValueError naming the field)."""
-
-    name: ClassVar[str] = ""
-
-    @abstractmethod
-    def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
-        """A fresh policy for one layer of one sequence."""
-
-    def calibrate(self, model: Any, tokens: list[int]) -> None:
-        """Methods that set themselves from a calibration pass override this. Benchmarks call it
-        once per case, before any cache is built, with the loaded model and tokens that are not
-        the ones they score."""
-
-    def reference_probe(self, prompt: list[int]) -> list[int]:
-        """Tokens a benchmark feeds after the prompt and takes back before end_prefill, so the
-        policies can read their queries (e.g. the prompt again: repeat-prefill queries). None by
-        default."""
-        return []
+class HasCodecs:
+    """The codecs of a method (torch Method, or its MLX implementation)."""
 
     def codec(self) -> Codec | None:
         """The codec behind this method, if it has one (the proofs benchmark needs it)."""
@@ -202,6 +183,61 @@ class Method(ABC):
 
     def value_codec(self) -> Codec | None:
         return self.codec()
+
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method's caches support. A suite that asks for anything else is refused when it
+    is validated; kvbench.testing.check_method checks each declared one for real. MLX support is
+    not declared here: it is an implementation registered for the exact class
+    (kvbench.methods.mlx.base.mlx_implementation)."""
+
+    decode_chunk: bool = True  # decode steps of several tokens (perplexity's decode_chunk > 1)
+    trim: bool = False  # takes back any of its newest tokens before end_prefill (parity's trim,
+    # a probe fed and taken back)
+    probes: bool = False  # reads the queries of a probe fed and taken back before end_prefill
+    devices: tuple[str, ...] = DEVICE_TYPES  # torch device types its tensors may live on
+
+    def lacks(self, wanted: str) -> bool:
+        if wanted in DEVICE_TYPES:
+            return wanted not in self.devices
+        return not getattr(self, wanted)
+
+
+@dataclass
+class Method(HasCodecs, ABC):
+    """Base of every method. Subclasses are dataclasses: the fields are the configuration,
+    ranges are checked in __post_init__ (raise ValueError naming the field).
+
+    `capabilities` says what its caches support; `conformance_params` are the settings
+    kvbench.testing.check_method runs it with (the defaults when empty)."""
+
+    name: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    def supports(self) -> Capabilities:
+        """This configuration's capabilities (a wrapper's are its base's)."""
+        return self.capabilities
+
+    @abstractmethod
+    def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
+        """A fresh policy for one layer of one sequence."""
+
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        """Methods that set themselves from a calibration pass override this. Benchmarks call it
+        once per case, before any cache is built, with statistics of tokens that are not the
+        ones they score, measured on the case's model (kvbench.models.session.CalibrationStats):
+        a method works on tensors, never on a model."""
+
+    def reference_probe(self, prompt: list[int]) -> list[int]:
+        """Tokens a benchmark feeds after the prompt and takes back before end_prefill, so the
+        policies can read their queries (e.g. the prompt again: repeat-prefill queries). None by
+        default."""
+        return []
 
     def layout(self) -> str:
         """What every ratio this method reports is made of: its codecs, its full-precision
@@ -231,14 +267,17 @@ register_method = METHODS.register
 
 
 def build_method(name: str, params: dict[str, Any] | None = None) -> Method:
-    """A registered method from its name and parameters, as a suite's methods entry gives them
-    (methods that wrap another method build it with this). An unknown name is a ValueError, so
-    a wrapper's __post_init__ refuses it like any other bad setting."""
+    """A registered method from its name and parameters, checked as strictly as a suite's
+    methods entry ("4" for an int is refused; methods that wrap another method build it with
+    this). An unknown name or a bad parameter is a ValueError, so a wrapper's __post_init__
+    refuses it like any other bad setting."""
+    from kvbench.params import build_strict
+
     try:
         cls = METHODS.get(name)
     except LookupError as exc:
         raise ValueError(str(exc)) from None
-    return cls(**(params or {}))
+    return build_strict(cls, params or {})
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:

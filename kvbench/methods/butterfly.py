@@ -2,6 +2,8 @@
 of the sink block and one deterministic partner block per layer."""
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import random
 from dataclasses import dataclass
 
@@ -201,7 +203,7 @@ class ButterflyCache(LayerCachePolicy):
             values = torch.cat([self.summary_v.to(dtype), self.raw_v], dim=-2)
         visible = self.visibility(self._last_append)
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=keys.device)
-        bias = bias.masked_fill(~visible.to(keys.device), float("-inf"))
+        bias = bias.masked_fill(~visible, float("-inf"))
         return keys, values, bias.expand(*keys.shape[:2], *visible.shape)
 
     def visibility(self, queries: int) -> torch.Tensor:
@@ -210,23 +212,25 @@ class ButterflyCache(LayerCachePolicy):
         m = self.method
         B, W = m.block_size, m.window
         S, R = self.summary_slots, self.raw_tokens
-        q = torch.arange(self._seen - queries, self._seen)
+        device = self.raw_k.device
+        first_q, last_q = self._seen - queries, self._seen - 1
+        q = torch.arange(first_q, last_q + 1, device=device)
         oldest = q - W + 1  # oldest position in each query's window
         # summaries: the sink and each query block's partner, when they ended at or before oldest
         if m.partner_rule == "local_only" or S == 0:
-            summaries = torch.zeros(queries, S, dtype=torch.bool)
+            summaries = torch.zeros(queries, S, dtype=torch.bool, device=device)
         else:
-            first = int(q[0]) // B
+            first = first_q // B
             partners = torch.tensor(
                 [-1 if (p := partner(m.partner_rule, b, self.layer_idx, b + 1, m.seed)) is None
-                 else p for b in range(first, int(q[-1]) // B + 1)])
+                 else p for b in range(first, last_q // B + 1)], device=device)
             p_of_q = partners[q // B - first]
-            cols = torch.arange(S)
+            cols = torch.arange(S, device=device)
             ends = (cols + 1) * B - 1
             summaries = (ends[None, :] <= oldest[:, None]) & (
                 (cols[None, :] == 0) | (cols[None, :] == p_of_q[:, None]))
         # raw tokens: causal, and inside the window
-        pos = torch.arange(self._seen - R, self._seen)
+        pos = torch.arange(self._seen - R, self._seen, device=device)
         raw = (pos[None, :] <= q[:, None]) & (pos[None, :] >= oldest[:, None])
         return torch.cat([summaries, raw], dim=-1)
 
@@ -277,7 +281,15 @@ class Butterfly(Method):
     Parameters: block_size (int, 128) tokens per block; window (int, 64) exact-attention window
     in tokens; partner_rule (str, "causal_shift") one of PARTNER_RULES; seed (int, 0) for the
     `random` rule. Tensors are (batch=1, kv_heads, tokens, head_dim), post-RoPE, any float dtype.
+
+    Defaults: seeds/003's published run (--block-size 128 --compressed-local-window-tokens 64
+    --block-partner-rule causal_shift); upstream Hmbown/Butterfly bna/mlx/compressed_cache.py
+    CompressedKVCache and scripts/bench_qwen_consumer_mlx.py default to window 128 (rule xor), and
+    cast each float32 block mean back to the cache dtype (kept float32 here).
     """
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"block_size": 8, "window": 8}, {"block_size": 8, "window": 12, "partner_rule": "random"})
 
     block_size: int = 128
     window: int = 64

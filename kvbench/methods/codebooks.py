@@ -62,7 +62,7 @@ class Codebook:
         # as in float64, without a float64 copy of x.
         bounds = self.boundaries.float()
         bounds = torch.where(bounds.double() > self.boundaries,
-                             torch.nextafter(bounds, torch.tensor(-math.inf)), bounds)
+                             torch.nextafter(bounds, bounds.new_tensor(-math.inf)), bounds)
         x = x.float()
         if len(bounds) > _COMPARE_UP_TO:
             return torch.bucketize(x.contiguous(), bounds.to(x.device)).to(torch.uint8)

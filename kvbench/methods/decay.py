@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from kvbench.methods.array_ops import TORCH_OPS
 from kvbench.methods.base import (
@@ -223,7 +223,17 @@ class Decay(Method):
 
     key_codec() and value_codec() are the base's at base_bits: what a fresh segment is stored
     with (the proofs benchmark measures that codec, not the decay).
+
+    Defaults: upstream ediestel/turboquant-plus-mlx turboquant/temporal_decay.py DecayConfig
+    (decay_lambda=1.0, min_bits=2.0, reduction_threshold=0.3, eviction_threshold=0.1); differ:
+    its base_bits=3.5 (3 here: integer widths), mode=BIT_REDUCTION (never evicts) and
+    window_size=None (when set it evicts all older tokens); window and segment are kvbench's.
     """
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"base_params": {"block": 16}, "window": 8, "segment": 8},
+        {"base": "intq", "base_params": {"group_size": 16}, "base_bits": 4, "window": 8,
+         "segment": 8})
 
     base: str = "turbo"
     base_params: dict[str, Any] = dataclasses.field(default_factory=dict)

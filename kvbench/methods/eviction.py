@@ -1,49 +1,44 @@
 """Eviction references: `streamingllm`, `snapkv`, `h2o`. Each keeps full-precision tokens and
 drops the rest; all reduce the prompt at end_prefill (the prompt's forward itself is exact), and
-the fixed-size ones (streamingllm, h2o) keep their budget through decode by evicting at every
-step. Budgets are a ratio of the prompt or a fixed number of tokens per head.
+the fixed-size ones (streamingllm, h2o) keep their budget through decode by evicting after every
+step, one token or many. Budgets are a ratio of the prompt or a fixed number of tokens per head;
+budget, protected tokens, top-k and gather live in kvbench.methods.token_cache.ScorerCache.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import register_method
-from kvbench.methods.token_cache import Budget, TokenCache, TokenMethod, attention_weights
+from kvbench.methods.base import Capabilities, register_method, tensor_bytes
+from kvbench.methods.token_cache import ScorerCache, TokenMethod, attention_weights
+
+POOLINGS = ("avg", "max")
 
 
-class StreamingCache(TokenCache):
-    def __init__(self, budget: Budget, sinks: int):
-        super().__init__()
-        self.budget, self.sinks = budget, sinks
-        self.size: int | None = None  # tokens kept from the end of the prompt on
+class StreamingCache(ScorerCache):
+    """The sinks and a window of the newest tokens: no scores needed."""
 
-    def end_prefill(self) -> None:
-        self.size = self.budget.tokens(self._seen)
-        if self.size <= self.sinks:
-            raise ValueError(f"streamingllm: a budget of {self.size} tokens leaves no window"
-                             f" after {self.sinks} sink tokens")
-        self._evict()
+    reads_queries = False
+    holds_budget = True
 
-    def append(self, keys, values, queries=None) -> None:
-        super().append(keys, values, queries)
-        if self.size is not None and keys.shape[-2] == 1:
-            # one-token steps only: a longer step's causal mask was sized before it
-            self._evict()
-
-    def _evict(self) -> None:
-        held = self.keys.shape[-2]
-        window = self.size - self.sinks
-        index = torch.cat([torch.arange(self.sinks), torch.arange(held - window, held)])
-        self.keep(index.expand(1, self.keys.shape[1], -1))
+    def protected(self, size: int) -> tuple[int, int]:
+        if size <= self.method.sinks:
+            raise ValueError(f"streamingllm: a budget of {size} tokens leaves no window after"
+                             f" {self.method.sinks} sink tokens")
+        return self.method.sinks, size - self.method.sinks
 
 
 @register_method("streamingllm")
 @dataclass
 class StreamingLLM(TokenMethod):
     """StreamingLLM (Xiao et al.): the first `sinks` tokens plus the newest ones, `ratio` of the
-    prompt or `budget` tokens in all, held at that size through decode."""
+    prompt or `budget` tokens in all, held at that size through decode.
+
+    Defaults: sinks 4 as mit-han-lab/streaming-llm streaming_llm/kv_cache.py (start_size=4) and
+    kvpress's StreamingLLMPress (n_sink=4). Upstream shifts positions inside the cache; here keys
+    keep their original RoPE positions (kvpress without KeyRerotationPress)."""
 
     sinks: int = 4
 
@@ -53,54 +48,60 @@ class StreamingLLM(TokenMethod):
             raise ValueError(f"sinks must be >= 0, got {self.sinks}")
 
     def new_layer_cache(self, layer_idx: int) -> StreamingCache:
-        return StreamingCache(self, self.sinks)
+        return StreamingCache(self)
 
 
-class SnapKVCache(TokenCache):
-    observes_queries = True
+class SnapKVCache(ScorerCache):
+    method: "SnapKV"
 
-    def __init__(self, method: "SnapKV"):
-        super().__init__()
-        self.method = method
-
-    def observe_queries(self, queries: torch.Tensor) -> None:
+    def observe(self, queries: torch.Tensor) -> None:
         # only the observation window is needed: keep the newest `window` queries
-        super().observe_queries(queries)
+        super().observe(queries)
         self.observed = [self.observed_queries(last=self.method.window)]
 
-    def end_prefill(self) -> None:
-        self.observes_queries = False
-        m, prompt = self.method, self._seen
-        keep = m.tokens(prompt)
-        # The observation window: the prompt's last `window` queries, or a probe taken back.
-        if self.probe is not None:
-            queries, window = self.probe, 0
-        else:
-            queries, window = self.observed_queries(), min(m.window, prompt - 1)
-        if keep <= window:
-            raise ValueError(f"snapkv: a budget of {keep} tokens is not above the observation"
-                             f" window of {window}")
+    def _window(self) -> int:
+        """The prompt's last queries vote, or a probe taken back (then no window is kept)."""
+        return 0 if self.probe is not None else min(self.method.window, self._seen - 1)
+
+    def protected(self, size: int) -> tuple[int, int]:
+        return 0, self._window()
+
+    def scores(self) -> torch.Tensor:
+        """Votes on the tokens before the window, pooled over those only (as upstream: the
+        window's own votes are not pooled into its neighbours); the window is kept anyway."""
+        window = self._window()
+        queries = self.probe if self.probe is not None else self.observed_queries()
         weights = attention_weights(queries, self.keys, self.scaling, causal=window > 0)
-        votes = weights.sum(dim=(1, 2))[:, : prompt - window]  # (H, prefix)
-        pooled = torch.nn.functional.max_pool1d(votes.unsqueeze(1), m.kernel, stride=1,
-                                                padding=m.kernel // 2).squeeze(1)
-        top = pooled.topk(keep - window, dim=-1).indices.sort(dim=-1).values
-        recent = torch.arange(prompt - window, prompt).expand(top.shape[0], -1)
-        self.keep(torch.cat([top, recent], dim=-1).unsqueeze(0))
-        self.observed, self.probe = [], None
+        held = self.keys.shape[-2]
+        votes = weights.sum(dim=(1, 2))[:, : held - window].unsqueeze(1)  # (H, 1, prefix)
+        pool = (torch.nn.functional.avg_pool1d if self.method.pooling == "avg"
+                else torch.nn.functional.max_pool1d)
+        k = self.method.kernel
+        pooled = pool(votes, k, stride=1, padding=k // 2).squeeze(1)
+        return torch.nn.functional.pad(pooled, (0, window))  # the window: protected, not scored
 
 
 @register_method("snapkv")
 @dataclass
 class SnapKV(TokenMethod):
     """SnapKV (Li et al.): the prompt's last `window` queries vote with their attention (summed
-    over the window and the query heads that share a KV head), votes are max-pooled with
-    `kernel`, and each head keeps its top tokens plus the window, the budget in all. A probe (a
+    over the window and the query heads that share a KV head), votes are pooled (`pooling`,
+    `kernel`), and each head keeps its top tokens plus the window, the budget in all. A probe (a
     question fed and taken back before end_prefill) is the observation window instead, when
-    given."""
+    given.
+
+    Defaults: FasterDecoding/SnapKV snapkv/monkeypatch/snapkv_utils.py init_snapkv (window_size
+    32, kernel_size 5, pooling avgpool); its SnapKVCluster and kvpress's SnapKVPress use window
+    64. Upstream selects per query head (repeat_kv first); here per KV head, votes summed over
+    its query heads (kvpress averages them: the same choice)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(trim=True, probes=True)
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"ratio": 0.5, "window": 8}, {"budget": 40, "pooling": "max", "kernel": 7})
 
     window: int = 32
-    kernel: int = 7
+    kernel: int = 5
+    pooling: str = "avg"
 
     def __post_init__(self):
         super().__post_init__()
@@ -108,53 +109,49 @@ class SnapKV(TokenMethod):
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.kernel < 1 or self.kernel % 2 == 0:
             raise ValueError(f"kernel must be an odd number >= 1, got {self.kernel}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)},"
+                             f" got {self.pooling!r}")
 
     def new_layer_cache(self, layer_idx: int) -> SnapKVCache:
         return SnapKVCache(self)
 
 
-class H2OCache(TokenCache):
-    observes_queries = True
+class H2OCache(ScorerCache):
+    method: "H2O"
+    holds_budget = True
 
     def __init__(self, method: "H2O"):
-        super().__init__()
-        self.method = method
-        self.scores: torch.Tensor | None = None  # (H, T) attention each held key received
-        self.size: int | None = None
+        super().__init__(method)
+        self.accumulated: torch.Tensor | None = None  # (H, T) attention each held key received
 
     def append(self, keys, values, queries=None) -> None:
         super().append(keys, values, queries)
-        fresh = torch.zeros(keys.shape[1], keys.shape[-2])
-        self.scores = fresh if self.scores is None else torch.cat([self.scores, fresh], dim=-1)
+        fresh = keys.new_zeros(keys.shape[1], keys.shape[-2], dtype=torch.float32)
+        self.accumulated = (fresh if self.accumulated is None
+                            else torch.cat([self.accumulated, fresh], dim=-1))
 
-    def observe_queries(self, queries: torch.Tensor) -> None:
+    def observe(self, queries: torch.Tensor) -> None:
         weights = attention_weights(queries, self.keys, self.scaling)
-        self.scores += weights.sum(dim=(1, 2))
-        if self.size is not None and queries.shape[-2] == 1:
-            self._evict()
+        self.accumulated += weights.sum(dim=(1, 2))
+
+    def scores(self) -> torch.Tensor:
+        return self.accumulated
+
+    def protected(self, size: int) -> tuple[int, int]:
+        return 0, max(1, round(size * self.method.recent))
+
+    def keep(self, index, values=None, bias=None) -> None:
+        super().keep(index, values, bias)
+        self.accumulated = self.accumulated.gather(-1, index[0])
 
     def trim(self, n: int) -> int:
         dropped = super().trim(n)
-        self.scores = self.scores[:, : self.keys.shape[-2]]
+        self.accumulated = self.accumulated[:, : self.keys.shape[-2]]
         return dropped
 
-    def end_prefill(self) -> None:
-        self.size = self.method.tokens(self._seen)
-        self._evict()
-
-    def _evict(self) -> None:
-        held = self.keys.shape[-2]
-        if held <= self.size:
-            return
-        recent = max(1, round(self.size * self.method.recent))
-        heavy = self.size - recent
-        top = self.scores[:, : held - recent].topk(heavy, dim=-1).indices.sort(dim=-1).values
-        index = torch.cat([top, torch.arange(held - recent, held).expand(top.shape[0], -1)], -1)
-        self.keep(index.unsqueeze(0))
-        self.scores = self.scores.gather(-1, index)
-
     def measured_bytes(self) -> int:
-        return super().measured_bytes() + self.scores.numel() * self.scores.element_size()
+        return super().measured_bytes() + tensor_bytes(self.accumulated)
 
 
 @register_method("h2o")
@@ -163,7 +160,10 @@ class H2O(TokenMethod):
     """H2O (Zhang et al.): heavy hitters by the attention each key has accumulated from every
     query so far, plus the newest `recent` fraction of the budget; held at the budget through
     decode. The accumulated scores (float32 per held key and head) are bookkeeping, counted in
-    measured bytes, not in the layout."""
+    measured bytes, not in the layout.
+
+    Defaults: recent 0.5 as FMInference/H2O h2o_hf/run_text_generation.py and
+    scripts/lm_eval/h2o.sh (heavy_ratio 0.1, recent_ratio 0.1: half of a 0.2 budget is recent)."""
 
     recent: float = 0.5
 

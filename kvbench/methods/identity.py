@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from kvbench.backends.torch_backend import DTYPES
-from kvbench.methods.base import Codec, Method, Packed, register_method
+from kvbench.methods.base import Capabilities, Codec, Method, Packed, register_method
 from kvbench.methods.codec_cache import CodecCache
 
 
@@ -49,6 +49,12 @@ class Identity(Method):
     def __post_init__(self):
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"dtype": "float16"})
+
+    def supports(self) -> Capabilities:
+        # stored as given, every token stays raw and can be taken back; a cast packs them
+        return Capabilities(trim=self.dtype == "auto")
 
     def codec(self) -> Codec:
         return CastCodec(self.dtype)

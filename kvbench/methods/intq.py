@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -181,6 +181,9 @@ class IntQ(Method):
         window: int = 0 — newest tokens kept in full precision (>= 0).
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
     """
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"group_size": 16}, {"axis": "channel", "group_size": 8, "window": 8})
 
     bits: int = 4
     group_size: int = 32

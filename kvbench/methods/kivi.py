@@ -1,6 +1,8 @@
 """`kivi`: 2/4-bit keys per channel, values per token, the newest tokens in full precision."""
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from dataclasses import dataclass
 
 from kvbench.methods.array_ops import TORCH_OPS
@@ -120,7 +122,13 @@ class Kivi(Method):
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
 
     codec() is None: keys and values use different codecs, given by key_codec() and value_codec().
+
+    Defaults: METHODS.md §KIVI (bits=2, group_size=32, residual=128); upstream jy-yuan/KIVI has no
+    single default: utils/process_args.py ModelArguments (k_bits=v_bits=2, group_size=128,
+    residual_length=128), example.py (k_bits=v_bits=2, group_size=32, residual_length=32).
     """
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({"group_size": 8, "residual": 16}, {})
 
     bits: int = 2
     group_size: int = 32

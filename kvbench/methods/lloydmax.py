@@ -1,6 +1,8 @@
 """`lloydmax`: ManthanQuant-style per-vector norm plus N(0, 1) Lloyd-Max codes per coordinate."""
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import math
 from dataclasses import dataclass
 
@@ -87,7 +89,13 @@ class LloydMax(Method):
         rotation_seed: int = 0 — seed of the rotation's own generator (>= 0), not the data's.
         window: int = 0 — newest tokens kept in full precision (>= 0).
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
+
+    Defaults: upstream atcuality2021/manthanquant manthanquant/x86_quantize.py tq_encode_torch
+    (bits=3, float32 radius, N(0, 1) 3-bit table, no rotation; the CUDA kernel's seed is unused,
+    manthanquant-x86 csrc/turboquant_kernel.cu, bits 2..4 only); rotate/window are kvbench's.
     """
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"rotate": True, "window": 8})
 
     bits: int = 3
     rotate: bool = False

@@ -41,7 +41,7 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
 
 
 def _signs(n: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, 2, (n,), generator=generator).double() * 2 - 1
+    return torch.randint(0, 2, (n,), generator=generator, device="cpu").double() * 2 - 1
 
 
 class _MatrixRotation:
@@ -91,8 +91,8 @@ class HaarRotation(_MatrixRotation):
             raise ValueError(f"dim must be >= 1, got {dim}")
         self.dim, self.seed = dim, seed
         gaussian = torch.randn(
-            dim, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
-        )
+            dim, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64,
+            device="cpu")
         q, r = torch.linalg.qr(gaussian)
         self.matrix = q * torch.sign(torch.diagonal(r))
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbench.methods.base import (
+    Capabilities,
     Codec,
     LayerCachePolicy,
     Method,
@@ -62,6 +63,10 @@ class SparseV(Method):
     In a suite: `{name: sparse_v, params: {base: turbo3, tau: 1.0e-4}}`.
     """
 
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {}, {"base": "turbo3", "base_params": {"block": 16}, "tau": 1e-3},
+        {"base": "am", "base_params": {"ratio": 0.5, "queries": "repeat"}})
+
     base: str = "identity"
     base_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     tau: float = 1e-6
@@ -80,8 +85,14 @@ class SparseV(Method):
     def new_layer_cache(self, layer_idx: int) -> SparseVCache:
         return SparseVCache(self._base.new_layer_cache(layer_idx), self.tau)
 
-    def calibrate(self, model: Any, tokens: list[int]) -> None:
-        self._base.calibrate(model, tokens)
+    def supports(self) -> Capabilities:
+        return self._base.supports()
+
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        self._base.calibrate(stats, tokens)
+
+    def reference_probe(self, prompt: list[int]) -> list[int]:
+        return self._base.reference_probe(prompt)
 
     def key_codec(self) -> Codec | None:
         return self._base.key_codec()

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import LayerCachePolicy, Method, storage_bytes, tensor_bytes
+from kvbench.methods.base import (
+    Capabilities,
+    LayerCachePolicy,
+    Method,
+    storage_bytes,
+    tensor_bytes,
+)
 
 
 @dataclass
@@ -51,7 +58,11 @@ class Budget:
 
 @dataclass
 class TokenMethod(Budget, Method):
-    """A token-reduction method: its budget, and the layout every ratio it reports stands on."""
+    """A token-reduction method: its budget, and the layout every ratio it reports stands on.
+    Until end_prefill it holds every token, so it can take any of them back."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(trim=True)
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({"ratio": 0.5}, {"budget": 9})
 
     def layout(self) -> str:
         return (f"{self.name}: keeps {self.describe()} per head at full precision;"
@@ -151,6 +162,91 @@ class TokenCache(LayerCachePolicy):
         return storage_bytes(self.keys, self.values, self.bias, *self.observed, self.probe)
 
 
+class ScorerCache(TokenCache):
+    """A token-reduction policy that supplies only scores; the rest lives here once (in the
+    spirit of kvpress's ScorerPress): the budget, protected sinks (the first tokens) and window
+    (the newest), top-k per head or one shared top-k, the gather, and placement of every index
+    on the keys' device.
+
+    Subclasses implement scores(); they may protect tokens (protected()), select differently
+    (select()) or replace the gather (compact(), e.g. AM's fits). Reduction happens at
+    end_prefill; a policy with `holds_budget` also evicts after every later step's attention
+    (observe_queries), whatever the step's length, so the budget holds through decode."""
+
+    # Reads the prompt's queries (observe()); a policy holding its budget observes them after
+    # end_prefill too, as the end-of-step signal.
+    reads_queries: bool = True
+    holds_budget: bool = False
+
+    def __init__(self, method: TokenMethod):
+        super().__init__()
+        self.method = method
+        self.observes_queries = self.reads_queries
+        self.size: int | None = None  # tokens kept per head, once the prompt is reduced
+
+    def protected(self, size: int) -> tuple[int, int]:
+        """(sinks, window): the first and the newest tokens always kept, out of `size`."""
+        return 0, 0
+
+    def scores(self) -> torch.Tensor:
+        """(H, T) or, for one mask shared by every head, (1, T): a score per held token, higher
+        kept first. Only the unprotected span is read."""
+        raise NotImplementedError
+
+    def select(self, scores: torch.Tensor, keep: int) -> torch.Tensor:
+        """Indices (rows, keep) into `scores`' last axis, ascending."""
+        return top_k(scores, keep)
+
+    def compact(self, index: torch.Tensor) -> None:
+        """Keep the tokens at `index` (1, H, t)."""
+        self.keep(index)
+
+    def observe(self, queries: torch.Tensor) -> None:
+        """The queries of the step that just attended (default: keep them all)."""
+        super().observe_queries(queries)
+
+    def budget_tokens(self) -> int | None:
+        """Tokens to keep per head from the prompt seen (None: select() decides)."""
+        return self.method.tokens(self._seen)
+
+    def end_prefill(self) -> None:
+        self.size = self.budget_tokens()
+        self.reduce()
+        self.observed, self.probe = [], None
+        self.observes_queries = self.holds_budget
+
+    def observe_queries(self, queries: torch.Tensor) -> None:
+        if self.size is None:
+            self.observe(queries)
+            return
+        if self.reads_queries:
+            self.observe(queries)
+        if self.keys.shape[-2] > self.size:
+            self.reduce()
+
+    def reduce(self) -> None:
+        held, heads = self.keys.shape[-2], self.keys.shape[1]
+        size = self.size
+        sinks, window = (0, 0) if size is None else self.protected(size)
+        if size is not None and sinks + window > size:
+            raise ValueError(f"{self.method.name}: a budget of {size} tokens does not hold the"
+                             f" {sinks} sinks and the window of {window}")
+        device = self.keys.device
+        parts = [torch.arange(sinks, device=device).expand(heads, -1)]
+        if size is None or size > sinks + window:
+            scores = self.scores()[:, sinks: held - window]
+            keep = None if size is None else size - sinks - window
+            chosen = self.select(scores, keep) + sinks
+            parts.append(chosen.to(device).expand(heads, -1))
+        parts.append(torch.arange(held - window, held, device=device).expand(heads, -1))
+        self.compact(torch.cat(parts, dim=-1).unsqueeze(0))
+
+
+def top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (rows, k) of each row's k highest scores, ascending: kept tokens stay in order."""
+    return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
 def per_kv_head(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """(1, Hq, n, D) queries as (kv_heads, groups * n, D): each KV head's reference queries are
     those of the query heads that read it."""
@@ -169,5 +265,6 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     logits = q @ keys[0].float().unsqueeze(1).transpose(-1, -2) * scaling
     if not causal:
         return logits.softmax(-1)
-    visible = torch.arange(total - n, total).unsqueeze(1) >= torch.arange(total).unsqueeze(0)
+    positions = torch.arange(total, device=keys.device)
+    visible = positions[total - n:].unsqueeze(1) >= positions.unsqueeze(0)
     return logits.masked_fill(~visible, -math.inf).softmax(-1)

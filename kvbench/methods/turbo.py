@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -291,7 +291,17 @@ class Turbo(Method):
             part of the channel split seed + 500 (as upstream).
         window: int = 0 — newest tokens kept in full precision by the cache (>= 0).
     Tensors: keys and values (batch, kv_heads, tokens, head_dim), the same codec for both.
+
+    Defaults: block=128, hadamard rotation, MSE path as the fork (TheTom/llama-cpp-turboquant
+    ggml/src/ggml-common.h: QK_TURBO2/3/4 = 128, TURBO4_USE_4BIT 1); bits=3, norm_correction=True
+    as ediestel/turboquant-plus-mlx turboquant/kv_cache.py KVCacheCompressor (k_bits=v_bits=3).
+    Differ: seed 0 (upstream Python seed=42, dense Haar rotation; the fork's signs are fixed
+    tables) and that KVCacheCompressor codes K with QJL (TurboQuant) and V MSE-only at seed + 500.
     """
+
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"block": 16}, {"block": 16, "bits": 4, "qjl": True, "window": 8},
+        {"block": 16, "rotation": "haar", "codebook": "beta"})
 
     bits: int = 3
     block: int = 128
@@ -376,48 +386,56 @@ class Turbo(Method):
 @register_method("turbo2")
 @dataclass
 class Turbo2(Turbo):
-    """turbo preset: 2 bits per coordinate (2.125 bits/value at block 128)."""
+    """turbo preset: 2 bits per coordinate (2.125 bits/value at block 128); the fork's
+    block_turbo2_0 (QK_TURBO2 = 128, ggml/src/ggml-common.h)."""
 
     bits: int = 2
 
 
-@register_method("turbo2.5")
 @dataclass
-class Turbo2_5(Turbo):
-    """turbo preset: upstream's channel split, the first half of each block's channels at 3 bits
-    and the rest at 2, each half with its own Haar rotation and fp32 norm (3.0 bits/value at
-    block 128; outlier_split="rotated" gives 2.625)."""
+class _ChannelSplit(Turbo):
+    """The outlier presets' shared settings: upstream outlier.py's split of the channels."""
 
-    bits: int = 2
     outlier_fraction: float = 0.5
     outlier_split: Literal["rotated", "channels"] = "channels"
     rotation: Literal["hadamard", "haar"] = "haar"
 
 
+@register_method("turbo2.5")
+@dataclass
+class Turbo2_5(_ChannelSplit):
+    """turbo preset: upstream's channel split, the first half of each block's channels at 3 bits
+    and the rest at 2, each half with its own Haar rotation and fp32 norm (3.0 bits/value at
+    block 128; outlier_split="rotated" gives 2.625). Upstream: turboquant/outlier.py
+    OutlierTurboQuant (TheTom/turboquant_plus), target_bits=2.5, with QJL (qjl=True here)."""
+
+    bits: int = 2
+
+
 @register_method("turbo3")
 @dataclass
 class Turbo3(Turbo):
-    """turbo preset: 3 bits per coordinate (3.125 bits/value at block 128)."""
+    """turbo preset: 3 bits per coordinate (3.125 bits/value at block 128); the fork's
+    block_turbo3_0 (QK_TURBO3 = 128, ggml/src/ggml-common.h)."""
 
     bits: int = 3
 
 
 @register_method("turbo3.5")
 @dataclass
-class Turbo3_5(Turbo):
+class Turbo3_5(_ChannelSplit):
     """turbo preset: upstream's channel split, the first half of each block's channels at 4 bits
     and the rest at 3, each half with its own Haar rotation and fp32 norm (4.0 bits/value at
-    block 128; outlier_split="rotated" gives 3.625)."""
+    block 128; outlier_split="rotated" gives 3.625). Upstream: turboquant/outlier.py
+    OutlierTurboQuant (TheTom/turboquant_plus), target_bits=3.5, with QJL (qjl=True here)."""
 
     bits: int = 3
-    outlier_fraction: float = 0.5
-    outlier_split: Literal["rotated", "channels"] = "channels"
-    rotation: Literal["hadamard", "haar"] = "haar"
 
 
 @register_method("turbo4")
 @dataclass
 class Turbo4(Turbo):
-    """turbo preset: 4 bits per coordinate (4.125 bits/value at block 128)."""
+    """turbo preset: 4 bits per coordinate (4.125 bits/value at block 128); the fork's default
+    block_turbo4_0 (TURBO4_USE_4BIT 1: 4-bit MSE, 66 bytes per 128, ggml/src/ggml-common.h)."""
 
     bits: int = 4

@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import itertools
 import json
 import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict
+from pydantic import ValidationError
 
 from kvbench.claims import Claim, parse_claim
 from kvbench.models.info import ModelInfo, describe_model, expand_home
+from kvbench.params import adapter, yaml_types
 from kvbench.registry import Registry, UnknownName, did_you_mean
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, dotted
@@ -56,6 +53,7 @@ class _Variant:
     label: str
     params: dict[str, Any] | None  # None: the method or these params are invalid
     claims: list[Placed[Claim]] = field(default_factory=list)
+    method: Any = None  # the configured method (None when params is)
 
 
 def expand_cases(
@@ -146,7 +144,7 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
             variants.append(_Variant(
                 placed, cls, base + "".join(f"-{k}{_text(v)}" for k, v in combo.items()),
                 None if instance is None else dataclasses.asdict(instance),
-                [c for c in claims if c is not None],
+                [c for c in claims if c is not None], instance,
             ))
     first: dict[str, _Variant] = {}
     for variant in variants:
@@ -239,8 +237,9 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             except ValueError as exc:
                 issues.add(bench.doc, _blame(str(exc), combo, bench), str(exc))
                 continue
+        needed = _needs(cls, params, defaults)
         for variant in chosen:
-            if variant.params is None:
+            if variant.params is None or not _supported(variant, needed, combo, bench, issues):
                 continue
             case_id = f"{entry.kind}/{variant.label}{suffix}"
             cases.append(Case(
@@ -259,6 +258,37 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                    if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
             ))
     return cases
+
+
+def _needs(cls: type, params: Any, defaults: Defaults) -> list[tuple[str, str | None, str]]:
+    """(capability, parameter or None, why) a benchmark's settings ask of every method: its
+    `needs` (parameter -> (capability, the value that needs nothing)) and the device."""
+    needed = [(capability, name, f"{name}: {_text(getattr(params, name))}")
+              for name, (capability, neutral) in getattr(cls, "needs", {}).items()
+              if getattr(params, name) != neutral]
+    device = defaults.device.partition(":")[0]
+    if device not in ("auto", "cpu"):
+        needed.append((device, None, f"device: {defaults.device}"))
+    return needed
+
+
+def _supported(variant: _Variant, needed: list[tuple[str, str | None, str]], combo: dict,
+               bench: Placed[BenchmarkEntry], issues: Issues) -> bool:
+    """Whether the method supports what the benchmark asks of it; if not, the issue is at the
+    benchmark parameter that asks."""
+    supports = getattr(variant.method, "supports", None)
+    if supports is None:  # a stand-in without declared capabilities: not checked
+        return True
+    capabilities = supports()
+    ok = True
+    for capability, name, why in needed:
+        if capabilities.lacks(capability):
+            path = _blame(name, combo, bench) if name else bench.at("kind")
+            issues.add(bench.doc, path,
+                       f"method {variant.label!r} does not support {capability!r}, which {why}"
+                       " needs", "drop the method from this benchmark (methods:) or the setting")
+            ok = False
+    return ok
 
 
 def _first(override, default):
@@ -320,8 +350,8 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
     out = []
     for combo in combos:
         try:
-            _yaml_types(cls).validate_python({**params, **combo}, strict=True)
-            out.append(_adapter(cls).validate_python({**params, **combo}))
+            yaml_types(cls).validate_python({**params, **combo}, strict=True)
+            out.append(adapter(cls).validate_python({**params, **combo}))
         except ValidationError as exc:
             out.append(None)
             for err in exc.errors():
@@ -333,32 +363,6 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
             out.append(None)
             issues.add(placed.doc, _blame(str(exc), combo, placed), str(exc))
     return out
-
-
-@functools.cache
-def _adapter(cls: type) -> TypeAdapter:
-    return TypeAdapter(cls)
-
-
-@functools.cache
-def _yaml_types(cls: type) -> TypeAdapter:
-    """The fields of `cls` as YAML writes them, checked strictly: "4" or true for an int is a
-    mistake (the dataclass' own adapter would coerce them), a list for a tuple is not."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: _as_yaml(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
-    return TypeAdapter(TypedDict(f"{cls.__name__}Fields", fields, total=False))  # type: ignore
-
-
-def _as_yaml(tp: Any) -> Any:
-    """`tp` with tuple[X, ...] read as list[X] (YAML has no tuples)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return list[_as_yaml(args[0])]  # type: ignore[misc]
-    if origin in (Union, types.UnionType):
-        return Union[tuple(map(_as_yaml, args))]
-    if origin in (list, dict):
-        return origin[tuple(map(_as_yaml, args))]
-    return tp
 
 
 def _param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:

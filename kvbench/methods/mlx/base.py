@@ -13,54 +13,47 @@ import mlx.core as mx
 import numpy as np
 import torch
 
-from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed
+from kvbench.methods.base import Codec, HasCodecs, LayerCachePolicy, Method, Packed
 from kvbench.methods.codec_cache import CodecCache
 
 _IMPLEMENTATIONS: dict[type, type] = {}
 
 
-def mlx_implementation(method_cls: type[Method]) -> Callable[[type], type]:
-    """Register the decorated class as the MLX implementation of `method_cls` (and of its
-    subclasses, e.g. the turbo presets, unless they register their own)."""
+def mlx_implementation(*method_classes: type[Method]) -> Callable[[type], type]:
+    """Register the decorated class as the MLX implementation of exactly `method_classes`: a
+    subclass (a plug-in overriding the algorithm) has none until it registers its own, so it
+    never silently runs its parent's."""
     def register(cls: type) -> type:
-        _IMPLEMENTATIONS[method_cls] = cls
+        for method_cls in method_classes:
+            _IMPLEMENTATIONS[method_cls] = cls
         return cls
     return register
 
 
 def has_mlx(method_cls: type[Method]) -> bool:
-    return any(c in _IMPLEMENTATIONS for c in method_cls.__mro__)
+    return method_cls in _IMPLEMENTATIONS
 
 
 def on_mlx(method: Method) -> "MLXMethod":
     """`method` as MLX runs it."""
-    for cls in type(method).__mro__:
-        if cls in _IMPLEMENTATIONS:
-            return _IMPLEMENTATIONS[cls](method)
-    raise NotImplementedError(f"method {type(method).name or type(method).__name__!r} has no MLX"
-                              " implementation")
+    implementation = _IMPLEMENTATIONS.get(type(method))
+    if implementation is None:
+        raise NotImplementedError(f"method {type(method).name or type(method).__name__!r} has"
+                                  " no MLX implementation (registered for its exact class)")
+    return implementation(method)
 
 
-class MLXMethod:
+class MLXMethod(HasCodecs):
     """Base of MLX implementations: `config` is the torch Method whose fields configure it."""
 
     def __init__(self, config: Method):
         self.config = config
 
-    def codec(self) -> Codec | None:
-        return None
-
-    def key_codec(self) -> Codec | None:
-        return self.codec()
-
-    def value_codec(self) -> Codec | None:
-        return self.codec()
-
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         raise NotImplementedError
 
-    def calibrate(self, model: Any, tokens: list[int]) -> None:
-        """As Method.calibrate, with an MLX-hosted model."""
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        """As Method.calibrate, with statistics measured on the MLX-hosted model."""
 
     def layout(self) -> str:
         return self.config.layout()

@@ -35,8 +35,8 @@ class MLXSparseV(MLXMethod):
     def new_layer_cache(self, layer_idx: int) -> MLXSparseVCache:
         return MLXSparseVCache(self.base.new_layer_cache(layer_idx), self.config.tau)
 
-    def calibrate(self, model: Any, tokens: list[int]) -> None:
-        self.base.calibrate(model, tokens)
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        self.base.calibrate(stats, tokens)
 
     def key_codec(self) -> Codec | None:
         return self.base.key_codec()

@@ -9,8 +9,9 @@ parity; an Apple Silicon port that keeps the arrays in MLX would be measured aga
 from __future__ import annotations
 
 from kvbench.methods.base import LayerCachePolicy, WrappedPolicy
+from kvbench.methods.am import AM, AMTask
 from kvbench.methods.butterfly import Butterfly
-from kvbench.methods.token_cache import TokenMethod
+from kvbench.methods.eviction import H2O, SnapKV, StreamingLLM
 from kvbench.methods.mlx.base import MLXMethod, mlx_implementation, to_mx, to_torch
 
 
@@ -28,8 +29,7 @@ class TorchPolicyOnMLX(WrappedPolicy):
         self.inner.observe_queries(to_torch(queries))
 
 
-@mlx_implementation(TokenMethod)
-@mlx_implementation(Butterfly)
+@mlx_implementation(StreamingLLM, SnapKV, H2O, AM, AMTask, Butterfly)
 class MLXTokenMethod(MLXMethod):
     """streamingllm, snapkv, h2o, am, am_task, butterfly: their torch policies, bridged."""
 

@@ -18,7 +18,16 @@ from kvbench.methods.mlx.codebooks import MLXCodebook
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.mlx.rotation import MLXRotation
 from kvbench.methods.mlx.tokenwise import MLXTokenwiseCodec
-from kvbench.methods.turbo import Turbo, TurboCodec, _Part
+from kvbench.methods.turbo import (
+    Turbo,
+    Turbo2,
+    Turbo2_5,
+    Turbo3,
+    Turbo3_5,
+    Turbo4,
+    TurboCodec,
+    _Part,
+)
 
 _NORM_DTYPES = {torch.float16: mx.float16, torch.float32: mx.float32}
 
@@ -130,7 +139,7 @@ class MLXTurboCodec(MLXTokenwiseCodec):
         return self.reference.layout()
 
 
-@mlx_implementation(Turbo)
+@mlx_implementation(Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4)
 class MLXTurbo(MLXMethod):
     """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on MLX; config: the
     torch Turbo (or preset) dataclass, every field honoured."""

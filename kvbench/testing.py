@@ -1,0 +1,370 @@
+"""The contract every kvbench method keeps, as checks a method author runs on their own method:
+
+    from kvbench.testing import check_method
+    check_method(MyMethod(bits=4))                 # torch on the CPU
+    check_method(MyMethod(bits=4), backend="mlx")  # its MLX implementation, if registered
+
+Each check drives the method's layer caches the way a model's attention does (a prompt, the
+probe the method asks for, end_prefill, one-token and multi-token decode steps) on fresh random
+keys, values and queries, then the whole path once more inside kvbench's tiny random model (no
+files, no network). What is checked:
+
+- bytes: accounted bytes are positive and never above the bytes really held; a codec's nbytes
+  is exactly the bytes of the tensors it packed; a method without a codec or summaries stores
+  exactly what attention reads.
+- tokens: seen tokens count every token fed; retained tokens and the returned keys agree; a
+  policy holding a budget (`holds_budget`) holds it after every decode step, one token or many.
+- trim (if declared): the newest tokens fed before end_prefill are taken back, and fed again
+  they give the same attention inputs.
+- the cache is read: poisoned prompt values change the attention output after end_prefill.
+- wrappers hand on what the policy they wrap returns (keys, values, bias, observes_queries), and
+  a probe (if declared) changes what is kept.
+- devices (torch): no tensor is made without the keys' device: the whole drive runs again with
+  meta as the default device (`with torch.device("meta")`), where such a tensor cannot meet the
+  CPU inputs in arithmetic or concatenation (torch lets a meta index through gather and
+  indexing: those are not caught).
+- the model: prefill with the method's probe, end_prefill and decode inside a real attention give
+  finite logits and positions that continue from the prompt.
+
+A failed check raises ConformanceError naming the method, the check and what went wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from kvbench.methods.base import Method, WrappedPolicy, tensor_bytes
+
+KV_HEADS, QUERY_HEADS, HEAD_DIM = 2, 4, 16
+PROMPT, PROBE, STEPS, CHUNK = 48, 6, 3, 4
+POISON = 100.0
+
+
+class ConformanceError(AssertionError):
+    """A method broke the contract; the message says which check and how."""
+
+
+def conformance_methods(cls: type[Method]) -> list[Method]:
+    """The method configured with each of its class' conformance_params."""
+    return [cls(**params) for params in cls.conformance_params]
+
+
+def check_method(method: Method, backend: str = "torch", device: str = "cpu",
+                 model: bool = True) -> None:
+    """Run every check on `method` (see the module's docstring); ConformanceError on the first
+    that fails. `model`: also drive it through the tiny model (needs transformers, or mlx-lm on
+    MLX)."""
+    label = f"{type(method).name or type(method).__name__} {_params(method)} on {backend}"
+    if backend == "mlx":
+        from kvbench.methods.mlx import on_mlx
+
+        build = on_mlx(method).new_layer_cache
+        arrays = _MLXArrays()
+    elif backend == "torch":
+        build = method.new_layer_cache
+        arrays = _TorchArrays(torch.device(device))
+    else:
+        raise ValueError(f"unknown backend {backend!r}; use torch or mlx")
+    subject = _Subject(method, build, arrays)
+    capabilities = method.supports()
+    checks: list[tuple[str, Callable[[], None]]] = [
+        ("bytes and tokens", lambda: _check_drive(subject, chunk=1)),
+        ("the cache is read", lambda: _check_reads_cache(subject)),
+    ]
+    if capabilities.decode_chunk:
+        checks.append(("multi-token decode", lambda: _check_drive(subject, CHUNK)))
+    if capabilities.trim:
+        checks.append(("trim", lambda: _check_trim(subject)))
+    if capabilities.probes:
+        checks.append(("probes are read", lambda: _check_probe(subject)))
+    if method.key_codec() is not None and backend == "torch":
+        checks.append(("codec bytes", lambda: _check_codecs(method, arrays)))
+    if backend == "torch" and arrays.device.type == "cpu":
+        checks.append(("tensors on the keys' device", lambda: _check_no_default_device(subject)))
+    if model:
+        checks.append(("inside the tiny model", lambda: _check_model(method, backend, device)))
+    for name, check in checks:
+        try:
+            check()
+        except ConformanceError as exc:
+            raise ConformanceError(f"{label}: {name}: {exc}") from None
+        except Exception as exc:
+            raise ConformanceError(
+                f"{label}: {name}: raised {type(exc).__name__}: {exc}") from exc
+
+
+def _params(method: Method) -> str:
+    fields = {f.name: getattr(method, f.name) for f in dataclasses.fields(method) if f.init}
+    return ", ".join(f"{k}={v!r}" for k, v in fields.items()) or "(defaults)"
+
+
+def _fail(message: str) -> None:
+    raise ConformanceError(message)
+
+
+# ---- arrays ------------------------------------------------------------------------------------
+
+class _TorchArrays:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def put(self, tensor: torch.Tensor):
+        return tensor.to(self.device)
+
+    def get(self, array) -> torch.Tensor:
+        return array.float().cpu()
+
+
+class _MLXArrays:
+    device = torch.device("cpu")
+
+    def __init__(self):
+        from kvbench.backends.arrays import MLXArrays
+
+        self._arrays = MLXArrays()
+
+    def put(self, tensor: torch.Tensor):
+        return self._arrays.from_torch(tensor)
+
+    def get(self, array) -> torch.Tensor:
+        return self._arrays.to_torch(array).float()
+
+
+def _inputs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys, values (1, KV_HEADS, n, HEAD_DIM) and queries (1, QUERY_HEADS, n, HEAD_DIM) with a
+    few outlier channels, float32 on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(1, KV_HEADS, n, HEAD_DIM, generator=g, device="cpu")
+    keys[..., :2] *= 6
+    values = torch.randn(1, KV_HEADS, n, HEAD_DIM, generator=g, device="cpu")
+    queries = torch.randn(1, QUERY_HEADS, n, HEAD_DIM, generator=g, device="cpu") * 2
+    return keys, values, queries
+
+
+# ---- one layer, driven as attention drives it --------------------------------------------------
+
+class _Layer:
+    """One policy and a reference attention over what it returns, step by step."""
+
+    def __init__(self, policy, arrays):
+        self.policy, self.arrays = policy, arrays
+        self.fed = 0
+
+    def step(self, keys, values, queries) -> torch.Tensor:
+        """Append one step, check what attention is handed, attend, show the queries; the
+        attention output (1, QUERY_HEADS, n, HEAD_DIM) as float32."""
+        from kvbench.models.attention import biased_attention
+
+        put, get, policy = self.arrays.put, self.arrays.get, self.policy
+        n = keys.shape[-2]
+        policy.append(put(keys), put(values))
+        self.fed += n
+        k, v, bias = policy.attention_inputs()
+        self.check_state(k, v, bias, n)
+        k, v = get(k), get(v)
+        bias = None if bias is None else get(bias)
+        out, sparse = biased_attention(queries, k, v, None, bias, HEAD_DIM ** -0.5,
+                                       policy.value_skip_threshold)
+        if sparse is not None:
+            policy.record_sparse_v(*sparse)
+        if policy.observes_queries:
+            policy.observe_queries(put(queries))
+        return out
+
+    def check_state(self, keys, values, bias, n: int) -> None:
+        from kvbench.models.policy_totals import check_attention_inputs
+
+        policy = self.policy
+        if policy.seen_tokens != self.fed:
+            _fail(f"seen_tokens is {policy.seen_tokens} after {self.fed} tokens were fed")
+        check_attention_inputs(policy, 0, tuple(keys.shape),
+                               None if bias is None else tuple(bias.shape), n, None)
+        accounted, measured = policy.retained_bytes, policy.measured_bytes()
+        if not 0 < accounted <= measured:
+            _fail(f"accounted bytes {accounted} must be positive and at most the {measured}"
+                  " bytes it holds")
+        if isinstance(policy, WrappedPolicy):
+            inner = policy.inner.attention_inputs()
+            for name, mine, theirs in zip(("keys", "values", "bias"), (keys, values, bias), inner):
+                if (mine is None) != (theirs is None) or (
+                        mine is not None and not torch.equal(self.arrays.get(mine),
+                                                             self.arrays.get(theirs))):
+                    _fail(f"the wrapper returns other {name} than the policy it wraps")
+            if policy.observes_queries != policy.inner.observes_queries:
+                _fail("the wrapper does not pass on whether its policy observes queries")
+
+    def end_prefill(self) -> None:
+        self.policy.end_prefill()
+
+
+@dataclasses.dataclass
+class _Subject:
+    """What the checks drive: the method, its cache factory on the backend, the arrays."""
+
+    method: Method
+    build: Callable[[int], Any]
+    arrays: Any
+
+    @property
+    def own_probe(self) -> bool:
+        """Whether the method asks for a probe after the prompt (e.g. the prompt again)."""
+        return bool(self.method.reference_probe(list(range(PROMPT))))
+
+
+def _prefill(subject: _Subject, seed: int, probe_seed: int | None = None,
+             poison: float = 0.0) -> _Layer:
+    """A layer fed the prompt (its values shifted by `poison`), a probe taken back (when
+    probe_seed is given or the method asks for one), and end_prefill."""
+    layer = _Layer(subject.build(1), subject.arrays)
+    keys, values, queries = _inputs(PROMPT, seed)
+    layer.step(keys, values + poison, queries)
+    if probe_seed is None and subject.own_probe:
+        probe_seed = seed + 1
+    if probe_seed is not None:
+        layer.step(*_inputs(PROBE, probe_seed))
+        taken = layer.policy.trim(PROBE)
+        layer.fed -= taken
+        if taken != PROBE:
+            _fail(f"trim({PROBE}) took back {taken} tokens of a probe fed before end_prefill")
+    layer.end_prefill()
+    return layer
+
+
+def _check_drive(subject: _Subject, chunk: int) -> None:
+    """Prompt (and the method's own probe), end_prefill, decode in steps of `chunk` tokens:
+    seen, retained and bytes agree at every step; a budget-holding policy holds it."""
+    layer = _prefill(subject, seed=1)
+    policy = layer.policy
+    kept = policy.retained_tokens
+    if kept > PROMPT:
+        _fail(f"retains {kept} tokens after a prompt of {PROMPT}")
+    inner = policy.inner if isinstance(policy, WrappedPolicy) else policy
+    holds = getattr(inner, "holds_budget", False)
+    for i in range(STEPS):
+        layer.step(*_inputs(chunk, seed=10 + i))
+        if holds and policy.retained_tokens != kept:
+            _fail(f"holds a budget of {kept} tokens, but retains {policy.retained_tokens} after"
+                  f" a {chunk}-token decode step")
+        if not holds and policy.retained_tokens > kept + (i + 1) * chunk:
+            _fail(f"retains {policy.retained_tokens} tokens, more than it was fed")
+
+
+def _check_reads_cache(subject: _Subject) -> None:
+    """Shifting every prompt value by POISON must move the decode step's attention output."""
+    step = _inputs(1, seed=20)
+    clean = _prefill(subject, seed=2).step(*step)
+    poisoned = _prefill(subject, seed=2, poison=POISON).step(*step)
+    moved = float((poisoned - clean).abs().mean())
+    if not moved > 1.0:
+        _fail(f"prompt values shifted by {POISON:g} moved the decode output by {moved:.3g} on"
+              " average: attention does not read what the cache holds")
+
+
+def _check_trim(subject: _Subject) -> None:
+    """Tokens fed after the prompt and taken back, then fed again, give the same inputs."""
+    arrays = subject.arrays
+    layer = _Layer(subject.build(1), arrays)
+    layer.step(*_inputs(PROMPT, seed=3))
+    extra = _inputs(PROBE, seed=4)
+    layer.step(*extra)
+    first = [None if a is None else arrays.get(a) for a in layer.policy.attention_inputs()]
+    taken = layer.policy.trim(PROBE)
+    if taken != PROBE:
+        _fail(f"trim({PROBE}) took back {taken}; the method declares trim")
+    layer.fed -= PROBE
+    if layer.policy.seen_tokens != PROMPT:
+        _fail(f"seen_tokens is {layer.policy.seen_tokens} after taking back to {PROMPT}")
+    layer.step(*extra)
+    again = [None if a is None else arrays.get(a) for a in layer.policy.attention_inputs()]
+    for name, a, b in zip(("keys", "values", "bias"), first, again):
+        if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+            _fail(f"{name} differ after the same tokens were taken back and fed again")
+
+
+def _check_probe(subject: _Subject) -> None:
+    """A method that declares probes keeps something else after another probe."""
+    get = subject.arrays.get
+    one = _prefill(subject, seed=5, probe_seed=30).policy.attention_inputs()[:2]
+    other = _prefill(subject, seed=5, probe_seed=31).policy.attention_inputs()[:2]
+    if all(get(a).shape == get(b).shape and torch.equal(get(a), get(b))
+           for a, b in zip(one, other)):
+        _fail("two different probes fed and taken back before end_prefill left the same cache")
+
+
+def _check_codecs(method: Method, arrays) -> None:
+    """nbytes is exactly the packed tensors' bytes; decode gives back the shape and dtype."""
+    keys, values, _ = _inputs(PROMPT, seed=6)
+    for what, codec, x in (("key", method.key_codec(), keys), ("value", method.value_codec(), values)):
+        block = codec.token_block
+        x = arrays.put(x[..., : PROMPT - PROMPT % block, :])
+        packed = codec.encode(x)
+        counted, held = codec.nbytes(packed), tensor_bytes(*packed.tensors.values())
+        if counted != held:
+            _fail(f"the {what} codec counts {counted} bytes but packed {held}")
+        out = codec.decode(packed)
+        if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
+            _fail(f"the {what} codec decodes {tuple(x.shape)} {x.dtype} to {tuple(out.shape)}"
+                  f" {out.dtype}")
+
+
+def _check_no_default_device(subject: _Subject) -> None:
+    """The drives again with the default device set to meta: a tensor made without device=
+    while the cache works lands there and cannot meet the CPU keys. Caches are built on the
+    CPU (constants made at construction are moved where they are used)."""
+    capabilities, build = subject.method.supports(), subject.build
+
+    def build_on_cpu(layer_idx: int):
+        with torch.device("cpu"):
+            return build(layer_idx)
+
+    subject = dataclasses.replace(subject, build=build_on_cpu)
+    with torch.device("meta"):
+        _check_drive(subject, chunk=1)
+        if capabilities.decode_chunk:
+            _check_drive(subject, chunk=CHUNK)
+        if capabilities.trim:
+            _check_trim(subject)
+        if capabilities.probes:
+            _prefill(subject, seed=5, probe_seed=30)
+
+
+# ---- inside a model ----------------------------------------------------------------------------
+
+def _check_model(method: Method, backend: str, device: str) -> None:
+    """Prefill (with the method's probe), end_prefill and decode through kvbench's tiny model:
+    finite logits, positions continuing from the prompt."""
+    from kvbench.models.session import prefill
+
+    session = _tiny_session(backend, device)
+    prompt = [(7 * i) % 200 + 4 for i in range(PROMPT)]
+    session.calibrate(method, [(11 * i) % 200 + 4 for i in range(64)])
+    cache = session.new_cache(method)
+    logits, _, _ = prefill(session, cache, prompt, method)
+    steps = [[int(logits[-1].argmax())]]
+    if method.supports().decode_chunk:
+        steps.append([5, 6, 7, 8])
+    for ids in steps:
+        logits, _ = session.step(ids, cache)
+        if not torch.isfinite(logits).all():
+            _fail(f"non-finite logits after a {len(ids)}-token decode step")
+    fed = PROMPT + sum(map(len, steps))
+    seen = {policy.seen_tokens for policy in cache.policies}
+    if seen != {fed}:
+        _fail(f"layers report {sorted(seen)} tokens seen after {fed} were fed")
+
+
+def _tiny_session(backend: str, device: str):
+    if backend == "mlx":
+        from kvbench.models.mlx_host import load_mlx_model
+        from kvbench.models.mlx_session import MLXSession
+
+        return MLXSession(load_mlx_model("tiny:llama"))
+    from kvbench.models.loading import load_model
+    from kvbench.models.session import TorchSession
+
+    return TorchSession(load_model("tiny:llama", device), torch.device(device))
+
+
+__all__ = ["ConformanceError", "check_method", "conformance_methods"]

@@ -1,0 +1,19 @@
+"""A kvbench method from another package: keep the tokens whose keys have the smallest norm."""
+from dataclasses import dataclass
+
+from kvbench.methods.token_cache import ScorerCache, TokenMethod
+
+
+class KnormCache(ScorerCache):
+    reads_queries = False  # scores come from the keys alone
+
+    def scores(self):
+        return -self.keys[0].float().norm(dim=-1)  # (heads, tokens): small norms score high
+
+
+@dataclass
+class Knorm(TokenMethod):
+    """Keeps `ratio` of the prompt (or `budget` tokens) per head: the smallest key norms."""
+
+    def new_layer_cache(self, layer_idx):
+        return KnormCache(self)

@@ -1,0 +1,64 @@
+"""A suite that asks a method for something it does not support is refused when it is loaded,
+at the line of the setting that asks; what methods declare is what they do."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbench.methods.base import build_method
+from kvbench.suite.errors import SuiteError
+from kvbench.suite.loader import load_suite
+
+SUITE = """\
+kvbench: 1
+name: caps
+defaults: {{model: "tiny:llama", device: {device}}}
+methods:
+  - {{name: kivi}}
+  - {{name: identity}}
+  - {{name: am_task, params: {{tau: 1.0}}}}
+  - {{name: am_task, label: am_task-half, params: {{ratio: 0.5}}}}
+benchmarks:
+  - kind: parity
+    params: {{context: 40, steps: 4}}
+    matrix: {{trim: [0, 8]}}
+  - kind: perplexity
+    params:
+      context: 40
+      continuation: 16
+      decode_chunk: 4
+"""
+
+
+def _load(tmp_path: Path, device: str = "cpu"):
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE.format(device=device))
+    return path, load_suite(path)
+
+
+def test_unsupported_settings_are_refused_at_their_line(tmp_path):
+    with pytest.raises(SuiteError) as caught:
+        _load(tmp_path)
+    found = {(issue.line, issue.message.split(",")[0]) for issue in caught.value.issues}
+    lines = SUITE.splitlines()
+    trim = next(i for i, line in enumerate(lines, 1) if "trim: [0, 8]" in line)
+    chunk = next(i for i, line in enumerate(lines, 1) if "decode_chunk: 4" in line)
+    # kivi packs what it holds: it cannot take 8 tokens back (line of `trim: [0, 8]`)
+    assert any(line == trim and "'kivi' does not support 'trim'" in message
+               for line, message in found), found
+    # am_task by the MAD threshold keeps a different count per layer: one-token steps only
+    assert any(line == chunk and "'am_task' does not support 'decode_chunk'" in message
+               for line, message in found), found
+    messages = " ".join(issue.message for issue in caught.value.issues)
+    assert "'identity'" not in messages and "am_task-half" not in messages
+    assert "which trim: 8 needs" in messages and "which decode_chunk: 4 needs" in messages
+
+
+def test_capabilities_follow_the_configuration():
+    assert build_method("identity").supports().trim
+    assert not build_method("identity", {"dtype": "float16"}).supports().trim
+    assert build_method("am", {"ratio": 0.5, "queries": "repeat"}).supports().probes
+    assert not build_method("am", {"ratio": 0.5}).supports().probes
+    wrapped = build_method("sparse_v", {"base": "am_task", "base_params": {"tau": 1.0}})
+    assert not wrapped.supports().decode_chunk and wrapped.supports().trim

@@ -1,0 +1,137 @@
+"""Every registered method (kvbench's and any plug-in installed through the entry point) keeps
+the contract kvbench.testing checks, on torch and on MLX where it has an implementation."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvbench.methods import METHODS
+from kvbench.methods.sparse_v import SparseV
+from kvbench.methods.token_cache import ScorerCache, TokenMethod
+from kvbench.testing import ConformanceError, check_method
+
+CASES = [(name, i) for name in METHODS.names()
+         for i in range(len(METHODS.get(name).conformance_params))]
+
+
+def _ids(case):
+    name, i = case
+    return f"{name}[{METHODS.get(name).conformance_params[i]}]"
+
+
+def _method(case):
+    name, i = case
+    cls = METHODS.get(name)
+    return cls(**cls.conformance_params[i])
+
+
+@pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
+def test_torch_cpu(case):
+    check_method(_method(case), backend="torch", device="cpu")
+
+
+@pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
+def test_mlx_cpu(case):
+    pytest.importorskip("mlx.core")
+    from kvbench.methods.mlx.base import has_mlx
+
+    method = _method(case)
+    if not has_mlx(type(method)):
+        pytest.skip(f"{case[0]} has no MLX implementation")
+    check_method(method, backend="mlx")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
+def test_torch_cuda(case):
+    check_method(_method(case), backend="torch", device="cuda")
+
+
+def test_the_example_plugin_package_installs_and_passes(tmp_path):
+    """The README's plug-in example: installed as a package, found through the entry point,
+    checked with kvbench.testing by its own test file."""
+    # a copy: building it leaves build/ and egg-info beside the sources
+    example = shutil.copytree(Path(__file__).parent / "data" / "example_plugin",
+                              tmp_path / "example_plugin")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(site), str(example)], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(example / "test_knorm.py")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+# ---- the checks fail a method that breaks the contract -----------------------------------------
+
+@dataclass
+class _Broken(TokenMethod):
+    """A StreamingLLM-like method with one fault chosen by `fault`."""
+
+    fault: str = ""
+
+    def new_layer_cache(self, layer_idx):
+        return _BrokenCache(self)
+
+
+class _BrokenCache(ScorerCache):
+    reads_queries = False
+    holds_budget = True
+
+    def protected(self, size):
+        return 1, size - 1
+
+    def append(self, keys, values, queries=None):
+        if self.method.fault == "zero values":
+            values = torch.zeros_like(values)
+        super().append(keys, values, queries)
+
+    def observe_queries(self, queries):
+        if self.method.fault == "one-token eviction" and queries.shape[-2] > 1:
+            return
+        super().observe_queries(queries)
+
+
+@pytest.mark.parametrize("fault, check", [
+    ("zero values", "the cache is read"),
+    ("one-token eviction", "multi-token decode"),
+])
+def test_a_method_that_breaks_the_contract_fails(fault, check):
+    with pytest.raises(ConformanceError, match=check):
+        check_method(_Broken(ratio=0.5, fault=fault), model=False)
+
+
+def test_a_tensor_made_without_the_keys_device_fails():
+    class MadeOnDefault(_BrokenCache):
+        def compact(self, index):
+            # the sink's index made again without device=: the CPU here, the wrong one on CUDA
+            sink = torch.zeros(1, index.shape[1], 1, dtype=index.dtype)
+            super().compact(torch.cat([sink, index[..., 1:]], dim=-1))
+
+    @dataclass
+    class Careless(_Broken):
+        def new_layer_cache(self, layer_idx):
+            return MadeOnDefault(self)
+
+    with pytest.raises(ConformanceError, match="tensors on the keys' device"):
+        check_method(Careless(ratio=0.5), model=False)
+
+
+def test_a_wrapper_that_hides_its_probe_fails():
+    @dataclass
+    class ProbeEater(SparseV):
+        def reference_probe(self, prompt):
+            return []
+
+    with pytest.raises(ConformanceError, match="queries: repeat needs its reference probe"):
+        check_method(ProbeEater(base="am", base_params={"ratio": 0.5, "queries": "repeat"}),
+                     model=False)
