@@ -10,8 +10,8 @@ keys, values and queries, then the whole path once more inside kvbench's tiny ra
 files, no network). What is checked:
 
 - bytes: accounted bytes are positive and never above the bytes really held; a codec's nbytes
-  is exactly the bytes of the tensors it packed; a method without a codec or summaries stores
-  exactly what attention reads.
+  is exactly the bytes of the tensors it packed; a method without a codec accounts exactly the
+  keys, values and per-key bias it hands attention (when it returns no summaries).
 - tokens: seen tokens count every token fed; retained tokens and the returned keys agree; a
   policy holding a budget (`holds_budget`) holds it after every decode step, one token or many.
 - trim (if declared): the newest tokens fed before end_prefill are taken back, and fed again
@@ -46,11 +46,6 @@ class ConformanceError(AssertionError):
     """A method broke the contract; the message says which check and how."""
 
 
-def conformance_methods(cls: type[Method]) -> list[Method]:
-    """The method configured with each of its class' conformance_params."""
-    return [cls(**params) for params in cls.conformance_params]
-
-
 def check_method(method: Method, backend: str = "torch", device: str = "cpu",
                  model: bool = True) -> None:
     """Run every check on `method` (see the module's docstring); ConformanceError on the first
@@ -67,7 +62,7 @@ def check_method(method: Method, backend: str = "torch", device: str = "cpu",
         arrays = _TorchArrays(torch.device(device))
     else:
         raise ValueError(f"unknown backend {backend!r}; use torch or mlx")
-    subject = _Subject(method, build, arrays)
+    subject = _Subject(method, build, arrays, stores_inputs=method.key_codec() is None)
     capabilities = method.supports()
     checks: list[tuple[str, Callable[[], None]]] = [
         ("bytes and tokens", lambda: _check_drive(subject, chunk=1)),
@@ -116,6 +111,10 @@ class _TorchArrays:
     def get(self, array) -> torch.Tensor:
         return array.float().cpu()
 
+    @staticmethod
+    def nbytes(array) -> int:
+        return tensor_bytes(array)
+
 
 class _MLXArrays:
     device = torch.device("cpu")
@@ -127,6 +126,10 @@ class _MLXArrays:
 
     def put(self, tensor: torch.Tensor):
         return self._arrays.from_torch(tensor)
+
+    @staticmethod
+    def nbytes(array) -> int:
+        return array.nbytes
 
     def get(self, array) -> torch.Tensor:
         return self._arrays.to_torch(array).float()
@@ -148,8 +151,9 @@ def _inputs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 class _Layer:
     """One policy and a reference attention over what it returns, step by step."""
 
-    def __init__(self, policy, arrays):
+    def __init__(self, policy, arrays, stores_inputs: bool):
         self.policy, self.arrays = policy, arrays
+        self.stores_inputs = stores_inputs  # no codec: what attention reads is what it stores
         self.fed = 0
 
     def step(self, keys, values, queries) -> torch.Tensor:
@@ -185,6 +189,12 @@ class _Layer:
         if not 0 < accounted <= measured:
             _fail(f"accounted bytes {accounted} must be positive and at most the {measured}"
                   " bytes it holds")
+        per_key_bias = bias is None or len(bias.shape) == 3  # a per-query mask is not stored
+        if self.stores_inputs and per_key_bias and policy.summary_slots == 0:
+            returned = sum(self.arrays.nbytes(a) for a in (keys, values, bias) if a is not None)
+            if accounted != returned:
+                _fail(f"accounts {accounted} bytes but hands attention {returned} bytes of"
+                      " keys, values and bias")
         if isinstance(policy, WrappedPolicy):
             inner = policy.inner.attention_inputs()
             for name, mine, theirs in zip(("keys", "values", "bias"), (keys, values, bias), inner):
@@ -206,6 +216,7 @@ class _Subject:
     method: Method
     build: Callable[[int], Any]
     arrays: Any
+    stores_inputs: bool  # no codec: what attention reads is what the cache stores
 
     @property
     def own_probe(self) -> bool:
@@ -217,7 +228,7 @@ def _prefill(subject: _Subject, seed: int, probe_seed: int | None = None,
              poison: float = 0.0) -> _Layer:
     """A layer fed the prompt (its values shifted by `poison`), a probe taken back (when
     probe_seed is given or the method asks for one), and end_prefill."""
-    layer = _Layer(subject.build(1), subject.arrays)
+    layer = _Layer(subject.build(1), subject.arrays, subject.stores_inputs)
     keys, values, queries = _inputs(PROMPT, seed)
     layer.step(keys, values + poison, queries)
     if probe_seed is None and subject.own_probe:
@@ -265,7 +276,7 @@ def _check_reads_cache(subject: _Subject) -> None:
 def _check_trim(subject: _Subject) -> None:
     """Tokens fed after the prompt and taken back, then fed again, give the same inputs."""
     arrays = subject.arrays
-    layer = _Layer(subject.build(1), arrays)
+    layer = _Layer(subject.build(1), arrays, subject.stores_inputs)
     layer.step(*_inputs(PROMPT, seed=3))
     extra = _inputs(PROBE, seed=4)
     layer.step(*extra)
@@ -367,4 +378,4 @@ def _tiny_session(backend: str, device: str):
     return TorchSession(load_model("tiny:llama", device), torch.device(device))
 
 
-__all__ = ["ConformanceError", "check_method", "conformance_methods"]
+__all__ = ["ConformanceError", "check_method"]

@@ -257,3 +257,23 @@ def test_causal_positions_hide_later_keys_everywhere():
     c_v = fit_values(q, k, v, sel, beta, s, positions=positions)
     assert torch.isfinite(c_v).all() and torch.isfinite(beta).all()
     assert not torch.allclose(c_v, fit_values(q, k, v, sel, beta, s))
+
+
+def test_ridge_fit_on_large_batched_systems_with_several_threads():
+    """The ridge solve at the bundled model's size (3 KV heads, t = 256) with two threads, where
+    torch 2.13's batched linalg.solve failed on the CPU; the normal equations hold."""
+    from kvbench.methods.am_fit import fit_values
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v = _qkv(3, 96, 1024, 16, seed=5)
+        selected = torch.arange(0, 1024, 4).expand(3, -1)
+        beta = torch.zeros(3, 256)
+        c_v = fit_values(q, k, v, selected, beta, 0.25, ridge=1e-3).double()
+    finally:
+        torch.set_num_threads(threads)
+    x = torch.softmax(q.double() @ k.double()[:, ::4].transpose(-1, -2) * 0.25, dim=-1)
+    y = torch.softmax(q.double() @ k.double().transpose(-1, -2) * 0.25, dim=-1) @ v.double()
+    residual = x.transpose(-1, -2) @ (x @ c_v - y) + 1e-3 * c_v  # gradient of the ridge loss
+    assert residual.abs().max() < 1e-4

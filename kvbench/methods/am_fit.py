@@ -209,4 +209,6 @@ def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         return _lstsq(x, y).float()
     gram = x.transpose(-1, -2) @ x
     gram = gram + ridge * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-    return torch.linalg.solve(gram, x.transpose(-1, -2) @ y).float()
+    # positive definite: Cholesky. (torch 2.13's batched linalg.solve on CPU fails with two or
+    # more threads once the matrices reach ~256 rows: "Pivots given to lu_solve ...", MKL)
+    return torch.cholesky_solve(x.transpose(-1, -2) @ y, torch.linalg.cholesky(gram)).float()

@@ -18,16 +18,52 @@ POOLINGS = ("avg", "max")
 
 
 class StreamingCache(ScorerCache):
-    """The sinks and a window of the newest tokens: no scores needed."""
+    """The sinks and a window of the newest tokens: no scores needed. As upstream's
+    evict_for_space, room is made before each decode step, so a step attends over the budget,
+    its own tokens included; a multi-token step gets its own causal mask over what is kept."""
 
     reads_queries = False
     holds_budget = True
+
+    def __init__(self, method: TokenMethod):
+        super().__init__(method)
+        self._step = 0  # tokens in the latest append
 
     def protected(self, size: int) -> tuple[int, int]:
         if size <= self.method.sinks:
             raise ValueError(f"streamingllm: a budget of {size} tokens leaves no window after"
                              f" {self.method.sinks} sink tokens")
         return self.method.sinks, size - self.method.sinks
+
+    def end_prefill(self) -> None:
+        super().end_prefill()
+        self.observes_queries = False  # room is made before a step, not after it
+
+    def append(self, keys, values, queries=None) -> None:
+        self._step = keys.shape[-2]
+        if self.size is not None:
+            self._make_room(self._step)
+        super().append(keys, values, queries)
+
+    def _make_room(self, n: int) -> None:
+        held, sinks = self.keys.shape[-2], self.method.sinks
+        window = max(self.size - n, sinks) - sinks  # newest tokens kept besides the sinks
+        if sinks + window < held:
+            device = self.keys.device
+            index = torch.cat([torch.arange(sinks, device=device),
+                               torch.arange(held - window, held, device=device)])
+            self.keep(index.expand(1, self.keys.shape[1], -1))
+
+    def attention_inputs(self):
+        keys, values, bias = super().attention_inputs()
+        if self.size is None or self._step == 1:
+            return keys, values, bias
+        # the model's causal mask was sized before room was made: a mask of its own
+        total, n, device = keys.shape[-2], self._step, keys.device
+        later = (torch.arange(total, device=device)
+                 > torch.arange(total - n, total, device=device).unsqueeze(1))
+        own = torch.zeros(n, total, device=device).masked_fill(later, float("-inf"))
+        return keys, values, own.expand(*keys.shape[:2], n, total)
 
 
 @register_method("streamingllm")

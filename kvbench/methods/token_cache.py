@@ -216,12 +216,9 @@ class ScorerCache(TokenCache):
         self.observes_queries = self.holds_budget
 
     def observe_queries(self, queries: torch.Tensor) -> None:
-        if self.size is None:
-            self.observe(queries)
-            return
         if self.reads_queries:
             self.observe(queries)
-        if self.keys.shape[-2] > self.size:
+        if self.size is not None and self.keys.shape[-2] > self.size:  # a budget held in decode
             self.reduce()
 
     def reduce(self) -> None:
