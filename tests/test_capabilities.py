@@ -2,11 +2,14 @@
 at the line of the setting that asks; what methods declare is what they do."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from kvbench.methods.base import build_method
+from kvbench.methods.base import Capabilities, build_method
+from kvbench.methods.identity import Identity
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 
@@ -62,3 +65,28 @@ def test_capabilities_follow_the_configuration():
     assert not build_method("am", {"ratio": 0.5}).supports().probes
     wrapped = build_method("sparse_v", {"base": "am_task", "base_params": {"tau": 1.0}})
     assert not wrapped.supports().decode_chunk and wrapped.supports().trim
+
+
+@dataclass
+class CpuOnly(Identity):
+    """A plug-in whose caches run on the CPU only."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(devices=("cpu",))
+
+    def supports(self) -> Capabilities:
+        return self.capabilities
+
+
+def test_a_device_the_method_does_not_run_on_is_refused(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(f"""kvbench: 1
+defaults: {{model: "tiny:llama", device: cuda}}
+methods: [{{name: identity}}, {{name: "{__name__}:CpuOnly"}}]
+benchmarks:
+  - kind: parity
+""")
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    (issue,) = [i for i in caught.value.issues if "does not support" in i.message]
+    assert "'CpuOnly' does not support 'cuda', which device: cuda needs" in issue.message
+    assert issue.line == 5  # the benchmark that would run it there
