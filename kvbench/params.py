@@ -15,13 +15,20 @@ from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 from kvbench.registry import did_you_mean
 
 
+def validate(cls: type, params: dict[str, Any]) -> Any:
+    """`cls` built from `params` after the strict check of their YAML types; pydantic's
+    ValidationError (with each error's location) otherwise."""
+    _yaml_types(cls).validate_python(params, strict=True)
+    return _adapter(cls).validate_python(params)
+
+
 @functools.cache
-def adapter(cls: type) -> TypeAdapter:
+def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
 
 
 @functools.cache
-def yaml_types(cls: type) -> TypeAdapter:
+def _yaml_types(cls: type) -> TypeAdapter:
     """The init fields of dataclass `cls` as YAML writes them, to validate strictly."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: _as_yaml(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
@@ -48,8 +55,7 @@ def build_strict(cls: type, params: dict[str, Any]) -> Any:
             hint = did_you_mean(key, names) or f" Parameters: {', '.join(names) or 'none'}."
             raise ValueError(f"unknown parameter {key!r}.{hint}")
     try:
-        yaml_types(cls).validate_python(params, strict=True)
-        return adapter(cls).validate_python(params)
+        return validate(cls, params)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(map(str, err["loc"]))

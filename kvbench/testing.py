@@ -63,21 +63,14 @@ def check_method(method: Method, backend: str = "torch", device: str = "cpu",
     else:
         raise ValueError(f"unknown backend {backend!r}; use torch or mlx")
     subject = _Subject(method, build, arrays, stores_inputs=method.key_codec() is None)
-    capabilities = method.supports()
+    drives = _drives(method.supports())
     checks: list[tuple[str, Callable[[], None]]] = [
-        ("bytes and tokens", lambda: _check_drive(subject, chunk=1)),
-        ("the cache is read", lambda: _check_reads_cache(subject)),
-    ]
-    if capabilities.decode_chunk:
-        checks.append(("multi-token decode", lambda: _check_drive(subject, CHUNK)))
-    if capabilities.trim:
-        checks.append(("trim", lambda: _check_trim(subject)))
-    if capabilities.probes:
-        checks.append(("probes are read", lambda: _check_probe(subject)))
+        (name, lambda drive=drive: drive(subject)) for name, drive in drives]
     if method.key_codec() is not None and backend == "torch":
         checks.append(("codec bytes", lambda: _check_codecs(method, arrays)))
     if backend == "torch" and arrays.device.type == "cpu":
-        checks.append(("tensors on the keys' device", lambda: _check_no_default_device(subject)))
+        checks.append(("tensors on the keys' device",
+                       lambda: _check_no_default_device(subject, drives)))
     if model:
         checks.append(("inside the tiny model", lambda: _check_model(method, backend, device)))
     for name, check in checks:
@@ -88,6 +81,19 @@ def check_method(method: Method, backend: str = "torch", device: str = "cpu",
         except Exception as exc:
             raise ConformanceError(
                 f"{label}: {name}: raised {type(exc).__name__}: {exc}") from exc
+
+
+def _drives(capabilities) -> list[tuple[str, Callable[[Any], None]]]:
+    """The checks that drive layer caches, those the capabilities declare included."""
+    drives = [("bytes and tokens", lambda subject: _check_drive(subject, chunk=1)),
+              ("the cache is read", _check_reads_cache)]
+    if capabilities.decode_chunk:
+        drives.append(("multi-token decode", lambda subject: _check_drive(subject, CHUNK)))
+    if capabilities.trim:
+        drives.append(("trim", _check_trim))
+    if capabilities.probes:
+        drives.append(("probes are read", _check_probe))
+    return drives
 
 
 def _params(method: Method) -> str:
@@ -205,6 +211,17 @@ class _Layer:
             if policy.observes_queries != policy.inner.observes_queries:
                 _fail("the wrapper does not pass on whether its policy observes queries")
 
+    def take_back(self, n: int) -> None:
+        taken = self.policy.trim(n)
+        self.fed -= taken
+        if taken != n:
+            _fail(f"trim({n}) took back {taken} tokens fed before end_prefill; the method"
+                  " declares trim or asks for a probe")
+
+    def inputs(self) -> list[torch.Tensor | None]:
+        """What attention would read now: keys, values, bias, as float32 torch tensors."""
+        return [None if a is None else self.arrays.get(a) for a in self.policy.attention_inputs()]
+
     def end_prefill(self) -> None:
         self.policy.end_prefill()
 
@@ -235,10 +252,7 @@ def _prefill(subject: _Subject, seed: int, probe_seed: int | None = None,
         probe_seed = seed + 1
     if probe_seed is not None:
         layer.step(*_inputs(PROBE, probe_seed))
-        taken = layer.policy.trim(PROBE)
-        layer.fed -= taken
-        if taken != PROBE:
-            _fail(f"trim({PROBE}) took back {taken} tokens of a probe fed before end_prefill")
+        layer.take_back(PROBE)
     layer.end_prefill()
     return layer
 
@@ -275,20 +289,16 @@ def _check_reads_cache(subject: _Subject) -> None:
 
 def _check_trim(subject: _Subject) -> None:
     """Tokens fed after the prompt and taken back, then fed again, give the same inputs."""
-    arrays = subject.arrays
-    layer = _Layer(subject.build(1), arrays, subject.stores_inputs)
+    layer = _Layer(subject.build(1), subject.arrays, subject.stores_inputs)
     layer.step(*_inputs(PROMPT, seed=3))
     extra = _inputs(PROBE, seed=4)
     layer.step(*extra)
-    first = [None if a is None else arrays.get(a) for a in layer.policy.attention_inputs()]
-    taken = layer.policy.trim(PROBE)
-    if taken != PROBE:
-        _fail(f"trim({PROBE}) took back {taken}; the method declares trim")
-    layer.fed -= PROBE
+    first = layer.inputs()
+    layer.take_back(PROBE)
     if layer.policy.seen_tokens != PROMPT:
         _fail(f"seen_tokens is {layer.policy.seen_tokens} after taking back to {PROMPT}")
     layer.step(*extra)
-    again = [None if a is None else arrays.get(a) for a in layer.policy.attention_inputs()]
+    again = layer.inputs()
     for name, a, b in zip(("keys", "values", "bias"), first, again):
         if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
             _fail(f"{name} differ after the same tokens were taken back and fed again")
@@ -296,11 +306,9 @@ def _check_trim(subject: _Subject) -> None:
 
 def _check_probe(subject: _Subject) -> None:
     """A method that declares probes keeps something else after another probe."""
-    get = subject.arrays.get
-    one = _prefill(subject, seed=5, probe_seed=30).policy.attention_inputs()[:2]
-    other = _prefill(subject, seed=5, probe_seed=31).policy.attention_inputs()[:2]
-    if all(get(a).shape == get(b).shape and torch.equal(get(a), get(b))
-           for a, b in zip(one, other)):
+    one = _prefill(subject, seed=5, probe_seed=30).inputs()[:2]
+    other = _prefill(subject, seed=5, probe_seed=31).inputs()[:2]
+    if all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(one, other)):
         _fail("two different probes fed and taken back before end_prefill left the same cache")
 
 
@@ -320,25 +328,20 @@ def _check_codecs(method: Method, arrays) -> None:
                   f" {out.dtype}")
 
 
-def _check_no_default_device(subject: _Subject) -> None:
+def _check_no_default_device(subject: _Subject, drives) -> None:
     """The drives again with the default device set to meta: a tensor made without device=
     while the cache works lands there and cannot meet the CPU keys. Caches are built on the
     CPU (constants made at construction are moved where they are used)."""
-    capabilities, build = subject.method.supports(), subject.build
+    build = subject.build
 
     def build_on_cpu(layer_idx: int):
         with torch.device("cpu"):
             return build(layer_idx)
 
-    subject = dataclasses.replace(subject, build=build_on_cpu)
+    on_cpu = dataclasses.replace(subject, build=build_on_cpu)
     with torch.device("meta"):
-        _check_drive(subject, chunk=1)
-        if capabilities.decode_chunk:
-            _check_drive(subject, chunk=CHUNK)
-        if capabilities.trim:
-            _check_trim(subject)
-        if capabilities.probes:
-            _prefill(subject, seed=5, probe_seed=30)
+        for _, drive in drives:
+            drive(on_cpu)
 
 
 # ---- inside a model ----------------------------------------------------------------------------

@@ -40,19 +40,23 @@ class AMCache(ScorerCache):
             return None
         return torch.arange(first, first + n, device=self.keys.device)
 
-    def scores(self) -> torch.Tensor:
-        """Per-head scores; the reference queries they came from are kept for the fits."""
+    def fit_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The reference queries per KV head (H, groups * n, D), and their positions when
+        causal, as scores and fits take them."""
         queries, positions = self.reference_queries()
         queries = per_kv_head(queries, self.keys.shape[1])
         if positions is not None:  # rows of per_kv_head: each query head's n queries in turn
             positions = positions.repeat(queries.shape[1] // positions.shape[0])
-        self._fit_queries = queries, positions
+        return queries, positions
+
+    def scores(self) -> torch.Tensor:
+        queries, positions = self.fit_queries()
         return am_fit.key_scores(queries, self.keys[0].float(), self.scaling, self.method.score,
                                  positions)
 
     def compact(self, index: torch.Tensor) -> None:
         m = self.method
-        (queries, positions), self._fit_queries = self._fit_queries, None
+        queries, positions = self.fit_queries()
         keys, values, selected = self.keys[0].float(), self.values[0].float(), index[0]
         if m.fit_beta:
             beta = am_fit.fit_beta(queries, keys, selected, self.scaling, seed=m.seed,

@@ -213,7 +213,7 @@ class Method(HasCodecs, ABC):
     ranges are checked in __post_init__ (raise ValueError naming the field).
 
     `capabilities` says what its caches support; `conformance_params` are the settings
-    kvbench.testing.check_method runs it with (the defaults when empty)."""
+    kvbench.testing.check_method runs it with (by default once, with its defaults)."""
 
     name: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities()

@@ -30,10 +30,14 @@ class StreamingCache(ScorerCache):
         self._step = 0  # tokens in the latest append
 
     def protected(self, size: int) -> tuple[int, int]:
+        return self.method.sinks, size - self.method.sinks
+
+    def budget_tokens(self) -> int:
+        size = super().budget_tokens()
         if size <= self.method.sinks:
             raise ValueError(f"streamingllm: a budget of {size} tokens leaves no window after"
                              f" {self.method.sinks} sink tokens")
-        return self.method.sinks, size - self.method.sinks
+        return size
 
     def end_prefill(self) -> None:
         super().end_prefill()
@@ -41,18 +45,11 @@ class StreamingCache(ScorerCache):
 
     def append(self, keys, values, queries=None) -> None:
         self._step = keys.shape[-2]
-        if self.size is not None:
-            self._make_room(self._step)
+        if self.size is not None:  # the sinks and the newest tokens that leave room for these
+            room = max(self.size - self._step, self.method.sinks)
+            if room < self.keys.shape[-2]:
+                self.reduce(room)
         super().append(keys, values, queries)
-
-    def _make_room(self, n: int) -> None:
-        held, sinks = self.keys.shape[-2], self.method.sinks
-        window = max(self.size - n, sinks) - sinks  # newest tokens kept besides the sinks
-        if sinks + window < held:
-            device = self.keys.device
-            index = torch.cat([torch.arange(sinks, device=device),
-                               torch.arange(held - window, held, device=device)])
-            self.keep(index.expand(1, self.keys.shape[1], -1))
 
     def attention_inputs(self):
         keys, values, bias = super().attention_inputs()

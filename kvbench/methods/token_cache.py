@@ -221,9 +221,10 @@ class ScorerCache(TokenCache):
         if self.size is not None and self.keys.shape[-2] > self.size:  # a budget held in decode
             self.reduce()
 
-    def reduce(self) -> None:
+    def reduce(self, size: int | None = None) -> None:
+        """Keep `size` tokens per head (default: the budget), the protected ones among them."""
         held, heads = self.keys.shape[-2], self.keys.shape[1]
-        size = self.size
+        size = self.size if size is None else size
         sinks, window = (0, 0) if size is None else self.protected(size)
         if size is not None and sinks + window > size:
             raise ValueError(f"{self.method.name}: a budget of {size} tokens does not hold the"
@@ -233,8 +234,7 @@ class ScorerCache(TokenCache):
         if size is None or size > sinks + window:
             scores = self.scores()[:, sinks: held - window]
             keep = None if size is None else size - sinks - window
-            chosen = self.select(scores, keep) + sinks
-            parts.append(chosen.to(device).expand(heads, -1))
+            parts.append((self.select(scores, keep) + sinks).expand(heads, -1))
         parts.append(torch.arange(held - window, held, device=device).expand(heads, -1))
         self.compact(torch.cat(parts, dim=-1).unsqueeze(0))
 

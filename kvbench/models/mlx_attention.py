@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from kvbench.methods.base import LayerCachePolicy
 
-_ATTR = "scaled_dot_product_attention"
+ATTENTION_ATTR = "scaled_dot_product_attention"
 
 
 @dataclass
@@ -50,11 +50,11 @@ def install(model: Any) -> tuple[str, ...]:
     installed = []
     for name in sorted(names):
         module = sys.modules.get(name)
-        current = getattr(module, _ATTR, None)
+        current = getattr(module, ATTENTION_ATTR, None)
         if not callable(current):
             continue
         if not hasattr(current, "__kvbench_original__"):
-            setattr(module, _ATTR, _wrap(current))
+            setattr(module, ATTENTION_ATTR, _wrap(current))
         installed.append(name)
     return tuple(installed)
 
@@ -92,7 +92,7 @@ def _wrap(original: Callable) -> Callable:
 
 def original_attention(module: Any) -> Callable:
     """The function install() wrapped in `module` (or what is there, if it wrapped nothing)."""
-    current = getattr(module, _ATTR)
+    current = getattr(module, ATTENTION_ATTR)
     return getattr(current, "__kvbench_original__", current)
 
 

@@ -17,7 +17,7 @@ from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, t
 from kvbench.methods.base import Method
 from kvbench.methods.mlx.base import on_mlx
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
-from kvbench.models.mlx_attention import _ATTR
+from kvbench.models.mlx_attention import ATTENTION_ATTR
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
 from kvbench.models.session import CalibrationStats
 
@@ -103,14 +103,14 @@ def attention_entropy(loaded: MLXLoaded, tokens: list[int]) -> torch.Tensor:
         return scaled_dot_product_attention
 
     modules = [sys.modules[name] for name in loaded.attention]
-    installed = [getattr(module, _ATTR) for module in modules]
+    installed = [getattr(module, ATTENTION_ATTR) for module in modules]
     try:
         for module, attend in zip(modules, installed):
-            setattr(module, _ATTR, recording(attend))
+            setattr(module, ATTENTION_ATTR, recording(attend))
         mx.eval(mlx_logits(loaded.model, mx.array([list(tokens)]), None, last_only=True))
     finally:
         for module, attend in zip(modules, installed):
-            setattr(module, _ATTR, attend)
+            setattr(module, ATTENTION_ATTR, attend)
     if len(entropies) != loaded.num_layers:
         raise RuntimeError(f"attention ran {len(entropies)} times for {loaded.num_layers} layers;"
                            " cannot measure attention entropy on this model")

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from kvbench.claims import Claim, parse_claim
 from kvbench.models.info import ModelInfo, describe_model, expand_home
-from kvbench.params import adapter, yaml_types
+from kvbench.params import validate
 from kvbench.registry import Registry, UnknownName, did_you_mean
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, dotted
@@ -350,8 +350,7 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
     out = []
     for combo in combos:
         try:
-            yaml_types(cls).validate_python({**params, **combo}, strict=True)
-            out.append(adapter(cls).validate_python({**params, **combo}))
+            out.append(validate(cls, {**params, **combo}))
         except ValidationError as exc:
             out.append(None)
             for err in exc.errors():
