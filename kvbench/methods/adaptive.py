@@ -51,6 +51,7 @@ class AdaptiveCache(LayerCachePolicy):
         self.base_bits = base_bits
         self.layer_idx = layer_idx
         self.groups: list[_Group] | None = None  # built at the first append, when heads are known
+        self._keep_decoded = False  # keep_decoded() was asked: every group's policy is told
         self._index: dict[tuple[int, torch.device, int], torch.Tensor] = {}
 
     def _build(self, heads: int) -> None:
@@ -64,6 +65,20 @@ class AdaptiveCache(LayerCachePolicy):
                    self.variants[b].new_layer_cache(self.layer_idx))
             for b in sorted(set(bits))
         ]
+        if self._keep_decoded:
+            for group in self.groups:
+                group.policy.keep_decoded()
+
+    def keep_decoded(self) -> bool:
+        """Forwarded to each width's policy when the groups are built (at the first append);
+        whether they take it is answered now, from a fresh policy of each width in use."""
+        if self.groups is not None:
+            raise RuntimeError("AdaptiveCache.keep_decoded() must be called before the first"
+                               " append")
+        self._keep_decoded = True
+        widths = set(self.head_bits) if self.head_bits is not None else {self.base_bits}
+        return any([self.variants[b].new_layer_cache(self.layer_idx).keep_decoded()
+                    for b in sorted(widths)])
 
     def _heads(self, group: int, device: torch.device, per_head: int = 1) -> torch.Tensor:
         """Indices of a group's heads (per_head consecutive query heads per KV head)."""

@@ -109,6 +109,15 @@ class LayerCachePolicy(ABC):
         policy can; returns how many it dropped. Default: none (what was compressed stays)."""
         return 0
 
+    def keep_decoded(self) -> bool:
+        """Switch to the decoded-once read path, if this policy has one, and say whether it did.
+        Call it before the first append. A policy that stores keys or values packed and decodes
+        them in attention_inputs() may instead decode each packed chunk once, when it is packed,
+        and keep the decoded arrays for attention: attention_inputs() then returns exactly what it
+        would have (bit for bit, at every step), retained_bytes still counts the packed layout,
+        and measured_bytes() counts the decoded copy too. Default: no such path (False)."""
+        return False
+
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
         """Told by the attention after each sparse-V step (output_error: mean relative squared
         error of the attention output against the dense sum)."""
@@ -146,6 +155,9 @@ class WrappedPolicy(LayerCachePolicy):
 
     def trim(self, n: int) -> int:
         return self.inner.trim(n)
+
+    def keep_decoded(self) -> bool:
+        return self.inner.keep_decoded()
 
     @property
     def summary_slots(self) -> int:

@@ -17,6 +17,7 @@ from kvbench.methods.base import (
     codecs_layout,
     register_method,
 )
+from kvbench.methods.codec_cache import check_fresh, chunk_separable
 from kvbench.methods.widths import bit_variants, check_width, nearest_width, refused
 
 
@@ -29,6 +30,9 @@ class _Segment:
     bits: int
     keys: Packed
     values: Packed
+    # the decoded-once path: keys and values decoded when packed (or requantized), raw dtype
+    decoded_keys: Any = None
+    decoded_values: Any = None
 
     @property
     def newest(self) -> int:
@@ -59,6 +63,23 @@ class DecayCache(LayerCachePolicy):
         self._seen = 0
         self.tokens_evicted = 0
         self.tokens_requantized = 0
+        self._decoded = False
+
+    def keep_decoded(self) -> bool:
+        """Every segment decoded once, when packed and again when requantized; offered when the
+        codecs at every width are chunk separable (neighbouring segments at one width are decoded
+        merged on the packed path)."""
+        check_fresh(self, self.raw_k is None)
+        self._decoded = all(chunk_separable(codec) for bits in self.method.widths()
+                            for codec in self.codecs(bits))
+        return self._decoded
+
+    def _keep(self, seg: _Segment) -> None:
+        if self._decoded:
+            key_codec, value_codec = self.codecs(seg.bits)
+            dtype, cast = self.raw_k.dtype, self.ops.cast
+            seg.decoded_keys = cast(key_codec.decode(seg.keys), dtype)
+            seg.decoded_values = cast(value_codec.decode(seg.values), dtype)
 
     @property
     def raw_tokens(self) -> int:
@@ -97,6 +118,7 @@ class DecayCache(LayerCachePolicy):
                 key_codec.encode(self.raw_k[..., part, :]),
                 value_codec.encode(self.raw_v[..., part, :]),
             ))
+            self._keep(self.segments[-1])
         # a copy, so the kept tail does not pin the storage of what was packed
         self.raw_k = self.ops.copy(self.raw_k[..., spill:, :])
         self.raw_v = self.ops.copy(self.raw_v[..., spill:, :])
@@ -117,10 +139,15 @@ class DecayCache(LayerCachePolicy):
                 seg.values = new_values.encode(old_values.decode(seg.values))
                 seg.bits = bits
                 self.tokens_requantized += seg.tokens
+                self._keep(seg)
             kept.append(seg)
         self.segments = kept
 
     def attention_inputs(self):
+        if self._decoded:
+            keys = self.ops.concat([*(seg.decoded_keys for seg in self.segments), self.raw_k])
+            values = self.ops.concat([*(seg.decoded_values for seg in self.segments), self.raw_v])
+            return keys, values, None
         keys, values = [], []
         dtype = self.raw_k.dtype
         # Neighbouring segments at one width are decoded in one call where the codec can merge
@@ -156,7 +183,8 @@ class DecayCache(LayerCachePolicy):
 
     def measured_bytes(self) -> int:
         held = [t for seg in self.segments
-                for t in (*seg.keys.tensors.values(), *seg.values.tensors.values())]
+                for t in (*seg.keys.tensors.values(), *seg.values.tensors.values(),
+                          seg.decoded_keys, seg.decoded_values)]
         return self.ops.held_bytes(*held, self.raw_k, self.raw_v)
 
     def segment_bits(self) -> list[int]:

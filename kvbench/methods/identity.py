@@ -8,12 +8,15 @@ import torch
 
 from kvbench.backends.torch_backend import DTYPES
 from kvbench.methods.base import Capabilities, Codec, Method, Packed, register_method
-from kvbench.methods.codec_cache import CodecCache
+from kvbench.methods.codec_cache import UNBOUNDED_WINDOW, CodecCache
 
 
 
 class CastCodec(Codec):
     """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact)."""
+
+    # decode is a cast, value by value (kvbench.methods.codec_cache.chunk_separable)
+    chunk_separable = True
 
     def __init__(self, dtype: str = "auto"):
         self.dtype = dtype
@@ -61,5 +64,5 @@ class Identity(Method):
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         # Everything stays "raw" (window covers all tokens) when no cast is asked for.
-        window = 1 << 62 if self.dtype == "auto" else 0
+        window = UNBOUNDED_WINDOW if self.dtype == "auto" else 0
         return CodecCache(self.codec(), self.codec(), window=window)

@@ -28,6 +28,10 @@ class IntQCodec(Codec):
     (..., rows, ceil(L / group_size)), with L the row length.
     """
 
+    # decode is elementwise per stored value (unpack, multiply, add): decoding chunk by chunk
+    # rounds exactly as decoding them merged (kvbench.methods.codec_cache.chunk_separable)
+    chunk_separable = True
+
     def __init__(self, bits: int, group_size: int, axis: str):
         self.bits = bits
         self.group_size = group_size

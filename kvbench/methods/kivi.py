@@ -7,18 +7,26 @@ from dataclasses import dataclass
 
 from kvbench.methods.array_ops import TORCH_OPS
 from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed, register_method
+from kvbench.methods.codec_cache import DecodedChunks, check_fresh, chunk_separable
 from kvbench.methods.intq import IntQCodec
 
 
 class _Stream:
     """Keys or values of one layer: the oldest tokens packed by `codec` (merged into one block
-    whenever the layout allows), the newer ones raw, in token order."""
+    whenever the layout allows), the newer ones raw, in token order. On the decoded-once path
+    (keep_decoded) `decoded` also holds every packed token, decoded as it was packed."""
 
     def __init__(self, codec: Codec, ops):
         self.codec, self.ops = codec, ops
         self.packed: list[Packed] = []
         self.packed_tokens = 0
         self.raw = None
+        self.decoded: DecodedChunks | None = None
+
+    def keep_decoded(self) -> bool:
+        if chunk_separable(self.codec):
+            self.decoded = DecodedChunks(self.ops)
+        return self.decoded is not None
 
     @property
     def raw_tokens(self) -> int:
@@ -34,11 +42,15 @@ class _Stream:
         old, self.raw = self.raw[..., :tokens, :], self.ops.copy(self.raw[..., tokens:, :])
         self.packed.append(self.codec.encode(old))
         self.packed_tokens += tokens
+        if self.decoded is not None:
+            self.decoded.add(self.ops.cast(self.codec.decode(self.packed[-1]), old.dtype))
         merged = self.codec.merge(self.packed) if len(self.packed) > 1 else None
         if merged is not None:
             self.packed = [merged]
 
     def read(self):
+        if self.decoded is not None:
+            return self.decoded.read(self.raw)
         decoded = [self.ops.cast(self.codec.decode(p), self.raw.dtype) for p in self.packed]
         return self.ops.concat(decoded + [self.raw])
 
@@ -46,7 +58,8 @@ class _Stream:
         return sum(self.codec.nbytes(p) for p in self.packed) + self.ops.nbytes(self.raw)
 
     def held(self) -> list:
-        return [t for p in self.packed for t in p.tensors.values()] + [self.raw]
+        decoded = [] if self.decoded is None else self.decoded.chunks
+        return [t for p in self.packed for t in p.tensors.values()] + [self.raw, *decoded]
 
 
 class KiviCache(LayerCachePolicy):
@@ -67,6 +80,14 @@ class KiviCache(LayerCachePolicy):
         self._quantize()
         self.keys.push(keys)
         self.values.push(values)
+
+    def keep_decoded(self) -> bool:
+        """The decoded-once path, for keys and values both or neither (KIVI's codecs are intq,
+        chunk separable)."""
+        check_fresh(self, self.keys.raw is None)
+        if not (chunk_separable(self.keys.codec) and chunk_separable(self.values.codec)):
+            return False
+        return self.keys.keep_decoded() and self.values.keep_decoded()
 
     def end_prefill(self) -> None:
         self._quantize()

@@ -33,6 +33,15 @@ class LloydMaxCodec(TokenwiseCodec):
         self.codebook = lloyd_max("gaussian", bits)
         self._rotations: dict[int, torch.Tensor] = {}  # Q per head_dim, float64 on the CPU
 
+    @property
+    def chunk_separable(self) -> bool:
+        """Without rotation decode is elementwise (codebook lookup, times norm / sqrt(D)); with it,
+        the product by Q^T is a matrix multiply whose kernel, and so whose rounding, can change
+        with the rows decoded at once (CPU BLAS switches kernels below 4 rows): decoding chunk by
+        chunk is not bit-identical to decoding them merged
+        (kvbench.methods.codec_cache.chunk_separable)."""
+        return not self.rotate
+
     def _rotation(self, dim: int, device: torch.device) -> torch.Tensor:
         if dim not in self._rotations:
             self._rotations[dim] = HaarRotation(dim, self.rotation_seed).matrix

@@ -77,6 +77,13 @@ class TurboCodec(TokenwiseCodec):
     norms' dtype. b is bits, or bits - 1 with qjl.
     """
 
+    # Not chunk separable (kvbench.methods.codec_cache.chunk_separable): decode multiplies by
+    # the inverse rotation (and the QJL matrix), matrix products whose kernel, and so whose
+    # rounding, may change with the rows decoded at once (the CPU BLAS switches kernels
+    # below 4 rows), so a chunk decoded alone can differ in the last bit from the same chunk
+    # decoded inside the merged block; its caches keep the packed read path.
+    chunk_separable = False
+
     def __init__(self, bits: int, block: int, rotation: str, codebook: str, norm_correction: bool,
                  outlier_fraction: float, qjl: bool, seed: int, outlier_split: str = "rotated",
                  outlier_channels: tuple[int, ...] | None = None):

@@ -73,12 +73,19 @@ class PolicyLayer(CacheLayerMixin):
 
 
 class KVBenchCache(PolicyTotals, Cache):
-    """The cache of a transformers model, made of one `method.new_layer_cache(i)` per layer."""
+    """The cache of a transformers model, made of one `method.new_layer_cache(i)` per layer.
 
-    def __init__(self, method: Method, num_layers: int):
+    decoded_reads: ask every layer's policy for its decoded-once read path
+    (LayerCachePolicy.keep_decoded: the same attention inputs, bit for bit, without decoding the
+    packed cache at every step); the attribute `decoded_reads` then says whether any policy took
+    it, i.e. which path runs."""
+
+    def __init__(self, method: Method, num_layers: int, decoded_reads: bool = False):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
         layers = [PolicyLayer(method.new_layer_cache(i), i, self) for i in range(num_layers)]
         super().__init__(layers=layers)
+        self.decoded_reads = decoded_reads and any(
+            [layer.policy.keep_decoded() for layer in layers])
         drop_pending()
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:

@@ -211,15 +211,18 @@ class MLXPolicyLayer:
 class MLXKVBenchCache(PolicyTotals):
     """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
     a kvbench Method, run through kvbench.methods.mlx.on_mlx, or an MLX method object).
-    Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`."""
+    Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`. decoded_reads, and the
+    attribute of that name, as kvbench.models.hf_cache.KVBenchCache."""
 
-    def __init__(self, method: Any, num_layers: int):
+    def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
         if isinstance(method, Method):
             from kvbench.methods.mlx.base import on_mlx
 
             method = on_mlx(method)
         self.layers = [MLXPolicyLayer(method.new_layer_cache(i), i, self)
                        for i in range(num_layers)]
+        self.decoded_reads = decoded_reads and any(
+            [layer.policy.keep_decoded() for layer in self.layers])
         self._pending: Handoff | None = None
         self._mask_kv_length: int | None = None
 

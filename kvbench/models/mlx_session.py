@@ -35,12 +35,12 @@ class MLXSession:
         self.dtype = str(weight.dtype).rpartition(".")[2]  # mlx.core.float32 -> float32
         self.memo_key = ("mlx", self.spec, str(mx.default_device()), self.dtype)
 
-    def new_cache(self, method: Method | None):
+    def new_cache(self, method: Method | None, decoded_reads: bool = False):
         from mlx_lm.models.cache import make_prompt_cache
 
         if method is None:
             return make_prompt_cache(self.loaded.model)
-        return MLXKVBenchCache(method, self.num_layers)
+        return MLXKVBenchCache(method, self.num_layers, decoded_reads=decoded_reads)
 
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
         x = mx.array([ids])

@@ -24,8 +24,11 @@ class Session(Protocol):
     # run-memo key of a value computed through it.
     memo_key: tuple[str, ...]
 
-    def new_cache(self, method: Method | None) -> Any:
-        """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None."""
+    def new_cache(self, method: Method | None, decoded_reads: bool = False) -> Any:
+        """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None.
+        decoded_reads: ask the method's policies for their decoded-once read path (the same
+        outputs, bit for bit; the cache's `decoded_reads` says whether any took it); the plain
+        cache ignores it."""
 
     def step(self, ids: list[int], cache: Any, last_only: bool = False) -> tuple[torch.Tensor, float]:
         """(logits (len(ids) or 1, vocab), seconds) of feeding `ids` through `cache`."""
@@ -61,14 +64,14 @@ class TorchSession:
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.memo_key = ("torch", self.spec, str(device), self.dtype)
 
-    def new_cache(self, method: Method | None):
+    def new_cache(self, method: Method | None, decoded_reads: bool = False):
         from transformers import DynamicCache
 
         from kvbench.models.hf_cache import KVBenchCache
 
         if method is None:
             return DynamicCache(config=self.loaded.model.config)
-        return KVBenchCache(method, self.num_layers)
+        return KVBenchCache(method, self.num_layers, decoded_reads=decoded_reads)
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from kvbench.methods.base import Packed
+from kvbench.methods.codec_cache import UNBOUNDED_WINDOW
 from kvbench.methods.identity import Identity
 from kvbench.methods.mlx.base import MLXCodec, MLXCodecCache, MLXMethod, mlx_implementation
 
@@ -13,6 +14,9 @@ DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 class MLXCastCodec(MLXCodec):
     """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact). Stored tensor:
     values, x's shape, in `dtype`."""
+
+    # decode is a cast, value by value (kvbench.methods.codec_cache.chunk_separable)
+    chunk_separable = True
 
     def __init__(self, dtype: str = "auto"):
         self.dtype = dtype
@@ -41,5 +45,5 @@ class MLXIdentity(MLXMethod):
 
     def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
         # As torch: everything stays raw when no cast is asked for.
-        window = 1 << 62 if self.config.dtype == "auto" else 0
+        window = UNBOUNDED_WINDOW if self.config.dtype == "auto" else 0
         return MLXCodecCache(self.codec(), self.codec(), window=window)

@@ -30,6 +30,15 @@ class MLXLloydMaxCodec(MLXTokenwiseCodec):
         self.codebook = MLXCodebook(reference.codebook)
         self._rotations: dict[int, mx.array] = {}  # Q per head_dim, float32
 
+    @property
+    def chunk_separable(self) -> bool:
+        """Without rotation decode is elementwise (codebook lookup, times norm / sqrt(D)); with it,
+        the product by Q^T is a matrix multiply whose kernel, and so whose rounding, can change
+        with the rows decoded at once (CPU BLAS switches kernels below 4 rows): decoding chunk by
+        chunk is not bit-identical to decoding them merged
+        (kvbench.methods.codec_cache.chunk_separable)."""
+        return not self.rotate
+
     def _rotation(self, dim: int) -> mx.array:
         if dim not in self._rotations:
             matrix = self.reference._rotation(dim, torch.device("cpu"))  # float32 Q

@@ -63,6 +63,10 @@ class MLXTurboCodec(MLXTokenwiseCodec):
     rnorm, as its configuration asks), so the byte counts are the same.
     """
 
+    # As the torch TurboCodec: decode's rotation and QJL products are matrix multiplies, not
+    # chunk separable (kvbench.methods.codec_cache.chunk_separable); the packed path stays.
+    chunk_separable = False
+
     def __init__(self, reference: TurboCodec):
         self.reference = reference
         self.bits, self.block, self.mse_bits = reference.bits, reference.block, reference.mse_bits
