@@ -2,6 +2,8 @@
 one run per output folder at a time."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 import random
 import re
@@ -13,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -39,6 +41,7 @@ except ImportError:  # Windows: no advisory locks; two runs into one folder are 
 
 JSONL = "results.jsonl"
 JSON = "results.json"
+PREDICTIONS = "predictions.jsonl"  # per-sample records benchmarks keep (RunContext.keep)
 LOCK = ".kvbench.lock"
 _DEFAULT_THREADS = torch.get_num_threads()
 
@@ -159,9 +162,11 @@ def case_record(case: Case) -> CaseResult:
     )
 
 
-def run_case(case: Case, load_model, progress: Progress, memo: Memo) -> CaseResult:
+def run_case(case: Case, load_model, progress: Progress, memo: Memo,
+             keep: Callable[[dict], None] = lambda record: None) -> CaseResult:
     """One case, isolated: any exception becomes status error with its traceback. `memo`: what
-    the run's cases share (kvbench.memo)."""
+    the run's cases share (kvbench.memo); `keep`: where the case's per-sample records go, each
+    tagged with the case's id and start time (a rerun case's later records supersede)."""
     clock = time.perf_counter()
     record = case_record(case)
     record.started = _now()
@@ -177,6 +182,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo) -> CaseResu
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
                 load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
+                keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
             )
             output = benchmark.run(params, method, ctx)
         record.metrics, record.info, record.comparable = (
@@ -234,7 +240,8 @@ def hold_out_dir(out_dir: Path):
 
 def _archive_previous(out_dir: Path) -> None:
     """Move an earlier run's files aside instead of overwriting them."""
-    names = [name for name in (JSONL, JSON, "report.md") if (out_dir / name).exists()]
+    names = [name for name in (JSONL, JSON, PREDICTIONS, "report.md")
+             if (out_dir / name).exists()]
     if not names:
         return
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -336,7 +343,8 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
     try:
         for case in todo:
             progress.case_started(case)
-            record = run_case(case, load_model, progress, memo)
+            record = run_case(case, load_model, progress, memo,
+                              functools.partial(_keep_line, out_dir / PREDICTIONS))
             _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)
@@ -346,6 +354,11 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
         raise
     _finish(result, suite, out_dir, progress, strict=True)
     return RunOutcome(result=result, out_dir=out_dir, skipped=len(cases) - len(todo))
+
+
+def _keep_line(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def _append(path: Path, line, kept: int) -> None:

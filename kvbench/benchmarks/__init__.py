@@ -1,5 +1,7 @@
 """Built-in benchmarks register themselves on import."""
-from kvbench.benchmarks import compaction, parity, perplexity, proofs, quality, speed  # noqa: F401
+from kvbench.benchmarks import (  # noqa: F401
+    compaction, niah, parity, perplexity, proofs, quality, ruler, speed,
+)
 from kvbench.benchmarks.base import BENCHMARKS, Benchmark, BenchmarkOutput, MetricSpec, RunContext
 
 __all__ = ["BENCHMARKS", "Benchmark", "BenchmarkOutput", "MetricSpec", "RunContext"]

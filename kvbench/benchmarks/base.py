@@ -54,6 +54,9 @@ class RunContext:
     # What the run's cases share (tokenised texts, references): the runner's, one per run; a
     # fresh one for a context made outside a run.
     memo: Memo = field(default_factory=Memo)
+    # Keeps one per-sample record (a prediction and its score) beside the results, in the run's
+    # predictions.jsonl: what a surprising score is read from. Dropped outside a run.
+    keep: Callable[[dict[str, Any]], None] = lambda record: None
 
     @functools.cached_property
     def arrays(self) -> ArrayBackend:

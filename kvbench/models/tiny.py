@@ -34,11 +34,14 @@ class ByteTokenizer:
 
     offset = 4
     vocab_size = 256 + offset
+    eos_token_id = 2
+    chat_template = None
 
-    def encode(self, text: str) -> list[int]:
+    # The keywords are a transformers tokenizer's: there are no special tokens to add or skip.
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [b + self.offset for b in text.encode("utf-8")]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(i - self.offset for i in ids if i >= self.offset).decode("utf-8", "replace")
 
 

@@ -1,0 +1,223 @@
+"""The retrieval benchmarks (ruler, niah): prompts framed and answered through the cache in the
+order each compress setting promises, the greedy loop as transformers' own, lengths that include
+tokens_to_generate, predictions kept beside the results, bad settings refused at load, the two
+codec read paths giving the same answers, and the same prompts and answers on MLX."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvbench.benchmarks.answering import ChatFrame, Prompt, answer, frame
+from kvbench.benchmarks.niah import Niah, NiahParams
+from kvbench.benchmarks.ruler import Ruler, RulerParams
+from kvbench.data.ruler import TASKS
+from kvbench.methods.base import build_method
+from kvbench.runner import PREDICTIONS, run_suite
+from kvbench.suite.errors import SuiteError
+from kvbench.suite.loader import load_suite
+from tests.plugins.model_runs import cpu_context
+from tests.plugins.suites import line_of
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TINY = "tiny:llama"
+EOS = 0
+
+
+class _ScriptedSession:
+    """A Session whose model answers a fixed token script; it records every call."""
+
+    num_kv_heads, head_dim, kv_element_size = 1, 2, 4
+
+    def __init__(self, script: list[int]):
+        self.script, self.calls = iter(script), []
+        self.tokenizer = SimpleNamespace(
+            eos_token_id=EOS, decode=lambda ids, skip_special_tokens: ",".join(map(str, ids)))
+
+    def new_cache(self, method, decoded_reads=False):
+        self.cache = SimpleNamespace(policies=[SimpleNamespace(seen_tokens=0)],
+                                     accounted_bytes=lambda: 8, decoded_reads=False)
+        return self.cache
+
+    def step(self, ids, cache, last_only=False):
+        self.calls.append(("step", list(ids)))
+        cache.policies[0].seen_tokens += len(ids)
+        logits = torch.zeros(1, 10)
+        logits[0, next(self.script)] = 1.0
+        return logits, 0.0
+
+    def end_prefill(self, cache):
+        self.calls.append(("end_prefill",))
+        return 0.0
+
+
+@pytest.mark.parametrize("compress, script, calls", [
+    # 9: what the context's own logits say, never used (the question follows it)
+    ("context", [9, 5, 6, EOS], [("step", [1, 2]), ("end_prefill",), ("step", [3]),
+                                 ("step", [5]), ("step", [6])]),
+    ("context+question", [5, 6, EOS], [("step", [1, 2, 3]), ("end_prefill",), ("step", [5]),
+                                       ("step", [6])]),
+])
+def test_the_question_is_fed_after_compression_only_under_context(compress, script, calls):
+    session = _ScriptedSession(script)
+    reply = answer(session, build_method("identity"), Prompt([1, 2], [3]), compress, 10)
+    assert session.calls == calls
+    assert reply.text == "5,6" and reply.generated == 2  # stopped at end-of-sequence
+    # 16-bit K+V of every token seen: 2 (K, V) x 2 bytes x 1 head x 2 dims x 5 tokens
+    assert reply.bytes_16bit == 2 * 2 * 2 * 5 and reply.kv_bytes == 8
+
+
+def test_decoding_stops_at_tokens_to_generate_without_a_wasted_step():
+    session = _ScriptedSession([9, 5, 6, 7])
+    reply = answer(session, build_method("identity"), Prompt([1], [2]), "context", 2)
+    assert reply.text == "5,6"
+    assert session.calls[-1] == ("step", [5])  # the second token is never fed
+
+
+@pytest.mark.model
+def test_the_prompt_is_the_chat_template_around_the_task_text(bundled):
+    tokenizer = bundled.tokenizer
+    prompt = frame(tokenizer, ChatFrame.of(tokenizer), "Remember: the code is 4417.",
+                   "\nWhat is the code?", " The code is")
+    whole = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Remember: the code is 4417.\nWhat is the code?"}],
+        tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(prompt.ids) == whole + " The code is"
+    assert tokenizer.decode(prompt.question).startswith("\nWhat is the code?<|im_end|>")
+
+
+@pytest.mark.model
+def test_the_greedy_answer_is_what_transformers_generates(bundled):
+    from kvbench.models.session import TorchSession
+
+    tokenizer = bundled.tokenizer
+    prompt = frame(tokenizer, ChatFrame.of(tokenizer), "Remember: the code is 4417.",
+                   "\nWhat is the code?", " The code is")
+    session = TorchSession(bundled, torch.device("cpu"))
+    for compress in ("context", "context+question"):
+        reply = answer(session, build_method("identity"), prompt, compress, 12)
+        with torch.inference_mode():
+            out = bundled.model.generate(torch.tensor([prompt.ids]), max_new_tokens=12,
+                                         do_sample=False, eos_token_id=tokenizer.eos_token_id)
+        expected = out[0, len(prompt.ids):].tolist()
+        assert reply.text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def _ruler(method: str, backend: str = "torch", keep=None, **params):
+    ctx = cpu_context(TINY, backend=backend)
+    if keep is not None:
+        ctx.keep = keep
+    return Ruler().run(RulerParams(**params), build_method(method, {"bits": 4}
+                                                            if method == "intq" else {}), ctx)
+
+
+def test_a_ruler_prompt_fills_its_length_with_tokens_to_generate_counted():
+    kept = []
+    out = _ruler("identity", keep=kept.append, task="vt", length=2000, samples=2)
+    spec = TASKS["vt"]
+    for record in kept:
+        assert 0.99 * 2000 <= record["prompt_tokens"] + spec.tokens_to_generate <= 2000
+    assert [r["score"] for r in kept] == out.info["scores"]
+    assert out.metrics["score"].value == sum(out.info["scores"]) / 2
+    low, high = out.metrics["score_ci_low"].value, out.metrics["score_ci_high"].value
+    assert 0 <= low <= out.metrics["score"].value <= high <= 100 and high - low > 10
+
+
+def test_codec_reads_decoded_once_answer_exactly_as_packed():
+    runs = {}
+    for reads in ("packed", "decoded"):
+        kept = []
+        out = _ruler("intq", keep=kept.append, task="niah_single_1", length=800, samples=2,
+                     reads=reads)
+        runs[reads] = (kept, out)
+    (packed, p_out), (decoded, d_out) = runs["packed"], runs["decoded"]
+    assert [r["prediction"] for r in packed] == [r["prediction"] for r in decoded]
+    assert p_out.metrics["compression_ratio"].value == d_out.metrics["compression_ratio"].value
+    assert (p_out.info["codec_reads"], d_out.info["codec_reads"]) == ("packed", "decoded once")
+
+
+@pytest.mark.parametrize("kind", ["ruler", "niah"])
+def test_mlx_answers_the_same_prompts_the_same(kind):
+    pytest.importorskip("mlx.core")
+    outs = []
+    for backend in ("torch", "mlx"):
+        kept = []
+        ctx = cpu_context(TINY, backend=backend)
+        ctx.keep = kept.append
+        if kind == "ruler":
+            out = Ruler().run(RulerParams(task="niah_multikey_2", length=800, samples=2),
+                              build_method("identity"), ctx)
+        else:
+            out = Niah().run(NiahParams(lengths=[1500, 2000], depths=[0, 100]),
+                             build_method("identity"), ctx)
+        outs.append((out, kept))
+    (t_out, t_kept), (m_out, m_kept) = outs
+    assert t_out.comparable["prompts_sha256"] == m_out.comparable["prompts_sha256"]
+    assert [r["prediction"] for r in t_kept] == [r["prediction"] for r in m_kept]
+    assert t_out.metrics["score"].value == m_out.metrics["score"].value
+    assert t_out.metrics["compression_ratio"].value == m_out.metrics["compression_ratio"].value
+
+
+NIAH_SUITE = """\
+kvbench: 1
+name: retrieval
+defaults: {model: "tiny:llama", device: cpu}
+methods:
+  - {name: identity}
+  - {name: streamingllm, params: {ratio: 0.25}}
+benchmarks:
+  - kind: niah
+    params: {lengths: [1500, 2000], depths: [0, 50, 100]}
+"""
+
+
+def test_a_run_keeps_every_prediction_beside_its_results(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(NIAH_SUITE)
+    outcome = run_suite(load_suite(path), tmp_path / "out")
+    lines = [json.loads(line) for line in (tmp_path / "out" / PREDICTIONS).read_text().splitlines()]
+    for case in outcome.result.cases:
+        assert case.status == "ok", case.error
+        mine = [line for line in lines if line["case"] == case.id]
+        assert len(mine) == 6  # 2 lengths x 3 depths, one needle each
+        grid = case.info["grid"]
+        assert grid["lengths"] == [1500, 2000] and grid["depths"] == [0, 50, 100]
+        for line in mine:
+            row, col = grid["depths"].index(line["depth"]), grid["lengths"].index(line["length"])
+            assert grid["scores"][row][col] == line["score"]
+            assert line["references"] and line["prediction"] is not None
+            # placed at the sentence boundary nearest the depth: a few sentences on the tiny
+            # model's byte tokens
+            assert line["depths"] == [pytest.approx(line["depth"], abs=15)]
+    streaming = outcome.result.cases[1]
+    assert streaming.metrics["compression_ratio"].value > 2 * (
+        outcome.result.cases[0].metrics["compression_ratio"].value)
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ("kind: ruler\n    params: {task: qa_1}", "task: qa_1", "qa_data"),
+    ("kind: ruler\n    params: {task: niah_single_1, length: 9000}", "length: 9000",
+     "above the 4096"),
+    ("kind: ruler\n    params: {task: needles}", "task: needles", "task must be one of"),
+    ("kind: niah\n    params: {depths: [50, 120]}", "depths", "0 to 100"),
+    ("kind: ruler\n    params: {compress: question}", "compress", "compress must be one of"),
+])
+def test_bad_retrieval_settings_are_refused_at_their_line(tmp_path, body, key, message):
+    path = tmp_path / "suite.yaml"
+    path.write_text(NIAH_SUITE.split("benchmarks:")[0] + f"benchmarks:\n  - {body}\n")
+    with pytest.raises(SuiteError) as err:
+        load_suite(path)
+    text = str(err.value)
+    assert message in text and f"suite.yaml:{line_of(path, key)}" in text
+
+
+def test_shipped_retrieval_suites_load():
+    root = Path(__file__).resolve().parents[1] / "suites"
+    ruler = load_suite(root / "ruler.yaml")
+    tasks = {c.bench_params["task"] for c in ruler.cases}
+    assert tasks == {name for name in TASKS if not TASKS[name].needs_qa}
+    assert {c.bench_params["length"] for c in ruler.cases} == {1024, 2048, 4096, 8192}
+    assert any(c.benchmark == "niah" for c in load_suite(root / "niah.yaml").cases)
