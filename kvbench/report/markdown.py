@@ -10,6 +10,7 @@ from kvbench.report.plots import (
     MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, rate_distortion_data,
     rate_distortion_png,
 )
+from kvbench.report.retrieval import niah_section, ruler_figure, ruler_section
 from kvbench.report.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
@@ -28,6 +29,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
         parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
         if benchmark == "proofs" and figure:
             parts.append(figure)
+        parts += _retrieval_parts(result, benchmark, out_dir)
     across = method_table(result.cases)
     if across:
         parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
@@ -45,7 +47,8 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
 
 
 def write_reports(result: RunResult, out_dir: str | Path, gate: GateReport | None = None) -> Path:
-    """report.md, and beside it rate_distortion.png when the run has proofs cases to plot."""
+    """report.md, and beside it rate_distortion.png when the run has proofs cases to plot, and
+    the ruler and niah figures when it has those cases."""
     path = Path(out_dir) / "report.md"
     atomic_write_text(path, render_markdown(result, gate, path.parent))
     return path
@@ -66,6 +69,18 @@ def _rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | No
         return f"<sub>rate-distortion plot skipped: {MATPLOTLIB_MISSING}</sub>"
     return (f"![rate-distortion: bits_per_value vs attn_output_error per proofs case]"
             f"({RATE_DISTORTION_PNG})")
+
+
+def _retrieval_parts(result: RunResult, benchmark: str, out_dir: Path | None) -> list[str]:
+    """What follows the ruler and niah tables: their summaries and figures (written to out_dir
+    when given; the same text either way)."""
+    if benchmark == "ruler":
+        parts = [ruler_section(result), ruler_figure(result, out_dir)]
+    elif benchmark == "niah":
+        parts = [niah_section(result, out_dir)]
+    else:
+        return []
+    return [part for part in parts if part]
 
 
 def _run_lines(result: RunResult) -> str:

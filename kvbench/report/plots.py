@@ -95,6 +95,20 @@ def _axis_label(result: RunResult, metric: str) -> str:
     return name
 
 
+def save_png(fig, path: Path) -> None:
+    """Via a temp file and a rename; no Software/date metadata, so the same results give the
+    same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_value",
                         y: str = "attn_output_error") -> Path | None:
     """Write the rate-distortion PNG of the run's proofs cases to `path` (via a temp file and a
@@ -145,16 +159,7 @@ def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_
         axes[-1, 0].set_xlabel(_axis_label(result, x))
         fig.suptitle(plot.title)
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            # no Software/date metadata: the same results give the same bytes
-            fig.savefig(tmp, format="png", metadata={"Software": None})
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        save_png(fig, path)
     finally:
         plt.close(fig)
     out = PlotPath(path)

@@ -32,11 +32,7 @@ class MLXLloydMaxCodec(MLXTokenwiseCodec):
 
     @property
     def chunk_separable(self) -> bool:
-        """Without rotation decode is elementwise (codebook lookup, times norm / sqrt(D)); with it,
-        the product by Q^T is a matrix multiply whose kernel, and so whose rounding, can change
-        with the rows decoded at once (CPU BLAS switches kernels below 4 rows): decoding chunk by
-        chunk is not bit-identical to decoding them merged
-        (kvbench.methods.codec_cache.chunk_separable)."""
+        """As the reference's (kvbench.methods.lloydmax): only without the rotation's matmul."""
         return not self.rotate
 
     def _rotation(self, dim: int) -> mx.array:
