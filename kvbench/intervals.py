@@ -21,4 +21,7 @@ def wilson_interval(mean_percent: float, samples: int, z: float = Z_95) -> tuple
     denominator = 1 + z * z / samples
     centre = (p + z * z / (2 * samples)) / denominator
     half = z * math.sqrt(p * (1 - p) / samples + z * z / (4 * samples * samples)) / denominator
-    return max(0.0, centre - half) * 100.0, min(1.0, centre + half) * 100.0
+    # at p = 0 or 1 the bound is p itself; computed, it can land a rounding error past it
+    low = 0.0 if p == 0 else max(0.0, centre - half)
+    high = 1.0 if p == 1 else min(1.0, centre + half)
+    return low * 100.0, high * 100.0

@@ -221,3 +221,22 @@ def test_shipped_retrieval_suites_load():
     assert tasks == {name for name in TASKS if not TASKS[name].needs_qa}
     assert {c.bench_params["length"] for c in ruler.cases} == {1024, 2048, 4096, 8192}
     assert any(c.benchmark == "niah" for c in load_suite(root / "niah.yaml").cases)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_the_bundled_model_finds_the_same_needle_the_same_way_on_mlx(bundled):
+    """The real model on both backends: the same prompts, and identity's answers word for word."""
+    pytest.importorskip("mlx.core")
+    outs = []
+    for backend in ("torch", "mlx"):
+        kept = []
+        ctx = cpu_context(bundled.spec, backend=backend,
+                          loaded=bundled if backend == "torch" else None)
+        ctx.keep = kept.append
+        out = Niah().run(NiahParams(lengths=[1024], depths=[0, 50, 100]),
+                         build_method("identity"), ctx)
+        outs.append((out, [r["prediction"] for r in kept]))
+    (t_out, t_answers), (m_out, m_answers) = outs
+    assert t_out.comparable["prompts_sha256"] == m_out.comparable["prompts_sha256"]
+    assert t_answers == m_answers

@@ -521,10 +521,16 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
             ax.set_xlabel("compression ratio vs 16-bit (x)")
             ax.set_ylim(0, 102)
             ax.grid(True, alpha=0.35)
-            ax.legend(loc="lower left", fontsize=8)
         axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
         fig.suptitle(plot.title)
-        fig.tight_layout()
+        # one legend right of the panels, off the points (most methods score low, at the left)
+        handles = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label.split(" (")[0] if label.startswith("identity (")
+                                   else label, handle)
+        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=8)
         save_png(fig, path)
     finally:
         plt.close(fig)
