@@ -275,8 +275,17 @@ def _covered_line(table: RulerTable) -> str:
                          for length, tasks in sorted(cover.items()))
 
     covers = [coverage(row) for row in table.rows]
+    at_length: dict[int, set[tuple[str, ...]]] = {}  # the task sets run at each length
+    for cover in covers:
+        for length, tasks in cover.items():
+            at_length.setdefault(length, set()).add(tuple(tasks))
     if all(cover == covers[0] for cover in covers):
         covered = f"Each mean is over the same {describe(covers[0])}."
+    elif all(len(sets) == 1 for sets in at_length.values()):
+        # methods ran different lengths, but the same tasks wherever they ran
+        covered = ("Every method that ran a length covers the same tasks there: "
+                   + describe({length: list(next(iter(sets)))
+                               for length, sets in at_length.items()}) + ".")
     else:
         groups: dict[str, list[str]] = {}  # rows with the same coverage named together
         for row, cover in zip(table.rows, covers):
