@@ -137,6 +137,9 @@ def test_codec_reads_decoded_once_answer_exactly_as_packed():
     assert [r["prediction"] for r in packed] == [r["prediction"] for r in decoded]
     assert p_out.metrics["compression_ratio"].value == d_out.metrics["compression_ratio"].value
     assert (p_out.info["codec_reads"], d_out.info["codec_reads"]) == ("packed", "decoded once")
+    # a policy with nothing packed has no such path: said so, not called "packed"
+    plain = _ruler("identity", task="niah_single_1", length=800, samples=1)
+    assert plain.info["codec_reads"] == "as stored (no decoded-once path)"
 
 
 @pytest.mark.parametrize("kind", ["ruler", "niah"])

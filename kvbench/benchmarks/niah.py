@@ -89,7 +89,7 @@ class Niah(RetrievalBenchmark):
                 "grid": {"lengths": list(params.lengths), "depths": list(params.depths),
                          "scores": grid},
                 "haystack": haystack_note(params.task, params.essay),
-                **common_info(replies, method),
+                **common_info(replies, method, params.reads),
             },
             comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
                         "model_dtype": reader.session.dtype},

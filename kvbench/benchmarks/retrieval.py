@@ -150,10 +150,16 @@ def score_metrics(scores: list[float], replies: list[Answer]) -> dict[str, Any]:
     }
 
 
-def common_info(replies: list[Answer], method: Method) -> dict[str, Any]:
+def common_info(replies: list[Answer], method: Method, reads: str) -> dict[str, Any]:
+    if replies[0].decoded_reads:
+        path = "decoded once"
+    elif reads == "packed":
+        path = "packed"
+    else:  # asked for, not taken: nothing packed (token methods), or a codec like turbo's
+        path = "as stored (no decoded-once path)"
     return {
         "generated_tokens": statistics.fmean(r.generated for r in replies),
-        "codec_reads": "decoded once" if replies[0].decoded_reads else "packed",
+        "codec_reads": path,
         "layout": method.layout(),
     }
 

@@ -103,7 +103,7 @@ class Ruler(RetrievalBenchmark):
                 "haystack": haystack_note(params.task, params.essay),
                 "tokens_to_generate": spec.tokens_to_generate,
                 "prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in records),
-                **common_info(replies, method),
+                **common_info(replies, method, params.reads),
             },
             comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
                         "model_dtype": reader.session.dtype},
