@@ -51,6 +51,21 @@ def one_torch_thread():
 
 
 @pytest.fixture
+def without_matplotlib(monkeypatch):
+    """Importing matplotlib (or any of its modules) fails, as where it is not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+
+
+@pytest.fixture
 def small():
     """tests/data/results_small.json, a real run of tests/data/small.yaml, as a RunResult (a
     fresh copy per test: tests may change it)."""

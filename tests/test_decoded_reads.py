@@ -5,7 +5,7 @@ decay's requantization and eviction), the same accounted bytes, and each packed 
 once instead of the whole packed cache at every read.
 
 Bit-identity rests on the codecs that declare themselves chunk separable
-(kvbench.methods.codec_cache.chunk_separable): decode(merge(parts)) equals the concatenation of
+(kvbench.methods.base.Codec.chunk_separable): decode(merge(parts)) equals the concatenation of
 decode(part). The first test checks that claim for every codec that makes it; a policy whose codecs
 do not make it (turbo's rotations and QJL, lloydmax with rotation: matrix products) keeps the
 packed path and says so (keep_decoded() is False, the cache's decoded_reads False).
@@ -20,7 +20,7 @@ import torch
 
 from kvbench.methods import METHODS
 from kvbench.methods.base import Method, build_method
-from kvbench.methods.codec_cache import CodecCache, chunk_separable
+from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.decay import DecayCache
 from kvbench.methods.intq import IntQCodec
 from kvbench.methods.kivi import KiviCache
@@ -113,7 +113,7 @@ def _separable_codecs():
     for case in CASES:
         for codec in _codecs(case.build()):
             key = (type(codec).__name__, codec.layout(), codec.token_block)
-            if chunk_separable(codec) and key not in seen:
+            if codec.chunk_separable and key not in seen:
                 seen.add(key)
                 out.append(pytest.param(codec, id=f"{case.id}:{codec.layout()}"))
     return out

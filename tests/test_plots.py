@@ -1,7 +1,6 @@
 """The rate-distortion PNG written beside report.md, from a results file alone."""
 from __future__ import annotations
 
-import builtins
 import importlib.util
 
 import pytest
@@ -78,15 +77,8 @@ def test_write_reports_links_the_png_only_when_written(small_unplotted, with_att
     assert render_markdown(with_attn) == text  # what `kvbench report RESULTS` prints
 
 
-def test_missing_matplotlib_is_a_note_not_a_failure(with_attn, tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError("No module named 'matplotlib'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+def test_missing_matplotlib_is_a_note_not_a_failure(with_attn, tmp_path, monkeypatch,
+                                                    without_matplotlib):
     with pytest.raises(PlotUnavailable):
         plots.rate_distortion_png(with_attn, tmp_path / "rd.png")
     text = write_reports(with_attn, tmp_path / "out").read_text()

@@ -1,7 +1,6 @@
 """The ruler and niah report sections and figures, from synthetic results alone."""
 from __future__ import annotations
 
-import builtins
 import math
 
 import pytest
@@ -304,15 +303,7 @@ def test_report_places_sections_and_is_the_same_with_or_without_out_dir(result, 
     assert write_reports(result, tmp_path / "out").read_text() == text  # deterministic
 
 
-def test_missing_matplotlib_is_a_note(result, tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError("No module named 'matplotlib'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+def test_missing_matplotlib_is_a_note(result, tmp_path, without_matplotlib):
     with pytest.raises(PlotUnavailable):
         ruler_plot_png(result, tmp_path / RULER_PNG)
     with pytest.raises(PlotUnavailable):

@@ -8,7 +8,6 @@ the model's end-of-sequence token or the task's tokens_to_generate.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,9 +47,6 @@ class Prompt:
     @property
     def ids(self) -> list[int]:
         return self.context + self.question
-
-    def sha256(self) -> str:
-        return hashlib.sha256(",".join(map(str, self.ids)).encode()).hexdigest()
 
 
 def frame(tokenizer: Any, chat: ChatFrame, context: str, question: str,

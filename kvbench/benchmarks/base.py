@@ -93,6 +93,21 @@ class Benchmark(ABC):
     @abstractmethod
     def run(self, params: Any, method: Method, ctx: RunContext) -> BenchmarkOutput: ...
 
+    def check_text_and_model(self, text: str, model: ModelInfo | None) -> None:
+        """The start of a check() of a benchmark that reads a text through the model: the text
+        exists and a model is set."""
+        check_text(text)
+        if model is None:
+            raise ValueError(f"{self.name} needs a model; set the suite's model")
+
+    @staticmethod
+    def check_length(model: ModelInfo, what: str, total: int) -> None:
+        """ValueError when `total` tokens (`what` says how they add up) exceed what the model is
+        good for."""
+        if model.max_context is not None and total > model.max_context:
+            raise ValueError(f"{what} = {total} tokens is above the {model.max_context} that"
+                             f" model {model.spec} is good for")
+
 
 def check_at_least(params: Any, lows: dict[str, int]) -> None:
     """ValueError naming the first parameter below its least value (for Params.__post_init__)."""
@@ -141,19 +156,6 @@ class TextModelBenchmark(Benchmark):
         window, after = token_window(ctx.memo, session, params.text, params.offset, need)
         return window, after[: params.calibration]
 
-    def check_text_and_model(self, params: TextWindowParams, model: ModelInfo | None) -> None:
-        """The start of every such check(): the text exists and a model is set."""
-        check_text(params.text)
-        if model is None:
-            raise ValueError(f"{self.name} needs a model; set the suite's model")
-
-    @staticmethod
-    def check_length(model: ModelInfo, what: str, total: int) -> None:
-        """ValueError when `total` tokens (`what` says how they add up) exceed what the model is
-        good for."""
-        if model.max_context is not None and total > model.max_context:
-            raise ValueError(f"{what} = {total} tokens is above the {model.max_context} that"
-                             f" model {model.spec} is good for")
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")

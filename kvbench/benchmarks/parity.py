@@ -70,7 +70,7 @@ class Parity(TextModelBenchmark):
     }
 
     def check(self, params: ParityParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params, model)
+        self.check_text_and_model(params.text, model)
         self.check_length(model, "context + steps", params.context + params.steps)
 
     def run(self, params: ParityParams, method: Method, ctx: RunContext) -> BenchmarkOutput:

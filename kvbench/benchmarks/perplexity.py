@@ -100,7 +100,7 @@ class Perplexity(TextModelBenchmark):
     }
 
     def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params, model)
+        self.check_text_and_model(params.text, model)
         self.check_length(model, f"context + continuation = {params.context} +"
                                  f" {params.continuation}", params.context + params.continuation)
 

@@ -67,7 +67,7 @@ class Quality(TextModelBenchmark):
     }
 
     def check(self, params: QualityParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params, model)
+        self.check_text_and_model(params.text, model)
         self.check_length(model, "context + continuation (or greedy_tokens)",
                           params.context + max(params.continuation, params.greedy_tokens))
 

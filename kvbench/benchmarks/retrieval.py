@@ -4,6 +4,7 @@ metrics with their intervals."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from kvbench.benchmarks.answering import COMPRESS, READS, Answer, ChatFrame, ans
 from kvbench.benchmarks.base import Benchmark, MetricSpec, RunContext
 from kvbench.benchmarks.ruler_scoring import postprocess, sample_score
 from kvbench.data.ruler import TASKS, RulerSample, make_sample
-from kvbench.data.text import check_text, load_text, parse_hf_source, resolve_text
+from kvbench.data.text import load_text, parse_hf_source, resolve_text, tokens_sha256
 from kvbench.intervals import wilson_interval
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
@@ -76,12 +77,8 @@ class RetrievalBenchmark(Benchmark):
         return dataclasses.replace(params, essay=resolve_text(params.essay, base_dir))
 
     def check_model(self, params: Any, model: ModelInfo | None, longest: int) -> None:
-        check_text(params.essay)
-        if model is None:
-            raise ValueError(f"{self.name} needs a model; set the suite's model")
-        if model.max_context is not None and longest > model.max_context:
-            raise ValueError(f"length {longest} is above the {model.max_context} tokens that"
-                             f" model {model.spec} is good for")
+        self.check_text_and_model(params.essay, model)
+        self.check_length(model, "length", longest)
 
 
 @dataclass
@@ -125,7 +122,7 @@ class Reader:
         metric = TASKS[sample.task].metric
         record = {
             **extra, "task": sample.task, "index": sample.index,
-            "prompt_sha256": prompt.sha256(), "prompt_tokens": len(prompt.ids),
+            "prompt_sha256": tokens_sha256(prompt.ids), "prompt_tokens": len(prompt.ids),
             "depths": list(sample.depths), "prediction": reply.text,
             "references": list(sample.references), "metric": METRIC_NAMES[metric],
             "score": sample_score(postprocess(reply.text), sample.references, metric),
@@ -172,6 +169,4 @@ def haystack_note(task: str, essay: str) -> str:
 
 
 def prompts_digest(records: list[dict[str, Any]]) -> str:
-    import hashlib
-
     return hashlib.sha256(",".join(r["prompt_sha256"] for r in records).encode()).hexdigest()

@@ -30,6 +30,12 @@ class Codec(ABC):
 
     # Tokens a codec must see at once (per-channel quantization groups over tokens).
     token_block: int = 1
+    # decode(merge(parts)) equals, bit for bit, the concatenation of decode(part) whatever the
+    # parts' sizes: true only where every decoded element comes from its own stored values by
+    # elementwise operations (unpacking, lookups, multiplies, adds), never from a product or a
+    # reduction whose kernel, and so whose rounding, may depend on how many rows are decoded at
+    # once. What lets a cache decode each chunk once (LayerCachePolicy.keep_decoded).
+    chunk_separable: bool = False
 
     @abstractmethod
     def encode(self, x: torch.Tensor) -> Packed: ...

@@ -12,16 +12,6 @@ UNBOUNDED_WINDOW = 1 << 62
 MAX_DECODED_CHUNKS = 32
 
 
-def chunk_separable(codec: Codec) -> bool:
-    """Whether `codec` declares decode(merge(parts)) equal, bit for bit, to the concatenation of
-    decode(part) over parts, whatever the parts' sizes: a codec sets `chunk_separable = True`
-    only when every decoded element comes from its own stored values by elementwise operations
-    (unpacking, table lookups, multiplies and adds), never from a product or a reduction whose
-    kernel, and so whose rounding, may depend on how many rows are decoded at once. Codecs that
-    say nothing are not separable."""
-    return bool(getattr(codec, "chunk_separable", False))
-
-
 class DecodedChunks:
     """Decoded arrays of the packed tokens, in token order, at the raw dtype (the decoded-once
     path): attention reads them joined with the raw tail."""
@@ -75,7 +65,7 @@ class CodecCache(LayerCachePolicy):
         check_fresh(self, self._raw_k is None)
         if self.window >= UNBOUNDED_WINDOW:
             return False  # never packs: attention already reads what it stores
-        if not (chunk_separable(self.key_codec) and chunk_separable(self.value_codec)):
+        if not (self.key_codec.chunk_separable and self.value_codec.chunk_separable):
             # decoding chunk by chunk could round differently from decoding the merged block
             return False
         self._decoded = (DecodedChunks(self.ops), DecodedChunks(self.ops))

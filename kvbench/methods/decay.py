@@ -17,7 +17,7 @@ from kvbench.methods.base import (
     codecs_layout,
     register_method,
 )
-from kvbench.methods.codec_cache import check_fresh, chunk_separable
+from kvbench.methods.codec_cache import check_fresh
 from kvbench.methods.widths import bit_variants, check_width, nearest_width, refused
 
 
@@ -70,7 +70,7 @@ class DecayCache(LayerCachePolicy):
         codecs at every width are chunk separable (neighbouring segments at one width are decoded
         merged on the packed path)."""
         check_fresh(self, self.raw_k is None)
-        self._decoded = all(chunk_separable(codec) for bits in self.method.widths()
+        self._decoded = all(codec.chunk_separable for bits in self.method.widths()
                             for codec in self.codecs(bits))
         return self._decoded
 

@@ -15,7 +15,7 @@ from kvbench.methods.codec_cache import UNBOUNDED_WINDOW, CodecCache
 class CastCodec(Codec):
     """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact)."""
 
-    # decode is a cast, value by value (kvbench.methods.codec_cache.chunk_separable)
+    # decode is a cast, value by value (kvbench.methods.base.Codec.chunk_separable)
     chunk_separable = True
 
     def __init__(self, dtype: str = "auto"):

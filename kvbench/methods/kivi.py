@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvbench.methods.array_ops import TORCH_OPS
 from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed, register_method
-from kvbench.methods.codec_cache import DecodedChunks, check_fresh, chunk_separable
+from kvbench.methods.codec_cache import DecodedChunks, check_fresh
 from kvbench.methods.intq import IntQCodec
 
 
@@ -23,10 +23,8 @@ class _Stream:
         self.raw = None
         self.decoded: DecodedChunks | None = None
 
-    def keep_decoded(self) -> bool:
-        if chunk_separable(self.codec):
-            self.decoded = DecodedChunks(self.ops)
-        return self.decoded is not None
+    def keep_decoded(self) -> None:
+        self.decoded = DecodedChunks(self.ops)
 
     @property
     def raw_tokens(self) -> int:
@@ -85,9 +83,11 @@ class KiviCache(LayerCachePolicy):
         """The decoded-once path, for keys and values both or neither (KIVI's codecs are intq,
         chunk separable)."""
         check_fresh(self, self.keys.raw is None)
-        if not (chunk_separable(self.keys.codec) and chunk_separable(self.values.codec)):
+        if not (self.keys.codec.chunk_separable and self.values.codec.chunk_separable):
             return False
-        return self.keys.keep_decoded() and self.values.keep_decoded()
+        self.keys.keep_decoded()
+        self.values.keep_decoded()
+        return True
 
     def end_prefill(self) -> None:
         self._quantize()

@@ -39,7 +39,7 @@ class LloydMaxCodec(TokenwiseCodec):
         the product by Q^T is a matrix multiply whose kernel, and so whose rounding, can change
         with the rows decoded at once (CPU BLAS switches kernels below 4 rows): decoding chunk by
         chunk is not bit-identical to decoding them merged
-        (kvbench.methods.codec_cache.chunk_separable)."""
+        (kvbench.methods.base.Codec.chunk_separable)."""
         return not self.rotate
 
     def _rotation(self, dim: int, device: torch.device) -> torch.Tensor:

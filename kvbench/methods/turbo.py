@@ -77,7 +77,7 @@ class TurboCodec(TokenwiseCodec):
     norms' dtype. b is bits, or bits - 1 with qjl.
     """
 
-    # Not chunk separable (kvbench.methods.codec_cache.chunk_separable): decode multiplies by
+    # Not chunk separable (kvbench.methods.base.Codec.chunk_separable): decode multiplies by
     # the inverse rotation (and the QJL matrix), matrix products whose kernel, and so whose
     # rounding, may change with the rows decoded at once (the CPU BLAS switches kernels
     # below 4 rows), so a chunk decoded alone can differ in the last bit from the same chunk

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from kvbench.gate import GateReport, GateRow
 from kvbench.report.plots import (
-    MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, rate_distortion_data,
-    rate_distortion_png,
+    MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, check_matplotlib,
+    rate_distortion_data, rate_distortion_png,
 )
 from kvbench.report.retrieval import niah_section, ruler_figure, ruler_section
 from kvbench.report.tables import (
@@ -62,10 +62,10 @@ def _rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | No
         return None
     try:
         if out_dir is None:
-            import matplotlib  # noqa: F401 - only whether it is there
+            check_matplotlib()
         else:
             rate_distortion_png(result, out_dir / RATE_DISTORTION_PNG)
-    except (ImportError, PlotUnavailable):
+    except PlotUnavailable:
         return f"<sub>rate-distortion plot skipped: {MATPLOTLIB_MISSING}</sub>"
     return (f"![rate-distortion: bits_per_value vs attn_output_error per proofs case]"
             f"({RATE_DISTORTION_PNG})")

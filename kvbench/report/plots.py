@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvbench.results import RunResult
 
@@ -51,7 +52,34 @@ class RatePlot:
 class PlotPath(type(Path())):
     """The written PNG's path, carrying the plotted data (`.plot`) so a caller can check it."""
 
-    plot: RatePlot
+    plot: Any
+
+    @classmethod
+    def of(cls, path: str | Path, plot: Any) -> PlotPath:
+        out = cls(path)
+        out.plot = plot
+        return out
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display); PlotUnavailable without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
+    return plt
+
+
+def check_matplotlib() -> None:
+    """PlotUnavailable unless matplotlib imports: what a report without an output folder asks,
+    so it says what writing the figures would have."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
+    del matplotlib  # only whether it is there
 
 
 def rate_distortion_data(result: RunResult, x: str = "bits_per_value",
@@ -117,12 +145,7 @@ def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_
     plot = rate_distortion_data(result, x, y)
     if plot is None:
         return None
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
+    plt = pyplot()
 
     path = Path(path)
     # One panel per data kind (stacked, same axes), so the labels of one kind do not cover another's.
@@ -162,6 +185,4 @@ def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_
         save_png(fig, path)
     finally:
         plt.close(fig)
-    out = PlotPath(path)
-    out.plot = plot
-    return out
+    return PlotPath.of(path, plot)

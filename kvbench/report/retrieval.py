@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.intervals import wilson_interval
-from kvbench.report.plots import MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, save_png
+from kvbench.report.plots import (
+    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
+)
 from kvbench.report.tables import md_table
 from kvbench.results import CaseResult, RunResult
 
@@ -472,26 +474,6 @@ def ruler_plot_data(result: RunResult) -> RulerPlot | None:
                      panels)
 
 
-def _pyplot():
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
-    return plt
-
-
-def _check_matplotlib() -> None:
-    """PlotUnavailable unless matplotlib imports: what a report without an output folder asks,
-    so it says what writing the figures would have."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
-    del matplotlib  # only whether it is there
-
-
 def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
     """Write the kvpress-style figure: per length, the mean RULER score over tasks against the
     compression ratio, a line per method, identity dashed. Returns the path with the plotted
@@ -500,7 +482,7 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
     plot = ruler_plot_data(result)
     if plot is None:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     count = len(plot.panels)
     fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharey=True,
@@ -543,9 +525,7 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
         save_png(fig, path)
     finally:
         plt.close(fig)
-    out = PlotPath(path)
-    out.plot = plot
-    return out
+    return PlotPath.of(path, plot)
 
 
 def ruler_figure(result: RunResult, out_dir: Path | None) -> str | None:
@@ -555,7 +535,7 @@ def ruler_figure(result: RunResult, out_dir: Path | None) -> str | None:
         return None
     try:
         if out_dir is None:
-            _check_matplotlib()
+            check_matplotlib()
         else:
             ruler_plot_png(result, Path(out_dir) / RULER_PNG)
     except PlotUnavailable:
@@ -624,7 +604,7 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
     cases = _niah_cases(result)
     if not cases:
         return []
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     written = []
     for case, name in zip(cases, niah_file_names(cases)):
@@ -650,9 +630,7 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
             save_png(fig, out_dir / name)
         finally:
             plt.close(fig)
-        path = PlotPath(out_dir / name)
-        path.plot = heat
-        written.append(path)
+        written.append(PlotPath.of(out_dir / name, heat))
     return written
 
 
@@ -689,7 +667,7 @@ def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | 
     if plotted:
         try:
             if out_dir is None:
-                _check_matplotlib()
+                check_matplotlib()
             else:
                 niah_heatmap_pngs(result, out_dir)
         except PlotUnavailable:

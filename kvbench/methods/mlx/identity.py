@@ -15,7 +15,7 @@ class MLXCastCodec(MLXCodec):
     """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact). Stored tensor:
     values, x's shape, in `dtype`."""
 
-    # decode is a cast, value by value (kvbench.methods.codec_cache.chunk_separable)
+    # decode is a cast, value by value (kvbench.methods.base.Codec.chunk_separable)
     chunk_separable = True
 
     def __init__(self, dtype: str = "auto"):

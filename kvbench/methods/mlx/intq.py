@@ -21,7 +21,7 @@ class MLXIntQCodec(MLXCodec):
     """
 
     # decode is elementwise per stored value (unpack, multiply, add): decoding chunk by chunk
-    # rounds exactly as decoding them merged (kvbench.methods.codec_cache.chunk_separable)
+    # rounds exactly as decoding them merged (kvbench.methods.base.Codec.chunk_separable)
     chunk_separable = True
 
     def __init__(self, bits: int, group_size: int, axis: str):

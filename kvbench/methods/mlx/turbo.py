@@ -64,7 +64,7 @@ class MLXTurboCodec(MLXTokenwiseCodec):
     """
 
     # As the torch TurboCodec: decode's rotation and QJL products are matrix multiplies, not
-    # chunk separable (kvbench.methods.codec_cache.chunk_separable); the packed path stays.
+    # chunk separable (kvbench.methods.base.Codec.chunk_separable); the packed path stays.
     chunk_separable = False
 
     def __init__(self, reference: TurboCodec):
