@@ -1,4 +1,8 @@
-"""Claims: `metric op value`, stated in a suite, judged against a case's metrics."""
+"""Claims: `metric op value`, stated in a suite, judged against a case's metrics; or
+`metric / LABEL op value` and `metric - LABEL op value`, judged against the ratio to (or the
+difference from) the same metric of the case that ran method LABEL on the same benchmark
+parameters in the same run (seed 003's "peak x 0.51 against stock" is
+`peak_bytes / identity <= 0.51`)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +16,9 @@ OPS = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
     "==": operator.eq, "!=": operator.ne,
 }
-_CLAIM = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
+RELATIONS = {"/": operator.truediv, "-": operator.sub}
+_CLAIM = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?:([/-])\s*([\w.+-]+)\s*)?"
+                    r"(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -22,30 +28,52 @@ class Claim:
     op: str
     target: float
     source: str = ""  # "file:line" where it was stated
+    # Another case's metric this one is set against: the method label, and "/" or "-".
+    reference: str | None = None
+    relation: str | None = None
+
+    def reference_id(self, case_id: str, benchmark: str, label: str) -> str:
+        """The id of the case this claim compares `case_id` (which ran method `label`) with."""
+        rest = case_id[len(benchmark) + 1 + len(label):]
+        return f"{benchmark}/{self.reference}{rest}"
 
 
 def parse_claim(text: str, source: str = "") -> Claim:
-    """Parse "cosine >= 0.99"; raise ValueError with the expected form otherwise."""
+    """Parse "cosine >= 0.99" or "peak_bytes / identity <= 0.51"; raise ValueError with the
+    expected form otherwise."""
     match = _CLAIM.match(str(text))
     if not match:
         raise ValueError(
-            f"claim {text!r} is not of the form 'metric op value' (op one of {' '.join(OPS)})"
+            f"claim {text!r} is not of the form 'metric op value' or 'metric / LABEL op value'"
+            f" ('-' for a difference; op one of {' '.join(OPS)})"
         )
-    metric, op, raw = match.groups()
+    metric, relation, reference, op, raw = match.groups()
     try:
         target = float(raw)
     except ValueError:
         raise ValueError(f"claim {text!r}: {raw!r} is not a number") from None
     if not math.isfinite(target):
         raise ValueError(f"claim {text!r}: the target must be a finite number")
-    return Claim(text=" ".join(match.groups()), metric=metric, op=op, target=target, source=source)
+    return Claim(text=" ".join(g for g in match.groups() if g is not None), metric=metric,
+                 op=op, target=target, source=source, reference=reference, relation=relation)
 
 
-def judge(claim: Claim, metrics: dict[str, Metric]) -> ClaimResult:
-    """held / failed, or missing when the case did not report the metric. A NaN or infinite
-    measurement fails every claim: `perplexity >= 1` must not hold for a diverged run."""
+def judge(claim: Claim, metrics: dict[str, Metric],
+          reference: dict[str, Metric] | None = None, reference_id: str | None = None
+          ) -> ClaimResult:
+    """held / failed, or missing when the case (or, for a claim against another case, that
+    case: `reference`, None when it did not run or failed) did not report the metric. A NaN or
+    infinite measurement fails every claim: `perplexity >= 1` must not hold for a diverged
+    run."""
     metric = metrics.get(claim.metric)
     measured = None if metric is None else metric.value
+    if claim.reference is not None:
+        other = (reference or {}).get(claim.metric)
+        if measured is not None and other is not None:
+            with_zero = claim.relation == "/" and other.value == 0
+            measured = math.nan if with_zero else RELATIONS[claim.relation](measured, other.value)
+        else:
+            measured = None
     if measured is None:
         verdict = "missing"
     elif not math.isfinite(measured):
@@ -54,5 +82,5 @@ def judge(claim: Claim, metrics: dict[str, Metric]) -> ClaimResult:
         verdict = "held" if OPS[claim.op](measured, claim.target) else "failed"
     return ClaimResult(
         claim=claim.text, metric=claim.metric, op=claim.op, target=claim.target,
-        measured=measured, verdict=verdict, source=claim.source,
+        measured=measured, verdict=verdict, source=claim.source, reference=reference_id,
     )

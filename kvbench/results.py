@@ -72,6 +72,7 @@ class ClaimResult(_Record):
     measured: float | None
     verdict: Verdict
     source: str = ""  # where the claim was stated: "file:line"
+    reference: str | None = None  # the case a "metric / LABEL" claim was judged against
 
 
 class CaseError(_Record):

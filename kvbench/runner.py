@@ -188,7 +188,9 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         record.metrics, record.info, record.comparable = (
             output.metrics, output.info, output.comparable,
         )
-        record.claims = [judge(claim, output.metrics) for claim in case.claims]
+        # claims against another case are judged when the run finishes (judge_across)
+        record.claims = [judge(claim, output.metrics) for claim in case.claims
+                         if claim.reference is None]
         record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
                            for name, metric in output.metrics.items() if not metric.finite()]
     except CaseTimeout as exc:
@@ -356,6 +358,23 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
     return RunOutcome(result=result, out_dir=out_dir, skipped=len(cases) - len(todo))
 
 
+def judge_across(result: RunResult, cases: list[Case]) -> None:
+    """Adds to each finished case the verdicts of its claims against another case of the run
+    (`metric / LABEL op value`): missing when that case did not run or did not finish ok."""
+    records = {record.id: record for record in result.cases}
+    for case in cases:
+        record = records.get(case.id)
+        if record is None or record.status != "ok":
+            continue
+        for claim in case.claims:
+            if claim.reference is None:
+                continue
+            other_id = claim.reference_id(case.id, case.benchmark, case.method_label)
+            other = records.get(other_id)
+            metrics = other.metrics if other is not None and other.status == "ok" else None
+            record.claims.append(judge(claim, record.metrics, metrics, other_id))
+
+
 def _keep_line(path: Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -379,6 +398,7 @@ def _finish(result: RunResult, suite: LoadedSuite, out_dir: Path, progress: Prog
     torch.set_num_threads(_DEFAULT_THREADS)
     order = {c.id: i for i, c in enumerate(suite.cases)}
     result.cases.sort(key=lambda c: order.get(c.id, len(order)))
+    judge_across(result, suite.cases)
     result.finished = _now()
     try:
         save_results(out_dir / JSON, result)

@@ -156,7 +156,7 @@ def test_identity_accounting_and_records(tiny_llama):
                                                   "decode_tok_s_vs_plain")} == {"ratio"}
     assert out.metrics["perplexity"].samples is None
     assert out.info["peak_memory_bytes"] > 2 * fp32_bytes  # process RSS on CPU: the model too
-    assert out.info["peak_memory"].startswith("peak process RSS")
+    assert out.info["peak_memory"].startswith("process resident high-water mark")
     del out.info["peak_memory_bytes"], out.info["peak_memory"]
     assert out.info == {"layout": "identity (auto); K and V both counted", "tokens": 64, "text": "pydoc"}
     tokens = tiny_llama.tokenizer.encode(pydoc_text())[:64]

@@ -1,12 +1,11 @@
 """Torch device choice, synchronisation before timer reads, and peak-memory probes."""
 from __future__ import annotations
 
-import resource
-import sys
 import time
 
 import torch
 
+from kvbench.backends import process_memory
 from kvbench.backends.devices import DEVICES
 
 # Storage dtypes a suite may name.
@@ -46,14 +45,18 @@ def timed(fn, device: torch.device):
     return result, time.perf_counter() - start
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> int:
+    """Reset the peak; return the bytes held now (CUDA: allocated; CPU: process resident)."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    return process_memory.reset_high_water()
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak device memory on CUDA; peak process RSS on CPU (it never resets)."""
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(peak bytes since reset_peak_memory, what was measured)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+        return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+    return process_memory.high_water(), process_memory.high_water_label()

@@ -74,8 +74,11 @@ class MLXSession:
                                  lambda ids: attention_entropy(self.loaded, ids))
         on_mlx(method).calibrate(stats, tokens)
 
-    def reset_peak_memory(self) -> None:
-        reset_peak_memory()
+    def weights_bytes(self) -> int:
+        return sum(w.nbytes for _, w in tree_flatten(self.loaded.model.parameters()))
+
+    def reset_peak_memory(self) -> int:
+        return reset_peak_memory()
 
     def peak_memory(self) -> tuple[int, str]:
         return peak_memory_bytes(), "mx.get_peak_memory (MLX allocator)"

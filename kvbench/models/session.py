@@ -46,7 +46,12 @@ class Session(Protocol):
     def calibrate(self, method: Method, tokens: list[int]) -> None:
         """method.calibrate(CalibrationStats of `tokens` on this model, tokens)."""
 
-    def reset_peak_memory(self) -> None: ...
+    def weights_bytes(self) -> int:
+        """Bytes of the model's parameters and buffers as loaded."""
+
+    def reset_peak_memory(self) -> int:
+        """Reset the peak-memory probe; return the bytes held now (the footprint the peak
+        starts from: the loaded model and whatever else the process holds)."""
 
     def peak_memory(self) -> tuple[int, str]:
         """(bytes, what was measured) since reset_peak_memory()."""
@@ -105,17 +110,20 @@ class TorchSession:
                                  lambda ids: attention_entropy(self.loaded.model, ids))
         method.calibrate(stats, tokens)
 
-    def reset_peak_memory(self) -> None:
+    def weights_bytes(self) -> int:
+        model = self.loaded.model
+        return sum(t.numel() * t.element_size()
+                   for t in (*model.parameters(), *model.buffers()))
+
+    def reset_peak_memory(self) -> int:
         from kvbench.backends.torch_backend import reset_peak_memory
 
-        reset_peak_memory(self.device)
+        return reset_peak_memory(self.device)
 
     def peak_memory(self) -> tuple[int, str]:
-        from kvbench.backends.torch_backend import peak_memory_bytes
+        from kvbench.backends.torch_backend import peak_memory
 
-        what = ("torch.cuda.max_memory_allocated" if self.device.type == "cuda"
-                else "peak process RSS (never reset: the model and earlier cases included)")
-        return peak_memory_bytes(self.device), what
+        return peak_memory(self.device)
 
 
 class CalibrationStats:
@@ -144,13 +152,21 @@ class ProbeNotTakenBack(ValueError):
 
 
 def prefill(session: Session, cache: Any, ids: list[int], method: Method | None,
-            probe: list[int] | None = None, refeed: int = 0) -> tuple[torch.Tensor, float, float]:
-    """Feed the prompt `ids` through `cache` (with `refeed`, then take its newest `refeed` tokens
-    back and feed them again), then the probe (given, else the method's reference_probe(ids))
-    and take it back, then end_prefill: the policies have read the probe's queries and
-    compacted. Returns (the prompt's last logits (1, vocab), seconds of the forwards, seconds of
-    end_prefill)."""
-    logits, forward_s = session.step(ids, cache, last_only=True)
+            probe: list[int] | None = None, refeed: int = 0, chunk: int = 0,
+            after_chunk: Callable[[int], None] = lambda fed: None,
+            ) -> tuple[torch.Tensor, float, float]:
+    """Feed the prompt `ids` through `cache` (in forwards of `chunk` tokens, each followed by
+    after_chunk(tokens fed so far), when chunk is set; with `refeed`, then take its newest
+    `refeed` tokens back and feed them again), then the probe (given, else the method's
+    reference_probe(ids)) and take it back, then end_prefill: the policies have read the probe's
+    queries and compacted. Returns (the prompt's last logits (1, vocab), seconds of the
+    forwards, seconds of end_prefill)."""
+    step = chunk or len(ids)
+    forward_s = 0.0
+    for start in range(0, len(ids), step):
+        logits, seconds = session.step(ids[start : start + step], cache, last_only=True)
+        forward_s += seconds
+        after_chunk(min(start + step, len(ids)))
     if refeed:
         session.trim(cache, refeed)
         logits, seconds = session.step(ids[-refeed:], cache, last_only=True)

@@ -212,6 +212,10 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 for c in combos]
     ids = [f"{entry.kind}/{v.label}{s}" for s in suffixes for v in chosen]
     _check_scopes(bench, claims, ids, issues)
+    labels = [v.label for v in chosen]
+    for claim in [c for c, _, _ in claims] + [c for v in chosen for c in v.claims
+                                              if cls is None or c.value.metric in cls.metrics]:
+        _check_reference(claim, labels, entry.kind, issues)
     if cls is None:
         return []
     if defaults.backend not in cls.backends:
@@ -465,6 +469,15 @@ def _check_metric(claim: Placed[Claim], metrics: set[str], who: str, issues: Iss
     if name not in metrics:
         hint = did_you_mean(name, metrics).strip() or f"known: {', '.join(sorted(metrics))}"
         issues.add(claim.doc, claim.path, f"{who} metric {name!r}", hint)
+
+
+def _check_reference(claim: Placed[Claim], labels: list[str], kind: str, issues: Issues) -> None:
+    """A claim against another case names a method this benchmark runs."""
+    reference = claim.value.reference
+    if reference is not None and reference not in labels:
+        hint = did_you_mean(reference, labels).strip() or f"it runs: {', '.join(labels)}"
+        issues.add(claim.doc, claim.path, f"claim {claim.value.text!r} compares with method"
+                   f" {reference!r}, which benchmark {kind!r} does not run", hint)
 
 
 def _check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues: Issues) -> None:
