@@ -258,9 +258,13 @@ def _summary(result, gate_report, out_dir: Path) -> None:
 @click.option("--baseline", type=click.Path(dir_okay=False),
               help="Gate against this stored results file (exit 1 on regression).")
 @click.option("--resume", is_flag=True, help="Keep finished cases from --out and run the rest.")
+@click.option("--isolate", is_flag=True,
+              help="Run each case in a fresh process: a crash, an out-of-memory kill or a hang "
+                   "in native code costs that case only, and memory starts clean per case "
+                   "(each case loads its model again).")
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
 def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
-        dry_run):
+        isolate, dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
     try:
         from kvbench.backends.torch_backend import resolve_device
@@ -302,7 +306,8 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
     try:
         with hold_out_dir(out_dir):
             outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
-                                progress=_RichProgress(), repeats_override=repeats)
+                                progress=_RichProgress(), repeats_override=repeats,
+                                isolate=isolate)
             result = outcome.result
             gate_report = None
             if baseline_result is not None:

@@ -276,12 +276,24 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
     if changed:
         raise ResumeError(f"{path} was run with other settings ({'; '.join(changed)}); resume "
                           "with the same --device, --backend and --repeats, or use another --out")
+    cases = jsonl.cases
     if header.suite.hash != suite.hash:
-        raise ResumeError(
-            f"{path} was written by a different version of suite {suite.name!r} "
-            f"(hash {header.suite.hash[:12]} != {suite.hash[:12]}); run without --resume "
-            "or with another --out"
-        )
+        if _measured_part(header.suite.resolved) != _measured_part(suite.resolved):
+            raise ResumeError(
+                f"{path} was written by a different version of suite {suite.name!r} "
+                f"(hash {header.suite.hash[:12]} != {suite.hash[:12]}); run without --resume "
+                "or with another --out"
+            )
+        # Claims judge measurements; they do not change them: judge the finished cases again.
+        progress.notice(f"{path}: only the suite's claims changed since this run started; every"
+                        " finished case's claims are judged again")
+        header = header.model_copy(update={"suite": SuiteRecord(
+            name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved)})
+        claims = {case.id: case.claims for case in suite.cases}
+        for record in cases:
+            if record.status == "ok":
+                record.claims = [judge(claim, record.metrics) for claim in claims.get(record.id, [])
+                                 if claim.reference is None]
     if jsonl.torn_tail:
         # A kill mid-write cut the last line: drop it so the next append starts clean.
         size = path.stat().st_size
@@ -291,7 +303,15 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
         what = f"case {cut.group(1)!r}" if cut else "a case"
         progress.notice(f"{path}: the last line was cut mid-write ({what}); it is dropped and "
                         "that case runs again")
-    return header, jsonl.cases
+    return header, cases
+
+
+def _measured_part(resolved: dict[str, Any]) -> str:
+    """A resolved suite without its claims, as canonical JSON: what decides the measurements."""
+    plain = json.loads(json.dumps(resolved, default=str))
+    for entry in plain.get("methods", []) + plain.get("benchmarks", []):
+        entry.pop("claims", None)
+    return json.dumps(plain, sort_keys=True)
 
 
 def run_suite(
@@ -301,13 +321,15 @@ def run_suite(
     resume: bool = False,
     progress: Progress | None = None,
     repeats_override: int | None = None,
+    isolate: bool = False,
 ) -> RunOutcome:
     """Run `cases` (default: all of the suite's) into out_dir.
 
     Every finished case is appended to results.jsonl and fsynced before the next starts;
     results.json is written at the end, and also when interrupted (then `interrupted` is set
     and KeyboardInterrupt is raised again for the caller to report). repeats_override is the
-    command line's --repeats, recorded so that --resume can insist on it.
+    command line's --repeats, recorded so that --resume can insist on it. isolate: each case
+    in a fresh child process (kvbench.isolation).
     """
     out_dir = Path(out_dir)
     progress = progress or _Silent()
@@ -332,11 +354,11 @@ def run_suite(
                 started=_now(),
             )
             _append(out_dir / JSONL, header_line(header), kept=0)
-        return _run_cases(suite, cases, out_dir, header, finished, progress)
+        return _run_cases(suite, cases, out_dir, header, finished, progress, isolate)
 
 
 def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: RunHeader,
-               finished: list[CaseResult], progress: Progress) -> RunOutcome:
+               finished: list[CaseResult], progress: Progress, isolate: bool) -> RunOutcome:
     done = {c.id for c in finished}
     todo = [c for c in cases if c.id not in done]
     result = RunResult(**header.model_dump(), cases=list(finished))
@@ -345,8 +367,13 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
     try:
         for case in todo:
             progress.case_started(case)
-            record = run_case(case, load_model, progress, memo,
-                              functools.partial(_keep_line, out_dir / PREDICTIONS))
+            keep = functools.partial(_keep_line, out_dir / PREDICTIONS)
+            if isolate:
+                from kvbench.isolation import run_case_in_child
+
+                record = run_case_in_child(case, progress.status, keep)
+            else:
+                record = run_case(case, load_model, progress, memo, keep)
             _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvbench.results import load_results
 from kvbench.runner import run_suite
 from kvbench.suite.loader import load_suite
 from tests.plugins.cli_support import (  # noqa: F401
@@ -173,6 +174,29 @@ def test_resume_with_a_changed_suite_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "cases.log").exists()  # nothing ran
     assert {name: (out / name).read_bytes() for name in saved} == saved
     assert not (out / "previous").exists()
+
+
+def test_resume_after_only_the_claims_changed_judges_them_again(tmp_path, monkeypatch):
+    """Claims judge measurements and do not change them: a suite whose claims alone changed
+    resumes, runs nothing, and the finished cases get the new claims' verdicts."""
+    suite = tmp_path / "steps.yaml"
+    shutil.copy(SUITES / "steps.yaml", suite)
+    out = _full_run(tmp_path, monkeypatch, suite)
+    suite.write_text(suite.read_text().replace(
+        "      i: [0, 1, 2, 3, 4]",
+        "      i: [0, 1, 2, 3, 4]\n    claims: [\"value <= 2\", \"value - Nop == 0\"]"))
+    (tmp_path / "cases.log").unlink()
+    result = invoke("run", suite, "--out", out, "--resume")
+    assert result.exit_code == 1, result.output  # i = 3 and 4 fail value <= 2
+    assert "only the suite's claims changed" in result.output
+    assert not (tmp_path / "cases.log").exists()  # nothing ran
+    cases = load_results(out / "results.json").cases
+    verdicts = [[c.verdict for c in case.claims] for case in cases]
+    assert verdicts == [["held", "held"]] * 3 + [["failed", "held"]] * 2
+    assert load_results(out / "results.json").suite.hash == load_suite(suite).hash
+    # resumed again: the same verdicts, nothing run
+    assert invoke("run", suite, "--out", out, "--resume").exit_code == 1
+    assert not (tmp_path / "cases.log").exists()
 
 
 def test_resume_without_an_earlier_run_runs_everything(tmp_path, monkeypatch):

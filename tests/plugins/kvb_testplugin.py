@@ -99,6 +99,34 @@ def _explode(i: int):
     raise ValueError(f"{CRASH_MESSAGE} (i={i})")
 
 
+class Segfault(Step):
+    """Kills its own process with SIGSEGV, as a crash in native code would."""
+
+    def run(self, params, method, ctx):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Hang(Step):
+    """Blocks SIGALRM, then sleeps for sleep_s: a hang the in-process timeout cannot stop."""
+
+    def run(self, params, method, ctx):
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(params.sleep_s)
+
+
+class Keeps(Step):
+    """Reports its progress and keeps one per-sample record, then does what Step does."""
+
+    def run(self, params, method, ctx):
+        ctx.status(f"sample of case {params.i}")
+        ctx.keep({"i": params.i, "pid": os.getpid()})
+        return super().run(params, method, ctx)
+
+
 
 class NonFinite(Benchmark):
     """Reports NaN, +inf and -inf beside a finite value: for the round trip of results files."""

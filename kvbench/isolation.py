@@ -1,0 +1,110 @@
+"""Runs one case in a fresh child process (`kvbench run --isolate`): a segfault, an
+out-of-memory kill or a hang in native code that SIGALRM cannot interrupt costs that case only,
+and each case's memory starts from a clean process. The child sends its progress text, its
+per-sample records and its result back through a pipe; the parent writes them as for a case run
+in-process."""
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import time
+from typing import Callable
+
+from kvbench.results import CaseError, CaseResult
+from kvbench.suite.case import Case
+
+# Past the case's own timeout (which the child enforces with SIGALRM), how long the parent waits
+# before it kills the child: the child's own timeout record is the better one when it can make it.
+GRACE_S = 30.0
+STARTUP_S = 300.0  # for the child to import kvbench and torch before its case's clock starts
+_POLL_S = 0.5
+
+
+def run_case_in_child(case: Case, status: Callable[[str], None],
+                      keep: Callable[[dict], None]) -> CaseResult:
+    """The case's record, as kvbench.runner.run_case makes it, from a spawned process; an error
+    or timeout record naming what happened when the process died or hung."""
+    context = multiprocessing.get_context("spawn")  # no state inherited from this process
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(case, send), name=f"kvbench case {case.id}",
+                            daemon=True)
+    spawned = time.monotonic()
+    child.start()
+    send.close()  # the child holds the only writer: EOF here means it is gone
+    # until the child says its case started, it has STARTUP_S; then the case's timeout + grace
+    started, limit = spawned, STARTUP_S
+    record = None
+    try:
+        while record is None:
+            if limit is not None and time.monotonic() - started > limit:
+                break
+            if not receive.poll(_POLL_S):
+                continue
+            try:
+                kind, payload = receive.recv()
+            except EOFError:
+                break
+            if kind == "started":
+                started = time.monotonic()
+                limit = None if case.timeout_s is None else case.timeout_s + GRACE_S
+            elif kind == "status":
+                status(payload)
+            elif kind == "keep":
+                keep(payload)
+            else:
+                record = CaseResult.model_validate_json(payload)
+    finally:
+        child.join(timeout=5 if record is not None else 0)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        receive.close()
+    seconds = time.monotonic() - started
+    return record or _died(case, child.exitcode, seconds, limit, started == spawned)
+
+
+def _died(case: Case, exitcode: int | None, seconds: float, limit: float | None,
+          never_started: bool) -> CaseResult:
+    from kvbench.results import fingerprint
+    from kvbench.runner import case_record
+
+    record = case_record(case)
+    if limit is not None and seconds > limit:
+        record.status = "timeout"
+        message = (f"the case's process did not start within {STARTUP_S:g} s" if never_started
+                   else f"case exceeded its timeout of {case.timeout_s:g} s and did not stop;"
+                        f" its process was killed after {seconds:.0f} s")
+        record.error = CaseError(type="CaseTimeout", message=message, traceback="")
+    else:
+        record.status = "error"
+        if exitcode is not None and exitcode < 0:
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+        else:
+            how = f"exited with status {exitcode} before reporting"
+        record.error = CaseError(type="ProcessDied", message=f"the case's process {how}",
+                                 traceback="")
+    record.fingerprint = fingerprint(record)
+    record.duration_s = round(seconds, 3)
+    return record
+
+
+class _PipeProgress:
+    """The child's progress: only the current case's status text goes back to the parent."""
+
+    def __init__(self, send):
+        self.send = send
+
+    def status(self, text: str) -> None:
+        self.send.send(("status", text))
+
+
+def _child(case: Case, send) -> None:
+    from kvbench.memo import Memo
+    from kvbench.runner import _ModelCache, run_case
+
+    progress = _PipeProgress(send)
+    send.send(("started", None))
+    record = run_case(case, _ModelCache(), progress, Memo(),
+                      lambda sample: send.send(("keep", sample)))
+    send.send(("result", record.model_dump_json()))
+    send.close()
