@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-
 from kvbench import isolation
 from kvbench.runner import run_suite
 from kvbench.suite.loader import load_suite

@@ -5,11 +5,13 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from kvbench.claims import parse_claim
 from kvbench.gate import GateReport, GateRow
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, check_matplotlib,
     rate_distortion_data, rate_distortion_png,
 )
+from kvbench.report.ladder import ladder_figures, ladder_section
 from kvbench.report.retrieval import niah_section, ruler_figure, ruler_section
 from kvbench.report.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
@@ -29,7 +31,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
         parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
         if benchmark == "proofs" and figure:
             parts.append(figure)
-        parts += _retrieval_parts(result, benchmark, out_dir)
+        parts += _summary_parts(result, benchmark, out_dir)
     across = method_table(result.cases)
     if across:
         parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
@@ -48,7 +50,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
 
 def write_reports(result: RunResult, out_dir: str | Path, gate: GateReport | None = None) -> Path:
     """report.md, and beside it rate_distortion.png when the run has proofs cases to plot, and
-    the ruler and niah figures when it has those cases."""
+    the ruler, niah and ladder figures when it has those cases."""
     path = Path(out_dir) / "report.md"
     atomic_write_text(path, render_markdown(result, gate, path.parent))
     return path
@@ -71,13 +73,15 @@ def _rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | No
             f"({RATE_DISTORTION_PNG})")
 
 
-def _retrieval_parts(result: RunResult, benchmark: str, out_dir: Path | None) -> list[str]:
-    """What follows the ruler and niah tables: their summaries and figures (written to out_dir
-    when given; the same text either way)."""
+def _summary_parts(result: RunResult, benchmark: str, out_dir: Path | None) -> list[str]:
+    """What follows the ruler, niah and ladder tables: their summaries and figures (written to
+    out_dir when given; the same text either way)."""
     if benchmark == "ruler":
         parts = [ruler_section(result), ruler_figure(result, out_dir)]
     elif benchmark == "niah":
         parts = [niah_section(result, out_dir)]
+    elif benchmark == "ladder":
+        parts = [ladder_section(result), ladder_figures(result, out_dir)]
     else:
         return []
     return [part for part in parts if part]
@@ -103,7 +107,9 @@ def _claims_section(result: RunResult) -> str:
     for case in result.cases:
         for claim in case.claims:
             metric = case.metrics.get(claim.metric)
-            measured = fmt_number(claim.measured, metric.unit if metric else "")
+            ratio = parse_claim(claim.claim).relation == "/"  # against another case: no unit
+            unit = "" if metric is None or ratio else metric.unit
+            measured = fmt_number(claim.measured, unit)
             rows.append([case.id, claim.claim, measured or "—", VERDICT_MARKS[claim.verdict],
                          claim.source])
     if not rows:
