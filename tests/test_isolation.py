@@ -8,6 +8,7 @@ import os
 from kvbench import isolation
 from kvbench.runner import run_suite
 from kvbench.suite.loader import load_suite
+from tests.test_runner import _Statuses
 
 SUITE = """\
 kvbench: 1
@@ -20,20 +21,6 @@ benchmarks:
   - kind: tests.plugins.kvb_testplugin:Keeps
     params: {{i: 7}}
 """
-
-
-class _Statuses:
-    def __init__(self):
-        self.lines = []
-
-    def start(self, total, skipped): ...
-    def notice(self, text): ...
-    def case_started(self, case): ...
-    def case_finished(self, result): ...
-    def stop(self): ...
-
-    def status(self, text):
-        self.lines.append(text)
 
 
 def _run(tmp_path, first: str, timeout: float = 600, isolate: bool = True):

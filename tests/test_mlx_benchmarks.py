@@ -5,6 +5,7 @@ pytest.importorskip("mlx.core")
 
 import torch  # noqa: E402
 
+from kvbench.benchmarks.ladder import Ladder, LadderParams  # noqa: E402
 from kvbench.benchmarks.parity import Parity, ParityParams  # noqa: E402
 from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams  # noqa: E402
 from kvbench.benchmarks.proofs import Proofs, ProofsParams  # noqa: E402
@@ -47,6 +48,16 @@ def test_perplexity_quality_and_parity_agree_across_backends(name):
         assert parity[1]["greedy_agreement"].value == 1
     else:
         assert parity[1]["mean_kl"].value == pytest.approx(parity[0]["mean_kl"].value, rel=1e-2)
+
+
+def test_ladder_on_mlx_counts_the_same_kv_and_reads_mlx_peak():
+    params = LadderParams(length=200, prefill_chunk=64, decode=3, calibration=0)
+    torch_m, mlx_m = _both(Ladder(), params, "intq", {"bits": 4})
+    for name in ("retained_kv_bytes", "kv_high_water_bytes", "retained_kv"):
+        assert mlx_m[name].value == torch_m[name].value
+    # MLX's allocator peak: the weights it holds and the cache at least
+    assert mlx_m["peak_bytes"].value >= mlx_m["weights_bytes"].value + (
+        mlx_m["retained_kv_bytes"].value)
 
 
 def test_speed_runs_on_mlx_and_counts_the_same_bytes():
