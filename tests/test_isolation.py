@@ -17,15 +17,15 @@ methods:
   - name: tests.plugins.kvb_testplugin:Nop
 benchmarks:
   - kind: tests.plugins.kvb_testplugin:{first}
-    params: {{sleep_s: 60}}
+    params: {{sleep_s: {sleep}}}
   - kind: tests.plugins.kvb_testplugin:Keeps
     params: {{i: 7}}
 """
 
 
-def _run(tmp_path, first: str, timeout: float = 600, isolate: bool = True):
+def _run(tmp_path, first: str, timeout: float = 600, isolate: bool = True, sleep: float = 0):
     tmp_path.mkdir(exist_ok=True)
-    (tmp_path / "s.yaml").write_text(SUITE.format(first=first, timeout=timeout))
+    (tmp_path / "s.yaml").write_text(SUITE.format(first=first, timeout=timeout, sleep=sleep))
     progress = _Statuses()
     result = run_suite(load_suite(tmp_path / "s.yaml"), tmp_path / "out", progress=progress,
                        isolate=isolate).result
@@ -48,7 +48,7 @@ def test_a_segfault_costs_its_case_only(tmp_path):
 
 def test_a_hang_the_alarm_cannot_stop_is_killed(tmp_path, monkeypatch):
     monkeypatch.setattr(isolation, "GRACE_S", 1.0)
-    cases, _ = _run(tmp_path, "Hang", timeout=1)
+    cases, _ = _run(tmp_path, "Hang", timeout=1, sleep=60)
     hung = cases["Hang"]
     assert hung.status == "timeout"
     assert "did not stop; its process was killed" in hung.error.message
