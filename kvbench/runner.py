@@ -188,9 +188,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         record.metrics, record.info, record.comparable = (
             output.metrics, output.info, output.comparable,
         )
-        # claims against another case are judged when the run finishes (judge_across)
-        record.claims = [judge(claim, output.metrics) for claim in case.claims
-                         if claim.reference is None]
+        record.claims = _judge_own(case.claims, output.metrics)
         record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
                            for name, metric in output.metrics.items() if not metric.finite()]
     except CaseTimeout as exc:
@@ -292,8 +290,7 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
         claims = {case.id: case.claims for case in suite.cases}
         for record in cases:
             if record.status == "ok":
-                record.claims = [judge(claim, record.metrics) for claim in claims.get(record.id, [])
-                                 if claim.reference is None]
+                record.claims = _judge_own(claims.get(record.id, []), record.metrics)
     if jsonl.torn_tail:
         # A kill mid-write cut the last line: drop it so the next append starts clean.
         size = path.stat().st_size
@@ -383,6 +380,12 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
         raise
     _finish(result, suite, out_dir, progress, strict=True)
     return RunOutcome(result=result, out_dir=out_dir, skipped=len(cases) - len(todo))
+
+
+def _judge_own(claims: list, metrics: dict) -> list:
+    """Verdicts of the claims on a case's own metrics; claims against another case are judged
+    when the run finishes (judge_across)."""
+    return [judge(claim, metrics) for claim in claims if claim.reference is None]
 
 
 def judge_across(result: RunResult, cases: list[Case]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvbench.methods.base import Method
-from kvbench.models.session import Session, prefill
+from kvbench.models.session import Session, plain_kv_bytes, prefill
 
 COMPRESS = ("context", "context+question")
 # "decoded": codec caches decode each packed chunk once and attend over the kept decoded copy,
@@ -95,13 +95,12 @@ def answer(session: Session, method: Method, prompt: Prompt, compress: str,
             break
         status(f"decode {len(generated)}/{max_new_tokens}")
         logits, _ = session.step([token], cache, last_only=True)
-    seen = sum(policy.seen_tokens for policy in cache.policies)
-    bytes_16bit = 2 * 2 * session.num_kv_heads * session.head_dim * seen
+    bytes_16bit, bytes_plain = plain_kv_bytes(session, cache)
     return Answer(
         text=session.tokenizer.decode(generated, skip_special_tokens=True),
         generated=len(generated),
         kv_bytes=cache.accounted_bytes(),
         bytes_16bit=bytes_16bit,
-        bytes_plain=bytes_16bit // 2 * session.kv_element_size,
+        bytes_plain=bytes_plain,
         decoded_reads=bool(getattr(cache, "decoded_reads", False)),
     )

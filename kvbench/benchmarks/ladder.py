@@ -32,7 +32,7 @@ from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.memo import Memo
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo, describe_model
-from kvbench.models.session import Session, open_session, prefill
+from kvbench.models.session import Session, open_session, plain_kv_bytes, prefill
 
 
 @dataclass
@@ -142,8 +142,7 @@ class Ladder(TextModelBenchmark):
         peak, peak_what = session.peak_memory()
 
         seen = params.length + params.decode
-        plain_bytes = (2 * session.num_layers * session.num_kv_heads * session.head_dim * seen
-                       * session.kv_element_size)
+        plain_bytes = plain_kv_bytes(session, cache)[1]
         retained = cache.accounted_bytes()
         prefill_s = forward_s + compact_s
         trained = describe_model(session.spec).max_context

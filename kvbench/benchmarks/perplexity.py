@@ -28,7 +28,7 @@ from kvbench.benchmarks.base import (
 )
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.base import Method
-from kvbench.models.session import Session, open_session, prefill
+from kvbench.models.session import Session, open_session, plain_kv_bytes, prefill
 from kvbench.models.info import ModelInfo
 
 # Decode steps per timing sample: a change of load on the machine spoils one sample, not the
@@ -127,10 +127,7 @@ class Perplexity(TextModelBenchmark):
         peak_bytes, peak_what = session.peak_memory()
         cache = runs[-1][1].cache
         kv_bytes = cache.accounted_bytes()
-        # Against every token seen, so a method that evicts is credited with what it dropped.
-        seen = sum(policy.seen_tokens for policy in cache.policies)
-        bytes_16bit = 2 * 2 * session.num_kv_heads * session.head_dim * seen
-        bytes_plain = bytes_16bit // 2 * session.kv_element_size
+        bytes_16bit, bytes_plain = plain_kv_bytes(session, cache)
         m = self.metrics
         counters = cache.counters()
         sparse = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
 )
-from kvbench.report.tables import fmt_bytes, md_table
+from kvbench.report.tables import fmt_bytes, length_name, md_table, pair_key
 from kvbench.results import CaseResult, RunResult
 
 REFERENCE = "identity"
@@ -57,12 +57,12 @@ def ladder_table(result: RunResult) -> LadderTable | None:
     cases = [c for c in result.cases if c.benchmark == "ladder" and c.status == "ok"]
     if not cases:
         return None
-    identity = {(_length(c), _others(c)): c for c in cases if c.method_label == REFERENCE}
+    identity = {pair_key(c, ()): c for c in cases if c.method_label == REFERENCE}
     labels = list(dict.fromkeys(c.method_label for c in cases))
     labels.sort(key=lambda label: label != REFERENCE)
     table = LadderTable(sorted({_length(c) for c in cases}), labels)
     for case in cases:
-        rung = Rung(case, identity.get((_length(case), _others(case))))
+        rung = Rung(case, identity.get(pair_key(case, ())))
         table.rungs.setdefault(case.method_label, {})[_length(case)] = rung
         if case.info.get("beyond_trained_context"):
             table.beyond = min(table.beyond or _length(case), _length(case))
@@ -73,20 +73,10 @@ def _length(case: CaseResult) -> int:
     return int(case.bench_params["length"])
 
 
-def _others(case: CaseResult) -> tuple:
-    """What else must match for two cases to be one rung: the model and the other params."""
-    return (case.model, *sorted((k, repr(v)) for k, v in case.bench_params.items()
-                                if k != "length"))
-
-
 def _x(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value:.3f}" if value < 0.1 else f"{value:.2f}"
-
-
-def _length_name(length: int) -> str:
-    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
 def verdict(rung: Rung) -> tuple[str, str]:
@@ -135,7 +125,7 @@ def ladder_section(result: RunResult) -> str | None:
         " in this run (lower is better in every column).",
     ]
     if table.beyond is not None:
-        lines.append(f"Rungs from {_length_name(table.beyond)} are past the model's trained"
+        lines.append(f"Rungs from {length_name(table.beyond)} are past the model's trained"
                      " context: they measure time and memory only, and say nothing of quality.")
     parts = ["### Against identity at each rung", " ".join(lines)]
     for metric, name in RATIOS:
@@ -145,7 +135,7 @@ def ladder_section(result: RunResult) -> str | None:
             rows.append([label] + [_x(rungs[n].ratio(metric)) if n in rungs else "—"
                                    for n in table.lengths])
         if rows:
-            header = [f"{name} ↓"] + [_length_name(n) for n in table.lengths]
+            header = [f"{name} ↓"] + [length_name(n) for n in table.lengths]
             parts.append(md_table(header, rows, right=set(range(1, len(header)))))
     parts.append(_top_rung(table))
     return "\n\n".join(parts)
@@ -171,7 +161,7 @@ def _top_rung(table: LadderTable) -> str:
             " bytes the KV falls by, *logical* when the bytes fall and the peak does not (under"
             " 10%), *partly* between. `cache high-water` is the most the cache's arrays held"
             " after any forward.")
-    return (f"### At {_length_name(top)} tokens\n\n{note}\n\n"
+    return (f"### At {length_name(top)} tokens\n\n{note}\n\n"
             + md_table(header, rows, right=set(range(1, 9))))
 
 
@@ -223,7 +213,7 @@ def ladder_ratios_png(table: LadderTable, path: Path, title: str) -> Path:
                         linewidth=1.4, label=label)
                 plotted.setdefault(metric, {})[label] = (x, y)
             ax.set_xscale("log", base=2)
-            ax.set_xticks(table.lengths, [_length_name(n) for n in table.lengths])
+            ax.set_xticks(table.lengths, [length_name(n) for n in table.lengths])
             if metric == "retained_kv_bytes":
                 ax.set_yscale("log")
             if table.beyond is not None:
@@ -265,7 +255,7 @@ def ladder_peak_split_png(table: LadderTable, path: Path, title: str) -> Path:
             ax.bar(labels, heights, bottom=bottom, color=colour, label=name)
             bottom = [b + h for b, h in zip(bottom, heights)]
         ax.set_ylabel("GiB at the case's peak")
-        ax.set_title(f"kvbench {title}: peak at {_length_name(top)} tokens", fontsize=10)
+        ax.set_title(f"kvbench {title}: peak at {length_name(top)} tokens", fontsize=10)
         ax.tick_params(axis="x", labelrotation=30)
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", alpha=0.35)

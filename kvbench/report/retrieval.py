@@ -22,7 +22,7 @@ from kvbench.intervals import wilson_interval
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
 )
-from kvbench.report.tables import md_table
+from kvbench.report.tables import length_name, md_table, pair_key
 from kvbench.results import CaseResult, RunResult
 
 RULER_PNG = "ruler_score_vs_ratio.png"
@@ -150,11 +150,6 @@ def _task(case: CaseResult) -> str:
     return str(case.bench_params.get("task", "?"))
 
 
-def _pair_key(case: CaseResult) -> tuple:
-    return (case.model, *sorted((k, repr(v)) for k, v in case.bench_params.items()
-                                if k not in _UNPAIRED_PARAMS))
-
-
 def ruler_table(result: RunResult) -> RulerTable | None:
     """The numbers of the ruler section and figure; None when the run has no ok ruler case
     with a score."""
@@ -174,7 +169,7 @@ def ruler_table(result: RunResult) -> RulerTable | None:
     for row in ordered:
         if row.is_identity:
             for case in row.cases:
-                reference.setdefault(_pair_key(case), case)
+                reference.setdefault(pair_key(case, _UNPAIRED_PARAMS), case)
     lengths = sorted({_length(c) for c in cases})
     for row in ordered:
         for length in lengths:
@@ -195,7 +190,7 @@ def _headline(row: RulerRow, cases: list[CaseResult],
         return head
     differences: list[float] = []
     for case in cases:
-        ref = reference.get(_pair_key(case))
+        ref = reference.get(pair_key(case, _UNPAIRED_PARAMS))
         mine, theirs = _scores(case), None if ref is None else _scores(ref)
         if mine is None or theirs is None or len(mine) != len(theirs):
             continue  # no pairing without both per-sample lists of the same samples
@@ -228,10 +223,6 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
-def _length_name(length: int) -> str:
-    return f"{length // 1024}K" if length >= 1024 and length % 1024 == 0 else str(length)
-
-
 def _delta_cell(row: RulerRow, head: Headline) -> str:
     if row.is_identity:
         return "(reference)"
@@ -246,7 +237,7 @@ def _delta_cell(row: RulerRow, head: Headline) -> str:
 def _headline_table(table: RulerTable) -> str:
     header = ["method"]
     for length in table.lengths:
-        name = _length_name(length)
+        name = length_name(length)
         header += [f"{name}: mean over tasks [95% CI] ↑", f"{name}: Δ vs identity"]
     header.append("compression ratio (x) ↑")
     rows = []
@@ -271,9 +262,9 @@ def _covered_line(table: RulerTable) -> str:
         task_sets = {tuple(tasks) for tasks in cover.values()}
         if len(task_sets) == 1:
             tasks = next(iter(task_sets))
-            at = "every length" if len(cover) > 1 else f"length {_length_name(next(iter(cover)))}"
+            at = "every length" if len(cover) > 1 else f"length {length_name(next(iter(cover)))}"
             return f"{len(tasks)} task{'s' if len(tasks) != 1 else ''} ({', '.join(tasks)}) at {at}"
-        return "; ".join(f"{_length_name(length)}: {', '.join(tasks)}"
+        return "; ".join(f"{length_name(length)}: {', '.join(tasks)}"
                          for length, tasks in sorted(cover.items()))
 
     covers = [coverage(row) for row in table.rows]
@@ -349,8 +340,8 @@ def _per_task_tables(result: RunResult, table: RulerTable) -> list[str]:
             count = counts.pop()
             notes.append(f"{count} sample{'s' if count != 1 else ''} per cell")
         if absent:
-            notes.append(f"not run at {_length_name(length)}: {', '.join(absent)}")
-        parts += [f"#### {_length_name(length)} tokens",
+            notes.append(f"not run at {length_name(length)}: {', '.join(absent)}")
+        parts += [f"#### {length_name(length)} tokens",
                   md_table(header, rows, set(range(1, len(header))))]
         if notes:
             parts.append(f"<sub>{'; '.join(notes)}.</sub>")
@@ -508,7 +499,7 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
                 ax.errorbar(line.x, line.y, yerr=yerr, color=colours[k % len(colours)],
                             marker=markers[k % len(markers)], markersize=6, capsize=3,
                             linewidth=1.4, label=line.method, zorder=3)
-            ax.set_title(f"context {_length_name(panel.length)} tokens", fontsize=10)
+            ax.set_title(f"context {length_name(panel.length)} tokens", fontsize=10)
             ax.set_xlabel("compression ratio vs 16-bit (x)")
             ax.set_ylim(0, 102)
             ax.grid(True, alpha=0.35)
@@ -619,7 +610,7 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
                     ax.text(k, d, "—" if math.isnan(value) else f"{value:.0f}", ha="center",
                             va="center", fontsize=8, color="black")
             ax.set_xticks(range(len(heat.lengths)))
-            ax.set_xticklabels([_length_name(n) for n in heat.lengths])
+            ax.set_xticklabels([length_name(n) for n in heat.lengths])
             ax.set_yticks(range(len(heat.depths)))
             ax.set_yticklabels([f"{d:g}" for d in heat.depths])
             ax.set_xlabel("context length (tokens)")

@@ -32,6 +32,18 @@ def fmt_number(value: float | None, unit: str = "") -> str:
     return f"{value:.6g}" if float(short) == int(float(short)) else short
 
 
+def length_name(length: int) -> str:
+    """A context length as the reports name it: 4096 -> "4K"."""
+    return f"{length // 1024}K" if length >= 1024 and length % 1024 == 0 else str(length)
+
+
+def pair_key(case: CaseResult, unpaired: tuple[str, ...]) -> tuple:
+    """What two cases of different methods must share to be compared: the model and every
+    benchmark parameter but the `unpaired` ones."""
+    return (case.model, *sorted((k, repr(v)) for k, v in case.bench_params.items()
+                                if k not in unpaired))
+
+
 def fmt_ratio(ratio: float | None) -> str:
     return "" if ratio is None else f"{ratio:.2f}"
 
