@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import time
+from pathlib import Path
 from typing import Callable
 
 from kvbench.results import CaseError, CaseResult
@@ -21,12 +22,12 @@ _POLL_S = 0.5
 
 
 def run_case_in_child(case: Case, status: Callable[[str], None],
-                      keep: Callable[[dict], None]) -> CaseResult:
+                      keep: Callable[[dict], None], files_dir: Path | None = None) -> CaseResult:
     """The case's record, as kvbench.runner.run_case makes it, from a spawned process; an error
     or timeout record naming what happened when the process died or hung."""
     context = multiprocessing.get_context("spawn")  # no state inherited from this process
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(case, send), name=f"kvbench case {case.id}",
+    child = context.Process(target=_child, args=(case, send, files_dir), name=f"kvbench case {case.id}",
                             daemon=True)
     spawned = time.monotonic()
     child.start()
@@ -98,13 +99,17 @@ class _PipeProgress:
         self.send.send(("status", text))
 
 
-def _child(case: Case, send) -> None:
+def _child(case: Case, send, files_dir: Path | None) -> None:
     from kvbench.memo import Memo
     from kvbench.runner import _ModelCache, run_case
 
     progress = _PipeProgress(send)
     send.send(("started", None))
-    record = run_case(case, _ModelCache(), progress, Memo(),
-                      lambda sample: send.send(("keep", sample)))
+    memo = Memo()
+    try:
+        record = run_case(case, _ModelCache(), progress, memo,
+                          lambda sample: send.send(("keep", sample)), files_dir)
+    finally:
+        memo.close()
     send.send(("result", record.model_dump_json()))
     send.close()

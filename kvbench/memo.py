@@ -1,6 +1,7 @@
 """What a run computes once and its cases share: tokenised texts, a benchmark's reference (quality's
 plain logits, compaction's plain answer). The runner makes one Memo per run and passes it in
-RunContext, so nothing outlives the run and no test sees values another test made.
+RunContext, so nothing outlives the run and no test sees values another test made. A value with a
+close() method (a server the cases share) is closed when the run ends.
 
 A key is a tuple: first a name for what is stored, then everything the value depends on (model
 spec, backend, device, dtype, a hash of the tokens, the sizes), so a value made for one model or
@@ -25,3 +26,10 @@ class Memo:
 
     def __len__(self) -> int:
         return len(self._values)
+
+    def close(self) -> None:
+        """Close every stored value that has close(), newest first; forget them all."""
+        values, self._values = list(self._values.values()), {}
+        for value in reversed(values):
+            if callable(getattr(value, "close", None)):
+                value.close()

@@ -42,6 +42,7 @@ except ImportError:  # Windows: no advisory locks; two runs into one folder are 
 JSONL = "results.jsonl"
 JSON = "results.json"
 PREDICTIONS = "predictions.jsonl"  # per-sample records benchmarks keep (RunContext.keep)
+FILES = "files"  # files cases keep beside the results (RunContext.files_dir: server logs)
 LOCK = ".kvbench.lock"
 _DEFAULT_THREADS = torch.get_num_threads()
 
@@ -163,10 +164,12 @@ def case_record(case: Case) -> CaseResult:
 
 
 def run_case(case: Case, load_model, progress: Progress, memo: Memo,
-             keep: Callable[[dict], None] = lambda record: None) -> CaseResult:
+             keep: Callable[[dict], None] = lambda record: None,
+             files_dir: Path | None = None) -> CaseResult:
     """One case, isolated: any exception becomes status error with its traceback. `memo`: what
     the run's cases share (kvbench.memo); `keep`: where the case's per-sample records go, each
-    tagged with the case's id and start time (a rerun case's later records supersede)."""
+    tagged with the case's id and start time (a rerun case's later records supersede);
+    `files_dir`: where the case may keep files (RunContext.files_dir)."""
     clock = time.perf_counter()
     record = case_record(case)
     record.started = _now()
@@ -183,6 +186,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
                 load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
                 keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
+                files_dir=files_dir,
             )
             output = benchmark.run(params, method, ctx)
         record.metrics, record.info, record.comparable = (
@@ -361,6 +365,7 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
     result = RunResult(**header.model_dump(), cases=list(finished))
     load_model, memo = _ModelCache(), Memo()  # this run's: nothing carries over to another
     progress.start(total=len(todo), skipped=len(cases) - len(todo))
+    files = out_dir / FILES
     try:
         for case in todo:
             progress.case_started(case)
@@ -368,9 +373,9 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
             if isolate:
                 from kvbench.isolation import run_case_in_child
 
-                record = run_case_in_child(case, progress.status, keep)
+                record = run_case_in_child(case, progress.status, keep, files)
             else:
-                record = run_case(case, load_model, progress, memo, keep)
+                record = run_case(case, load_model, progress, memo, keep, files)
             _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)
@@ -378,6 +383,8 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
         result.interrupted = isinstance(exc, KeyboardInterrupt)
         _finish(result, suite, out_dir, progress, strict=False)  # must not hide `exc`
         raise
+    finally:
+        memo.close()
     _finish(result, suite, out_dir, progress, strict=True)
     return RunOutcome(result=result, out_dir=out_dir, skipped=len(cases) - len(todo))
 

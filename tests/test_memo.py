@@ -135,3 +135,21 @@ def test_running_benchmarks_leaves_no_state_in_modules():
                                           task="When?", chat=False, max_new_tokens=3),
                          build_method("identity"), ctx)
     assert _module_state(modules) == before
+
+
+def test_close_closes_what_has_close_newest_first_and_forgets_everything():
+    closed = []
+
+    class Server:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            closed.append(self.name)
+
+    memo = Memo()
+    memo.get(("a",), lambda: Server("a"))
+    memo.get(("tokens",), lambda: [1, 2, 3])
+    memo.get(("b",), lambda: Server("b"))
+    memo.close()
+    assert closed == ["b", "a"] and len(memo) == 0

@@ -57,6 +57,9 @@ class RunContext:
     # Keeps one per-sample record (a prediction and its score) beside the results, in the run's
     # predictions.jsonl: what a surprising score is read from. Dropped outside a run.
     keep: Callable[[dict[str, Any]], None] = lambda record: None
+    # A folder beside the run's results for files a case keeps (a server's log): made on first
+    # use by whoever writes there; None outside a run.
+    files_dir: Path | None = None
 
     @functools.cached_property
     def arrays(self) -> ArrayBackend:

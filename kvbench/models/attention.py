@@ -33,6 +33,18 @@ class Handoff:
     bias: torch.Tensor | None
 
 
+@dataclass
+class BatchHandoff:
+    """One layer of a batched decode step (kvbench.serve.batch_cache): rows' keys are padded to
+    the longest; this says which keys each row sees and adds each row's key bias."""
+
+    layer_idx: int
+    policies: list[LayerCachePolicy]  # one per row
+    visible: torch.Tensor  # bool (rows, 1, 1, keys): False for a row's padding
+    bias: torch.Tensor | None  # (rows, kv_heads, keys), or None when no row has one
+    lengths: list[int]  # keys each row really has
+
+
 _pending = threading.local()
 
 
@@ -59,6 +71,8 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if handoff is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
+    if isinstance(handoff, BatchHandoff):
+        return _batched_attention(module, handoff, query, key, value, scaling, dropout, **kwargs)
     if handoff.layer_idx != module.layer_idx:
         raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
                            f" {handoff.layer_idx}")
@@ -75,6 +89,34 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if policy.observes_queries:
         policy.observe_queries(query)
     return out
+
+
+def _batched_attention(module, handoff: BatchHandoff, query, key, value, scaling, dropout,
+                       **kwargs):
+    """A batched one-token step: the padding mask replaces the model's; each row's policy gets
+    what a batch-1 step would give it (sparse-V on its own keys, its queries)."""
+    if handoff.layer_idx != module.layer_idx:
+        raise RuntimeError(f"attention of layer {module.layer_idx} got the batched cache state of"
+                           f" layer {handoff.layer_idx}")
+    if handoff.bias is None:
+        out = sdpa_attention_forward(module, query, key, value, handoff.visible,
+                                     dropout=dropout, scaling=scaling, **kwargs)[0]
+    else:
+        out = biased_attention(query, key, value, handoff.visible, handoff.bias,
+                               scaling)[0].transpose(1, 2)
+    for row, policy in enumerate(handoff.policies):
+        if policy.value_skip_threshold:  # its skip statistics must not count the padding
+            length = handoff.lengths[row]
+            row_bias = None if handoff.bias is None else handoff.bias[row : row + 1, :, :length]
+            sparse, stats = biased_attention(
+                query[row : row + 1], key[row : row + 1, :, :length],
+                value[row : row + 1, :, :length], None, row_bias, scaling,
+                policy.value_skip_threshold)
+            policy.record_sparse_v(*stats)
+            out[row] = sparse[0].transpose(0, 1)
+        if policy.observes_queries:
+            policy.observe_queries(query[row : row + 1])
+    return out.contiguous(), None
 
 
 def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -17,6 +17,7 @@ import torch
 
 from kvbench.benchmarks.base import Benchmark, BenchmarkOutput, MetricSpec
 from kvbench.methods.base import Method
+from kvbench.methods.identity import Identity
 
 CRASH_MESSAGE = "kvb_testplugin: deliberate crash"
 
@@ -143,3 +144,19 @@ class NonFinite(Benchmark):
         m = self.metrics
         values = {"finite": 1.5, "nan": math.nan, "inf": math.inf, "neg_inf": -math.inf}
         return BenchmarkOutput(metrics={name: m[name].of(v) for name, v in values.items()})
+
+
+@dataclass
+class SharedCache(Identity):
+    """A deliberately broken method: one layer cache per layer, shared by every sequence, so a
+    server that runs two requests lets each attend to the other's tokens (a leak between
+    sessions, which the stress benchmark's correctness-under-load check must catch)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._shared: dict[int, object] = {}
+
+    def new_layer_cache(self, layer_idx):
+        if layer_idx not in self._shared:
+            self._shared[layer_idx] = super().new_layer_cache(layer_idx)
+        return self._shared[layer_idx]

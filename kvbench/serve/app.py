@@ -1,0 +1,373 @@
+"""The OpenAI-compatible HTTP face of the engine (FastAPI; SSE streams by sse-starlette).
+
+/v1/completions and /v1/chat/completions (stream or not, `usage` filled in), /v1/models,
+/health and /metrics (Prometheus). Two vLLM-style extensions serve benchmarks: `ignore_eos`
+(generate exactly max_tokens) and `return_token_ids` (each choice, or chunk, carries its token
+ids). A bad request gets an OpenAI-style error object with the right status before anything is
+queued; a client that goes away has its request dropped and its cache freed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette import EventSourceResponse
+
+from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
+
+MAX_LOGPROBS = 5
+_DISCONNECT_POLL_S = 0.5
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.kind,
+                                       "param": self.param, "code": self.status}},
+                            status_code=self.status)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = Field(1.0, ge=0.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+
+
+class CompletionBody(_Common):
+    prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatBody(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+def create_app(engine: Engine, model_id: str, method_label: str, max_context: int | None,
+               default_max_tokens: int = 16) -> FastAPI:
+    app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None)
+    tokenizer = engine.session.tokenizer
+    vocab = engine.session.loaded.model.get_input_embeddings().num_embeddings
+    app.state.registry = _registry(engine, method_label)
+
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return exc.response()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id, "method": method_label}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
+                                            "owned_by": "kvbench", "max_model_len": max_context}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(app.state.registry),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        body = _parse(await http.body(), CompletionBody)
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        prompt = _prompt_ids(body.prompt, tokenizer, vocab)
+        return await _serve(http, body, prompt, body.max_tokens, body.logprobs or 0, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(http: HTTPRequest):
+        body = _parse(await http.body(), ChatBody)
+        prompt = _chat_ids([m.model_dump() for m in body.messages], tokenizer)
+        logprobs = (body.top_logprobs or 1) if body.logprobs else 0
+        return await _serve(http, body, prompt, body.max_completion_tokens or body.max_tokens,
+                            logprobs, chat=True)
+
+    async def _serve(http: HTTPRequest, body: _Common, prompt: list[int], max_tokens: int | None,
+                     logprobs: int, chat: bool):
+        if body.model is not None and body.model != model_id:
+            raise APIError(404, f"model {body.model!r} does not exist; this server has"
+                           f" {model_id!r}", kind="not_found_error", param="model")
+        if body.n != 1:
+            raise APIError(400, "only n = 1 is supported", param="n")
+        if body.stop:
+            raise APIError(400, "stop sequences are not supported", param="stop")
+        max_tokens = default_max_tokens if max_tokens is None else max_tokens
+        if max_tokens <= 0:
+            raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}",
+                           param="max_tokens")
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if max_context is not None and len(prompt) + max_tokens > max_context:
+            raise APIError(400, f"the prompt's {len(prompt)} tokens + max_tokens {max_tokens} are"
+                           f" above the model's context of {max_context}", param="max_tokens")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        request = Request(prompt, max_tokens,
+                          lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+                          temperature=body.temperature, logprobs=logprobs,
+                          ignore_eos=body.ignore_eos, seed=body.seed)
+        reply = _Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt))
+        engine.submit(request)
+        try:
+            first = await _next_event(http, events)
+        except BaseException:
+            engine.cancel(request)
+            raise
+        if first is None:  # the client left while the request was queued
+            engine.cancel(request)
+            return Response(status_code=499)
+        if isinstance(first, Failed):
+            return APIError(first.status, first.message,
+                            kind="server_error" if first.status >= 500 else "invalid_request_error"
+                            ).response()
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return EventSourceResponse(_stream(http, engine, request, events, first, reply,
+                                               include_usage), sep="\n", ping=15)
+        event = first
+        while not isinstance(event, (Finished, Failed)):
+            reply.add(event)
+            event = await _next_event(http, events)
+            if event is None:
+                engine.cancel(request)
+                return Response(status_code=499)
+        if isinstance(event, Failed):
+            return APIError(event.status, event.message, kind="server_error").response()
+        return reply.whole(event)
+
+    return app
+
+
+async def _next_event(http: HTTPRequest, events: asyncio.Queue):
+    """The request's next engine event; None when the client disconnected first."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await http.is_disconnected():
+                return None
+
+
+async def _stream(http, engine: Engine, request: Request, events: asyncio.Queue, first,
+                  reply: "_Reply", include_usage: bool):
+    event = first
+    try:
+        while True:
+            if isinstance(event, Token):
+                yield {"data": json.dumps(reply.chunk(event))}
+            elif isinstance(event, Finished):
+                yield {"data": json.dumps(reply.last_chunk(event.reason))}
+                if include_usage:
+                    yield {"data": json.dumps(reply.usage_chunk(event))}
+                yield {"data": "[DONE]"}
+                return
+            else:  # a failure mid-stream: the status is sent already, say it in the stream
+                yield {"data": json.dumps({"error": {"message": event.message,
+                                                     "type": "server_error",
+                                                     "code": event.status}})}
+                return
+            event = await events.get()
+    finally:  # normal end, or the client went away (the generator is cancelled or closed)
+        engine.cancel(request)
+
+
+class _Reply:
+    """Builds one request's OpenAI-shaped response, whole or chunk by chunk."""
+
+    def __init__(self, tokenizer, chat: bool, model_id: str, with_token_ids: bool,
+                 prompt_tokens: int):
+        self.tokenizer, self.chat, self.model_id = tokenizer, chat, model_id
+        self.with_token_ids, self.prompt_tokens = with_token_ids, prompt_tokens
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.tokens: list[Token] = []
+        self.text = ""  # the text sent so far
+
+    def add(self, token: Token) -> str:
+        """Record `token`; return the new text it completes (held back while it ends inside a
+        multi-byte character)."""
+        self.tokens.append(token)
+        text = self._decoded()
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        if not tokens or tokens[0].logprob is None:
+            return None
+        piece = lambda i: self.tokenizer.decode([i])  # noqa: E731
+        if self.chat:
+            return {"content": [{"token": piece(t.id), "logprob": t.logprob,
+                                 "top_logprobs": [{"token": piece(i), "logprob": lp}
+                                                  for i, lp in t.top]} for t in tokens]}
+        tops = []
+        for t in tokens:  # keyed by text: of two tokens that decode alike, the likelier stays
+            top: dict[str, float] = {}
+            for i, lp in t.top:
+                top.setdefault(piece(i), lp)
+            tops.append(top)
+        return {"tokens": [piece(t.id) for t in tokens],
+                "token_logprobs": [t.logprob for t in tokens], "top_logprobs": tops}
+
+    def _choice(self, text: str, tokens: list[Token], finish: str | None,
+                whole: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "logprobs": self._logprobs(tokens)}
+        if self.chat:
+            choice["message" if whole else "delta"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if self.with_token_ids:
+            choice["token_ids"] = [t.id for t in tokens]
+        return choice
+
+    def _envelope(self, choices: list, whole: bool = False, **extra) -> dict[str, Any]:
+        if self.chat:
+            kind = "chat.completion" if whole else "chat.completion.chunk"
+        else:
+            kind = "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
+                "choices": choices, **extra}
+
+    def chunk(self, token: Token) -> dict[str, Any]:
+        return self._envelope([self._choice(self.add(token), [token], None)])
+
+    def last_chunk(self, reason: str) -> dict[str, Any]:
+        """The finish reason, with any text held back at the end (a cut multi-byte character)."""
+        rest = self._decoded()[len(self.text):]
+        return self._envelope([self._choice(rest, [], reason)])
+
+    def usage(self, finished: Finished) -> dict[str, int]:
+        return {"prompt_tokens": finished.prompt_tokens,
+                "completion_tokens": finished.completion_tokens,
+                "total_tokens": finished.prompt_tokens + finished.completion_tokens}
+
+    def usage_chunk(self, finished: Finished) -> dict[str, Any]:
+        return self._envelope([], usage=self.usage(finished))
+
+    def whole(self, finished: Finished) -> dict[str, Any]:
+        choice = self._choice(self._decoded(), self.tokens, finished.reason, whole=True)
+        return self._envelope([choice], whole=True, usage=self.usage(finished))
+
+    def _decoded(self) -> str:
+        return self.tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
+
+
+def _parse(raw: bytes, model: type[BaseModel]):
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise APIError(400, f"{where}: {first['msg']}", param=where or None) from None
+
+
+def _prompt_ids(prompt: str | list[int] | list[str], tokenizer, vocab: int) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if all(isinstance(part, int) for part in prompt):
+        if any(not 0 <= i < vocab for i in prompt):
+            raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
+        return list(prompt)
+    if len(prompt) == 1:
+        return tokenizer.encode(prompt[0])
+    raise APIError(400, "one prompt per request (n = 1, no batches of prompts)", param="prompt")
+
+
+def _chat_ids(messages: list[dict], tokenizer) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    # a model without a chat template (the tiny test models): role-tagged lines
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return tokenizer.encode(text)
+
+
+def _registry(engine: Engine, method_label: str) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
+    registry.register(_EngineCollector(engine, method_label))
+    return registry
+
+
+class _EngineCollector:
+    def __init__(self, engine: Engine, method_label: str):
+        self.engine, self.method = engine, method_label
+
+    def collect(self):
+        state, totals = self.engine.state(), self.engine.totals
+        gauges = {
+            "kvbench_requests_active": ("requests being decoded", state["active"]),
+            "kvbench_requests_queued": ("requests waiting for room", state["queued"]),
+            "kvbench_live_caches": ("request caches not yet freed", state["live_caches"]),
+            "kvbench_kv_reserved_bytes": ("KV bytes reserved by active requests (budget)",
+                                          state["kv_reserved_bytes"]),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, key in (
+            ("kvbench_kv_bytes", "KV bytes the active caches hold, as the method accounts them",
+             "kv_accounted_bytes"),
+            ("kvbench_kv_measured_bytes", "bytes of the arrays the active caches hold",
+             "kv_measured_bytes"),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["method"])
+            gauge.add_metric([self.method], state[key])
+            yield gauge
+        budget = self.engine.kv_budget
+        yield GaugeMetricFamily("kvbench_kv_budget_bytes", "the --kv-budget (0: none)",
+                                value=budget or 0)
+        for name, doc, value in (
+            ("kvbench_prompt_tokens", "prompt tokens prefilled", totals.prompt_tokens),
+            ("kvbench_generated_tokens", "tokens generated", totals.generated_tokens),
+            ("kvbench_decode_steps", "batched decode forwards", totals.decode_steps),
+            ("kvbench_decode_rows", "requests summed over decode forwards", totals.decode_rows),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        finished = CounterMetricFamily("kvbench_requests_finished",
+                                       "requests that ended, by outcome", labels=["outcome"])
+        for outcome, count in sorted(totals.finished.items()):
+            finished.add_metric([outcome], count)
+        yield finished

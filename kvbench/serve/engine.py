@@ -1,0 +1,305 @@
+"""The serving engine: one model, one method, one cache per request, continuous batching.
+
+A single engine thread owns the model. Between decode steps it admits queued requests (FIFO,
+while the KV budget and the batch size allow), prefills each alone through its own cache of the
+method (kvbench.models.session.prefill: probe and end_prefill included, as every benchmark does),
+then runs one batched forward for the next token of every active request
+(kvbench.serve.batch_cache). A request whose client went away is dropped at the next step and its
+cache freed. Events go back to whoever submitted the request through its `emit` callback (the
+HTTP layer bridges them onto its event loop).
+
+With a KV budget, admission is by the method's accounted bytes: a request reserves what its cache
+will hold after its prompt and max_tokens (kvbench.serve.admission), and waits while the
+reservations of the active requests and its own would exceed the budget.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kvbench.methods.base import Method
+from kvbench.models.session import TorchSession, prefill
+from kvbench.serve.admission import Projection
+from kvbench.serve.batch_cache import BatchStep
+
+
+@dataclass
+class Token:
+    """One generated token; logprob and top (id, logprob) pairs when the request asked."""
+
+    id: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Finished:
+    reason: str  # "length" | "stop"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    status: int  # the HTTP status the request gets (503: no room in time; 500: the engine failed)
+    message: str
+
+
+Event = Token | Finished | Failed
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    emit: Callable[[Event], None]
+    temperature: float = 0.0
+    logprobs: int = 0
+    ignore_eos: bool = False
+    seed: int | None = None
+    id: int = field(default_factory=itertools.count().__next__)
+    queued_at: float = field(default_factory=time.monotonic)
+    reserved: int = 0
+    cache: Any = None
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class Totals:
+    """Counters since the engine started (Prometheus counters)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0  # rows summed over decode steps: their mean is the mean batch size
+    finished: dict[str, int] = field(default_factory=dict)  # outcome -> requests
+
+    def count(self, outcome: str) -> None:
+        self.finished[outcome] = self.finished.get(outcome, 0) + 1
+
+
+class Engine:
+    def __init__(self, session: TorchSession, method: Method, kv_budget: int | None = None,
+                 queue_timeout_s: float = 600.0, max_batch: int = 32,
+                 log: Callable[[str], None] = lambda message: None):
+        self.session, self.method = session, method
+        self.kv_budget, self.queue_timeout_s, self.max_batch = kv_budget, queue_timeout_s, max_batch
+        self.eos = getattr(session.tokenizer, "eos_token_id", None)
+        self.projection = Projection(method, session)
+        self.totals = Totals()
+        self._log = log
+        self._waiting: deque[Request] = deque()
+        self._active: list[Request] = []
+        self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache not yet freed
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="kvbench-engine", daemon=True)
+
+    # -- the submitting side (any thread) ---------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        self._thread.join()
+
+    def submit(self, request: Request) -> None:
+        """Queue `request`; its events arrive through request.emit (from the engine thread)."""
+        with self._lock:
+            self._waiting.append(request)
+            self._lock.notify()
+
+    def cancel(self, request: Request) -> None:
+        """The client went away: drop it at the next step and free its cache."""
+        with self._lock:
+            request.cancelled = True
+            self._lock.notify()
+
+    def state(self) -> dict[str, int]:
+        """What /metrics shows now: requests, bytes held and reserved, live caches."""
+        with self._lock:
+            active = list(self._active)
+            queued = len(self._waiting)
+            reserved = sum(r.reserved for r in active)
+        caches = [r.cache for r in active if r.cache is not None]
+        return {
+            "active": len(active),
+            "queued": queued,
+            "kv_accounted_bytes": sum(cache.accounted_bytes() for cache in caches),
+            "kv_measured_bytes": sum(cache.measured_bytes() for cache in caches),
+            "kv_reserved_bytes": reserved,
+            "live_caches": len(self._caches),
+        }
+
+    # -- the engine thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                idle = not (self._stopping or self._waiting or self._active)
+            if idle:  # caches hold reference cycles: free the finished ones before waiting
+                gc.collect()
+            with self._lock:
+                while not (self._stopping or self._waiting or self._active):
+                    self._lock.wait()
+                if self._stopping:
+                    break
+            self._drop_cancelled()
+            self._admit()
+            if self._active:
+                self._decode_step()
+            elif self._waiting:  # all waiting, none fits yet: let time pass toward the timeout
+                with self._lock:
+                    self._lock.wait(0.05)
+        for request in [*self._active, *self._waiting]:
+            request.emit(Failed(503, "the server is shutting down"))
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            for request in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(request)
+                self.totals.count("cancelled")
+            for request in [r for r in self._active if r.cancelled]:
+                self._release(request, "cancelled")
+
+    def _admit(self) -> None:
+        """Start queued requests in order while they fit; past the queue timeout, 503."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return
+                request = self._waiting[0]
+                held = sum(r.reserved for r in self._active)
+                full = len(self._active) >= self.max_batch
+            try:
+                need = self._reservation(request)
+            except ValueError as exc:
+                self._reject(request, Failed(503, str(exc)))
+                continue
+            if full or (self.kv_budget is not None and held + need > self.kv_budget):
+                if time.monotonic() - request.queued_at > self.queue_timeout_s:
+                    self._reject(request, Failed(503, (
+                        f"no room (batch of {self.max_batch}, KV budget {self.kv_budget}) within"
+                        f" the queue timeout of {self.queue_timeout_s:g} s")))
+                    continue
+                return  # FIFO: nothing behind it jumps the queue
+            with self._lock:
+                self._waiting.popleft()
+                request.reserved = need
+            self._start(request)
+
+    def _reservation(self, request: Request) -> int:
+        """Accounted bytes the request reserves (0 without a budget); ValueError if it can
+        never fit or its cache cannot be sized."""
+        if self.kv_budget is None:
+            return 0
+        try:
+            need = self.projection.bytes(len(request.prompt), request.max_tokens)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
+            raise ValueError(f"could not size the request's cache: {exc}") from None
+        if need > self.kv_budget:
+            raise ValueError(
+                f"the request's cache needs {need} bytes ({len(request.prompt)} prompt +"
+                f" {request.max_tokens} new tokens), above the whole KV budget of {self.kv_budget}")
+        return need
+
+    def _reject(self, request: Request, failure: Failed) -> None:
+        with self._lock:
+            self._waiting.remove(request)
+        self.totals.count("rejected")
+        request.emit(failure)
+
+    def _start(self, request: Request) -> None:
+        """Prefill the request alone through its own cache, then emit its first token."""
+        try:
+            request.cache = self.session.new_cache(self.method)
+            self._caches.add(request.cache)
+            if request.seed is not None:
+                request.generator = torch.Generator().manual_seed(request.seed)
+            logits = prefill(self.session, request.cache, request.prompt, self.method)[0]
+        except Exception as exc:  # noqa: BLE001
+            self._log(f"request {request.id}: prefill failed: {exc!r}")
+            request.cache = None
+            self.totals.count("error")
+            request.emit(Failed(500, f"prefill failed: {exc}"))
+            return
+        self.totals.prompt_tokens += len(request.prompt)
+        with self._lock:
+            self._active.append(request)
+        self._next_token(request, logits[-1])
+
+    def _decode_step(self) -> None:
+        rows = list(self._active)
+        ids = [[r.generated[-1]] for r in rows]
+        try:
+            if len(rows) == 1:  # a batch of one is a plain step: bit for bit the benchmarks'
+                logits = self.session.step(ids[0], rows[0].cache)[0]
+            else:
+                caches = [r.cache for r in rows]
+                logits = self._batched_step(ids, caches)
+        except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
+            self._log(f"decode step of {len(rows)} requests failed: {exc!r}")
+            for request in rows:
+                request.emit(Failed(500, f"decode failed: {exc}"))
+                self._release(request, "error")
+            return
+        self.totals.decode_steps += 1
+        self.totals.decode_rows += len(rows)
+        for row, request in enumerate(rows):
+            self._next_token(request, logits[row])
+
+    @torch.inference_mode()
+    def _batched_step(self, ids: list[list[int]], caches: list) -> torch.Tensor:
+        session = self.session
+        x = torch.tensor(ids, device=session.device)
+        positions = BatchStep.positions(caches).to(session.device)
+        logits = session.loaded.model(x, past_key_values=BatchStep(caches),
+                                      position_ids=positions, use_cache=True).logits
+        return logits[:, -1].float().cpu()
+
+    def _next_token(self, request: Request, logits: torch.Tensor) -> None:
+        token = self._sample(request, logits)
+        request.generated.append(token.id)
+        self.totals.generated_tokens += 1
+        request.emit(token)
+        if len(request.generated) >= request.max_tokens:
+            self._finish(request, "length")
+        elif token.id == self.eos and not request.ignore_eos:
+            self._finish(request, "stop")
+
+    def _sample(self, request: Request, logits: torch.Tensor) -> Token:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if request.temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits.float() / request.temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=request.generator))
+        if not request.logprobs:
+            return Token(token)
+        top = torch.topk(logprobs, request.logprobs)
+        return Token(token, float(logprobs[token]),
+                     list(zip(top.indices.tolist(), top.values.tolist())))
+
+    def _finish(self, request: Request, reason: str) -> None:
+        request.emit(Finished(reason, len(request.prompt), len(request.generated)))
+        self._release(request, reason)
+
+    def _release(self, request: Request, outcome: str) -> None:
+        with self._lock:
+            if request in self._active:
+                self._active.remove(request)
+            request.cache, request.reserved = None, 0
+        self.totals.count(outcome)

@@ -1,0 +1,56 @@
+"""`kvbench serve`: load the model, build and calibrate the method, start the engine, run uvicorn
+on loopback until stopped (SIGINT / SIGTERM), then stop the engine."""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Callable
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_host(host: str, allow_remote: bool) -> None:
+    """ValueError for a non-loopback address unless the user asked for one."""
+    if allow_remote or host in LOOPBACK:
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise ValueError(f"--host {host} is not a loopback address; add --allow-remote to serve"
+                     " other machines")
+
+
+def serve(model: str, method_name: str, method_params: dict[str, Any], host: str, port: int,
+          device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
+          max_batch: int, calibration: int, log: Callable[[str], None]) -> None:
+    import torch
+    import uvicorn
+
+    from kvbench.backends.torch_backend import resolve_device
+    from kvbench.data.text import load_text
+    from kvbench.methods.base import build_method
+    from kvbench.models import load_model
+    from kvbench.models.session import TorchSession
+    from kvbench.serve.app import create_app
+    from kvbench.serve.engine import Engine
+
+    method = build_method(method_name, method_params)  # a bad method fails before the load
+    if threads:
+        torch.set_num_threads(threads)
+    torch_device = resolve_device(device)
+    loaded = load_model(model, torch_device, log=log)
+    session = TorchSession(loaded, torch_device)
+    if calibration:  # methods that set themselves from statistics; free for those that do not
+        session.calibrate(method, session.tokenizer.encode(load_text("pydoc"))[:calibration])
+    engine = Engine(session, method, kv_budget=kv_budget, queue_timeout_s=queue_timeout_s,
+                    max_batch=max_batch, log=log)
+    label = method_name if not method_params else f"{method_name}{method_params}"
+    app = create_app(engine, model, label, loaded.max_context)
+    engine.start()
+    log(f"serving on http://{host}:{port} (model {model}, method {label}, device {torch_device},"
+        f" KV budget {kv_budget or 'none'})")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        engine.stop()
