@@ -339,3 +339,31 @@ def test_serve_refuses_bad_settings_before_loading_anything():
     assert result.exit_code == 2 and "--params" in result.output
     result = invoke("serve", "--method", "turbbo")
     assert result.exit_code == 2 and "Did you mean 'turbo'" in result.output
+
+
+@pytest.mark.parametrize("method,caught", [("identity", False), ("shared", True)])
+def test_the_stress_benchmark_catches_a_cache_shared_between_sessions(tmp_path, method, caught):
+    """`kvbench serve` (a real process) whose method reads every sequence's keys through one
+    shared buffer answers one user correctly and several users wrongly: the stress benchmark's
+    comparison with the single-user answers flags it, and passes the sound identity server."""
+    from kvbench.benchmarks.stress import Stress, StressParams
+    from kvbench.methods.identity import Identity
+    from tests.plugins.kvb_testplugin import SharedCache
+    from tests.plugins.model_runs import cpu_context
+
+    ctx = cpu_context("tiny:llama")
+    ctx.files_dir = tmp_path
+    params = StressParams(users=4, requests_per_user=1, prompts=4, prompt_tokens=40,
+                          max_tokens=12)
+    try:
+        out = Stress().run(params, SharedCache() if method == "shared" else Identity(), ctx)
+    finally:
+        ctx.memo.close()
+    m = {name: metric.value for name, metric in out.metrics.items()}
+    assert m["errors"] == 0 and m["requests"] == 4, out.info.get("failures")
+    if caught:
+        assert m["responses_flagged"] >= 3 and m["token_agreement"] < 0.8
+    else:
+        assert m["responses_flagged"] == 0 and m["token_agreement"] == 1.0
+    log = next(tmp_path.glob("*.log")).read_text()
+    assert "serving on http://127.0.0.1:" in log

@@ -13,6 +13,7 @@ from kvbench.report.plots import (
 )
 from kvbench.report.ladder import ladder_figures, ladder_section
 from kvbench.report.retrieval import niah_section, ruler_figure, ruler_section
+from kvbench.report.stress import stress_figures, stress_section
 from kvbench.report.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
@@ -50,7 +51,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
 
 def write_reports(result: RunResult, out_dir: str | Path, gate: GateReport | None = None) -> Path:
     """report.md, and beside it rate_distortion.png when the run has proofs cases to plot, and
-    the ruler, niah and ladder figures when it has those cases."""
+    the ruler, niah, ladder and stress figures when it has those cases."""
     path = Path(out_dir) / "report.md"
     atomic_write_text(path, render_markdown(result, gate, path.parent))
     return path
@@ -74,14 +75,16 @@ def _rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | No
 
 
 def _summary_parts(result: RunResult, benchmark: str, out_dir: Path | None) -> list[str]:
-    """What follows the ruler, niah and ladder tables: their summaries and figures (written to
-    out_dir when given; the same text either way)."""
+    """What follows the ruler, niah, ladder and stress tables: their summaries and figures
+    (written to out_dir when given; the same text either way)."""
     if benchmark == "ruler":
         parts = [ruler_section(result), ruler_figure(result, out_dir)]
     elif benchmark == "niah":
         parts = [niah_section(result, out_dir)]
     elif benchmark == "ladder":
         parts = [ladder_section(result), ladder_figures(result, out_dir)]
+    elif benchmark == "stress":
+        parts = [stress_section(result), stress_figures(result, out_dir)]
     else:
         return []
     return [part for part in parts if part]

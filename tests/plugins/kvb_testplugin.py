@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kvbench.benchmarks.base import Benchmark, BenchmarkOutput, MetricSpec
-from kvbench.methods.base import Method
+from kvbench.methods.base import Method, WrappedPolicy
 from kvbench.methods.identity import Identity
 
 CRASH_MESSAGE = "kvb_testplugin: deliberate crash"
@@ -148,15 +148,35 @@ class NonFinite(Benchmark):
 
 @dataclass
 class SharedCache(Identity):
-    """A deliberately broken method: one layer cache per layer, shared by every sequence, so a
-    server that runs two requests lets each attend to the other's tokens (a leak between
-    sessions, which the stress benchmark's correctness-under-load check must catch)."""
+    """A deliberately broken method: its layer caches hand attention their keys and values in a
+    scratch buffer per layer shared by every sequence (as a careless fused kernel might). One
+    sequence at a time never notices; when a server batches two, each row is read after the
+    next row has overwritten the buffer, so sequences attend to each other's tokens: a leak
+    between sessions that the stress benchmark's correctness-under-load check must catch."""
 
     def __post_init__(self):
         super().__post_init__()
-        self._shared: dict[int, object] = {}
+        self._scratch: dict[int, list] = {}
 
     def new_layer_cache(self, layer_idx):
-        if layer_idx not in self._shared:
-            self._shared[layer_idx] = super().new_layer_cache(layer_idx)
-        return self._shared[layer_idx]
+        return _ScratchReads(super().new_layer_cache(layer_idx),
+                             self._scratch.setdefault(layer_idx, [None, None]))
+
+
+class _ScratchReads(WrappedPolicy):
+    def __init__(self, inner, scratch: list):
+        super().__init__(inner)
+        self.scratch = scratch  # [keys buffer, values buffer], shared
+
+    def attention_inputs(self):
+        keys, values, bias = self.inner.attention_inputs()
+        return self._into(0, keys), self._into(1, values), bias
+
+    def _into(self, slot: int, x: torch.Tensor) -> torch.Tensor:
+        buffer = self.scratch[slot]
+        if buffer is None or buffer.shape[-2] < x.shape[-2] or buffer.shape[:-2] != x.shape[:-2]:
+            buffer = self.scratch[slot] = x.new_empty(*x.shape[:-2], max(4096, x.shape[-2]),
+                                                      x.shape[-1])
+        view = buffer[..., : x.shape[-2], :]
+        view.copy_(x)
+        return view

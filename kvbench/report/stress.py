@@ -1,0 +1,244 @@
+"""The stress benchmark's part of the report: per method, a table over the concurrency levels
+(aggregate and per-user tok/s, their ratio to the single-user pass, p99 TTFT and e2e, errors,
+token agreement with the single-user answers, responses flagged as beyond float noise, sessions
+held), a warning line for every level with flagged responses or errors, and one figure with
+three panels against users: aggregate tok/s, per-user tok/s, p99 TTFT, one line per method.
+
+Made from results alone; the figure needs matplotlib (without it, one line says so).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbench.report.plots import (
+    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
+)
+from kvbench.report.tables import fmt_bytes, md_table
+from kvbench.results import CaseResult, RunResult
+
+THROUGHPUT_PNG = "stress_throughput.png"
+# (metric, column, format): the columns of a method's table after `users`
+COLUMNS = (
+    ("output_tok_s", "output tok/s ↑", "{:.1f}"),
+    ("per_user_tok_s", "per-user tok/s ↑", "{:.2f}"),
+    ("aggregate_vs_single", "aggregate × single ↑", "{:.2f}"),
+    ("ttft_s_p99", "p99 TTFT s ↓", "{:.3f}"),
+    ("e2e_s_p99", "p99 e2e s ↓", "{:.2f}"),
+    ("errors", "errors ↓", "{:.0f}"),
+    ("token_agreement", "token agreement ↑", "{:.3f}"),
+    ("responses_flagged", "flagged ↓", "{:.0f}"),
+    ("sessions_held", "sessions held ↑", "{:g}"),
+)
+# (metric, panel title, y label) of the figure's panels
+PANELS = (
+    ("output_tok_s", "aggregate output tok/s", "tok/s (higher is better)"),
+    ("per_user_tok_s", "per-user tok/s", "tok/s (higher is better)"),
+    ("ttft_s_p99", "p99 time to first token", "s (lower is better)"),
+)
+_GRID_PARAM = "users"
+# Settings the section states once when every line shares them
+_SHOWN = ("requests_per_user", "prompts", "prompt_tokens", "max_tokens", "api", "text",
+          "tie_margin")
+
+
+@dataclass
+class StressTable:
+    """Each line (a method label, split by any other setting that differs between its cases):
+    its cases by users."""
+
+    lines: dict[str, dict[int, CaseResult]] = field(default_factory=dict)
+
+    @property
+    def users(self) -> list[int]:
+        return sorted({n for cases in self.lines.values() for n in cases})
+
+
+def _cases(result: RunResult) -> list[CaseResult]:
+    return [c for c in result.cases if c.benchmark == "stress" and c.status == "ok"]
+
+
+def _users(case: CaseResult) -> int:
+    return int(case.bench_params.get(_GRID_PARAM, 1))
+
+
+def _setting(case: CaseResult) -> tuple:
+    return (case.model, *sorted((k, repr(v)) for k, v in case.bench_params.items()
+                                if k != _GRID_PARAM))
+
+
+def stress_table(result: RunResult) -> StressTable | None:
+    cases = _cases(result)
+    if not cases:
+        return None
+    settings: dict[str, list[tuple]] = {}
+    for case in cases:
+        seen = settings.setdefault(case.method_label, [])
+        if _setting(case) not in seen:
+            seen.append(_setting(case))
+    table = StressTable()
+    for case in cases:
+        name = case.method_label
+        if len(settings[name]) > 1:  # the same method under two settings: two lines
+            name += f" ({_differing(case, cases)})"
+        table.lines.setdefault(name, {})[_users(case)] = case
+    return table
+
+
+def _differing(case: CaseResult, cases: list[CaseResult]) -> str:
+    """The bench params (and model) that differ between this method label's cases, as set in
+    `case`."""
+    mine = [c for c in cases if c.method_label == case.method_label]
+    keys = sorted({k for c in mine for k in c.bench_params if k != _GRID_PARAM})
+    differing = [k for k in keys if len({repr(c.bench_params.get(k)) for c in mine}) > 1]
+    parts = [f"{k}={_short(case.bench_params.get(k))}" for k in differing]
+    if len({c.model for c in mine}) > 1:
+        parts.insert(0, f"model={case.model}")
+    return ", ".join(parts) or "?"
+
+
+def _common(values: list[Any]) -> Any:
+    """The value when every one is the same, else None."""
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("url", str(value))
+    return str(value)
+
+
+def value(case: CaseResult, metric: str) -> float | None:
+    found = case.metrics.get(metric)
+    if found is None or not math.isfinite(found.value):
+        return None
+    return found.value
+
+
+def stress_section(result: RunResult) -> str | None:
+    table = stress_table(result)
+    if table is None:
+        return None
+    cases = [c for line in table.lines.values() for c in line.values()]
+    intro = (
+        "Each level: `users` users started together, each sending `requests_per_user` streamed"
+        " greedy requests one after another (`prompt_tokens`-token prompts, `max_tokens` output"
+        " tokens each). Every response is compared with the single-user answer to its prompt on"
+        " the same server: *token agreement* is the mean common prefix over the single-user"
+        " answer's length; *flagged* responses differ where that answer was confident (its"
+        " top-2 logprob margin above `tie_margin` nats, or unknown), which batching's float"
+        " noise does not explain. *aggregate × single* is output tok/s over the single-user"
+        " pass's on the same server in the same run. TTFT: request sent to the first token;"
+        " e2e: to the last."
+    )
+    common = [f"{k}={_short(c)}" for k in _SHOWN
+              if (c := _common([case.bench_params.get(k) for case in cases])) is not None]
+    server = _common([case.info.get("server") for case in cases])
+    if server:
+        common.append(f"server: {server}")
+    if common:
+        intro += f"\n\n<sub>all lines: {' · '.join(common)}</sub>"
+    parts = ["### Concurrent users", intro]
+    budgets = {c.bench_params.get("kv_budget") for cases in table.lines.values()
+               for c in cases.values()}
+    if budgets - {0, None}:
+        parts.append("KV budgets (kvbench serve --kv-budget): " + ", ".join(
+            "none" if not b else fmt_bytes(b) for b in sorted(b or 0 for b in budgets))
+            + "; *sessions held* is the most requests streaming at once, seen by the client.")
+    for name, cases in table.lines.items():
+        rows = []
+        for users in sorted(cases):
+            case = cases[users]
+            cells = [str(users)]
+            for metric, _, form in COLUMNS:
+                v = value(case, metric)
+                cells.append("—" if v is None else form.format(v))
+            rows.append(cells)
+        header = ["users"] + [column for _, column, _ in COLUMNS]
+        parts.append(f"**{name}**\n\n" + md_table(header, rows,
+                                                   right=set(range(len(header)))))
+    warnings = _warnings(table)
+    if warnings:
+        parts.append("\n".join(warnings))
+    return "\n\n".join(parts)
+
+
+def _warnings(table: StressTable) -> list[str]:
+    lines = []
+    for name, cases in table.lines.items():
+        for users in sorted(cases):
+            case = cases[users]
+            flagged, errors = value(case, "responses_flagged"), value(case, "errors")
+            if flagged:
+                lines.append(f"- ⚠ **{name}** at {users} users: {flagged:.0f} response(s)"
+                             " differ from the single-user answer beyond float noise (the"
+                             " run's predictions.jsonl keeps each with both texts)")
+            if errors:
+                reasons = case.info.get("failures") or {}
+                why = "; ".join(f"{n}× {r}" for r, n in list(reasons.items())[:3])
+                lines.append(f"- **{name}** at {users} users: {errors:.0f} failed request(s)"
+                             + (f": {why}" if why else ""))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# the figure
+
+
+def stress_figures(result: RunResult, out_dir: Path | None) -> str | None:
+    """The figure's link (written to out_dir when given), a note without matplotlib, or None
+    when there is no stress case."""
+    table = stress_table(result)
+    if table is None:
+        return None
+    try:
+        if out_dir is None:
+            check_matplotlib()
+        else:
+            stress_throughput_png(table, out_dir / THROUGHPUT_PNG, result.suite.name)
+    except PlotUnavailable:
+        return f"<sub>stress plot skipped: {MATPLOTLIB_MISSING}</sub>"
+    return (f"![aggregate and per-user tok/s and p99 TTFT against concurrent users]"
+            f"({THROUGHPUT_PNG})")
+
+
+def panel_lines(table: StressTable, metric: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Per line: the levels with a finite `metric`, and its values there."""
+    lines = {}
+    for name, cases in table.lines.items():
+        points = [(n, value(cases[n], metric)) for n in sorted(cases)]
+        points = [(n, y) for n, y in points if y is not None]
+        if points:
+            lines[name] = ([n for n, _ in points], [y for _, y in points])
+    return lines
+
+
+def stress_throughput_png(table: StressTable, path: Path, title: str) -> Path:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), dpi=100)
+    try:
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        markers = "osD^v<>P*X"
+        plotted = {}
+        for ax, (metric, name, ylabel) in zip(axes, PANELS):
+            lines = panel_lines(table, metric)
+            for k, (label, (x, y)) in enumerate(lines.items()):
+                ax.plot(x, y, marker=markers[k % len(markers)], color=colours[k % len(colours)],
+                        linewidth=1.4, label=label)
+            plotted[metric] = lines
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(table.users, [str(n) for n in table.users])
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel("concurrent users")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.35)
+        fig.suptitle(f"kvbench {title}: throughput and first-token latency under load")
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
+        fig.legend(handles, labels, loc="center right", fontsize=8)
+        save_png(fig, path)
+    finally:
+        plt.close(fig)
+    return PlotPath.of(path, plotted)
