@@ -40,7 +40,8 @@ class BatchHandoff:
 
     layer_idx: int
     policies: list[LayerCachePolicy]  # one per row
-    visible: torch.Tensor  # bool (rows, 1, 1, keys): False for a row's padding
+    visible: torch.Tensor | None  # bool (rows, 1, 1, keys): False for a row's padding (None:
+    # every row has all the keys)
     bias: torch.Tensor | None  # (rows, kv_heads, keys), or None when no row has one
     lengths: list[int]  # keys each row really has
 

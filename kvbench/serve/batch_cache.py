@@ -40,14 +40,19 @@ class BatchLayer(CacheLayerMixin):
             check_attention_inputs(policy, self.layer_idx, keys.shape,
                                    None if bias is None else bias.shape, 1, None)
             rows.append((keys, values, bias))
+        lengths = [row_keys.shape[-2] for row_keys, _, _ in rows]
+        if all(bias is None for _, _, bias in rows) and len(set(lengths)) == 1:
+            # rows of one length need neither padding nor a mask
+            hand_over(BatchHandoff(self.layer_idx, self.policies, None, None, lengths))
+            return torch.cat([k for k, _, _ in rows]), torch.cat([v for _, v, _ in rows])
         batch, heads, _, dim = key_states.shape
-        longest = max(keys.shape[-2] for keys, _, _ in rows)
+        longest = max(lengths)
         keys = key_states.new_zeros(batch, heads, longest, dim)
         values = value_states.new_zeros(batch, heads, longest, value_states.shape[-1])
         visible = torch.zeros(batch, 1, 1, longest, dtype=torch.bool, device=key_states.device)
         bias = None
         for row, (row_keys, row_values, row_bias) in enumerate(rows):
-            length = row_keys.shape[-2]
+            length = lengths[row]
             keys[row, :, :length] = row_keys[0]
             values[row, :, :length] = row_values[0]
             visible[row, ..., :length] = True
@@ -56,7 +61,6 @@ class BatchLayer(CacheLayerMixin):
                     bias = torch.zeros(batch, heads, longest, device=key_states.device)
                 # a per-query bias (1, kv_heads, 1, keys) of a one-token step is a key bias
                 bias[row, :, :length] = row_bias[0, :, 0] if row_bias.dim() == 4 else row_bias[0]
-        lengths = [row_keys.shape[-2] for row_keys, _, _ in rows]
         hand_over(BatchHandoff(self.layer_idx, self.policies, visible, bias, lengths))
         return keys, values
 
