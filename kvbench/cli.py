@@ -350,8 +350,17 @@ def validate(suite_path):
 
 @main.command("list")
 @click.argument("what", type=click.Choice(["methods", "benchmarks", "models", "suites"]))
-def list_(what):
-    """List registered methods, benchmarks, bundled models, or the suites under ./suites."""
+@click.argument("name", required=False)
+def list_(what, name):
+    """List registered methods, benchmarks, bundled models, or the suites under ./suites.
+
+    `kvbench list benchmarks NAME` shows one benchmark: its parameters and every metric it
+    reports, with its unit, direction and exact definition."""
+    if name is not None:
+        if what != "benchmarks":
+            _fail("a NAME is taken only by `kvbench list benchmarks NAME`")
+        _show_benchmark(name)
+        return
     table = Table()
     if what in ("methods", "benchmarks"):
         from kvbench.benchmarks import BENCHMARKS
@@ -394,6 +403,23 @@ def list_(what):
                 description = "(not valid YAML)"
             table.add_row(str(path), escape(str(description).strip().splitlines()[0]
                                             if description else ""))
+    console.print(table)
+
+
+def _show_benchmark(name: str) -> None:
+    from kvbench.benchmarks import BENCHMARKS
+
+    try:
+        cls = BENCHMARKS.get(name)
+    except LookupError as exc:
+        _fail(str(exc))
+    console.print(escape((cls.__doc__ or name).strip()))
+    console.print(escape((cls.Params.__doc__ or "").strip()))
+    table = Table(title=f"metrics of {name}")
+    for column in ("metric", "unit", "better", "definition"):
+        table.add_column(column)
+    for metric, spec in cls.metrics.items():
+        table.add_row(metric, spec.unit, spec.direction, escape(spec.description))
     console.print(table)
 
 

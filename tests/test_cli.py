@@ -543,6 +543,18 @@ def test_list_unknown_kind_exits_2():
     assert invoke("list", "gadgets").exit_code == 2
 
 
+def test_list_one_benchmark_defines_each_metric():
+    result = invoke("list", "benchmarks", "stress")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # the table wraps its cells
+    for words in ("tpot_s_p99", "time per output token after the first",
+                  "chunk_gap_s_p50", "sessions_held", "users: int = 1"):
+        assert words in text, words
+    result = invoke("list", "benchmarks", "strss")
+    assert result.exit_code == 2 and "Did you mean 'stress'" in result.output
+    assert invoke("list", "methods", "identity").exit_code == 2
+
+
 def test_schema_is_json_with_the_schema_version():
     result = invoke("schema")
     assert result.exit_code == 0

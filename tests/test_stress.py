@@ -260,33 +260,53 @@ def test_tokens_come_from_usage_then_token_ids_then_the_tokenizer():
     assert failed.output_tokens == 0 and failed.ids == []
 
 
+def _tops(*pairs):
+    """Listed candidates per position from (top-1 text, its logprob, top-2 text, its logprob)."""
+    return [None if p is None else {p[0]: p[1], p[2]: p[3]} for p in pairs]
+
+
 def test_agreement_first_difference_and_flagging():
-    ref = Reference(ids=[1, 2, 3, 4], text="", margins=[5.0, 0.01, 2.0, None])
+    ref = Reference(ids=[1, 2, 3, 4], text="",
+                    tops=_tops(("a", -0.1, "b", -5.1), ("c", -0.69, "d", -0.70),
+                               ("e", -0.1, "f", -2.1), None))
     same = lg.compare([1, 2, 3, 4], ref, tie_margin=0.05)
     assert (same.agreement, same.identical, same.flagged) == (1.0, True, False)
     tie = lg.compare([1, 9, 9, 9], ref, 0.05)  # flips where the answer was a near-tie
-    assert (tie.agreement, tie.first_difference, tie.margin, tie.flagged) == (0.25, 1, 0.01,
-                                                                             False)
-    confident = lg.compare([1, 2, 8, 4], ref, 0.05)  # flips where it was sure
+    assert (tie.agreement, tie.first_difference, tie.kind, tie.flagged) == (0.25, 1, "near-tie",
+                                                                           False)
+    assert tie.margin == pytest.approx(0.01)
+    confident = lg.compare([1, 2, 8, 4], ref, 0.05)  # flips where it was sure, no logprobs
     assert (confident.agreement, confident.first_difference, confident.flagged) == (0.5, 2, True)
+    # the same flip, where the response's own top-2 are the answer's, swapped: a perturbation
+    swap = lg.compare([1, 2, 8, 4], ref, 0.05, _tops(None, None, ("f", -0.5, "e", -0.9)))
+    assert (swap.kind, swap.flagged) == ("swap", False)
+    # another context's candidates: beyond noise
+    other = lg.compare([1, 2, 8, 4], ref, 0.05, _tops(None, None, ("x", -0.5, "e", -0.9)))
+    assert (other.kind, other.flagged) == ("beyond noise", True)
+    same_order = lg.compare([1, 2, 8, 4], ref, 0.05, _tops(None, None, ("e", -0.5, "f", -0.9)))
+    assert same_order.flagged  # it chose another token than its own top-1 lists: not a swap
     assert lg.compare([1, 2, 3, 7], ref, 0.05).flagged  # margin unknown there
     assert lg.compare([1, 2, 3, 4, 5], ref, 0.05).flagged  # longer: past the answer's end
     assert lg.compare([1, 9], ref, tie_margin=0.001).flagged  # a stricter margin
-    blind = Reference(ids=[1, 2, 3, 4], text="", margins=None)  # no logprobs: every difference
+    blind = Reference(ids=[1, 2, 3, 4], text="", tops=None)  # no logprobs: every difference
     assert lg.compare([1, 9, 3, 4], blind, 0.05).flagged
     assert not lg.compare([1, 2, 3, 4], blind, 0.05).flagged
     with pytest.raises(ValueError, match="no tokens"):
         lg.compare([1], Reference([], "", None), 0.05)
 
 
-def test_logprob_margins_read_both_openai_shapes():
+def test_logprob_tops_read_both_openai_shapes():
     completions = {"top_logprobs": [{"a": -0.1, "b": -2.1}, {"a": -0.5}, None]}
-    assert lg.logprob_margins(completions) == [pytest.approx(2.0), None, None]
+    tops = lg.logprob_tops(completions)
+    assert tops == [{"a": -0.1, "b": -2.1}, {"a": -0.5}, {}]
+    assert [lg.margin(t) for t in tops] == [pytest.approx(2.0), None, None]
+    assert lg.top2(tops[0]) == ["a", "b"]
     chat = {"content": [{"token": "a", "logprob": -0.2,
                          "top_logprobs": [{"token": "b", "logprob": -1.7},
                                           {"token": "a", "logprob": -0.2}]}]}
-    assert lg.logprob_margins(chat) == [pytest.approx(1.5)]
-    assert lg.logprob_margins(None) is None and lg.logprob_margins({"x": 1}) is None
+    assert lg.top2(lg.logprob_tops(chat)[0]) == ["a", "b"]
+    assert lg.margin(lg.logprob_tops(chat)[0]) == pytest.approx(1.5)
+    assert lg.logprob_tops(None) is None and lg.logprob_tops({"x": 1}) is None
 
 
 def test_chunks_without_text_or_ids_are_not_tokens():

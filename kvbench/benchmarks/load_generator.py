@@ -44,8 +44,8 @@ class RequestRecord:
     text: str = ""
     server_ids: list[int] | None = None  # token ids the server sent (kvbench's token_ids)
     usage_tokens: int | None = None  # usage.completion_tokens
-    # top-1 minus top-2 logprob at each output token, from the server's logprobs (None: none)
-    margins: list[float | None] | None = None
+    # the candidates the server listed at each output token (text -> logprob; None: no logprobs)
+    tops: list[dict[str, float]] | None = None
     finish_reason: str | None = None
     # set by count_tokens: the output token count and the ids compared with the reference
     output_tokens: int = 0
@@ -183,9 +183,9 @@ def take_chunk(record: RequestRecord, chunk: dict[str, Any], now: float) -> None
             record.finish_reason = choice["finish_reason"]
         if ids:
             record.server_ids = (record.server_ids or []) + [int(i) for i in ids]
-        margins = logprob_margins(choice.get("logprobs"))
-        if margins is not None:
-            record.margins = (record.margins or []) + margins
+        tops = logprob_tops(choice.get("logprobs"))
+        if tops is not None:
+            record.tops = (record.tops or []) + tops
         if text or ids:
             record.text += text
             record.chunk_times.append(now)
@@ -193,26 +193,35 @@ def take_chunk(record: RequestRecord, chunk: dict[str, Any], now: float) -> None
                 record.t_first = now
 
 
-def logprob_margins(logprobs: Any) -> list[float | None] | None:
-    """Per token, the top-1 minus the top-2 logprob, from either OpenAI shape: completions'
+def logprob_tops(logprobs: Any) -> list[dict[str, float]] | None:
+    """Per token, the candidates listed (text -> logprob), from either OpenAI shape: completions'
     {"top_logprobs": [{text: logprob, ...}, ...]} or chat's {"content": [{"top_logprobs":
-    [{"logprob": ...}, ...]}, ...]}. None where a position lists fewer than two (two tokens with
-    the same text share one key in the completions shape); None without logprobs."""
+    [{"token": text, "logprob": ...}, ...]}, ...]}. Two tokens with the same text share one key;
+    None without logprobs."""
     if not isinstance(logprobs, dict):
         return None
     if isinstance(logprobs.get("top_logprobs"), list):
-        tops = [list(top.values()) if isinstance(top, dict) else []
-                for top in logprobs["top_logprobs"]]
+        tops = [top.items() if isinstance(top, dict) else [] for top in logprobs["top_logprobs"]]
     elif isinstance(logprobs.get("content"), list):
-        tops = [[t.get("logprob") for t in (entry.get("top_logprobs") or [])
+        tops = [[(t.get("token"), t.get("logprob")) for t in (entry.get("top_logprobs") or [])
                  if isinstance(t, dict)] for entry in logprobs["content"]]
     else:
         return None
-    margins: list[float | None] = []
-    for values in tops:
-        values = sorted((float(v) for v in values if isinstance(v, (int, float))), reverse=True)
-        margins.append(values[0] - values[1] if len(values) >= 2 else None)
-    return margins
+    return [{str(text): float(lp) for text, lp in top if isinstance(lp, (int, float))}
+            for top in tops]
+
+
+def top2(top: dict[str, float] | None) -> list[str]:
+    """The two likeliest candidates' texts, likeliest first ([] when fewer than two)."""
+    if not top or len(top) < 2:
+        return []
+    return sorted(top, key=top.__getitem__, reverse=True)[:2]
+
+
+def margin(top: dict[str, float] | None) -> float | None:
+    """The top-1 minus the top-2 logprob (None when fewer than two are listed)."""
+    best = top2(top)
+    return top[best[0]] - top[best[1]] if best else None
 
 
 # ---- counting ----------------------------------------------------------------------------------
@@ -314,11 +323,12 @@ def level_figures(records: list[RequestRecord], users: int) -> dict[str, float]:
 
 @dataclass
 class Reference:
-    """A prompt's single-user answer: its ids, text and top-2 margins (None: no logprobs)."""
+    """A prompt's single-user answer: its ids, text and listed candidates per token (None: no
+    logprobs)."""
 
     ids: list[int]
     text: str
-    margins: list[float | None] | None
+    tops: list[dict[str, float]] | None
 
 
 @dataclass
@@ -327,14 +337,25 @@ class Comparison:
     identical: bool
     first_difference: int | None  # the first position that differs (None: identical)
     margin: float | None  # the reference's top-2 margin there (None: unknown)
-    flagged: bool  # differs beyond float noise
+    # "identical", "near-tie", "swap" (both float noise) or "beyond noise" (flagged)
+    kind: str
+
+    @property
+    def flagged(self) -> bool:
+        return self.kind == "beyond noise"
 
 
-def compare(ids: list[int], reference: Reference, tie_margin: float) -> Comparison:
-    """A response against the single-user answer to its prompt. It differs beyond float noise
-    when, at the first difference, the reference's top-1 led its top-2 by more than
-    `tie_margin` nats (batching's other summation order can flip a near-tie, not a confident
-    token), or when that margin is unknown (no logprobs, or past the reference's end)."""
+def compare(ids: list[int], reference: Reference, tie_margin: float,
+            tops: list[dict[str, float]] | None = None) -> Comparison:
+    """A response (its ids, and its listed candidates per token when the server gave them)
+    against the single-user answer to its prompt. A difference is float noise when, at the
+    first differing position, either the answer's top-1 led its top-2 by at most `tie_margin`
+    nats (a near-tie that batching's other summation order can flip), or the two sides' top-2
+    candidates are the same two in the other order (a swap: what a perturbation of the same
+    context does; a quantized cache turns float noise into whole rounding steps, which can move
+    logits by a nat). Anything else, or a difference that cannot be judged (no logprobs, past
+    the answer's end), is beyond noise: a cache that leaks reads another context, whose
+    candidates are other tokens."""
     if not reference.ids:
         raise ValueError("a single-user answer with no tokens cannot be compared")
     prefix = 0
@@ -344,8 +365,18 @@ def compare(ids: list[int], reference: Reference, tie_margin: float) -> Comparis
         prefix += 1
     agreement = prefix / len(reference.ids)
     if ids == reference.ids:
-        return Comparison(agreement, True, None, None, False)
-    margins = reference.margins
-    margin = margins[prefix] if margins is not None and prefix < len(margins) else None
-    flagged = margin is None or margin > tie_margin
-    return Comparison(agreement, False, prefix, margin, flagged)
+        return Comparison(agreement, True, None, None, "identical")
+    theirs = _at(reference.tops, prefix)
+    mine = _at(tops, prefix)
+    there = margin(theirs)
+    if there is not None and there <= tie_margin:
+        kind = "near-tie"
+    elif top2(theirs) and top2(mine) == top2(theirs)[::-1]:
+        kind = "swap"
+    else:
+        kind = "beyond noise"
+    return Comparison(agreement, False, prefix, there, kind)
+
+
+def _at(tops: list[dict[str, float]] | None, position: int) -> dict[str, float] | None:
+    return tops[position] if tops is not None and position < len(tops) else None

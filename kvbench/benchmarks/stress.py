@@ -102,7 +102,8 @@ class StressParams:
     level_timeout_s: float = 900 — the whole level is cut here: requests still running or not
         sent fail.
     tie_margin: float = 0.05 — nats: a response that first differs from the single-user answer
-        where that answer's top-1 led its top-2 by at most this is float noise, not flagged.
+        where that answer's top-1 led its top-2 by at most this is float noise, not flagged
+        (so is one whose top-2 there are the answer's top-2 swapped; see responses_flagged).
     ignore_eos: bool = True — ask kvbench servers (ignore_eos, a vLLM-style extension) for
         exactly max_tokens tokens; other servers are not sent it.
     """
@@ -181,9 +182,12 @@ METRICS = {
     "responses_differing": MetricSpec(
         "", "lower", "successful responses not identical (token ids) to the single-user answer"),
     "responses_flagged": MetricSpec(
-        "", "lower", "differing responses whose first difference is beyond float noise: where"
-        " the single-user answer's top-1 led its top-2 by more than tie_margin nats, or where"
-        " that margin is unknown (no logprobs); a cache that leaks between sessions shows here"),
+        "", "lower", "differing responses whose first difference is beyond float noise: not a"
+        " near-tie (the single-user answer's top-1 led its top-2 by more than tie_margin nats"
+        " there) and not a swap (the response's top-2 there are not the answer's top-2 in the"
+        " other order), or not judgeable (no logprobs); a cache that leaks between sessions,"
+        " reading another context, shows here. Quantized caches turn batching's float noise"
+        " into whole rounding steps, so their swaps can exceed tie_margin"),
     "sessions_held": MetricSpec(
         "", "higher", "capacity, measured client side: the most successful requests that had"
         " received their first token and not yet finished at the same moment (the median over"
@@ -361,7 +365,7 @@ class Stress(Benchmark):
                 sources[record.count_source] = sources.get(record.count_source, 0) + 1
                 id_sources[record.ids_source] = id_sources.get(record.ids_source, 0) + 1
                 answer = reference.answers[record.prompt]
-                result = compare(record.ids, answer, params.tie_margin)
+                result = compare(record.ids, answer, params.tie_margin, record.tops)
                 agreements.append(result.agreement)
                 if result.identical:
                     continue
@@ -372,7 +376,8 @@ class Stress(Benchmark):
                     "turn": record.turn, "prompt": record.prompt,
                     "agreement": result.agreement,
                     "first_difference": result.first_difference,
-                    "margin_there": result.margin, "flagged": result.flagged,
+                    "margin_there": result.margin, "difference": result.kind,
+                    "flagged": result.flagged,
                     "response": record.text[:KEEP_CHARS],
                     "single_user": answer.text[:KEEP_CHARS],
                 })
@@ -397,7 +402,7 @@ class Stress(Benchmark):
             "level_timed_out": timed_out,
             "token_count_source": sources,
             "token_ids_source": id_sources,
-            "logprobs": reference.has_margins,
+            "logprobs": reference.has_logprobs,
             "repeats": len(passes),
         }
         return metrics, summary
@@ -499,7 +504,7 @@ class SingleUser:
 
     answers: dict[int, Reference]
     output_tok_s: float
-    has_margins: bool
+    has_logprobs: bool
 
 
 def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any) -> SingleUser:
@@ -512,12 +517,12 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any) -> SingleU
         raise RuntimeError("the single-user reference pass failed, so no response can be"
                            " compared: " + "; ".join(failed[:5]))
     count_tokens(records, tokenizer)
-    answers = {r.prompt: Reference(r.ids, r.text, r.margins) for r in records}
+    answers = {r.prompt: Reference(r.ids, r.text, r.tops) for r in records}
     empty = [p for p, a in answers.items() if not a.ids]
     if empty:
         raise RuntimeError(f"the single-user answers to prompts {empty} have no tokens")
     rate = level_figures(records, 1)["output_tok_s"]
-    return SingleUser(answers, rate, all(a.margins is not None for a in answers.values()))
+    return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()))
 
 
 def method_name(method: Method) -> str:
