@@ -268,31 +268,34 @@ def _tops(*pairs):
 def test_agreement_first_difference_and_flagging():
     ref = Reference(ids=[1, 2, 3, 4], text="",
                     tops=_tops(("a", -0.1, "b", -5.1), ("c", -0.69, "d", -0.70),
-                               ("e", -0.1, "f", -2.1), None))
-    same = lg.compare([1, 2, 3, 4], ref, tie_margin=0.05)
+                               ("e", -0.3, "f", -1.5), None))
+    same = lg.compare([1, 2, 3, 4], ref, tie_margin=0.05, shift_nats=1.0)
     assert (same.agreement, same.identical, same.flagged) == (1.0, True, False)
-    tie = lg.compare([1, 9, 9, 9], ref, 0.05)  # flips where the answer was a near-tie
+    tie = lg.compare([1, 9, 9, 9], ref, 0.05, 1.0)  # flips where the answer was a near-tie
     assert (tie.agreement, tie.first_difference, tie.kind, tie.flagged) == (0.25, 1, "near-tie",
                                                                            False)
     assert tie.margin == pytest.approx(0.01)
-    confident = lg.compare([1, 2, 8, 4], ref, 0.05)  # flips where it was sure, no logprobs
+    confident = lg.compare([1, 2, 8, 4], ref, 0.05, 1.0)  # flips where it was sure, no logprobs
     assert (confident.agreement, confident.first_difference, confident.flagged) == (0.5, 2, True)
-    # the same flip, where the response's own top-2 are the answer's, swapped: a perturbation
-    swap = lg.compare([1, 2, 8, 4], ref, 0.05, _tops(None, None, ("f", -0.5, "e", -0.9)))
-    assert (swap.kind, swap.flagged) == ("swap", False)
-    # another context's candidates: beyond noise
-    other = lg.compare([1, 2, 8, 4], ref, 0.05, _tops(None, None, ("x", -0.5, "e", -0.9)))
+    # the same flip where the response saw the same candidates, moved by under a nat: noise
+    moved = lg.compare([1, 2, 8, 4], ref, 0.05, 1.0, _tops(None, None, ("f", -0.8, "e", -0.9)))
+    assert (moved.kind, moved.flagged) == ("perturbed", False)
+    assert lg.compare([1, 2, 8, 4], ref, 0.05, 0.65,  # the same, with a stricter bound
+                      _tops(None, None, ("f", -0.8, "e", -0.9))).flagged
+    # another context's candidates: the answer's token is not among them
+    other = lg.compare([1, 2, 8, 4], ref, 0.05, 1.0, _tops(None, None, ("x", -0.5, "y", -0.9)))
     assert (other.kind, other.flagged) == ("beyond noise", True)
-    same_order = lg.compare([1, 2, 8, 4], ref, 0.05, _tops(None, None, ("e", -0.5, "f", -0.9)))
-    assert same_order.flagged  # it chose another token than its own top-1 lists: not a swap
-    assert lg.compare([1, 2, 3, 7], ref, 0.05).flagged  # margin unknown there
-    assert lg.compare([1, 2, 3, 4, 5], ref, 0.05).flagged  # longer: past the answer's end
-    assert lg.compare([1, 9], ref, tie_margin=0.001).flagged  # a stricter margin
+    # its own token is not among the answer's candidates
+    assert lg.compare([1, 2, 8, 4], ref, 0.05, 9.0,
+                      _tops(None, None, ("x", -0.5, "e", -0.9))).flagged
+    assert lg.compare([1, 2, 3, 7], ref, 0.05, 1.0).flagged  # margin unknown there
+    assert lg.compare([1, 2, 3, 4, 5], ref, 0.05, 1.0).flagged  # longer: past the answer's end
+    assert lg.compare([1, 9], ref, tie_margin=0.001, shift_nats=1.0).flagged  # stricter margin
     blind = Reference(ids=[1, 2, 3, 4], text="", tops=None)  # no logprobs: every difference
-    assert lg.compare([1, 9, 3, 4], blind, 0.05).flagged
-    assert not lg.compare([1, 2, 3, 4], blind, 0.05).flagged
+    assert lg.compare([1, 9, 3, 4], blind, 0.05, 1.0).flagged
+    assert not lg.compare([1, 2, 3, 4], blind, 0.05, 1.0).flagged
     with pytest.raises(ValueError, match="no tokens"):
-        lg.compare([1], Reference([], "", None), 0.05)
+        lg.compare([1], Reference([], "", None), 0.05, 1.0)
 
 
 def test_logprob_tops_read_both_openai_shapes():
@@ -300,11 +303,10 @@ def test_logprob_tops_read_both_openai_shapes():
     tops = lg.logprob_tops(completions)
     assert tops == [{"a": -0.1, "b": -2.1}, {"a": -0.5}, {}]
     assert [lg.margin(t) for t in tops] == [pytest.approx(2.0), None, None]
-    assert lg.top2(tops[0]) == ["a", "b"]
     chat = {"content": [{"token": "a", "logprob": -0.2,
                          "top_logprobs": [{"token": "b", "logprob": -1.7},
                                           {"token": "a", "logprob": -0.2}]}]}
-    assert lg.top2(lg.logprob_tops(chat)[0]) == ["a", "b"]
+    assert lg.logprob_tops(chat) == [{"b": -1.7, "a": -0.2}]
     assert lg.margin(lg.logprob_tops(chat)[0]) == pytest.approx(1.5)
     assert lg.logprob_tops(None) is None and lg.logprob_tops({"x": 1}) is None
 
@@ -423,7 +425,7 @@ def test_request_bodies_send_extensions_to_kvbench_servers_only():
                            prompt)
     assert kvbench == {"max_tokens": 5, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}, "model": "tiny:llama",
-                       "prompt": [5, 6, 7], "logprobs": 2, "return_token_ids": True,
+                       "prompt": [5, 6, 7], "logprobs": 5, "return_token_ids": True,
                        "ignore_eos": True}
     other = parse_server({"url": "http://127.0.0.1:8000"})
     plain = request_body(StressParams(max_tokens=5), other, None, prompt)
@@ -432,7 +434,7 @@ def test_request_bodies_send_extensions_to_kvbench_servers_only():
     asked = parse_server({"url": "http://127.0.0.1:8000", "logprobs": True, "model": "m"})
     chat = request_body(StressParams(api="chat"), asked, asked.model, prompt)
     assert chat["messages"] == [{"role": "user", "content": "some text"}]
-    assert (chat["model"], chat["logprobs"], chat["top_logprobs"]) == ("m", True, 2)
+    assert (chat["model"], chat["logprobs"], chat["top_logprobs"]) == ("m", True, 5)
     assert "ignore_eos" not in chat and "return_token_ids" not in chat
 
 

@@ -211,17 +211,12 @@ def logprob_tops(logprobs: Any) -> list[dict[str, float]] | None:
             for top in tops]
 
 
-def top2(top: dict[str, float] | None) -> list[str]:
-    """The two likeliest candidates' texts, likeliest first ([] when fewer than two)."""
-    if not top or len(top) < 2:
-        return []
-    return sorted(top, key=top.__getitem__, reverse=True)[:2]
-
-
 def margin(top: dict[str, float] | None) -> float | None:
     """The top-1 minus the top-2 logprob (None when fewer than two are listed)."""
-    best = top2(top)
-    return top[best[0]] - top[best[1]] if best else None
+    if not top or len(top) < 2:
+        return None
+    first, second = sorted(top.values(), reverse=True)[:2]
+    return first - second
 
 
 # ---- counting ----------------------------------------------------------------------------------
@@ -337,7 +332,7 @@ class Comparison:
     identical: bool
     first_difference: int | None  # the first position that differs (None: identical)
     margin: float | None  # the reference's top-2 margin there (None: unknown)
-    # "identical", "near-tie", "swap" (both float noise) or "beyond noise" (flagged)
+    # "identical", "near-tie", "perturbed" (both float noise) or "beyond noise" (flagged)
     kind: str
 
     @property
@@ -345,17 +340,18 @@ class Comparison:
         return self.kind == "beyond noise"
 
 
-def compare(ids: list[int], reference: Reference, tie_margin: float,
+def compare(ids: list[int], reference: Reference, tie_margin: float, shift_nats: float,
             tops: list[dict[str, float]] | None = None) -> Comparison:
     """A response (its ids, and its listed candidates per token when the server gave them)
-    against the single-user answer to its prompt. A difference is float noise when, at the
-    first differing position, either the answer's top-1 led its top-2 by at most `tie_margin`
-    nats (a near-tie that batching's other summation order can flip), or the two sides' top-2
-    candidates are the same two in the other order (a swap: what a perturbation of the same
-    context does; a quantized cache turns float noise into whole rounding steps, which can move
-    logits by a nat). Anything else, or a difference that cannot be judged (no logprobs, past
-    the answer's end), is beyond noise: a cache that leaks reads another context, whose
-    candidates are other tokens."""
+    against the single-user answer to its prompt. At the first differing position both have
+    read the same tokens, so a sound cache gives nearly the same next-token distribution twice.
+    The difference is float noise when the answer's top-1 led its top-2 by at most `tie_margin`
+    nats there (a near-tie that batching's other summation order flips), or when the two
+    distributions are one context perturbed: each side's token is among the other's listed
+    candidates and no candidate listed by both moved by more than `shift_nats` (a quantized
+    cache turns float noise into whole rounding steps, which move logprobs by tenths of a nat).
+    Anything else, or a difference that cannot be judged (no logprobs, past the answer's end),
+    is beyond noise: a cache that leaks reads another context, with other candidates."""
     if not reference.ids:
         raise ValueError("a single-user answer with no tokens cannot be compared")
     prefix = 0
@@ -366,17 +362,30 @@ def compare(ids: list[int], reference: Reference, tie_margin: float,
     agreement = prefix / len(reference.ids)
     if ids == reference.ids:
         return Comparison(agreement, True, None, None, "identical")
-    theirs = _at(reference.tops, prefix)
-    mine = _at(tops, prefix)
+    theirs, mine = candidates_at(reference.tops, prefix), candidates_at(tops, prefix)
     there = margin(theirs)
     if there is not None and there <= tie_margin:
         kind = "near-tie"
-    elif top2(theirs) and top2(mine) == top2(theirs)[::-1]:
-        kind = "swap"
+    elif _perturbed(theirs, mine, shift_nats):
+        kind = "perturbed"
     else:
         kind = "beyond noise"
     return Comparison(agreement, False, prefix, there, kind)
 
 
-def _at(tops: list[dict[str, float]] | None, position: int) -> dict[str, float] | None:
+def _perturbed(theirs: dict[str, float] | None, mine: dict[str, float] | None,
+               shift_nats: float) -> bool:
+    if not theirs or not mine:
+        return False
+    their_token, my_token = max(theirs, key=theirs.get), max(mine, key=mine.get)
+    if their_token not in mine or my_token not in theirs:
+        return False
+    return all(abs(theirs[t] - mine[t]) <= shift_nats for t in theirs.keys() & mine.keys())
+
+
+def candidates_at(tops: list[dict[str, float]] | None,
+                  position: int | None) -> dict[str, float] | None:
+    """The candidates listed at `position` (None: no logprobs, or past their end)."""
+    if position is None:
+        return None
     return tops[position] if tops is not None and position < len(tops) else None

@@ -42,6 +42,7 @@ from kvbench.benchmarks.base import (
 )
 from kvbench.benchmarks.load_generator import (
     PERCENTILE_METHOD,
+    candidates_at,
     PERCENTILES,
     Level,
     Prompt,
@@ -69,6 +70,7 @@ from kvbench.memo import Memo
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 KEEP_CHARS = 200  # of each text in a kept record of a differing response
+TOP_LOGPROBS = 5  # candidates asked per token: what tells noise from another context
 
 
 @dataclass
@@ -102,8 +104,10 @@ class StressParams:
     level_timeout_s: float = 900 — the whole level is cut here: requests still running or not
         sent fail.
     tie_margin: float = 0.05 — nats: a response that first differs from the single-user answer
-        where that answer's top-1 led its top-2 by at most this is float noise, not flagged
-        (so is one whose top-2 there are the answer's top-2 swapped; see responses_flagged).
+        where that answer's top-1 led its top-2 by at most this is float noise, not flagged.
+    shift_nats: float = 1.0 — nats: so is one whose candidates there are the answer's, perturbed:
+        each side's token listed by the other (top 5) and no shared candidate's logprob moved by
+        more than this (see responses_flagged).
     ignore_eos: bool = True — ask kvbench servers (ignore_eos, a vLLM-style extension) for
         exactly max_tokens tokens; other servers are not sent it.
     """
@@ -121,6 +125,7 @@ class StressParams:
     request_timeout_s: float = 120.0
     level_timeout_s: float = 900.0
     tie_margin: float = 0.05
+    shift_nats: float = 1.0
     ignore_eos: bool = True
 
     def __post_init__(self):
@@ -129,8 +134,9 @@ class StressParams:
         for name in ("request_timeout_s", "level_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if not self.tie_margin >= 0:
-            raise ValueError(f"tie_margin must be >= 0, got {self.tie_margin!r}")
+        for name in ("tie_margin", "shift_nats"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.text.startswith("hf:"):
             parse_hf_source(self.text)
         target = parse_server(self.server)  # ValueError naming `server`; loopback only
@@ -184,10 +190,11 @@ METRICS = {
     "responses_flagged": MetricSpec(
         "", "lower", "differing responses whose first difference is beyond float noise: not a"
         " near-tie (the single-user answer's top-1 led its top-2 by more than tie_margin nats"
-        " there) and not a swap (the response's top-2 there are not the answer's top-2 in the"
-        " other order), or not judgeable (no logprobs); a cache that leaks between sessions,"
-        " reading another context, shows here. Quantized caches turn batching's float noise"
-        " into whole rounding steps, so their swaps can exceed tie_margin"),
+        " there) and not the same candidates perturbed (a side's token missing from the other's"
+        " top 5, or a shared candidate's logprob moved by more than shift_nats), or not"
+        " judgeable (no logprobs); a cache that leaks between sessions, reading another context,"
+        " shows here. Quantized caches turn batching's float noise into whole rounding steps,"
+        " which move logprobs by tenths of a nat: their perturbations exceed tie_margin"),
     "sessions_held": MetricSpec(
         "", "higher", "capacity, measured client side: the most successful requests that had"
         " received their first token and not yet finished at the same moment (the median over"
@@ -365,7 +372,7 @@ class Stress(Benchmark):
                 sources[record.count_source] = sources.get(record.count_source, 0) + 1
                 id_sources[record.ids_source] = id_sources.get(record.ids_source, 0) + 1
                 answer = reference.answers[record.prompt]
-                result = compare(record.ids, answer, params.tie_margin, record.tops)
+                result = compare(record.ids, answer, params.tie_margin, params.shift_nats, record.tops)
                 agreements.append(result.agreement)
                 if result.identical:
                     continue
@@ -378,6 +385,8 @@ class Stress(Benchmark):
                     "first_difference": result.first_difference,
                     "margin_there": result.margin, "difference": result.kind,
                     "flagged": result.flagged,
+                    "candidates_there": candidates_at(answer.tops, result.first_difference),
+                    "response_candidates_there": candidates_at(record.tops, result.first_difference),
                     "response": record.text[:KEEP_CHARS],
                     "single_user": answer.text[:KEEP_CHARS],
                 })
@@ -486,11 +495,11 @@ def request_body(params: StressParams, target: ServerTarget, model: str | None,
     if params.api == "completions":
         body["prompt"] = prompt.ids if kvbench else prompt.text
         if logprobs:
-            body["logprobs"] = 2
+            body["logprobs"] = TOP_LOGPROBS
     else:
         body["messages"] = [{"role": "user", "content": prompt.text}]
         if logprobs:
-            body.update(logprobs=True, top_logprobs=2)
+            body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     if kvbench:
         body["return_token_ids"] = True
         if params.ignore_eos:
