@@ -29,6 +29,7 @@ COLUMNS = (
     ("e2e_s_p99", "p99 e2e s ↓", "{:.2f}"),
     ("errors", "errors ↓", "{:.0f}"),
     ("token_agreement", "token agreement ↑", "{:.3f}"),
+    ("responses_differing", "differing", "{:.0f}"),
     ("responses_flagged", "flagged ↓", "{:.0f}"),
     ("sessions_held", "sessions held ↑", "{:g}"),
 )
@@ -41,7 +42,7 @@ PANELS = (
 _GRID_PARAM = "users"
 # Settings the section states once when every line shares them
 _SHOWN = ("requests_per_user", "prompts", "prompt_tokens", "max_tokens", "api", "text",
-          "tie_margin")
+          "tie_margin", "shift_nats")
 
 
 @dataclass
@@ -127,9 +128,11 @@ def stress_section(result: RunResult) -> str | None:
         " greedy requests one after another (`prompt_tokens`-token prompts, `max_tokens` output"
         " tokens each). Every response is compared with the single-user answer to its prompt on"
         " the same server: *token agreement* is the mean common prefix over the single-user"
-        " answer's length; *flagged* responses differ where that answer was confident (its"
-        " top-2 logprob margin above `tie_margin` nats, or unknown), which batching's float"
-        " noise does not explain. *aggregate × single* is output tok/s over the single-user"
+        " answer's length; *differing* responses are not token for token that answer;"
+        " *flagged* ones differ beyond float noise: neither a near-tie (that answer's top-2"
+        " within `tie_margin` nats) nor the same candidates perturbed (each side's token in the"
+        " other's top 5, none moved by more than `shift_nats`), which is what a cache that"
+        " leaks between sessions produces. *aggregate × single* is output tok/s over the single-user"
         " pass's on the same server in the same run. TTFT: request sent to the first token;"
         " e2e: to the last."
     )

@@ -157,15 +157,28 @@ class Engine:
                     self._lock.wait()
                 if self._stopping:
                     break
-            self._drop_cancelled()
-            self._admit()
-            if self._active:
-                self._decode_step()
-            elif self._waiting:  # all waiting, none fits yet: let time pass toward the timeout
-                with self._lock:
-                    self._lock.wait(0.05)
-        for request in [*self._active, *self._waiting]:
-            request.emit(Failed(503, "the server is shutting down"))
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave clients waiting
+                self._log(f"engine step failed: {exc!r}")
+                self._fail_all(Failed(500, f"the engine failed: {exc}"))
+        self._fail_all(Failed(503, "the server is shutting down"))
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        if self._active:
+            self._decode_step()
+        elif self._waiting:  # all waiting, none fits yet: let time pass toward the timeout
+            with self._lock:
+                self._lock.wait(0.05)
+
+    def _fail_all(self, failure: Failed) -> None:
+        with self._lock:
+            requests, self._waiting = [*self._active, *self._waiting], deque()
+        for request in requests:
+            request.emit(failure)
+            self._release(request, "error")
 
     def _drop_cancelled(self) -> None:
         with self._lock:
