@@ -792,7 +792,8 @@ def stress_case(label: str, users: int, tok_s: float, flagged: int = 0, errors: 
     values = {"output_tok_s": tok_s, "per_user_tok_s": tok_s / users,
               "aggregate_vs_single": tok_s / 10, "ttft_s_p99": 0.1 * users,
               "e2e_s_p99": 1.0 + users, "errors": errors,
-              "token_agreement": 1.0 - flagged / 10, "responses_flagged": flagged,
+              "token_agreement": 1.0 - flagged / 10, "responses_differing": 2 * flagged,
+              "responses_flagged": flagged,
               "sessions_held": users, "ttft_s_p50": math.nan}
     return CaseResult(
         id=f"stress/{label}/users={users}", benchmark="stress",
@@ -828,7 +829,7 @@ def test_the_report_has_a_table_per_method_and_warnings(stress_result):
     assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "4"]  # sorted by users
     assert _row(identity, "4")[:4] == ["4", "30.0", "7.50", "3.00"]
     leaky = text[text.index("**leaky**"):]
-    assert _row(leaky, "4")[7:10] == ["0.700", "3", "4"]
+    assert _row(leaky, "4")[7:11] == ["0.700", "6", "3", "4"]
     assert "**leaky** at 4 users: 3 response(s) differ" in text
     assert "**identity** at 2 users: 2 failed request(s): 2× HTTP 503: full" in text
     assert ("all lines: requests_per_user=2 · prompts=8 · prompt_tokens=64 · max_tokens=32 ·"
@@ -868,3 +869,21 @@ def test_two_settings_of_one_method_are_two_lines(stress_result):
                                 "leaky"}
     assert "KV budgets (kvbench serve --kv-budget): none, 1 MiB" in stress.stress_section(
         stress_result)
+
+
+def test_the_plot_draws_curves_only_and_names_them_by_method():
+    """A single-level run of a method under another setting (a capacity run) gets its own table
+    but no curve, and the curves are labelled by method alone when that tells them apart."""
+    from tests.test_report_retrieval import run
+    from kvbench.report.stress import _short_labels, panel_lines, stress_table
+
+    capacity = stress_case("identity", 40, 12.0)
+    capacity = capacity.model_copy(update={
+        "bench_params": {**capacity.bench_params, "kv_budget": 75_000_000}})
+    table = stress_table(run([stress_case("identity", 1, 10.0), stress_case("identity", 4, 30.0),
+                              stress_case("leaky", 1, 10.0), stress_case("leaky", 4, 28.0),
+                              capacity]))
+    assert len(table.lines) == 3  # identity under two settings: two lines
+    lines = panel_lines(table, "output_tok_s")
+    assert len(lines) == 2 and all(x == [1, 4] for x, _ in lines.values())
+    assert sorted(_short_labels(table, list(lines)).values()) == ["identity", "leaky"]

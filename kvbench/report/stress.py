@@ -208,12 +208,13 @@ def stress_figures(result: RunResult, out_dir: Path | None) -> str | None:
 
 
 def panel_lines(table: StressTable, metric: str) -> dict[str, tuple[list[int], list[float]]]:
-    """Per line: the levels with a finite `metric`, and its values there."""
+    """Per line of two levels or more (a single level, such as a capacity run, is no curve):
+    the levels with a finite `metric`, and its values there."""
     lines = {}
     for name, cases in table.lines.items():
         points = [(n, value(cases[n], metric)) for n in sorted(cases)]
         points = [(n, y) for n, y in points if y is not None]
-        if points:
+        if len(points) > 1:
             lines[name] = ([n for n, _ in points], [y for _, y in points])
     return lines
 
@@ -227,21 +228,33 @@ def stress_throughput_png(table: StressTable, path: Path, title: str) -> Path:
         plotted = {}
         for ax, (metric, name, ylabel) in zip(axes, PANELS):
             lines = panel_lines(table, metric)
-            for k, (label, (x, y)) in enumerate(lines.items()):
+            labels = _short_labels(table, list(lines))
+            for k, (line, (x, y)) in enumerate(lines.items()):
                 ax.plot(x, y, marker=markers[k % len(markers)], color=colours[k % len(colours)],
-                        linewidth=1.4, label=label)
+                        linewidth=1.4, label=labels[line])
             plotted[metric] = lines
+            levels = sorted({n for x, _ in lines.values() for n in x})
             ax.set_xscale("log", base=2)
-            ax.set_xticks(table.users, [str(n) for n in table.users])
+            ax.set_xticks(levels, [str(n) for n in levels])
             ax.set_title(name, fontsize=10)
             ax.set_xlabel("concurrent users")
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.35)
         fig.suptitle(f"kvbench {title}: throughput and first-token latency under load")
         handles, labels = axes[0].get_legend_handles_labels()
-        fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
-        fig.legend(handles, labels, loc="center right", fontsize=8)
+        rows = -(-len(labels) // 4)  # the legend below the panels, four labels a row
+        fig.tight_layout(rect=(0, 0.055 * rows + 0.02, 1, 1))
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
         save_png(fig, path)
     finally:
         plt.close(fig)
     return PlotPath.of(path, plotted)
+
+
+def _short_labels(table: StressTable, names: list[str]) -> dict[str, str]:
+    """Each plotted line's method label, when that alone tells them apart, else its full name
+    (the label and the settings that differ)."""
+    labels = {name: next(iter(table.lines[name].values())).method_label for name in names}
+    if len(set(labels.values())) == len(names):
+        return labels
+    return {name: name for name in names}

@@ -157,11 +157,11 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
                             ).response()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EventSourceResponse(_stream(http, engine, request, events, first, reply,
+            return EventSourceResponse(_stream(engine, request, events, first, reply,
                                                include_usage), sep="\n", ping=15)
         event = first
         while not isinstance(event, (Finished, Failed)):
-            reply.add(event)
+            reply.tokens.append(event)  # decoded once, at the end
             event = await _next_event(http, events)
             if event is None:
                 engine.cancel(request)
@@ -183,7 +183,7 @@ async def _next_event(http: HTTPRequest, events: asyncio.Queue):
                 return None
 
 
-async def _stream(http, engine: Engine, request: Request, events: asyncio.Queue, first,
+async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first,
                   reply: "_Reply", include_usage: bool):
     event = first
     try:
