@@ -435,27 +435,9 @@ def client_tokenizer(memo: Memo, spec: str | None) -> Any:
     if spec is None:
         raise ValueError("stress needs a model (its tokenizer makes the prompts and counts"
                          " tokens); set the suite's model")
-    return memo.get(("stress_tokenizer", spec), lambda: _load_tokenizer(spec))
+    from kvbench.models.loading import load_tokenizer
 
-
-def _load_tokenizer(spec: str) -> Any:
-    from kvbench.models.info import resolve_spec
-
-    kind, target = resolve_spec(spec)
-    if kind == "tiny":
-        from kvbench.models.tiny import ByteTokenizer
-
-        return ByteTokenizer()
-    if kind == "bundled":
-        from kvbench.models.bundled import prepared_dir
-
-        target = str(prepared_dir(target, lambda message: print(f"kvbench: {message}",
-                                                                file=sys.stderr)))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    tokenizer.model_max_length = sys.maxsize  # whole texts are tokenized, then windowed
-    return tokenizer
+    return memo.get(("stress_tokenizer", spec), lambda: load_tokenizer(spec))
 
 
 class _TokenizerOnly:

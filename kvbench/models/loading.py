@@ -57,7 +57,7 @@ def load_model(
 
 
 def _load_transformers(folder: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its bar would tear kvbench's own progress display
@@ -66,10 +66,29 @@ def _load_transformers(folder: str):
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation=ATTENTION, local_files_only=True
     )
+    return model.eval(), _tokenizer(folder)
+
+
+def load_tokenizer(spec: str, log: Callable[[str], None] | None = None) -> Any:
+    """The tokenizer alone of the model a spec names (no weights): what a client of a server
+    that has the model needs."""
+    kind, target = _resolve(spec)
+    if kind == "tiny":
+        from kvbench.models.tiny import ByteTokenizer
+
+        return ByteTokenizer()
+    if kind == "bundled":
+        target = str(prepared_dir(target, log or _stderr))
+    return _tokenizer(target)
+
+
+def _tokenizer(folder: str) -> Any:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     # Whole texts are tokenized and then windowed: the "longer than max length" warning is noise.
     tokenizer.model_max_length = sys.maxsize
-    return model.eval(), tokenizer
+    return tokenizer
 
 
 def _stderr(message: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
 )
-from kvbench.report.tables import fmt_bytes, length_name, md_table, pair_key
+from kvbench.report.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 REFERENCE = "identity"
@@ -54,7 +54,7 @@ class LadderTable:
 
 
 def ladder_table(result: RunResult) -> LadderTable | None:
-    cases = [c for c in result.cases if c.benchmark == "ladder" and c.status == "ok"]
+    cases = ok_cases(result, "ladder")
     if not cases:
         return None
     identity = {pair_key(c, ()): c for c in cases if c.method_label == REFERENCE}

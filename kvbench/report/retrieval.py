@@ -22,7 +22,7 @@ from kvbench.intervals import wilson_interval
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
 )
-from kvbench.report.tables import length_name, md_table, pair_key
+from kvbench.report.tables import finite_metric, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 RULER_PNG = "ruler_score_vs_ratio.png"
@@ -36,17 +36,6 @@ _UNPAIRED_PARAMS = ("compress", "reads")
 
 # ---------------------------------------------------------------------------------------------
 # ruler: the numbers
-
-
-def _ok(result: RunResult, benchmark: str) -> list[CaseResult]:
-    return [c for c in result.cases if c.benchmark == benchmark and c.status == "ok"]
-
-
-def _metric(case: CaseResult, name: str) -> float | None:
-    metric = case.metrics.get(name)
-    if metric is None or not math.isfinite(metric.value):
-        return None
-    return metric.value
 
 
 def _scores(case: CaseResult) -> list[float] | None:
@@ -126,7 +115,7 @@ class RulerRow:
 
     @property
     def ratio(self) -> float | None:
-        return _mean([r for r in (_metric(c, "compression_ratio") for c in self.cases)
+        return _mean([r for r in (finite_metric(c, "compression_ratio") for c in self.cases)
                       if r is not None])
 
 
@@ -153,7 +142,7 @@ def _task(case: CaseResult) -> str:
 def ruler_table(result: RunResult) -> RulerTable | None:
     """The numbers of the ruler section and figure; None when the run has no ok ruler case
     with a score."""
-    cases = [c for c in _ok(result, "ruler") if _metric(c, "score") is not None]
+    cases = [c for c in ok_cases(result, "ruler") if finite_metric(c, "score") is not None]
     if not cases:
         return None
     extras = _extras(cases)
@@ -181,10 +170,10 @@ def ruler_table(result: RunResult) -> RulerTable | None:
 
 def _headline(row: RulerRow, cases: list[CaseResult],
               reference: dict[tuple, CaseResult]) -> Headline:
-    mean = sum(_metric(c, "score") for c in cases) / len(cases)
+    mean = sum(finite_metric(c, "score") for c in cases) / len(cases)
     samples = sum(_samples(c) for c in cases)
     low, high = wilson_interval(mean, samples) if samples else (math.nan, math.nan)
-    ratios = [r for r in (_metric(c, "compression_ratio") for c in cases) if r is not None]
+    ratios = [r for r in (finite_metric(c, "compression_ratio") for c in cases) if r is not None]
     head = Headline([_task(c) for c in cases], mean, low, high, samples, ratio=_mean(ratios))
     if row.is_identity:
         return head
@@ -293,8 +282,8 @@ def _covered_line(table: RulerTable) -> str:
 
 
 def _task_cell(case: CaseResult, with_samples: bool) -> str:
-    score = _metric(case, "score")
-    low, high = _metric(case, "score_ci_low"), _metric(case, "score_ci_high")
+    score = finite_metric(case, "score")
+    low, high = finite_metric(case, "score_ci_low"), finite_metric(case, "score_ci_high")
     if (low is None or high is None) and _samples(case):
         low, high = wilson_interval(score, _samples(case))
     text = _ci(score, low, high)
@@ -550,7 +539,7 @@ class NiahHeatmap:
 
 
 def _niah_cases(result: RunResult) -> list[CaseResult]:
-    return [c for c in _ok(result, "niah") if isinstance(c.info.get("grid"), dict)]
+    return [c for c in ok_cases(result, "niah") if isinstance(c.info.get("grid"), dict)]
 
 
 def niah_file_names(cases: list[CaseResult]) -> list[str]:
@@ -579,7 +568,7 @@ def niah_heatmap_data(case: CaseResult) -> NiahHeatmap:
 
     rows = sorted(range(len(depths)), key=lambda d: depths[d])
     columns = sorted(range(len(lengths)), key=lambda k: lengths[k])
-    ratio = _metric(case, "compression_ratio")
+    ratio = finite_metric(case, "compression_ratio")
     title = case.method_label
     if ratio is not None:
         title += f" — {ratio:.2f}x smaller KV"
@@ -629,16 +618,16 @@ def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | 
     """A table (method, mean score [CI], compression ratio) and the heatmaps' links (writing them
     when out_dir is given) or a note when matplotlib is missing; the same text either way. None
     when the run has no ok niah case."""
-    cases = _ok(result, "niah")
+    cases = ok_cases(result, "niah")
     if not cases:
         return None
     rows = []
     for case in cases:
-        score = _metric(case, "score")
+        score = finite_metric(case, "score")
         rows.append([case.method_label,
-                     "—" if score is None else _ci(score, _metric(case, "score_ci_low"),
-                                                   _metric(case, "score_ci_high")),
-                     _ratio(_metric(case, "compression_ratio"))])
+                     "—" if score is None else _ci(score, finite_metric(case, "score_ci_low"),
+                                                   finite_metric(case, "score_ci_high")),
+                     _ratio(finite_metric(case, "compression_ratio"))])
     parts = ["### NIAH: mean score over the depth × length grid",
              md_table(["method", "mean score over the grid [95% CI] ↑", "compression ratio (x) ↑"],
                       rows, {1, 2})]

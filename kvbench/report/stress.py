@@ -8,7 +8,6 @@ Made from results alone; the figure needs matplotlib (without it, one line says 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
 )
-from kvbench.report.tables import fmt_bytes, md_table
+from kvbench.report.tables import finite_metric, fmt_bytes, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 THROUGHPUT_PNG = "stress_throughput.png"
@@ -57,10 +56,6 @@ class StressTable:
         return sorted({n for cases in self.lines.values() for n in cases})
 
 
-def _cases(result: RunResult) -> list[CaseResult]:
-    return [c for c in result.cases if c.benchmark == "stress" and c.status == "ok"]
-
-
 def _users(case: CaseResult) -> int:
     return int(case.bench_params.get(_GRID_PARAM, 1))
 
@@ -71,7 +66,7 @@ def _setting(case: CaseResult) -> tuple:
 
 
 def stress_table(result: RunResult) -> StressTable | None:
-    cases = _cases(result)
+    cases = ok_cases(result, "stress")
     if not cases:
         return None
     settings: dict[str, list[tuple]] = {}
@@ -109,13 +104,6 @@ def _short(value: Any) -> str:
     if isinstance(value, dict):
         return value.get("url", str(value))
     return str(value)
-
-
-def value(case: CaseResult, metric: str) -> float | None:
-    found = case.metrics.get(metric)
-    if found is None or not math.isfinite(found.value):
-        return None
-    return found.value
 
 
 def stress_section(result: RunResult) -> str | None:
@@ -156,7 +144,7 @@ def stress_section(result: RunResult) -> str | None:
             case = cases[users]
             cells = [str(users)]
             for metric, _, form in COLUMNS:
-                v = value(case, metric)
+                v = finite_metric(case, metric)
                 cells.append("—" if v is None else form.format(v))
             rows.append(cells)
         header = ["users"] + [column for _, column, _ in COLUMNS]
@@ -173,7 +161,7 @@ def _warnings(table: StressTable) -> list[str]:
     for name, cases in table.lines.items():
         for users in sorted(cases):
             case = cases[users]
-            flagged, errors = value(case, "responses_flagged"), value(case, "errors")
+            flagged, errors = finite_metric(case, "responses_flagged"), finite_metric(case, "errors")
             if flagged:
                 lines.append(f"- ⚠ **{name}** at {users} users: {flagged:.0f} response(s)"
                              " differ from the single-user answer beyond float noise (the"
@@ -212,7 +200,7 @@ def panel_lines(table: StressTable, metric: str) -> dict[str, tuple[list[int], l
     the levels with a finite `metric`, and its values there."""
     lines = {}
     for name, cases in table.lines.items():
-        points = [(n, value(cases[n], metric)) for n in sorted(cases)]
+        points = [(n, finite_metric(cases[n], metric)) for n in sorted(cases)]
         points = [(n, y) for n, y in points if y is not None]
         if len(points) > 1:
             lines[name] = ([n for n, _ in points], [y for _, y in points])

@@ -5,7 +5,7 @@ import json
 import math
 from typing import Any
 
-from kvbench.results import CaseResult, Metric
+from kvbench.results import CaseResult, Metric, RunResult
 
 ARROWS = {"higher": "↑", "lower": "↓", "none": ""}
 BYTE_UNITS = {"B", "bytes"}
@@ -30,6 +30,19 @@ def fmt_number(value: float | None, unit: str = "") -> str:
     short = f"{value:.4g}"
     # 0.99999 must not print as "1": near-integers get the digits that tell them apart
     return f"{value:.6g}" if float(short) == int(float(short)) else short
+
+
+def ok_cases(result: RunResult, benchmark: str) -> list[CaseResult]:
+    """The run's cases of `benchmark` that finished ok."""
+    return [c for c in result.cases if c.benchmark == benchmark and c.status == "ok"]
+
+
+def finite_metric(case: CaseResult, name: str) -> float | None:
+    """The case's value of metric `name`; None when it has none or it is not finite."""
+    metric = case.metrics.get(name)
+    if metric is None or not math.isfinite(metric.value):
+        return None
+    return metric.value
 
 
 def length_name(length: int) -> str:

@@ -28,7 +28,8 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     import uvicorn
 
     from kvbench.backends.torch_backend import resolve_device
-    from kvbench.data.text import load_text
+    from kvbench.data.text import text_tokens
+    from kvbench.memo import Memo
     from kvbench.methods.base import build_method
     from kvbench.models import load_model
     from kvbench.models.session import TorchSession
@@ -42,7 +43,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     loaded = load_model(model, torch_device, log=log)
     session = TorchSession(loaded, torch_device)
     if calibration:  # methods that set themselves from statistics; free for those that do not
-        session.calibrate(method, session.tokenizer.encode(load_text("pydoc"))[:calibration])
+        session.calibrate(method, text_tokens(Memo(), session, "pydoc")[:calibration])
     engine = Engine(session, method, kv_budget=kv_budget, queue_timeout_s=queue_timeout_s,
                     max_batch=max_batch, log=log)
     label = method_name if not method_params else f"{method_name}{method_params}"
