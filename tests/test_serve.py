@@ -218,6 +218,18 @@ def metrics(url: str) -> dict[str, float]:
     return values
 
 
+def settled(url: str) -> dict[str, float]:
+    """/metrics once no request is active and the engine, idle, has collected the finished
+    caches (or after 30 s, whatever they are then)."""
+    deadline = time.monotonic() + 30
+    while True:
+        now = metrics(url)
+        idle = now["kvbench_requests_active"] == 0 and now["kvbench_live_caches"] == 0
+        if idle or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
+
+
 def stream(url: str, body: dict) -> list[dict]:
     chunks = []
     with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as reply:
@@ -299,7 +311,7 @@ def test_a_storm_of_abandoned_streams_leaves_nothing_behind(server):
     body = {"prompt": "The cache", "max_tokens": 3, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
     before = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]["token_ids"]
-    idle = metrics(url)
+    idle = settled(url)
     finished_before = dict(engine.totals.finished)
 
     def abandon(i):
@@ -314,12 +326,7 @@ def test_a_storm_of_abandoned_streams_leaves_nothing_behind(server):
         t.start()
     for t in threads:
         t.join(60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        now = metrics(url)
-        if now['kvbench_requests_active'] == 0 and now["kvbench_live_caches"] == 0:
-            break
-        time.sleep(0.2)
+    now = settled(url)
     for name in ("kvbench_requests_active", "kvbench_requests_queued", "kvbench_live_caches",
                  'kvbench_kv_bytes{method="identity"}',
                  'kvbench_kv_measured_bytes{method="identity"}'):
