@@ -192,6 +192,9 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         record.metrics, record.info, record.comparable = (
             output.metrics, output.info, output.comparable,
         )
+        impl_log = getattr(method, "impl_log", None)  # which implementation ran (kvbench.kernels)
+        if impl_log is not None and impl_log.ran:
+            record.info["impl"] = impl_log.summary()
         record.claims = _judge_own(case.claims, output.metrics)
         record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
                            for name, metric in output.metrics.items() if not metric.finite()]

@@ -4,14 +4,24 @@
 - tests.plugins.suites: ROOT, SHIPPED_SUITES, SMALL_RESULTS, line_of, catalog_only
 - tests.plugins.cli_support: invoke, kvbench_process and the CLI's console fixture
 
+The Triton kernels run in Triton's interpreter where there is no CUDA device (TRITON_INTERPRET=1
+is set below).
+
 The bundled model is prepared once per session (into KVBENCH_HOME if set, else the default home);
 tests that use it are marked `model`.
 """
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter, on CPU tensors. It is chosen
+# when a kernel module is imported, so it is set before any test imports one; a machine with
+# CUDA tests the compiled kernels on the GPU instead.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # One torch thread: with another process on the other core, two threads wait on each other at
 # every barrier and the suite ran 10x slower (609 s against 53 s here); one costs 10% when idle.

@@ -100,7 +100,7 @@ def test_fwht_speed(benchmark):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["hadamard", "haar"])
 def test_rotation_speed(benchmark, kind):
-    """What the codecs run: one matrix product per call."""
+    """What the codecs run: butterflies (hadamard) or one matrix product (haar) per call."""
     x = randn(65536, 128)
     rotation = make_rotation(kind, 128, seed=1)
     y = benchmark(rotation.forward, x)

@@ -178,6 +178,8 @@ def test_committed_catalog_is_what_the_registries_give():
 
 @pytest.mark.parametrize("path", SHIPPED_SUITES, ids=lambda p: p.name)
 def test_catalog_gives_the_same_cases_as_the_registries(path):
+    if path.name == "cuda.yaml":
+        pytest.importorskip("triton", reason="its methods ask for impl triton")
     real = loader.load_suite(path)
     with catalog_only():  # load_suite checks against the catalog's stand-ins, as without torch
         stand_in = loader.load_suite(path)

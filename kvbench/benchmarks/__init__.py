@@ -1,6 +1,6 @@
 """Built-in benchmarks register themselves on import."""
 from kvbench.benchmarks import (  # noqa: F401
-    compaction, ladder, niah, parity, perplexity, proofs, quality, ruler, speed, stress,
+    compaction, decode_attention, ladder, niah, parity, perplexity, proofs, quality, ruler, speed, stress,
 )
 from kvbench.benchmarks.base import BENCHMARKS, Benchmark, BenchmarkOutput, MetricSpec, RunContext
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from kvbench.kernels import ImplLog, check_impl, use_triton
+from kvbench.kernels.formats import KernelFormat
 from kvbench.registry import Registry
 
 
@@ -36,6 +38,10 @@ class Codec(ABC):
     # reduction whose kernel, and so whose rounding, may depend on how many rows are decoded at
     # once. What lets a cache decode each chunk once (LayerCachePolicy.keep_decoded).
     chunk_separable: bool = False
+    # Which implementation encodes and decodes (kvbench.kernels): "auto" | "torch" | "triton";
+    # a method with kernels sets it from its `impl` field and hands over its log of what ran.
+    impl: str = "torch"
+    impl_log: ImplLog | None = None
 
     @abstractmethod
     def encode(self, x: torch.Tensor) -> Packed: ...
@@ -55,6 +61,58 @@ class Codec(ABC):
     def layout(self) -> str:
         """What a ratio built on this codec's bytes is made of."""
         return type(self).__name__
+
+    def kernel_unsupported(self) -> str | None:
+        """Why this configuration has no Triton kernel; None when it has one (then
+        kernel_format describes its layout to the kernels)."""
+        return f"{type(self).__name__} has no kernel"
+
+    def kernel_format(self, dim: int) -> KernelFormat:
+        """The layout of vectors of `dim` values, as kvbench.kernels.triton reads and writes it."""
+        raise NotImplementedError(f"{type(self).__name__} has no kernel")
+
+    def kernel_for(self, device: torch.device, dim: int) -> KernelFormat | None:
+        """The kernel format to run for tensors on `device`, or None for the torch reference,
+        as self.impl chooses (kvbench.kernels.use_triton)."""
+        if self.impl == "torch":
+            return None
+        reason = self.kernel_unsupported()
+        fmt = None
+        if not reason:
+            # one format per dim: it keeps its tables on the device for every later call
+            formats = self.__dict__.setdefault("_kernel_formats", {})
+            fmt = formats.get(dim) or formats.setdefault(dim, self.kernel_format(dim))
+            reason = fmt.unsupported()
+        return fmt if use_triton(self.impl, device, reason) else None
+
+    def kernel_encode(self, x: torch.Tensor) -> Packed | None:
+        """x packed by the kernel, when kernel_for picks it; else None (the caller runs the
+        reference). Notes which ran in impl_log."""
+        fmt = self.kernel_for(x.device, x.shape[-1])
+        self._note("encode", fmt)
+        if fmt is None:
+            return None
+        from kvbench.kernels import triton as kernels
+
+        return Packed(kernels.encode(x, fmt), tuple(x.shape), x.dtype)
+
+    def kernel_decode(self, packed: Packed) -> torch.Tensor | None:
+        """The decoded tensor by the kernel, when kernel_for picks it; else None."""
+        device = next(iter(packed.tensors.values())).device
+        fmt = self.kernel_for(device, packed.shape[-1])
+        self._note("decode", fmt)
+        if fmt is None:
+            return None
+        from kvbench.kernels import triton as kernels
+
+        return kernels.decode(packed.tensors, fmt, packed.shape, packed.dtype)
+
+    def _note(self, operation: str, fmt: KernelFormat | None) -> None:
+        if self.impl_log is not None:
+            self.impl_log.note(operation, "torch" if fmt is None else "triton")
+
+
+C = TypeVar("C", bound=Codec)
 
 
 class LayerCachePolicy(ABC):
@@ -123,6 +181,14 @@ class LayerCachePolicy(ABC):
         would have (bit for bit, at every step), retained_bytes still counts the packed layout,
         and measured_bytes() counts the decoded copy too. Default: no such path (False)."""
         return False
+
+    def attention_segments(self) -> list | None:
+        """What a fused decode attention reads instead of attention_inputs(): the layer's keys
+        and values as it stores them (kvbench.kernels.formats.KVSegment, packed chunks and raw
+        tokens in order), or None when it has no such path for its current tensors.
+        Asked at one-token steps only; the segments must hold exactly attention_inputs()'
+        tokens. Default: none."""
+        return None
 
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
         """Told by the attention after each sparse-V step (output_error: mean relative squared
@@ -278,6 +344,20 @@ def codecs_layout(keys: Codec, values: Codec) -> str:
     if keys.layout() == values.layout():
         return keys.layout()
     return f"keys: {keys.layout()}; values: {values.layout()}"
+
+
+def start_impl(method: Method) -> None:
+    """From the __post_init__ of a method with an `impl` field (kvbench.kernels): start its log
+    of what ran, and refuse an impl that cannot run its codecs, before anything runs."""
+    method.impl_log = ImplLog()
+    for codec in (method.key_codec(), method.value_codec()):
+        check_impl(method.impl, codec.kernel_unsupported())
+
+
+def run_as(method: Method, codec: C) -> C:
+    """`codec` set to run as `method.impl`, noting into the method's log (start_impl)."""
+    codec.impl, codec.impl_log = method.impl, method.impl_log
+    return codec
 
 
 METHODS: Registry[Method] = Registry("method", entry_point_group="kvbench.methods")

@@ -58,11 +58,7 @@ class Codebook:
         an exact midpoint goes to the lower centroid."""
         if x.dtype == torch.float64:
             return torch.bucketize(x, self.boundaries.to(x.device)).to(torch.uint8)
-        # For float32 x, x <= b exactly when x <= (b rounded down to float32): the same buckets
-        # as in float64, without a float64 copy of x.
-        bounds = self.boundaries.float()
-        bounds = torch.where(bounds.double() > self.boundaries,
-                             torch.nextafter(bounds, bounds.new_tensor(-math.inf)), bounds)
+        bounds = self.float32_bounds
         x = x.float()
         if len(bounds) > _COMPARE_UP_TO:
             return torch.bucketize(x.contiguous(), bounds.to(x.device)).to(torch.uint8)
@@ -72,6 +68,15 @@ class Codebook:
         for bound in bounds[1:].tolist():
             idx += torch.gt(x, bound)
         return idx
+
+    @functools.cached_property
+    def float32_bounds(self) -> torch.Tensor:
+        """The boundaries rounded down to float32: for float32 x, x <= b exactly when
+        x <= (b rounded down), so counting these below x gives the float64 buckets without a
+        float64 copy of x (what quantize and the kernels count)."""
+        bounds = self.boundaries.float()
+        return torch.where(bounds.double() > self.boundaries,
+                           torch.nextafter(bounds, bounds.new_tensor(-math.inf)), bounds)
 
     def dequantize(self, idx: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The centroid of every index, as `dtype`."""

@@ -2,6 +2,7 @@
 keep_decoded() has switched it, decoded once as each chunk is packed (the decoded-once path)."""
 from __future__ import annotations
 
+from kvbench.kernels.formats import KVSegment
 from kvbench.methods.array_ops import TORCH_OPS
 from kvbench.methods.base import Codec, LayerCachePolicy, Packed
 
@@ -124,6 +125,25 @@ class CodecCache(LayerCachePolicy):
         keys = self.ops.concat([cast(k, dtype) for k in keys] + [self._raw_k])
         values = self.ops.concat([cast(v, dtype) for v in values] + [self._raw_v])
         return keys, values, None
+
+    def attention_segments(self) -> list | None:
+        """The packed chunks and the raw tail for the fused decode attention, when both codecs'
+        impl picks their kernels for the cached tensors' device and the attention reads their
+        layouts; noted as the "decode attention" each time it is asked."""
+        if self._decoded is not None or self._raw_k is None:
+            return None
+        device, dim = self._raw_k.device, self._raw_k.shape[-1]
+        formats = [codec.kernel_for(device, dim) for codec in (self.key_codec, self.value_codec)]
+        fused = all(fmt is not None and fmt.attention_unsupported() is None for fmt in formats)
+        for codec in (self.key_codec, self.value_codec):
+            if codec.impl_log is not None:
+                codec.impl_log.note("decode attention", "triton" if fused else "torch")
+        if not fused:
+            return None
+        segments = [KVSegment(pk.tensors, pv.tensors, *formats) for pk, pv in self._packed]
+        if self._raw_k.shape[-2]:
+            segments.append(KVSegment(self._raw_k, self._raw_v))
+        return segments
 
     @property
     def seen_tokens(self) -> int:

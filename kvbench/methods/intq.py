@@ -7,9 +7,12 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from kvbench.methods.base import Codec, Method, Packed, register_method
+from kvbench.kernels import Impl
+from kvbench.kernels.formats import IntQFormat
+from kvbench.methods.base import Codec, Method, Packed, register_method, run_as, start_impl
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import pack_bits, packed_length, unpack_bits
+from kvbench.methods.rounding import divide
 
 # Rows quantized at a time: a block's float32 temporaries stay in cache and are reused, where
 # whole-tensor temporaries would each be written to fresh memory (most of the encode time).
@@ -39,6 +42,9 @@ class IntQCodec(Codec):
         self.token_block = group_size if axis == "channel" else 1
 
     def encode(self, x: torch.Tensor) -> Packed:
+        packed = self.kernel_encode(x)
+        if packed is not None:
+            return packed
         if self.axis == "channel":
             return self._encode_channels(x)
         lead, length = x.shape[:-1], x.shape[-1]
@@ -99,13 +105,16 @@ class IntQCodec(Codec):
         grouped = work.view(-1, groups, self.group_size)
         lo, hi = grouped.amin(-1), grouped.amax(-1)
         levels = (1 << self.bits) - 1
-        scale, zero = ((hi - lo) / levels).half(), lo.half()
+        scale, zero = divide(hi - lo, levels).half(), lo.half()
         # Quantize with the stored fp16 values so decode reproduces exactly what encode chose.
         divisor = torch.where(scale == 0, 1.0, scale.float())
         grouped.sub_(zero.float()[..., None]).div_(divisor[..., None]).round_().clamp_(0, levels)
         return pack_bits(work[:, :length].to(torch.uint8), self.bits), scale, zero
 
     def decode(self, packed: Packed) -> torch.Tensor:
+        decoded = self.kernel_decode(packed)
+        if decoded is not None:
+            return decoded
         if self.axis == "channel":
             return self._decode_channels(packed)
         length = packed.shape[-1]
@@ -158,6 +167,12 @@ class IntQCodec(Codec):
         tokens = sum(p.shape[-2] for p in parts)
         return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
 
+    def kernel_unsupported(self) -> str | None:
+        return self.kernel_format(0).unsupported()
+
+    def kernel_format(self, dim: int) -> IntQFormat:
+        return IntQFormat(self.bits, self.group_size, self.axis)
+
     def layout(self) -> str:
         along = "channels per token" if self.axis == "token" else "tokens per channel"
         return (
@@ -183,6 +198,10 @@ class IntQ(Method):
             groups (a trailing partial group has its own scale); channel: each channel is grouped
             over group_size consecutive tokens, so the cache quantizes whole blocks of that many.
         window: int = 0 — newest tokens kept in full precision (>= 0).
+        impl: "auto" | "torch" | "triton" = "auto" — who encodes and decodes: the torch
+            reference, or the Triton kernels (the same bytes; kvbench.kernels); auto: the
+            kernels on CUDA where triton is installed. Kernels need a power-of-two group_size
+            of at least 8 / bits.
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
     """
 
@@ -193,6 +212,7 @@ class IntQ(Method):
     group_size: int = 32
     axis: Literal["token", "channel"] = "token"
     window: int = 0
+    impl: Impl = "auto"
 
     def __post_init__(self):
         if self.bits not in (2, 4, 8):
@@ -203,9 +223,10 @@ class IntQ(Method):
             raise ValueError(f"axis must be 'token' or 'channel', got {self.axis!r}")
         if self.window < 0:
             raise ValueError(f"window must be >= 0, got {self.window!r}")
+        start_impl(self)
 
     def codec(self) -> IntQCodec:
-        return IntQCodec(self.bits, self.group_size, self.axis)
+        return run_as(self, IntQCodec(self.bits, self.group_size, self.axis))
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), window=self.window)

@@ -6,7 +6,10 @@ from typing import Any, ClassVar
 from dataclasses import dataclass
 
 from kvbench.methods.array_ops import TORCH_OPS
-from kvbench.methods.base import Codec, LayerCachePolicy, Method, Packed, register_method
+from kvbench.kernels import Impl
+from kvbench.methods.base import (
+    Codec, LayerCachePolicy, Method, Packed, register_method, run_as, start_impl,
+)
 from kvbench.methods.codec_cache import DecodedChunks, check_fresh
 from kvbench.methods.intq import IntQCodec
 
@@ -140,6 +143,10 @@ class Kivi(Method):
         group_size: int = 32 — values per quantization group (>= 1).
         residual: int = 128 — newest tokens kept in full precision; a multiple of group_size
             (>= 0). Raw tokens count at the model's dtype.
+        impl: "auto" | "torch" | "triton" = "auto" — who encodes and decodes: the torch
+            reference, or the Triton kernels (the same bytes; kvbench.kernels); auto: the
+            kernels on CUDA where triton is installed. Kernels need a power-of-two group_size
+            of at least 8 / bits.
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
 
     codec() is None: keys and values use different codecs, given by key_codec() and value_codec().
@@ -154,6 +161,7 @@ class Kivi(Method):
     bits: int = 2
     group_size: int = 32
     residual: int = 128
+    impl: Impl = "auto"
 
     def __post_init__(self):
         if self.bits not in (2, 4):
@@ -165,12 +173,13 @@ class Kivi(Method):
                 f"residual must be a multiple of group_size ({self.group_size}) and >= 0,"
                 f" got {self.residual!r}"
             )
+        start_impl(self)
 
     def key_codec(self) -> IntQCodec:
-        return IntQCodec(self.bits, self.group_size, "channel")
+        return run_as(self, IntQCodec(self.bits, self.group_size, "channel"))
 
     def value_codec(self) -> IntQCodec:
-        return IntQCodec(self.bits, self.group_size, "token")
+        return run_as(self, IntQCodec(self.bits, self.group_size, "token"))
 
     def layout(self) -> str:
         return (

@@ -8,10 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import Method, Packed, register_method
+from kvbench.kernels import Impl
+from kvbench.kernels.formats import CodebookFormat
+from kvbench.methods.base import Method, Packed, register_method, run_as, start_impl
 from kvbench.methods.codebooks import lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import pack_bits, unpack_bits
+from kvbench.methods.rounding import divide, pairwise_norm
 from kvbench.methods.rotation import HaarRotation
 from kvbench.methods.tokenwise import TokenwiseCodec
 
@@ -52,7 +55,7 @@ class LloydMaxCodec(TokenwiseCodec):
         v = x.float()
         if self.rotate:
             v = v @ self._rotation(dim, x.device).T  # Q x for every row x
-        norms = v.norm(dim=-1, keepdim=True)
+        norms = pairwise_norm(v, keepdim=True)
         # A zero vector (r == 0) divides by tiny instead: any codes, r decodes it to zeros.
         unit = v / norms.clamp_min(torch.finfo(torch.float32).tiny)
         codes = self.codebook.quantize(unit * math.sqrt(dim))
@@ -62,10 +65,20 @@ class LloydMaxCodec(TokenwiseCodec):
     def decode_block(self, packed: Packed) -> torch.Tensor:
         dim = packed.shape[-1]
         codes = unpack_bits(packed.tensors["codes"], self.bits, dim)
-        v = self.codebook.dequantize(codes) / math.sqrt(dim) * packed.tensors["norms"]
+        v = divide(self.codebook.dequantize(codes), math.sqrt(dim)) * packed.tensors["norms"]
         if self.rotate:
             v = v @ self._rotation(dim, v.device)  # Q^T y
         return v.to(packed.dtype)
+
+    def kernel_unsupported(self) -> str | None:
+        if self.rotate:
+            return "rotate: a dense rotation is a matrix product, rounded as the BLAS rounds it"
+        return None
+
+    def kernel_format(self, dim: int) -> CodebookFormat:
+        return CodebookFormat("lloydmax", self.bits, dim, self.codebook.centroids,
+                              self.codebook.float32_bounds, torch.float32, "norms",
+                              math.sqrt(dim))
 
     def layout(self) -> str:
         rotation = (
@@ -97,6 +110,9 @@ class LloydMax(Method):
             keys with outlier channels). Not counted as stored bytes: it is regenerated.
         rotation_seed: int = 0 — seed of the rotation's own generator (>= 0), not the data's.
         window: int = 0 — newest tokens kept in full precision (>= 0).
+        impl: "auto" | "torch" | "triton" = "auto" — who encodes and decodes: the torch
+            reference, or the Triton kernels (the same bytes; kvbench.kernels); auto: the
+            kernels on CUDA where triton is installed. Kernels need rotate false, head_dim >= 8.
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
 
     Defaults: upstream atcuality2021/manthanquant manthanquant/x86_quantize.py tq_encode_torch
@@ -110,6 +126,7 @@ class LloydMax(Method):
     rotate: bool = False
     rotation_seed: int = 0
     window: int = 0
+    impl: Impl = "auto"
 
     def __post_init__(self):
         if not isinstance(self.bits, int) or not 1 <= self.bits <= 8:
@@ -120,9 +137,10 @@ class LloydMax(Method):
             raise ValueError(f"rotation_seed must be an int >= 0, got {self.rotation_seed!r}")
         if self.window < 0:
             raise ValueError(f"window must be >= 0, got {self.window!r}")
+        start_impl(self)
 
     def codec(self) -> LloydMaxCodec:
-        return LloydMaxCodec(self.bits, self.rotate, self.rotation_seed)
+        return run_as(self, LloydMaxCodec(self.bits, self.rotate, self.rotation_seed))
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), window=self.window)

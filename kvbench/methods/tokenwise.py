@@ -15,7 +15,8 @@ TOKENS_PER_BLOCK = 8192
 
 class TokenwiseCodec(Codec):
     """Every stored tensor has tokens at axis ndim(x) - 2, counted from the front (a layout may add
-    axes after it, e.g. blocks per token then bytes)."""
+    axes after it, e.g. blocks per token then bytes). A kernel, where impl picks one, encodes and
+    decodes the whole tensor at once."""
 
     @abstractmethod
     def encode_block(self, x: torch.Tensor) -> Packed: ...
@@ -24,6 +25,9 @@ class TokenwiseCodec(Codec):
     def decode_block(self, packed: Packed) -> torch.Tensor: ...
 
     def encode(self, x: torch.Tensor) -> Packed:
+        packed = self.kernel_encode(x)
+        if packed is not None:
+            return packed
         tokens = x.shape[-2]
         if tokens <= TOKENS_PER_BLOCK:
             return self.encode_block(x)
@@ -31,6 +35,9 @@ class TokenwiseCodec(Codec):
         return self.merge([self.encode_block(x[..., s : s + TOKENS_PER_BLOCK, :]) for s in starts])
 
     def decode(self, packed: Packed) -> torch.Tensor:
+        decoded = self.kernel_decode(packed)
+        if decoded is not None:
+            return decoded
         tokens = packed.shape[-2]
         if tokens <= TOKENS_PER_BLOCK:
             return self.decode_block(packed)

@@ -8,10 +8,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from kvbench.methods.base import Method, Packed, register_method
+from kvbench.kernels import Impl
+from kvbench.kernels.formats import CodebookFormat
+from kvbench.methods.base import Method, Packed, register_method, run_as, start_impl
 from kvbench.methods.codebooks import Codebook, gaussian_moments, lloyd_max
 from kvbench.methods.codec_cache import CodecCache
 from kvbench.methods.packing import pack_bits, unpack_bits
+from kvbench.methods.rounding import pairwise_norm
 from kvbench.methods.rotation import HaarRotation, SignedHadamard, make_rotation
 from kvbench.methods.tokenwise import TokenwiseCodec
 
@@ -81,7 +84,8 @@ class TurboCodec(TokenwiseCodec):
     # the inverse rotation (and the QJL matrix), matrix products whose kernel, and so whose
     # rounding, may change with the rows decoded at once (the CPU BLAS switches kernels
     # below 4 rows), so a chunk decoded alone can differ in the last bit from the same chunk
-    # decoded inside the merged block; its caches keep the packed read path.
+    # decoded inside the merged block; its caches keep the packed read path. (The Hadamard
+    # rotation is now butterflies, row by row, but the MLX twin still decodes by products.)
     chunk_separable = False
 
     def __init__(self, bits: int, block: int, rotation: str, codebook: str, norm_correction: bool,
@@ -147,14 +151,14 @@ class TurboCodec(TokenwiseCodec):
         tensors, decoded = {}, []
         for part in self.parts:
             v = part.take(blocks)
-            gamma = v.norm(dim=-1)
+            gamma = pairwise_norm(v)
             y = part.rotation.forward(v / torch.where(gamma == 0, 1.0, gamma)[..., None])
             n = part.n_high
             idx_high = part.high.quantize(y[..., :n]) if n else None
             idx_low = part.low.quantize(y[..., n:]) if n < part.dim else None
             c = part.centroids(idx_high, idx_low)
             if self.norm_correction:
-                c_norm = c.norm(dim=-1)
+                c_norm = pairwise_norm(c)
                 norm = (gamma / torch.where(c_norm == 0, 1.0, c_norm)).to(self.norm_dtype)
             else:
                 norm = gamma.to(self.norm_dtype)
@@ -168,9 +172,9 @@ class TurboCodec(TokenwiseCodec):
         if self.qjl:
             # The residual of what decode will rebuild from the stored norms, in x's scale.
             residual = blocks - self._assemble(decoded)
-            projected = residual @ self.qjl_matrix.T.float()
+            projected = residual @ self.qjl_matrix.T.to(residual.device, torch.float32)
             tensors["signs"] = pack_bits((projected >= 0).to(torch.uint8), 1)
-            tensors["rnorm"] = residual.norm(dim=-1).to(self.norm_dtype)
+            tensors["rnorm"] = pairwise_norm(residual).to(self.norm_dtype)
         return Packed(tensors, tuple(x.shape), x.dtype)
 
     def decode_block(self, packed: Packed) -> torch.Tensor:
@@ -186,8 +190,24 @@ class TurboCodec(TokenwiseCodec):
         if self.qjl:
             signs = unpack_bits(t["signs"], 1, self.block).float() * 2 - 1
             scale = math.sqrt(math.pi / 2) / self.block * t["rnorm"].float()[..., None]
-            blocks = blocks + scale * (signs @ self.qjl_matrix.float())
+            blocks = blocks + scale * (signs @ self.qjl_matrix.to(signs.device, torch.float32))
         return blocks.flatten(-2).to(packed.dtype)
+
+    def kernel_unsupported(self) -> str | None:
+        if self.qjl:
+            return "qjl: its sketch is a dense matrix product"
+        if self.n_high:
+            return "outlier_fraction > 0"
+        if self.rotation_kind != "hadamard":
+            return "rotation 'haar': a dense matrix product, rounded as the BLAS rounds it"
+        return None
+
+    def kernel_format(self, dim: int) -> CodebookFormat:
+        part = self.parts[0]
+        return CodebookFormat("turbo", self.bits, self.block, part.low.centroids,
+                              part.low.float32_bounds, self.norm_dtype, "norm",
+                              math.sqrt(self.block), (part.rotation.d1, part.rotation.d2),
+                              self.norm_correction)
 
     def layout(self) -> str:
         b = self.mse_bits
@@ -297,6 +317,10 @@ class Turbo(Method):
         seed: int = 0 — rotation seed; the QJL matrix uses seed + 1000 (as upstream), the normal
             part of the channel split seed + 500 (as upstream).
         window: int = 0 — newest tokens kept in full precision by the cache (>= 0).
+        impl: "auto" | "torch" | "triton" = "auto" — who encodes and decodes: the torch
+            reference, or the Triton kernels (the same bytes; kvbench.kernels); auto: the
+            kernels on CUDA where triton is installed. Kernels need the hadamard rotation, no
+            qjl, no outliers, block >= 8.
     Tensors: keys and values (batch, kv_heads, tokens, head_dim), the same codec for both.
 
     Defaults: block=128, hadamard rotation, MSE path as the fork (TheTom/llama-cpp-turboquant
@@ -321,6 +345,7 @@ class Turbo(Method):
     qjl: bool = False
     seed: int = 0
     window: int = 0
+    impl: Impl = "auto"
 
     def __post_init__(self):
         if self.bits not in (2, 3, 4):
@@ -358,6 +383,7 @@ class Turbo(Method):
                              "it needs bits=4, block=128, qjl=False, outlier_fraction=0")
         if self.window < 0:
             raise ValueError(f"window must be >= 0, got {self.window!r}")
+        start_impl(self)
 
     def _check_outlier_channels(self, n: int, split: bool) -> None:
         if not split:
@@ -375,9 +401,9 @@ class Turbo(Method):
         self.outlier_channels = channels
 
     def codec(self) -> TurboCodec:
-        return TurboCodec(self.bits, self.block, self.rotation, self.codebook,
-                          self.norm_correction, self.outlier_fraction, self.qjl, self.seed,
-                          self.outlier_split, self.outlier_channels)
+        return run_as(self, TurboCodec(self.bits, self.block, self.rotation, self.codebook,
+                                       self.norm_correction, self.outlier_fraction, self.qjl,
+                                       self.seed, self.outlier_split, self.outlier_channels))
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), window=self.window)

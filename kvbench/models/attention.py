@@ -1,5 +1,6 @@
 """kvbench's attention function for transformers models: SDPA, unless the cache layer that was
-just updated asks for an additive key bias or sparse-V, or wants to see the queries.
+just updated asks for an additive key bias or sparse-V, wants to see the queries, or hands over
+its packed cache for the fused decode attention (FusedHandoff).
 
 Models are loaded with attn_implementation="kvbench". A KVBenchCache layer whose policy returns a
 bias, turns sparse-V on or observes queries calls hand_over() in its update(); the attention call
@@ -31,6 +32,15 @@ class Handoff:
     # (batch, kv_heads, keys): added to the logits of every query; (batch, kv_heads, queries,
     # keys): the policy's own visibility, added instead of the model's causal mask
     bias: torch.Tensor | None
+
+
+@dataclass
+class FusedHandoff:
+    """A one-token step whose attention reads the layer's packed cache directly
+    (LayerCachePolicy.attention_segments; kvbench.kernels.triton.attention)."""
+
+    layer_idx: int
+    segments: list  # kvbench.kernels.formats.KVSegment, in token order
 
 
 @dataclass
@@ -74,6 +84,8 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
                                       dropout=dropout, scaling=scaling, **kwargs)
     if isinstance(handoff, BatchHandoff):
         return _batched_attention(module, handoff, query, key, value, scaling, dropout, **kwargs)
+    if isinstance(handoff, FusedHandoff):
+        return _fused_attention(module, handoff, query, scaling)
     if handoff.layer_idx != module.layer_idx:
         raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
                            f" {handoff.layer_idx}")
@@ -90,6 +102,18 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if policy.observes_queries:
         policy.observe_queries(query)
     return out
+
+
+def _fused_attention(module, handoff: FusedHandoff, query, scaling):
+    """The decode step over the packed cache: the keys and values the layer returned are
+    placeholders; no causal mask is needed for the one newest query."""
+    if handoff.layer_idx != module.layer_idx:
+        raise RuntimeError(f"attention of layer {module.layer_idx} got the packed cache of layer"
+                           f" {handoff.layer_idx}")
+    from kvbench.kernels.triton.attention import decode_attention
+
+    out = decode_attention(query, handoff.segments, scaling=scaling)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _batched_attention(module, handoff: BatchHandoff, query, key, value, scaling, dropout,

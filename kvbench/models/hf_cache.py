@@ -1,8 +1,11 @@
 """A transformers Cache whose per-layer storage is a kvbench LayerCachePolicy.
 
-Attention reads what the policy returns from attention_inputs(): the compressed state itself, no
-shadow copy; a key bias or sparse-V reaches the model's attention through kvbench.models.attention. Positions continue from the tokens the policy has seen, and the causal mask is sized
-to the keys it actually returns. Batch size 1.
+Attention reads what the policy returns from attention_inputs(), or at one-token steps the
+packed cache itself through the fused decode attention where the policy offers it
+(attention_segments): the compressed state itself, no shadow copy; a key bias, sparse-V or the
+packed cache reaches the model's attention through kvbench.models.attention. Positions continue
+from the tokens the policy has seen, and the causal mask is sized to the keys it actually
+returns. Batch size 1.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.methods.base import LayerCachePolicy, Method
-from kvbench.models.attention import Handoff, drop_pending, hand_over
+from kvbench.models.attention import FusedHandoff, Handoff, drop_pending, hand_over
 from kvbench.models.policy_totals import PolicyTotals, check_attention_inputs
 
 
@@ -37,11 +40,21 @@ class PolicyLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.policy.append(key_states, value_states)
-        keys, values, bias = self.policy.attention_inputs()
-        check_attention_inputs(self.policy, self.layer_idx, keys.shape,
+        policy = self.policy
+        if (key_states.shape[-2] == 1 and not policy.value_skip_threshold
+                and not policy.observes_queries):
+            segments = policy.attention_segments()
+            if segments is not None:
+                tokens = sum(segment.tokens for segment in segments)
+                check_attention_inputs(policy, self.layer_idx,
+                                       (*key_states.shape[:-2], tokens, key_states.shape[-1]),
+                                       None, 1, self._owner.mask_kv_length)
+                hand_over(FusedHandoff(self.layer_idx, segments))
+                return key_states, value_states  # placeholders: attention reads the segments
+        keys, values, bias = policy.attention_inputs()
+        check_attention_inputs(policy, self.layer_idx, keys.shape,
                                None if bias is None else bias.shape, key_states.shape[-2],
                                self._owner.mask_kv_length)
-        policy = self.policy
         if bias is not None or policy.value_skip_threshold or policy.observes_queries:
             hand_over(Handoff(self.layer_idx, policy, bias))
         return keys, values

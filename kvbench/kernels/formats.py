@@ -1,0 +1,115 @@
+"""The packed layouts the kernels read and write, described by the codecs that own them.
+
+A codec hands its kernel format to kvbench.kernels.triton; the kernels never import a method.
+Each format's `unsupported()` says why a configuration has no kernel (None: it has one).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+CODEBOOK_KINDS = ("lloydmax", "turbo")
+
+
+@dataclass(frozen=True)
+class IntQFormat:
+    """kvbench.methods.intq.IntQCodec: per group of `group_size` values along a row, fp16 scale
+    and min and `bits`-bit codes; rows are tokens (axis "token") or channels (axis "channel")."""
+
+    bits: int
+    group_size: int
+    axis: Literal["token", "channel"]
+
+    def unsupported(self) -> str | None:
+        if self.group_size & (self.group_size - 1):
+            return f"group_size {self.group_size} is not a power of two"
+        if self.group_size * self.bits < 8:
+            return f"a group of {self.group_size} {self.bits}-bit codes fills less than a byte"
+        return None
+
+    def attention_unsupported(self) -> str | None:
+        """Why the fused decode attention cannot read this layout (None: it can)."""
+        if self.axis != "token":
+            return "keys quantized per channel over tokens"
+        return self.unsupported()
+
+
+@dataclass(eq=False)
+class CodebookFormat:
+    """Rows of `block` values, each stored as one norm and one `bits`-bit code per value
+    (kvbench.methods.lloydmax and kvbench.methods.turbo):
+
+    - lloydmax: a row is a whole vector; codes of x / max(||x||, tiny) * scale (scale =
+      sqrt(D)); the norm ||x|| is stored; decode c / scale * norm.
+    - turbo: a row is a block; codes of d2 * H(d1 * x / ||x||) / scale (scale = sqrt(block),
+      H the Walsh-Hadamard butterflies); the norm ||x|| / ||c|| (norm_correction) or ||x|| is
+      stored; decode d1 * H(d2 * c) / scale * norm.
+
+    centroids, bounds: float32 on the CPU, bounds as Codebook.float32_bounds (a code counts the
+    bounds below the value); signs: (d1, d2) float64 for turbo. Norms and sums of squares use
+    the pairwise order of kvbench.methods.rounding.
+    """
+
+    kind: Literal["lloydmax", "turbo"]
+    bits: int
+    block: int
+    centroids: torch.Tensor
+    bounds: torch.Tensor
+    norm_dtype: torch.dtype
+    norm_name: str
+    scale: float
+    signs: tuple[torch.Tensor, torch.Tensor] | None = None
+    norm_correction: bool = False
+    _on_device: dict = field(default_factory=dict, repr=False)
+
+    def unsupported(self) -> str | None:
+        if self.block < 8:
+            return f"rows of {self.block} values (the kernels pack whole groups of 8 codes)"
+        return None
+
+    def attention_unsupported(self) -> str | None:
+        if self.kind == "turbo" or self.block % 8 == 0:
+            return self.unsupported()
+        return f"rows of {self.block} values, not whole groups of 8 codes"
+
+    @functools.cached_property
+    def scale32(self) -> float:
+        """`scale` rounded to float32, as the torch codecs and the kernels use it."""
+        return float(torch.tensor(self.scale, dtype=torch.float32))
+
+    def tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(centroids, bounds, d1, d2) as float32 on `device`; d1 and d2 are ones without a
+        rotation. Made once per device."""
+        key = str(device)
+        if key not in self._on_device:
+            ones = torch.ones(self.block, dtype=torch.float64)
+            d1, d2 = self.signs or (ones, ones)
+            self._on_device[key] = tuple(t.to(device, torch.float32).contiguous() for t in
+                                         (self.centroids, self.bounds, d1, d2))
+        return self._on_device[key]
+
+
+KernelFormat = IntQFormat | CodebookFormat
+
+
+@dataclass
+class KVSegment:
+    """Consecutive tokens of one layer's cache, as the fused decode attention reads them: keys
+    and values each a raw tensor (batch, kv_heads, tokens, head_dim), or the stored tensors of
+    a packed layout with its format (None for raw)."""
+
+    keys: torch.Tensor | dict[str, torch.Tensor]
+    values: torch.Tensor | dict[str, torch.Tensor]
+    key_format: KernelFormat | None = None
+    value_format: KernelFormat | None = None
+
+    @property
+    def tokens(self) -> int:
+        if self.key_format is None:
+            return self.keys.shape[-2]
+        codes = self.keys["codes"]  # turbo: (..., tokens, blocks, bytes)
+        turbo = isinstance(self.key_format, CodebookFormat) and self.key_format.kind == "turbo"
+        return codes.shape[-3] if turbo else codes.shape[-2]

@@ -1,0 +1,363 @@
+"""Fused decode attention over packed K/V (flash-decoding): one query token per sequence reads a
+layer's cache as it is stored (segments of packed or raw tokens) without decoding it into
+memory, split over the tokens, then one pass merges the splits' partial softmaxes.
+
+Per (sequence, KV head, split) a program holds the query heads that share the KV head (GQA),
+and per tile of BLOCK_N tokens unpacks K, scores, updates a running max and sum, unpacks V and
+accumulates. intq and lloydmax tiles are decoded as their codecs decode (then cast to the
+query's dtype, as the decoded cache would be); turbo stays in the rotated domain: the query is
+rotated once (R q), the scores are (R q) . (c * norm), and the values are summed as c * norm and
+turned back (R^T) once per split. An additive key bias (-inf hides a key) is added to the
+scores. Numerically it matches softmax(q K^T * scaling + bias) V on the decoded K/V within the
+rounding of the dtype (tested against that, on the torch reference's decoded K/V).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvbench.kernels import interpreting
+from kvbench.kernels.formats import CodebookFormat, IntQFormat, KernelFormat, KVSegment
+from kvbench.kernels.triton.common import (
+    LAUNCH, cast, fwht_rows, log2, next_power_of_two, unpack_groups,
+)
+
+RAW, INTQ, LLOYDMAX, TURBO = 0, 1, 2, 3
+SPLIT_UNIT = 64  # tokens per split are a multiple of this (of every tile size below)
+PROGRAMS_PER_SM = 4  # split programs per multiprocessor: more hide more memory latency
+COMBINE_CHUNK = 16  # splits the combine merges at a time
+# (tokens per tile, warps, pipeline stages) tried on a GPU with each centroid lookup (_lookup),
+# the fastest kept per layout and shape: registers, shared memory and bytes in flight trade
+# off differently per card.
+TILE_CONFIGS = ((16, 4, 3), (32, 4, 2), (32, 8, 3), (64, 4, 1), (64, 8, 2), (16, 2, 3))
+# numpy runs a few big tiles faster than many small ones
+INTERPRETER_TILE = {"BLOCK_N": 64, "SELECT": False}
+# A running max below every score: no inf - inf when a whole tile is hidden.
+_SENTINEL: tl.constexpr = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _lookup(tab, codes, BITS: tl.constexpr, SELECT: tl.constexpr):
+    """The centroid of every code: a gather from the table, or (SELECT, up to 4 bits) a chain
+    of selects between its entries held in registers. Which is faster depends on the card."""
+    if SELECT and BITS <= 4:
+        c = tl.zeros(codes.shape, dtype=tl.float32) + tl.load(tab).to(tl.float32)
+        for i in tl.static_range(1, 1 << BITS):
+            c = tl.where(codes == i, tl.load(tab + i).to(tl.float32), c)
+        return c
+    return tl.load(tab + codes).to(tl.float32)
+
+
+@triton.jit
+def _tile(kind: tl.constexpr, p0, p1, p2, tab, bh, n_tokens, tokens, stride_b, stride_h,
+          stride_t, kv_heads, scale, D: tl.constexpr, D_P2: tl.constexpr, BITS: tl.constexpr,
+          GROUP: tl.constexpr, N_BYTES: tl.constexpr, N_GROUPS: tl.constexpr,
+          BYTES_P2: tl.constexpr, SELECT: tl.constexpr, FOLD: tl.constexpr):
+    """(BLOCK_N, D_P2) float32 keys or values of `tokens` (int64) of sequence-head bh: raw,
+    decoded (intq, lloydmax) or rotated-domain c * norm (turbo); zero where masked. Packed rows
+    are read as whole bytes along each token's row and unpacked in registers. FOLD (codebook
+    layouts with one norm per token): the centroids alone, _token_scale's factor left to the
+    caller to apply once per token."""
+    cols = tl.arange(0, D_P2)
+    token_ok = tokens < n_tokens
+    ok = token_ok[:, None] & (cols < D)[None, :]
+    if kind == 0:  # RAW: p0 (B, H, T, D) with strides
+        b = bh // kv_heads
+        h = bh % kv_heads
+        at = b * stride_b + h * stride_h + tokens[:, None] * stride_t + cols[None, :]
+        return tl.load(p0 + at, mask=ok, other=0.0).to(tl.float32)
+    row = bh * n_tokens + tokens  # the token's row in (B*H*T, ...) arrays
+    if kind == 1:  # INTQ along tokens: codes p0 (whole codes per byte), scale p1, min p2
+        per: tl.constexpr = 8 // BITS
+        byte_col = tl.arange(0, D_P2 // per)
+        byte = tl.load(p0 + row[:, None] * N_BYTES + byte_col[None, :],
+                       mask=token_ok[:, None] & (byte_col < N_BYTES)[None, :], other=0)
+        shift = (tl.arange(0, per) * BITS).to(tl.int32)
+        code = (byte.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
+        width: tl.constexpr = GROUP if GROUP < D_P2 else D_P2  # values per scale in the tile
+        group = tl.arange(0, D_P2 // width)
+        at = row[:, None] * N_GROUPS + group[None, :]
+        group_ok = token_ok[:, None] & (group < N_GROUPS)[None, :]
+        s = tl.load(p1 + at, mask=group_ok, other=0.0).to(tl.float32)
+        z = tl.load(p2 + at, mask=group_ok, other=0.0).to(tl.float32)
+        q = tl.reshape(code, (code.shape[0], D_P2 // width, width)).to(tl.float32)
+        x = tl.reshape(q * s[:, :, None] + z[:, :, None], (code.shape[0], D_P2))
+        return tl.where(ok, x, 0.0)
+    # Codebook layouts: rows of GROUP values (lloydmax: GROUP = D), N_BYTES bytes each, 8 codes
+    # in every BITS bytes; one norm per row.
+    eights = tl.arange(0, D_P2 // 8)
+    block = eights * 8 // GROUP
+    first_byte = (eights * 8 % GROUP) // 8 * BITS
+    k = tl.arange(0, BYTES_P2)
+    at = (row[:, None, None] * N_GROUPS + block[None, :, None]) * N_BYTES + \
+        first_byte[None, :, None] + k[None, None, :]
+    byte_ok = (k[None, :] < BITS) & (first_byte[:, None] + k[None, :] < N_BYTES) & \
+        (eights * 8 < D)[:, None]
+    packed = tl.load(p0 + at, mask=token_ok[:, None, None] & byte_ok[None, :, :], other=0)
+    c = _lookup(tab, unpack_groups(packed, BITS, BYTES_P2), BITS, SELECT)
+    if FOLD:
+        return tl.where(ok, c, 0.0)
+    blocks: tl.constexpr = D_P2 // GROUP if GROUP < D_P2 else 1
+    block_ids = tl.arange(0, blocks)
+    norm = tl.load(p1 + row[:, None] * N_GROUPS + block_ids[None, :],
+                   mask=token_ok[:, None] & (block_ids < N_GROUPS)[None, :], other=0.0)
+    if kind == 2:  # LLOYDMAX: as LloydMaxCodec decodes
+        c = tl.math.div_rn(c, scale)
+    c = tl.reshape(c, (c.shape[0], blocks, D_P2 // blocks)) * norm.to(tl.float32)[:, :, None]
+    return tl.where(ok, tl.reshape(c, (c.shape[0], D_P2)), 0.0)  # TURBO: rotated domain
+
+
+@triton.jit
+def _token_scale(kind: tl.constexpr, norm_ptr, bh, n_tokens, tokens, scale):
+    """Per token, what FOLD left out of its centroids: norm / scale (lloydmax) or norm (turbo);
+    applied to a score or a softmax weight instead of to every value."""
+    norm = tl.load(norm_ptr + bh * n_tokens + tokens, mask=tokens < n_tokens, other=0.0)
+    if kind == 2:
+        return tl.math.div_rn(norm.to(tl.float32), scale)
+    return norm.to(tl.float32)
+
+
+@triton.jit
+def _rotate_blocks(x, d1_ptr, d2_ptr, inverse: tl.constexpr, ROWS: tl.constexpr,
+                   D_P2: tl.constexpr, BLK: tl.constexpr, LOG2_BLK: tl.constexpr, sqrt_blk):
+    """Each BLK-wide block of the rows of x (ROWS, D_P2): R x (or R^T x, inverse)."""
+    lanes = tl.arange(0, BLK)
+    d1 = tl.load(d1_ptr + lanes)
+    d2 = tl.load(d2_ptr + lanes)
+    blocks = tl.reshape(x, (ROWS * (D_P2 // BLK), BLK))
+    if inverse:
+        blocks = fwht_rows(blocks * d2[None, :], BLK, LOG2_BLK, sqrt_blk) * d1[None, :]
+    else:
+        blocks = fwht_rows(blocks * d1[None, :], BLK, LOG2_BLK, sqrt_blk) * d2[None, :]
+    return tl.reshape(blocks, (ROWS, D_P2))
+
+
+@triton.jit
+def _operand(x, ROUND_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """x rounded to ROUND_DTYPE (the query's), held as DOT_DTYPE for tl.dot: the same type,
+    except in Triton's interpreter, whose dot multiplies bfloat16's raw bits: there bfloat16
+    values are held as float32 (their products are exact in float32 all the same)."""
+    return cast(cast(x, ROUND_DTYPE), DOT_DTYPE)
+
+
+@triton.jit
+def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, bias_ptr,
+           m_ptr, l_ptr, acc_ptr, n_tokens, tokens_per_split, first_split, n_splits_total,
+           bias_offset, bias_len, kv_heads, q_heads, sm_scale, k_scale, v_scale,
+           k_sb, k_sh, k_st, v_sb, v_sh, v_st,
+           D: tl.constexpr, D_P2: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+           BLOCK_N: tl.constexpr, SELECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+           K_KIND: tl.constexpr, K_BITS: tl.constexpr, K_GROUP: tl.constexpr,
+           K_BYTES: tl.constexpr, K_GROUPS: tl.constexpr, K_LOG2: tl.constexpr,
+           K_BYTES_P2: tl.constexpr, K_FOLD: tl.constexpr,
+           V_KIND: tl.constexpr, V_BITS: tl.constexpr, V_GROUP: tl.constexpr,
+           V_BYTES: tl.constexpr, V_GROUPS: tl.constexpr, V_LOG2: tl.constexpr,
+           V_BYTES_P2: tl.constexpr, V_FOLD: tl.constexpr,
+           ROUND_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    b = bh // kv_heads
+    h = bh % kv_heads
+    cols = tl.arange(0, D_P2)
+    col_ok = cols < D
+    heads = tl.arange(0, GP)
+    head_ok = heads < GROUP
+    q_rows = b * q_heads + h * GROUP + heads
+    q = tl.load(q_ptr + q_rows[:, None] * D + cols[None, :],
+                mask=head_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+    if K_KIND == 3:
+        q = _rotate_blocks(q, k_d1, k_d2, False, GP, D_P2, K_GROUP, K_LOG2, k_scale)
+    q = _operand(q, ROUND_DTYPE, DOT_DTYPE)
+    m = tl.full((GP,), _SENTINEL, dtype=tl.float32)
+    l = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, D_P2), dtype=tl.float32)
+    start = split * tokens_per_split
+    stop = tl.minimum(start + tokens_per_split, n_tokens)
+    for first in range(start, stop, BLOCK_N):
+        tokens = first + tl.arange(0, BLOCK_N).to(tl.int64)
+        k = _tile(K_KIND, k0, k1, k2, k_tab, bh, n_tokens, tokens, k_sb, k_sh, k_st, kv_heads,
+                  k_scale, D, D_P2, K_BITS, K_GROUP, K_BYTES, K_GROUPS, K_BYTES_P2, SELECT,
+                  K_FOLD)
+        k = _operand(k, ROUND_DTYPE, DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if K_FOLD:
+            scores = scores * _token_scale(K_KIND, k1, bh, n_tokens, tokens, k_scale)[None, :]
+        scores = scores * sm_scale
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + bh * bias_len + bias_offset + tokens,
+                           mask=tokens < stop, other=0.0)
+            scores += bias[None, :]
+        scores = tl.where((tokens < stop)[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = _tile(V_KIND, v0, v1, v2, v_tab, bh, n_tokens, tokens, v_sb, v_sh, v_st, kv_heads,
+                  v_scale, D, D_P2, V_BITS, V_GROUP, V_BYTES, V_GROUPS, V_BYTES_P2, SELECT,
+                  V_FOLD)
+        weights = p
+        if V_FOLD:
+            weights = p * _token_scale(V_KIND, v1, bh, n_tokens, tokens, v_scale)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(_operand(weights, ROUND_DTYPE, DOT_DTYPE),
+                                            _operand(v, ROUND_DTYPE, DOT_DTYPE),
+                                            input_precision=PRECISION)
+        m = m_new
+    if V_KIND == 3:
+        acc = _rotate_blocks(acc, v_d1, v_d2, True, GP, D_P2, V_GROUP, V_LOG2, v_scale)
+    at = bh * n_splits_total + first_split + split
+    tl.store(m_ptr + at * GP + heads, m)
+    tl.store(l_ptr + at * GP + heads, l)
+    tl.store(acc_ptr + (at * GP + heads)[:, None] * D_P2 + cols[None, :], acc)
+
+
+@triton.jit
+def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, kv_heads, q_heads, D: tl.constexpr,
+             D_P2: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, CHUNK: tl.constexpr):
+    """One query head: the splits' partial softmaxes merged, CHUNK splits at a time."""
+    program = tl.program_id(0).to(tl.int64)
+    bh = program // GROUP
+    head = program % GROUP
+    cols = tl.arange(0, D_P2)
+    top = tl.full((1,), float("-inf"), dtype=tl.float32)
+    total = tl.zeros((1,), dtype=tl.float32)
+    out = tl.zeros((1, D_P2), dtype=tl.float32)
+    for first in range(0, n_splits, CHUNK):
+        splits = first + tl.arange(0, CHUNK)
+        split_ok = splits < n_splits
+        at = (bh * n_splits + splits) * GP + head
+        m = tl.load(m_ptr + at, mask=split_ok, other=float("-inf"))
+        l = tl.load(l_ptr + at, mask=split_ok, other=0.0)
+        acc = tl.load(acc_ptr + at[:, None] * D_P2 + cols[None, :], mask=split_ok[:, None],
+                      other=0.0)
+        new_top = tl.maximum(top, tl.max(m, axis=0))  # finite: every split has a finite m
+        weight = tl.exp(m - new_top)
+        shrink = tl.exp(top - new_top)
+        total = total * shrink + tl.sum(weight * l, axis=0)
+        out = out * shrink[:, None] + tl.sum(weight[:, None] * acc, axis=0)[None, :]
+        top = new_top
+    out = out / total[:, None]
+    row = (bh // kv_heads) * q_heads + (bh % kv_heads) * GROUP + head
+    tl.store(out_ptr + row * D + cols[None, :], cast(out, out_ptr.dtype.element_ty),
+             mask=(cols < D)[None, :])
+
+
+def _tuned():
+    """_split autotuned over TILE_CONFIGS once per layout and shape (on the first call)."""
+    configs = [triton.Config({"BLOCK_N": n, "SELECT": select}, num_warps=w, num_stages=st)
+               for n, w, st in TILE_CONFIGS for select in (False, True)]
+    key = ["D", "GROUP", "K_KIND", "K_BITS", "K_GROUP", "V_KIND", "V_BITS", "V_GROUP",
+           "DOT_DTYPE", "HAS_BIAS"]  # not the token count: splits keep tiles alike
+    return triton.autotune(configs=configs, key=key)(_split)
+
+
+# The interpreter would time every configuration at its own pace: it runs one.
+_SPLIT, _TILE = (_split, INTERPRETER_TILE) if interpreting() else (_tuned(), {})
+
+
+_DOT_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _side(side, fmt: KernelFormat | None, dim: int) -> tuple[list, dict, float]:
+    """(pointer args k0 k1 k2 tab d1 d2 and strides sb sh st, constexprs, scale) of one side."""
+    if fmt is None:
+        if side.stride(-1) != 1:
+            side = side.contiguous()
+        strides = [side.stride(0), side.stride(1), side.stride(2)]
+        return ([side, side, side, side, side, side, *strides],
+                {"KIND": RAW, "BITS": 1, "GROUP": 1, "BYTES": 1, "GROUPS": 1, "LOG2": 0,
+                 "BYTES_P2": 1, "FOLD": False}, 1.0)
+    codes = side["codes"].contiguous()
+    if isinstance(fmt, IntQFormat):
+        if fmt.axis != "token" or fmt.unsupported():
+            raise ValueError(f"fused attention reads intq along tokens only, got {fmt}")
+        tensors = [codes, side["scale"].contiguous(), side["min"].contiguous()]
+        return ([*tensors, codes, codes, codes, 0, 0, 0],
+                {"KIND": INTQ, "BITS": fmt.bits, "GROUP": fmt.group_size,
+                 "BYTES": codes.shape[-1], "GROUPS": side["scale"].shape[-1], "LOG2": 0,
+                 "BYTES_P2": 1, "FOLD": False}, 1.0)
+    centroids, _, d1, d2 = fmt.tables(codes.device)
+    norm = side[fmt.norm_name].contiguous()
+    kind = TURBO if fmt.kind == "turbo" else LLOYDMAX
+    return ([codes, norm, norm, centroids, d1, d2, 0, 0, 0],
+            {"KIND": kind, "BITS": fmt.bits, "GROUP": fmt.block, "BYTES": codes.shape[-1],
+             "GROUPS": dim // fmt.block, "LOG2": log2(fmt.block),
+             "BYTES_P2": next_power_of_two(fmt.bits), "FOLD": fmt.block == dim}, fmt.scale32)
+
+
+def _default_splits(programs: int, tokens: int, device: torch.device) -> int:
+    """Splits per segment so that about PROGRAMS_PER_SM programs run per multiprocessor, none
+    shorter than a tile."""
+    units = (torch.cuda.get_device_properties(device).multi_processor_count
+             if device.type == "cuda" else 1)
+    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * units, programs),
+                      triton.cdiv(tokens, SPLIT_UNIT)))
+
+
+def decode_attention(query: torch.Tensor, segments: list[KVSegment],
+                     bias: torch.Tensor | None = None, scaling: float | None = None,
+                     splits: int | None = None) -> torch.Tensor:
+    """softmax(query K^T * scaling + bias) V over the segments' tokens, in order, for one query
+    token per sequence.
+
+    query (batch, q_heads, head_dim) or (batch, q_heads, 1, head_dim); every segment holds
+    (batch, kv_heads, tokens, head_dim) keys and values, q_heads a multiple of kv_heads (GQA);
+    bias None or (batch, kv_heads, all tokens). splits: per segment (default: enough programs
+    to fill the device). Returns query's shape and dtype.
+    """
+    shape = query.shape
+    q = query.reshape(shape[0], shape[1], shape[-1]).contiguous()
+    batch, q_heads, dim = q.shape
+    if not segments:
+        raise ValueError("decode_attention needs at least one segment")
+    first = segments[0]
+    probe = first.keys if first.key_format is None else first.keys["codes"]
+    kv_heads = probe.shape[1]
+    if q_heads % kv_heads:
+        raise ValueError(f"{q_heads} query heads do not share {kv_heads} KV heads evenly")
+    group = q_heads // kv_heads
+    total = sum(s.tokens for s in segments)
+    if bias is not None:
+        if tuple(bias.shape) != (batch, kv_heads, total):
+            raise ValueError(f"bias must be (batch, kv_heads, tokens) = "
+                             f"{(batch, kv_heads, total)}, got {tuple(bias.shape)}")
+        bias = bias.float().contiguous()
+    scaling = dim ** -0.5 if scaling is None else scaling
+    round_dtype = _DOT_DTYPES[q.dtype]
+    # the interpreter's tl.dot cannot take bfloat16 (_operand); float32 dots stay float32
+    dot_dtype = tl.float32 if interpreting() and q.dtype == torch.bfloat16 else round_dtype
+    precision = "ieee" if dot_dtype == tl.float32 else "tf32"
+    d_p2, gp = max(16, next_power_of_two(dim)), max(16, next_power_of_two(group))
+    programs = batch * kv_heads
+    plans = []
+    for segment in segments:
+        n = segment.tokens
+        count = splits or _default_splits(programs, n, q.device)
+        per_split = SPLIT_UNIT * triton.cdiv(triton.cdiv(n, count), SPLIT_UNIT)
+        plans.append((segment, n, per_split, triton.cdiv(n, per_split) if n else 0))
+    n_splits = sum(p[3] for p in plans)
+    m = torch.empty(programs, n_splits, gp, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty(programs, n_splits, gp, d_p2, dtype=torch.float32, device=q.device)
+    first_split, offset = 0, 0
+    for segment, n, per_split, count in plans:
+        if count:
+            k_args, k_const, k_scale = _side(segment.keys, segment.key_format, dim)
+            v_args, v_const, v_scale = _side(segment.values, segment.value_format, dim)
+            _SPLIT[(programs, count)](
+                q, *k_args[:6], *v_args[:6], bias if bias is not None else q, m, l, acc, n,
+                per_split, first_split, n_splits, offset, total, kv_heads, q_heads, scaling,
+                k_scale, v_scale, *k_args[6:], *v_args[6:], D=dim, D_P2=d_p2, GROUP=group,
+                GP=gp, HAS_BIAS=bias is not None,
+                **{f"K_{k}": v for k, v in k_const.items()},
+                **{f"V_{k}": v for k, v in v_const.items()},
+                ROUND_DTYPE=round_dtype, DOT_DTYPE=dot_dtype, PRECISION=precision,
+                **_TILE, **LAUNCH)
+        first_split += count
+        offset += n
+    out = torch.empty_like(q)
+    _combine[(programs * group,)](m, l, acc, out, n_splits, kv_heads, q_heads, D=dim,
+                                  D_P2=d_p2, GROUP=group, GP=gp, CHUNK=COMBINE_CHUNK,
+                                  **LAUNCH)
+    return out.reshape(shape)
+
