@@ -267,10 +267,11 @@ def _side(side, fmt: KernelFormat | None, dim: int) -> tuple[list, dict, float]:
         return ([side, side, side, side, side, side, *strides],
                 {"KIND": RAW, "BITS": 1, "GROUP": 1, "BYTES": 1, "GROUPS": 1, "LOG2": 0,
                  "BYTES_P2": 1, "FOLD": False}, 1.0)
+    reason = fmt.attention_unsupported()
+    if reason:
+        raise ValueError(f"the fused attention cannot read {fmt}: {reason}")
     codes = side["codes"].contiguous()
     if isinstance(fmt, IntQFormat):
-        if fmt.axis != "token" or fmt.unsupported():
-            raise ValueError(f"fused attention reads intq along tokens only, got {fmt}")
         tensors = [codes, side["scale"].contiguous(), side["min"].contiguous()]
         return ([*tensors, codes, codes, codes, 0, 0, 0],
                 {"KIND": INTQ, "BITS": fmt.bits, "GROUP": fmt.group_size,
