@@ -8,7 +8,7 @@ $(BIN)/kvbench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda]"
+	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray]"
 	touch $@
 
 .PHONY: install demo test

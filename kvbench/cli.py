@@ -135,8 +135,7 @@ def _select_cases(suite, only, methods, limit):
     return cases
 
 
-def _load_baseline_or_exit(path: str, suite, device: str, backend: str):
-    from kvbench.hardware import machine_key
+def _load_baseline_or_exit(path: str, suite, key: str):
     from kvbench.results import SCHEMA_VERSION, ResultsFileError, load_results
 
     if not Path(path).exists():
@@ -154,7 +153,6 @@ def _load_baseline_or_exit(path: str, suite, device: str, backend: str):
                         "it with this kvbench)")
     if baseline.suite.name != suite.name:
         problems.append(f"it is for suite {baseline.suite.name!r}, not {suite.name!r}")
-    key = machine_key(device, backend)
     if baseline.machine.get("key") != key:
         problems.append(f"machine key {baseline.machine.get('key')!r} != this machine's {key!r}")
     if problems:
@@ -262,15 +260,45 @@ def _summary(result, gate_report, out_dir: Path) -> None:
               help="Run each case in a fresh process: a crash, an out-of-memory kill or a hang "
                    "in native code costs that case only, and memory starts clean per case "
                    "(each case loads its model again).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="Where cases run: local (this process, or a child per case with --isolate) "
+                   "or ray (each case a Ray task; needs `pip install 'kvbench[ray]'`).")
+@click.option("--address",
+              help="With --executor ray: the cluster to join (host:port, or auto for the one "
+                   "`ray start` made on this machine). Default: start a local Ray on this "
+                   "machine's cores.")
+@click.option("--shard", metavar="I/N",
+              help="Run only shard I of N: a stable split of the cases by id (CI job "
+                   "matrices); join the shards with `kvbench merge`.")
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
 def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
-        isolate, dry_run):
+        isolate, executor, address, shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
     try:
-        from kvbench.backends.torch_backend import resolve_device
+        from kvbench.backends.torch_backend import resolve_device  # noqa: F401
     except ImportError as exc:
         _fail(f"kvbench run needs torch ({exc}): pip install 'kvbench[torch]'. validate, report,"
               " compare and baseline save work without it")
+    if executor == "ray":
+        if isolate:
+            _fail("--isolate is for --executor local: on Ray every case already runs in a "
+                  "worker process, and a worker that dies costs its case one retry")
+        from kvbench.ray_executor import RayUnavailable, import_ray
+
+        try:
+            import_ray()  # before any work: refused with the install hint
+        except RayUnavailable as exc:
+            _fail(str(exc))
+    elif address:
+        _fail("--address is for --executor ray")
+    from kvbench.shard import parse_shard, select_shard
+
+    if shard is not None:
+        try:
+            shard = parse_shard(shard)
+        except ValueError as exc:
+            _fail(str(exc))
 
     # The backend decides which methods and benchmarks are valid: the suite is checked with it.
     suite = _load_suite_or_exit(suite_path, **({"backend": backend} if backend else {}))
@@ -279,21 +307,45 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         suite.cases = [dataclasses.replace(c, **overrides) for c in suite.cases]
     cases = _select_cases(suite, only, methods, limit)
     if dry_run:
-        table = Table(title=f"{suite.name}: {len(cases)} case(s)")
+        table = Table(title=f"{suite.name}: {len(cases)} case(s)"
+                            + (f", shard {shard}" if shard else ""))
         for column in ("case", "model", "claims"):
             table.add_column(column, overflow="fold")
-        for case in cases:
+        for case in cases if shard is None else select_shard(suite.cases, cases, shard):
             table.add_row(escape(case.id), case.model or "-",
                           escape("; ".join(c.text for c in case.claims)))
         console.print(table)
         return
+    runner = _start_executor(executor, address, isolate)
     try:
-        device_name = str(resolve_device(cases[0].device))
-    except ValueError as exc:
+        _run_with(runner, suite, suite_path, cases, out_dir, baseline, resume, repeats, shard)
+    finally:
+        runner.close()
+
+
+def _start_executor(kind: str, address: str | None, isolate: bool):
+    from kvbench.runner import ChildProcesses, InProcess
+
+    if kind == "local":
+        return ChildProcesses() if isolate else InProcess()
+    from kvbench.ray_executor import RayExecutor, RayUnavailable
+
+    try:
+        return RayExecutor(address=address, status=lambda text: console.print(f"{text} ..."))
+    except RayUnavailable as exc:
+        _fail(str(exc))
+
+
+def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, repeats, shard):
+    from kvbench.ray_executor import RayUnavailable
+
+    try:
+        _, machine = executor.machine(cases[0].device, cases[0].backend)
+    except (ValueError, RayUnavailable) as exc:
         _fail(str(exc))
     baseline_result = None
     if baseline:
-        baseline_result = _load_baseline_or_exit(baseline, suite, device_name, cases[0].backend)
+        baseline_result = _load_baseline_or_exit(baseline, suite, machine["key"])
         _check_definitions_or_exit(baseline, baseline_result, cases)
 
     from kvbench.gate import gate
@@ -302,16 +354,19 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         OutDirBusy, ResultsNotWritten, ResumeError, hold_out_dir, run_suite,
     )
 
-    out_dir = Path(out_dir or Path("runs") / suite.name)
+    default_dir = Path("runs") / suite.name
+    if shard is not None:
+        default_dir = default_dir / f"shard-{shard.index}-of-{shard.count}"
+    out_dir = Path(out_dir or default_dir)
     try:
         with hold_out_dir(out_dir):
             outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
                                 progress=_RichProgress(), repeats_override=repeats,
-                                isolate=isolate)
+                                executor=executor, shard=shard)
             result = outcome.result
             gate_report = None
             if baseline_result is not None:
-                filtered = len(cases) != len(suite.cases)
+                filtered = shard is not None or len(cases) != len(suite.cases)
                 gate_report = gate(result, baseline_result, expect_all=not filtered)
             try:
                 write_reports(result, out_dir, gate=gate_report)
@@ -319,7 +374,7 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
                 _fail(f"cannot write the report in {out_dir}: {exc}; the results are saved "
                       f"(`kvbench report {out_dir / 'results.json'}` makes it again)",
                       EXIT_CRASHED)
-    except (ResumeError, OutDirBusy) as exc:
+    except (ResumeError, OutDirBusy, RayUnavailable) as exc:
         _fail(str(exc))
     except ResultsNotWritten as exc:
         _fail(exc.strerror, EXIT_CRASHED)
@@ -526,6 +581,80 @@ def compare(a_path, b_path, as_gate):
     click.echo(render_compare(a, b, report))
     if as_gate:
         sys.exit(_exit_code(b, report))
+
+
+@main.command()
+@click.argument("inputs", metavar="RUN...", nargs=-1, required=True, type=click.Path())
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the merged results.json, results.jsonl and report.md.")
+@click.option("--allow-mixed", is_flag=True,
+              help="Join shards that ran on different machines (each case keeps its machine "
+                   "key in info.machine).")
+def merge(inputs, out_dir, allow_mixed):
+    """Join the shards of one run (`kvbench run SUITE --shard I/N`) into one.
+
+    Each RUN is a shard's output folder or its results.json (an interrupted shard's
+    results.jsonl also works). Refused (exit 2): shards of different suites, kvbench versions,
+    commits, settings or machines (see --allow-mixed), and a case in two shards. Shards or
+    cases that are missing are listed and the rest is merged (exit 3); `kvbench run SUITE --out
+    DIR --resume` then runs only what is missing. Otherwise it exits as `kvbench run` would
+    for the merged run's claims. Needs no torch.
+    """
+    from kvbench.merge import MergeRefused, merge_runs
+    from kvbench.report.markdown import write_reports
+    from kvbench.results import save_jsonl, save_results
+
+    out = Path(out_dir)
+    runs = []
+    for given in inputs:
+        path = Path(given)
+        if path.is_dir():
+            if out.resolve() == path.resolve():
+                _fail(f"--out {out_dir} is one of the runs to merge; give another folder")
+            found = [path / name for name in ("results.json", "results.jsonl")
+                     if (path / name).exists()]
+            path = found[0] if found else path / "results.json"
+        runs.append((str(path), _load_results_or_exit(str(path))))
+    try:
+        merged = merge_runs(runs, allow_mixed=allow_mixed)
+    except MergeRefused as exc:
+        _fail(str(exc))
+    result = merged.result
+    try:
+        save_results(out / "results.json", result)
+        save_jsonl(out / "results.jsonl", result)
+        _join_predictions([Path(path).parent for path, _ in runs], out)
+        write_reports(result, out)
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc}", EXIT_CRASHED)
+    console.print(f"merged {len(runs)} run(s) of suite {result.suite.name!r}: "
+                  f"{len(result.cases)} case(s) on {', '.join(merged.machines)}")
+    _summary(result, None, out)
+    if not merged.complete:
+        if merged.missing_shards:
+            err.print(f"[red]missing shard(s):[/] {', '.join(merged.missing_shards)}")
+        shown = ", ".join(merged.missing_cases[:10])
+        more = ", ..." if len(merged.missing_cases) > 10 else ""
+        err.print(f"[red]{len(merged.missing_cases)} planned case(s) in no run:[/] "
+                  f"{escape(shown)}{more}\n  run them with: kvbench run {result.suite.path} "
+                  f"--out {out} --resume", soft_wrap=True)
+        sys.exit(EXIT_CRASHED)
+    sys.exit(_exit_code(result, None))
+
+
+def _join_predictions(folders: list[Path], out: Path) -> None:
+    """The shards' per-sample records, and the files their cases kept, beside the merged run."""
+    import shutil
+
+    from kvbench.results import atomic_write_text
+
+    texts = [(folder / "predictions.jsonl").read_text(encoding="utf-8") for folder in folders
+             if (folder / "predictions.jsonl").exists()]
+    if texts:
+        atomic_write_text(out / "predictions.jsonl", "".join(texts))
+    for folder in folders:
+        if (folder / "files").is_dir():
+            shutil.copytree(folder / "files", out / "files", dirs_exist_ok=True)
 
 
 @main.group()

@@ -154,6 +154,8 @@ class RunHeader(_Record):
     suite: SuiteRecord
     # What the command line changed (device, backend, repeats): a resumed run must match it.
     settings: dict[str, Any] = Field(default_factory=dict)
+    # The ids of the cases the run set out to run, in order (None: written before this field).
+    planned: list[str] | None = None
     started: str
 
 
@@ -291,6 +293,14 @@ def _first_error(exc: ValidationError) -> str:
     where = ".".join(map(str, first["loc"])) or "top level"
     more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
     return f"{where}: {first['msg']}{more}"
+
+
+def save_jsonl(path: str | Path, result: RunResult) -> None:
+    """The whole run as results.jsonl (header, then its cases), atomically: a run made
+    elsewhere (`kvbench merge`) that --resume can continue."""
+    header = RunHeader(**result.model_dump(include=set(RunHeader.model_fields)))
+    lines = [header_line(header)] + [case_line(case) for case in result.cases]
+    atomic_write_text(path, "".join(line.model_dump_json() + "\n" for line in lines))
 
 
 def save_results(path: str | Path, result: RunResult) -> None:

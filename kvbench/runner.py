@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from kvbench.results import (
     SCHEMA_VERSION, CaseError, CaseResult, ResultsFileError, RunHeader, RunResult, SuiteRecord,
     append_jsonl, case_line, fingerprint, header_line, read_jsonl, save_results,
 )
+from kvbench.shard import Shard, select_shard
 from kvbench.suite.case import Case, LoadedSuite
 
 try:
@@ -165,17 +166,18 @@ def case_record(case: Case) -> CaseResult:
 
 def run_case(case: Case, load_model, progress: Progress, memo: Memo,
              keep: Callable[[dict], None] = lambda record: None,
-             files_dir: Path | None = None) -> CaseResult:
+             files_dir: Path | None = None, default_threads: int | None = None) -> CaseResult:
     """One case, isolated: any exception becomes status error with its traceback. `memo`: what
     the run's cases share (kvbench.memo); `keep`: where the case's per-sample records go, each
     tagged with the case's id and start time (a rerun case's later records supersede);
-    `files_dir`: where the case may keep files (RunContext.files_dir)."""
+    `files_dir`: where the case may keep files (RunContext.files_dir); default_threads: torch
+    threads for a case that sets none (default: torch's own)."""
     clock = time.perf_counter()
     record = case_record(case)
     record.started = _now()
     try:
         with _deadline(case.timeout_s):
-            torch.set_num_threads(case.threads or _DEFAULT_THREADS)
+            torch.set_num_threads(case.threads or default_threads or _DEFAULT_THREADS)
             _seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
             record.device = _device_name(device, case.backend)
@@ -209,6 +211,61 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
     record.fingerprint = fingerprint(record)
     record.duration_s = round(time.perf_counter() - clock, 3)
     return record
+
+
+class Executor(Protocol):
+    """Where a run's cases run. The runner alone writes what they yield."""
+
+    def machine(self, device: str, backend: str) -> tuple[str, dict[str, Any]]:
+        """(the device's name, the machine fingerprint) where the cases run."""
+        ...
+
+    def run(self, cases: list[Case], progress: Progress, keep: Callable[[dict], None],
+            files_dir: Path) -> Iterator[CaseResult]:
+        """Each case's record as it finishes (in any order)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """Cases one after another in this process, sharing loaded models and the run's Memo."""
+
+    def __init__(self):
+        self.load_model, self.memo = _ModelCache(), Memo()
+
+    def machine(self, device, backend):
+        return _local_machine(device, backend)
+
+    def run(self, cases, progress, keep, files_dir):
+        for case in cases:
+            progress.case_started(case)
+            yield run_case(case, self.load_model, progress, self.memo, keep, files_dir)
+
+    def close(self):
+        self.memo.close()
+
+
+class ChildProcesses:
+    """Each case in a fresh child process (kvbench.isolation)."""
+
+    def machine(self, device, backend):
+        return _local_machine(device, backend)
+
+    def close(self):
+        pass
+
+    def run(self, cases, progress, keep, files_dir):
+        from kvbench.isolation import run_case_in_child
+
+        for case in cases:
+            progress.case_started(case)
+            yield run_case_in_child(case, progress.status, keep, files_dir)
+
+
+def _local_machine(device: str, backend: str) -> tuple[str, dict[str, Any]]:
+    name = str(resolve_device(device))
+    return name, machine_fingerprint(name, backend)
 
 
 _HELD: set[Path] = set()  # folders this process holds: run_suite inside the CLI's hold is fine
@@ -326,22 +383,44 @@ def run_suite(
     progress: Progress | None = None,
     repeats_override: int | None = None,
     isolate: bool = False,
+    executor: Executor | None = None,
+    shard: Shard | None = None,
 ) -> RunOutcome:
     """Run `cases` (default: all of the suite's) into out_dir.
 
     Every finished case is appended to results.jsonl and fsynced before the next starts;
     results.json is written at the end, and also when interrupted (then `interrupted` is set
     and KeyboardInterrupt is raised again for the caller to report). repeats_override is the
-    command line's --repeats, recorded so that --resume can insist on it. isolate: each case
-    in a fresh child process (kvbench.isolation).
+    command line's --repeats, recorded so that --resume can insist on it. shard: run only its
+    part of `cases` (kvbench.shard); the header keeps all of `cases` as planned, for `kvbench
+    merge` to find what no shard ran. isolate: each case in a fresh child process
+    (kvbench.isolation); executor: where the cases run (default in this process, or as isolate
+    says); the caller closes an executor it passes.
     """
     out_dir = Path(out_dir)
     progress = progress or _Silent()
-    cases = suite.cases if cases is None else cases
-    device = cases[0].device if cases else "cpu"
-    backend = cases[0].backend if cases else "torch"
-    settings = {"device": str(resolve_device(device)), "backend": backend,
-                "repeats": repeats_override}
+    planned = suite.cases if cases is None else cases
+    cases = planned if shard is None else select_shard(suite.cases, planned, shard)
+    device = planned[0].device if planned else "cpu"
+    backend = planned[0].backend if planned else "torch"
+    own = executor is None
+    executor = executor or (ChildProcesses() if isolate else InProcess())
+    try:
+        return _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_override,
+                          executor, shard, device, backend)
+    finally:
+        if own:
+            executor.close()
+
+
+def _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_override, executor,
+               shard, device, backend) -> RunOutcome:
+    device_name, machine = executor.machine(device, backend)
+    if shard is not None and not cases:
+        progress.notice(f"shard {shard} holds none of the {len(planned)} case(s); an empty run "
+                        "is written, for `kvbench merge`")
+    settings = {"device": device_name, "backend": backend, "repeats": repeats_override,
+                "shard": shard and str(shard)}
     with hold_out_dir(out_dir):
         finished: list[CaseResult] = []
         if resume and (out_dir / JSONL).exists():
@@ -350,35 +429,29 @@ def run_suite(
             _archive_previous(out_dir)
             header = RunHeader(
                 kvbench_version=__version__, git_sha=git_sha(Path(suite.path).parent),
-                machine=machine_fingerprint(settings["device"], backend),
+                machine=machine,
                 suite=SuiteRecord(
                     name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved
                 ),
                 settings=settings,
+                planned=[c.id for c in planned],
                 started=_now(),
             )
             _append(out_dir / JSONL, header_line(header), kept=0)
-        return _run_cases(suite, cases, out_dir, header, finished, progress, isolate)
+        return _run_cases(suite, cases, out_dir, header, finished, progress, executor)
 
 
 def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: RunHeader,
-               finished: list[CaseResult], progress: Progress, isolate: bool) -> RunOutcome:
+               finished: list[CaseResult], progress: Progress, executor: Executor
+               ) -> RunOutcome:
     done = {c.id for c in finished}
     todo = [c for c in cases if c.id not in done]
     result = RunResult(**header.model_dump(), cases=list(finished))
-    load_model, memo = _ModelCache(), Memo()  # this run's: nothing carries over to another
     progress.start(total=len(todo), skipped=len(cases) - len(todo))
-    files = out_dir / FILES
+    keep = functools.partial(_keep_line, out_dir / PREDICTIONS)
+    records = executor.run(todo, progress, keep, out_dir / FILES)
     try:
-        for case in todo:
-            progress.case_started(case)
-            keep = functools.partial(_keep_line, out_dir / PREDICTIONS)
-            if isolate:
-                from kvbench.isolation import run_case_in_child
-
-                record = run_case_in_child(case, progress.status, keep, files)
-            else:
-                record = run_case(case, load_model, progress, memo, keep, files)
+        for record in records:
             _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)
@@ -387,7 +460,7 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
         _finish(result, suite, out_dir, progress, strict=False)  # must not hide `exc`
         raise
     finally:
-        memo.close()
+        records.close()  # an executor's cases still out are stopped
     _finish(result, suite, out_dir, progress, strict=True)
     return RunOutcome(result=result, out_dir=out_dir, skipped=len(cases) - len(todo))
 

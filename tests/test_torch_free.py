@@ -1,4 +1,4 @@
-"""validate, report, compare and baseline save in an install without torch (`pip install kvbench`):
+"""validate, report, compare, merge and baseline save in an install without torch (`pip install kvbench`):
 each command runs in a child process where torch, transformers, mlx, mlx_lm and matplotlib (the
 optional extras) cannot be imported, and imports nothing the base dependencies do not bring. Without torch, validate checks
 against the committed catalog of built-in methods and benchmarks, through the same code as with
@@ -125,6 +125,16 @@ def test_report_compare_and_baseline_save_without_torch(tmp_path):
     assert done.stdout.startswith("# kvbench compare: small")
     done, _ = _kvbench(tmp_path, "compare", baseline, RESULTS, "--gate")
     assert done.returncode == 3, done.stderr  # the gate's exit: RESULTS holds a crashed case
+
+
+def test_merge_without_torch(tmp_path):
+    from tests.test_shard import _shards, _write_suite
+
+    shards = _shards(tmp_path, _write_suite(tmp_path), 2)  # run with torch, merged without
+    done, imported = _kvbench(tmp_path, "merge", *shards, "--out", tmp_path / "merged")
+    assert done.returncode == 0, done.stderr
+    assert len(load_results(tmp_path / "merged/results.json").cases) == 15
+    assert not set(HIDDEN) & set(imported)
 
 
 def test_run_without_torch_says_what_to_install(tmp_path):

@@ -9,7 +9,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +117,18 @@ class Hang(Step):
 
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         time.sleep(params.sleep_s)
+
+
+class DiesOnce(Step):
+    """The first time (no file at `log` yet): writes its pid there, then blocks until its process
+    is killed from outside. Every later time: what Step does, without the log."""
+
+    def run(self, params, method, ctx):
+        marker = Path(params.log)
+        if not marker.exists():
+            marker.write_text(f"{os.getpid()}\n")
+            _sleep(BLOCK_LIMIT_S)
+        return super().run(replace(params, log=""), method, ctx)
 
 
 class Keeps(Step):

@@ -1,0 +1,294 @@
+"""`kvbench run --executor ray`: each case runs as a Ray task, on a local Ray or on a cluster
+(`--address`); the driver alone writes results.
+
+A task asks for the resources its case needs: `threads` CPUs (1 when the case sets none, and then
+torch runs one thread), and one GPU for a cuda case. Worker processes are reused, so each worker
+loads a model once and keeps it for its later cases. Each case gets a fresh Memo (kvbench.memo),
+closed when it ends: what cases share in a local run (a tokenised text, a started server) is made
+again per case here, and nothing outlives its case on a worker. The task sends back its record,
+its per-sample records and the files it kept; the driver writes them as for a local case.
+
+A tracker actor hears when each case starts on a worker. From then the driver holds the case to
+its timeout plus GRACE_S (the worker's own SIGALRM record is the better one when it can make it),
+and then cancels the task, which kills its worker. A worker that dies mid-case (killed, out of
+memory, its node lost) costs one retry; the second death is recorded as an error naming both.
+A case no live node can hold is recorded as an error instead of waiting forever.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from kvbench.results import CaseError, CaseResult, fingerprint
+from kvbench.suite.case import Case
+
+INSTALL_HINT = "pip install 'kvbench[ray]'"
+GRACE_S = 30.0
+RETRIES = 1  # a case whose worker died runs once more
+_POLL_S = 0.25
+_FEASIBLE_EVERY_S = 5.0
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or the cluster cannot be reached or cannot run the cases."""
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(f"--executor ray needs Ray, which is not installed: {INSTALL_HINT}"
+                             ) from None
+    return ray
+
+
+def _shape(device: str, threads: int | None) -> dict[str, float]:
+    """The Ray resources a case asks for."""
+    gpus = 1 if device.startswith("cuda") else 0
+    return {"num_cpus": threads or 1, "num_gpus": gpus}
+
+
+def _fits(shape: dict[str, float], nodes: list[dict]) -> bool:
+    return any(node.get("Alive") and node["Resources"].get("CPU", 0) >= shape["num_cpus"]
+               and node["Resources"].get("GPU", 0) >= shape["num_gpus"] for node in nodes)
+
+
+@dataclass
+class _Attempt:
+    case: Case
+    number: int
+    submitted: float
+    started: float | None = None
+    node: str = ""
+    pid: int | None = None
+    timed_out: bool = False
+    earlier: list[str] = field(default_factory=list)  # why earlier attempts ended
+
+
+class RayExecutor:
+    """Runs cases as Ray tasks. Connects to `address` (a running cluster, "auto" for the one
+    `ray start` made here), or starts a local Ray with `num_cpus` (default: every core) that
+    close() stops."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None,
+                 grace_s: float = GRACE_S, status: Callable[[str], None] = lambda text: None):
+        self.ray = ray = import_ray()
+        self.grace_s = grace_s
+        self.owns = not ray.is_initialized()
+        if self.owns:
+            status("starting Ray" if address is None else f"connecting to Ray at {address}")
+            try:
+                # "local": a new Ray here, never a cluster an earlier `ray start` left behind
+                ray.init(address=address or "local",
+                         num_cpus=num_cpus if address is None else None,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.ERROR)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise RayUnavailable(f"cannot start or reach Ray ({address or 'local'}): {exc}"
+                                     ) from None
+        self._remote = ray.remote(max_retries=0, max_calls=0)(_run_on_worker)
+        self._tracker = ray.remote(num_cpus=0)(_Tracker).remote()
+        self._machine: tuple[str, dict[str, Any]] | None = None
+        self._heard: dict[str, tuple[str, int]] = {}  # starts not yet matched to an attempt
+
+    def machine(self, device: str, backend: str) -> tuple[str, dict[str, Any]]:
+        """Asked of a worker: the driver may have no GPU, or be another kind of machine."""
+        if self._machine is None:
+            shape = _shape(device, 1)
+            self._check_fits(shape, f"a {device} case")
+            probe = self.ray.remote(max_retries=1)(_probe_machine)
+            self._machine = self.ray.get(probe.options(**shape).remote(device, backend))
+        return self._machine
+
+    def run(self, cases: list[Case], progress, keep: Callable[[dict], None],
+            files_dir: Path) -> Iterator[CaseResult]:
+        for shape in {tuple(_shape(c.device, c.threads).items()) for c in cases}:
+            self._check_fits(dict(shape), "its cases")
+        pending: dict[Any, _Attempt] = {}
+        for case in cases:
+            self._submit(pending, _Attempt(case, 1, time.monotonic()))
+        checked = time.monotonic()
+        try:
+            while pending:
+                ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
+                self._note_starts(pending, progress)  # first: a dead worker's pid names it
+                for ref in ready:
+                    attempt = pending.pop(ref)
+                    record = self._collect(ref, attempt, pending, keep, files_dir)
+                    if record is not None:
+                        yield record
+                self._enforce_timeouts(pending)
+                if time.monotonic() - checked > _FEASIBLE_EVERY_S:
+                    checked = time.monotonic()
+                    yield from self._drop_infeasible(pending)
+        finally:  # interrupted, or the driver failed to write: nothing is left running
+            for ref in pending:
+                self.ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        try:
+            self.ray.kill(self._tracker)
+        except Exception:  # noqa: BLE001 - the cluster may be gone; nothing left to free
+            pass
+        if self.owns and self.ray.is_initialized():
+            self.ray.shutdown()
+
+    # ------------------------------------------------------------ driver side
+
+    def _submit(self, pending: dict, attempt: _Attempt) -> None:
+        case = attempt.case
+        ref = self._remote.options(**_shape(case.device, case.threads)).remote(
+            case, attempt.number, self._tracker)
+        pending[ref] = attempt
+
+    def _collect(self, ref, attempt: _Attempt, pending: dict, keep,
+                 files_dir: Path) -> CaseResult | None:
+        """The attempt's record; None when the case was submitted again."""
+        exceptions = self.ray.exceptions
+        try:
+            payload = self.ray.get(ref)
+        except (exceptions.TaskCancelledError, exceptions.WorkerCrashedError,
+                exceptions.RayError) as exc:
+            if attempt.timed_out:
+                return _failed(attempt, "timeout", "CaseTimeout",
+                               f"case exceeded its timeout of {attempt.case.timeout_s:g} s and "
+                               f"did not stop; its Ray worker was killed after "
+                               f"{time.monotonic() - attempt.started:.0f} s")
+            reason = _death(exc, attempt)
+            if attempt.number <= RETRIES:
+                self._submit(pending, _Attempt(attempt.case, attempt.number + 1,
+                                               time.monotonic(), earlier=[*attempt.earlier,
+                                                                          reason]))
+                return None
+            return _failed(attempt, "error", "WorkerDied", "; ".join(
+                f"attempt {i}: {why}" for i, why in enumerate([*attempt.earlier, reason], 1)))
+        record_json, samples, files, worker_dir = payload
+        # Paths the case wrote into its worker folder now name the run's files folder.
+        moved = json.dumps(str(files_dir))[1:-1]
+        there = json.dumps(worker_dir)[1:-1]
+        record = CaseResult.model_validate_json(record_json.replace(there, moved))
+        for name, data in files.items():
+            target = files_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        for sample in samples:
+            keep(json.loads(json.dumps(sample).replace(there, moved)))
+        record.info["ray"] = {"node": attempt.node, "pid": attempt.pid,
+                              "attempt": attempt.number}
+        record.warnings.extend(f"attempt {i}: {why}; run again"
+                               for i, why in enumerate(attempt.earlier, start=1))
+        return record
+
+    def _note_starts(self, pending: dict, progress) -> None:
+        self._heard.update(self.ray.get(self._tracker.starts.remote()))
+        for attempt in pending.values():
+            key = f"{attempt.case.id}#{attempt.number}"
+            if attempt.started is None and key in self._heard:
+                attempt.node, attempt.pid = self._heard.pop(key)
+                attempt.started = time.monotonic()
+                progress.case_started(attempt.case)
+
+    def _enforce_timeouts(self, pending: dict) -> None:
+        now = time.monotonic()
+        for ref, attempt in pending.items():
+            limit = attempt.case.timeout_s
+            if (limit is not None and attempt.started is not None and not attempt.timed_out
+                    and now - attempt.started > limit + self.grace_s):
+                attempt.timed_out = True
+                self.ray.cancel(ref, force=True)
+
+    def _drop_infeasible(self, pending: dict) -> Iterator[CaseResult]:
+        """Cases not yet started that no live node can hold (their nodes left) end as errors."""
+        nodes = self.ray.nodes()
+        for ref, attempt in list(pending.items()):
+            shape = _shape(attempt.case.device, attempt.case.threads)
+            if attempt.started is None and not _fits(shape, nodes):
+                self.ray.cancel(ref, force=True)
+                del pending[ref]
+                yield _failed(attempt, "error", "NoWorker",
+                              f"no live node of the Ray cluster has {_describe(shape)}")
+
+    def _check_fits(self, shape: dict[str, float], what: str) -> None:
+        if not _fits(shape, self.ray.nodes()):
+            raise RayUnavailable(f"no node of the Ray cluster has {_describe(shape)} for {what}"
+                                 f" (cluster: {self.ray.cluster_resources()})")
+
+
+def _describe(shape: dict[str, float]) -> str:
+    text = f"{shape['num_cpus']:g} CPU(s)"
+    return text + (f" and {shape['num_gpus']:g} GPU(s)" if shape["num_gpus"] else "")
+
+
+def _death(exc: Exception, attempt: _Attempt) -> str:
+    where = f" on {attempt.node} (pid {attempt.pid})" if attempt.pid else ""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"its Ray worker{where} died ({type(exc).__name__}: {first})"
+
+
+def _failed(attempt: _Attempt, status: str, kind: str, message: str) -> CaseResult:
+    from kvbench.runner import case_record
+
+    record = case_record(attempt.case)
+    record.status = status
+    record.error = CaseError(type=kind, message=message, traceback="")
+    record.fingerprint = fingerprint(record)
+    began = attempt.started or attempt.submitted
+    record.duration_s = round(time.monotonic() - began, 3)
+    record.info["ray"] = {"node": attempt.node, "pid": attempt.pid, "attempt": attempt.number}
+    return record
+
+
+class _Tracker:
+    """Hears which attempt started where (an actor: tasks tell it, the driver asks it)."""
+
+    def __init__(self):
+        self._new: dict[str, tuple[str, int]] = {}
+
+    def started(self, key: str, node: str, pid: int) -> None:
+        self._new[key] = (node, pid)
+
+    def starts(self) -> dict[str, tuple[str, int]]:
+        """The starts heard since the last call."""
+        new, self._new = self._new, {}
+        return new
+
+
+# ------------------------------------------------------------ worker side
+
+_MODELS = None  # this worker's loaded models, kept for its later cases
+
+
+def _run_on_worker(case: Case, attempt: int, tracker) -> tuple[str, list[dict], dict, str]:
+    import ray
+
+    from kvbench.memo import Memo
+    from kvbench.runner import _ModelCache, _Silent, run_case
+
+    global _MODELS
+    tracker.started.remote(f"{case.id}#{attempt}", ray.util.get_node_ip_address(), os.getpid())
+    _MODELS = _MODELS or _ModelCache()
+    samples: list[dict] = []
+    folder = Path(tempfile.mkdtemp(prefix="kvbench-case-"))
+    memo = Memo()
+    try:
+        record = run_case(case, _MODELS, _Silent(), memo, samples.append, folder,
+                          default_threads=case.threads or 1)
+    finally:
+        memo.close()
+    files = {str(path.relative_to(folder)): path.read_bytes()
+             for path in folder.rglob("*") if path.is_file()}
+    shutil.rmtree(folder, ignore_errors=True)
+    return record.model_dump_json(), samples, files, str(folder)
+
+
+def _probe_machine(device: str, backend: str) -> tuple[str, dict[str, Any]]:
+    from kvbench.runner import _local_machine
+
+    return _local_machine(device, backend)

@@ -1,0 +1,202 @@
+"""`kvbench run --shard i/n` and `kvbench merge`: shards split a suite stably, and merged they
+equal the whole run."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from kvbench.claims import parse_claim
+from kvbench.shard import Shard, parse_shard, select_shard
+from kvbench.suite.case import Case
+from tests.plugins.cli_support import invoke, load_json
+
+SUITE = """\
+kvbench: 1
+name: steps
+methods:
+  - name: tests.plugins.kvb_testplugin:Nop
+    matrix: {knob: [1, 2, 3]}
+benchmarks:
+  - kind: tests.plugins.kvb_testplugin:Keeps
+    matrix: {i: [1, 2, 3, 4, 5]}
+    claims:
+      - {cases: "*", claim: "value <= 5"}
+      # against another case of the run: the same i with knob 1
+      - {cases: "*/Nop-knob2/*", claim: "value / Nop-knob1 == 1"}
+"""
+
+
+def _case(case_id: str, claims=()) -> Case:
+    benchmark, label, _ = case_id.split("/")
+    return Case(id=case_id, benchmark=benchmark, bench_params={}, method="m", method_label=label,
+                method_params={}, model=None, device="cpu", seed=0, repeats=1, timeout_s=None,
+                claims=list(claims))
+
+
+def test_parse_shard():
+    assert parse_shard("2/4") == Shard(2, 4) and str(parse_shard(" 1 / 2 ")) == "1/2"
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0", "-1/2"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_the_split_is_a_partition_independent_of_order_and_of_other_cases():
+    cases = [_case(f"b/m{m}/x={x}") for m in range(7) for x in range(9)]
+    shards = [select_shard(cases, cases, Shard(i, 3)) for i in (1, 2, 3)]
+    ids = [c.id for shard in shards for c in shard]
+    assert sorted(ids) == sorted(c.id for c in cases)  # every case once
+    assert all(len(shard) >= 10 for shard in shards)  # 63 cases: none near empty
+    where = {c.id: i for i, shard in enumerate(shards) for c in shard}
+    shuffled = cases[:]
+    random.Random(1).shuffle(shuffled)
+    more = shuffled + [_case(f"b/new/x={x}") for x in range(20)]
+    for i in (1, 2, 3):
+        again = select_shard(more, more, Shard(i, 3))
+        assert {c.id for c in again if c.id in where} == {c.id for c in shards[i - 1]}
+    # a filtered selection keeps each case's shard
+    some = cases[::4]
+    assert [c.id for c in select_shard(cases, some, Shard(2, 3))] == [
+        c.id for c in some if where[c.id] == 1]
+
+
+def test_cases_tied_by_a_claim_share_a_shard():
+    claim = parse_claim("value / base <= 1")
+    cases = []
+    for x in range(30):
+        cases += [_case(f"b/base/x={x}"), _case(f"b/other/x={x}", [claim])]
+    for i in (1, 2):
+        ids = {c.id for c in select_shard(cases, cases, Shard(i, 2))}
+        for x in range(30):
+            assert (f"b/base/x={x}" in ids) == (f"b/other/x={x}" in ids)
+
+
+def _write_suite(tmp_path, text=SUITE):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+def _shards(tmp_path, suite, count, *extra):
+    outs = []
+    for i in range(1, count + 1):
+        out = tmp_path / f"shard{i}"
+        result = invoke("run", suite, "--out", out, "--shard", f"{i}/{count}", *extra)
+        assert result.exit_code == 0, result.output
+        outs.append(out)
+    return outs
+
+
+def _deterministic(run: dict) -> list:
+    return [(c["id"], c["status"], {k: m["value"] for k, m in c["metrics"].items()},
+             [(cl["claim"], cl["verdict"], cl["measured"]) for cl in c["claims"]])
+            for c in run["cases"]]
+
+
+def test_merged_shards_equal_the_whole_run(tmp_path):
+    suite = _write_suite(tmp_path)
+    assert invoke("run", suite, "--out", tmp_path / "whole").exit_code == 0
+    whole = load_json(tmp_path / "whole/results.json")
+    outs = _shards(tmp_path, suite, 2)
+    parts = [load_json(out / "results.json") for out in outs]
+    assert [p["settings"]["shard"] for p in parts] == ["1/2", "2/2"]
+    assert all(p["planned"] == [c["id"] for c in whole["cases"]] for p in parts)
+    assert 0 < len(parts[0]["cases"]) < 15
+    # every claim against another case was judged inside its shard
+    assert all(cl["verdict"] == "held" for p in parts for c in p["cases"] for cl in c["claims"])
+
+    merged = invoke("merge", outs[1], outs[0] / "results.json", "--out", tmp_path / "m")
+    assert merged.exit_code == 0, merged.output
+    result = load_json(tmp_path / "m/results.json")
+    assert _deterministic(result) == _deterministic(whole)  # suite order, whatever the inputs'
+    assert [m["shard"] for m in result["settings"]["merged_from"]] == ["2/2", "1/2"]
+    # the shards' per-sample records are joined, one per case
+    kept = [json.loads(line) for line in (tmp_path / "m/predictions.jsonl").open()]
+    assert sorted(k["case"] for k in kept) == sorted(c["id"] for c in whole["cases"])
+    assert (tmp_path / "m/report.md").exists()
+    lines = (tmp_path / "m/results.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 15 and json.loads(lines[0])["type"] == "header"
+
+
+def test_a_missing_shard_is_reported_and_resume_runs_only_its_cases(tmp_path):
+    suite = _write_suite(tmp_path)
+    first, _ = _shards(tmp_path, suite, 2)
+    ran = {c["id"] for c in load_json(first / "results.json")["cases"]}
+    merged = invoke("merge", first, "--out", tmp_path / "m")
+    assert merged.exit_code == 3
+    assert "missing shard(s): 2/2" in merged.output
+    assert f"{15 - len(ran)} planned case(s) in no run" in merged.output
+    resumed = invoke("run", suite, "--out", tmp_path / "m", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming: {len(ran)} finished case(s) kept, {15 - len(ran)} to run" in resumed.output
+    assert len(load_json(tmp_path / "m/results.json")["cases"]) == 15
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda run, other: run["machine"].update(key="linux-x86_64-nvidia-h100"),
+     "machine 'linux-x86_64-cpu'"),
+    (lambda run, other: run.update(kvbench_version="0.0.1"), "kvbench version"),
+    (lambda run, other: run["suite"].update(hash="0" * 64), "suite 'steps (hash "),
+    (lambda run, other: run["settings"].update(repeats=5), "settings"),
+    (lambda run, other: run["settings"].update(shard="2/3"), "shards of different splits"),
+    (lambda run, other: run["settings"].update(shard="1/2"), "shard 1/2 is given 2 times"),
+    (lambda run, other: run["cases"].append(other["cases"][0]), "is in both"),
+    (lambda run, other: run.update(planned=run["planned"][1:]), "planned different cases"),
+])
+def test_merge_refuses_runs_that_are_not_one_run(tmp_path, change, message):
+    suite = _write_suite(tmp_path)
+    first, second = _shards(tmp_path, suite, 2)
+    run = load_json(second / "results.json")
+    change(run, load_json(first / "results.json"))
+    (second / "results.json").write_text(json.dumps(run))
+    merged = invoke("merge", first, second, "--out", tmp_path / "m")
+    assert merged.exit_code == 2
+    assert message in merged.output
+    assert not (tmp_path / "m/results.json").exists()
+
+
+def test_mixed_machines_merge_when_allowed(tmp_path):
+    suite = _write_suite(tmp_path)
+    first, second = _shards(tmp_path, suite, 2)
+    run = load_json(second / "results.json")
+    run["machine"]["key"] = "linux-x86_64-other"
+    (second / "results.json").write_text(json.dumps(run))
+    assert invoke("merge", first, second, "--out", tmp_path / "m").exit_code == 2
+    merged = invoke("merge", first, second, "--out", tmp_path / "m", "--allow-mixed")
+    assert merged.exit_code == 0, merged.output
+    cases = load_json(tmp_path / "m/results.json")["cases"]
+    by_id = {c["id"]: c["info"]["machine"] for c in cases}
+    assert {by_id[c["id"]] for c in run["cases"]} == {"linux-x86_64-other"}
+    assert set(by_id.values()) == {"linux-x86_64-cpu", "linux-x86_64-other"}
+
+
+def test_an_empty_shard_writes_an_empty_run_that_merges(tmp_path):
+    # one case: one of two shards holds nothing
+    suite = _write_suite(tmp_path, SUITE.replace("[1, 2, 3, 4, 5]", "[1]").replace(
+        "[1, 2, 3]", "[1]").replace('      - {cases: "*/Nop-knob2/*", claim: "value / Nop-knob1 '
+                                    '== 1"}\n', ""))
+    outs = _shards(tmp_path, suite, 2)
+    sizes = sorted(len(load_json(out / "results.json")["cases"]) for out in outs)
+    assert sizes == [0, 1]
+    merged = invoke("merge", *outs, "--out", tmp_path / "m")
+    assert merged.exit_code == 0, merged.output
+    assert len(load_json(tmp_path / "m/results.json")["cases"]) == 1
+
+
+def test_a_sharded_run_resumes_only_as_the_same_shard(tmp_path):
+    suite = _write_suite(tmp_path)
+    first, _ = _shards(tmp_path, suite, 2)
+    again = invoke("run", suite, "--out", first, "--resume", "--shard", "2/2")
+    assert again.exit_code == 2
+    assert "shard '1/2' then, '2/2' now" in again.output
+
+
+def test_a_merged_run_gates_against_a_whole_baseline(tmp_path):
+    suite = _write_suite(tmp_path)
+    assert invoke("run", suite, "--out", tmp_path / "whole").exit_code == 0
+    outs = _shards(tmp_path, suite, 2)
+    assert invoke("merge", *outs, "--out", tmp_path / "m").exit_code == 0
+    gated = invoke("compare", tmp_path / "whole/results.json", tmp_path / "m/results.json",
+                   "--gate")
+    assert gated.exit_code == 0, gated.output
