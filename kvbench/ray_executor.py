@@ -1,8 +1,10 @@
 """`kvbench run --executor ray`: each case runs as a Ray task, on a local Ray or on a cluster
 (`--address`); the driver alone writes results.
 
-A task asks for the resources its case needs: `threads` CPUs (1 when the case sets none, and then
-torch runs one thread), and one GPU for a cuda case. Worker processes are reused, so each worker
+A task asks for the resources its case needs: `threads` CPUs, and one GPU for a cuda case. A case
+that sets no `threads` runs on torch's default number here, the driver's (`default_threads`), and
+asks for as many CPUs: the float results of a case depend on its thread count, and so are the
+same as in a local run. Worker processes are reused, so each worker
 loads a model once and keeps it for its later cases. Each case gets a fresh Memo (kvbench.memo),
 closed when it ends: what cases share in a local run (a tokenised text, a started server) is made
 again per case here, and nothing outlives its case on a worker. The task sends back its record,
@@ -49,10 +51,9 @@ def import_ray():
     return ray
 
 
-def _shape(device: str, threads: int | None) -> dict[str, float]:
+def _shape(device: str, threads: int) -> dict[str, float]:
     """The Ray resources a case asks for."""
-    gpus = 1 if device.startswith("cuda") else 0
-    return {"num_cpus": threads or 1, "num_gpus": gpus}
+    return {"num_cpus": threads, "num_gpus": 1 if device.startswith("cuda") else 0}
 
 
 def _fits(shape: dict[str, float], nodes: list[dict]) -> bool:
@@ -78,9 +79,13 @@ class RayExecutor:
     close() stops."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
-                 grace_s: float = GRACE_S, status: Callable[[str], None] = lambda text: None):
+                 grace_s: float = GRACE_S, default_threads: int | None = None,
+                 status: Callable[[str], None] = lambda text: None):
+        from kvbench.runner import DEFAULT_THREADS
+
         self.ray = ray = import_ray()
         self.grace_s = grace_s
+        self.default_threads = default_threads or DEFAULT_THREADS
         self.owns = not ray.is_initialized()
         if self.owns:
             status("starting Ray" if address is None else f"connecting to Ray at {address}")
@@ -109,8 +114,9 @@ class RayExecutor:
 
     def run(self, cases: list[Case], progress, keep: Callable[[dict], None],
             files_dir: Path) -> Iterator[CaseResult]:
-        for shape in {tuple(_shape(c.device, c.threads).items()) for c in cases}:
-            self._check_fits(dict(shape), "its cases")
+        for shape in {tuple(self._shape(case).items()) for case in cases}:
+            self._check_fits(dict(shape), "its cases (a suite's `threads` sets the CPUs a case "
+                                          "asks for)")
         pending: dict[Any, _Attempt] = {}
         for case in cases:
             self._submit(pending, _Attempt(case, 1, time.monotonic()))
@@ -144,8 +150,8 @@ class RayExecutor:
 
     def _submit(self, pending: dict, attempt: _Attempt) -> None:
         case = attempt.case
-        ref = self._remote.options(**_shape(case.device, case.threads)).remote(
-            case, attempt.number, self._tracker)
+        ref = self._remote.options(**self._shape(case)).remote(
+            case, attempt.number, self._tracker, case.threads or self.default_threads)
         pending[ref] = attempt
 
     def _collect(self, ref, attempt: _Attempt, pending: dict, keep,
@@ -208,12 +214,15 @@ class RayExecutor:
         """Cases not yet started that no live node can hold (their nodes left) end as errors."""
         nodes = self.ray.nodes()
         for ref, attempt in list(pending.items()):
-            shape = _shape(attempt.case.device, attempt.case.threads)
+            shape = self._shape(attempt.case)
             if attempt.started is None and not _fits(shape, nodes):
                 self.ray.cancel(ref, force=True)
                 del pending[ref]
                 yield _failed(attempt, "error", "NoWorker",
                               f"no live node of the Ray cluster has {_describe(shape)}")
+
+    def _shape(self, case: Case) -> dict[str, float]:
+        return _shape(case.device, case.threads or self.default_threads)
 
     def _check_fits(self, shape: dict[str, float], what: str) -> None:
         if not _fits(shape, self.ray.nodes()):
@@ -265,7 +274,8 @@ class _Tracker:
 _MODELS = None  # this worker's loaded models, kept for its later cases
 
 
-def _run_on_worker(case: Case, attempt: int, tracker) -> tuple[str, list[dict], dict, str]:
+def _run_on_worker(case: Case, attempt: int, tracker, threads: int
+                   ) -> tuple[str, list[dict], dict, str]:
     import ray
 
     from kvbench.memo import Memo
@@ -279,7 +289,7 @@ def _run_on_worker(case: Case, attempt: int, tracker) -> tuple[str, list[dict], 
     memo = Memo()
     try:
         record = run_case(case, _MODELS, _Silent(), memo, samples.append, folder,
-                          default_threads=case.threads or 1)
+                          default_threads=threads)
     finally:
         memo.close()
     files = {str(path.relative_to(folder)): path.read_bytes()

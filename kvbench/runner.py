@@ -45,7 +45,7 @@ JSON = "results.json"
 PREDICTIONS = "predictions.jsonl"  # per-sample records benchmarks keep (RunContext.keep)
 FILES = "files"  # files cases keep beside the results (RunContext.files_dir: server logs)
 LOCK = ".kvbench.lock"
-_DEFAULT_THREADS = torch.get_num_threads()
+DEFAULT_THREADS = torch.get_num_threads()  # torch's default here, before any case sets it
 
 
 class ResumeError(ValueError):
@@ -177,7 +177,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
     record.started = _now()
     try:
         with _deadline(case.timeout_s):
-            torch.set_num_threads(case.threads or default_threads or _DEFAULT_THREADS)
+            torch.set_num_threads(case.threads or default_threads or DEFAULT_THREADS)
             _seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
             record.device = _device_name(device, case.backend)
@@ -508,7 +508,7 @@ def _finish(result: RunResult, suite: LoadedSuite, out_dir: Path, progress: Prog
     """results.json, in the suite's case order. strict=False: another error is on its way out
     and a failure to write must not replace it (results.jsonl holds every saved case)."""
     progress.stop()
-    torch.set_num_threads(_DEFAULT_THREADS)
+    torch.set_num_threads(DEFAULT_THREADS)
     order = {c.id: i for i, c in enumerate(suite.cases)}
     result.cases.sort(key=lambda c: order.get(c.id, len(order)))
     judge_across(result, suite.cases)

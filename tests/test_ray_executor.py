@@ -23,7 +23,7 @@ NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
 SUITE = """\
 kvbench: 1
 name: on-ray
-defaults: {{timeout_s: {timeout}}}
+defaults: {{timeout_s: {timeout}, threads: 1}}  # each case asks the one-CPU nodes for one
 methods:
   - name: tests.plugins.kvb_testplugin:Nop
     matrix: {{knob: [1, 2]}}
