@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from kvbench.results import CaseError, CaseResult
+from kvbench.results import CaseResult
 from kvbench.suite.case import Case
 
 # Past the case's own timeout (which the child enforces with SIGALRM), how long the parent waits
@@ -66,27 +66,18 @@ def run_case_in_child(case: Case, status: Callable[[str], None],
 
 def _died(case: Case, exitcode: int | None, seconds: float, limit: float | None,
           never_started: bool) -> CaseResult:
-    from kvbench.results import fingerprint
-    from kvbench.runner import case_record
+    from kvbench.runner import unreported
 
-    record = case_record(case)
     if limit is not None and seconds > limit:
-        record.status = "timeout"
         message = (f"the case's process did not start within {STARTUP_S:g} s" if never_started
                    else f"case exceeded its timeout of {case.timeout_s:g} s and did not stop;"
                         f" its process was killed after {seconds:.0f} s")
-        record.error = CaseError(type="CaseTimeout", message=message, traceback="")
+        return unreported(case, "timeout", "CaseTimeout", message, seconds)
+    if exitcode is not None and exitcode < 0:
+        how = f"was killed by {signal.Signals(-exitcode).name}"
     else:
-        record.status = "error"
-        if exitcode is not None and exitcode < 0:
-            how = f"was killed by {signal.Signals(-exitcode).name}"
-        else:
-            how = f"exited with status {exitcode} before reporting"
-        record.error = CaseError(type="ProcessDied", message=f"the case's process {how}",
-                                 traceback="")
-    record.fingerprint = fingerprint(record)
-    record.duration_s = round(seconds, 3)
-    return record
+        how = f"exited with status {exitcode} before reporting"
+    return unreported(case, "error", "ProcessDied", f"the case's process {how}", seconds)
 
 
 class _PipeProgress:

@@ -52,20 +52,17 @@ def merge_runs(runs: list[tuple[str, RunResult]], allow_mixed: bool = False) -> 
         problems.append(f"{runs[0][0]} was written by a kvbench without shards (no planned "
                         "cases)")
     shards = {path: run.settings.get("shard") for path, run in runs}
-    if None in shards.values():
-        whole = [path for path, shard in shards.items() if shard is None]
+    whole = [path for path, text in shards.items() if text is None]
+    if whole:
         problems.append(f"{', '.join(whole)}: not a shard (run with --shard i/n)")
-        count = 1
-    else:
-        parsed = {path: parse_shard(text) for path, text in shards.items()}
-        count = next(iter(parsed.values())).count
-        if any(shard.count != count for shard in parsed.values()):
-            problems.append("shards of different splits: " + ", ".join(
-                f"{path} is {shard}" for path, shard in parsed.items()))
-        for index, times in Counter(s.index for s in parsed.values()).items():
-            if times > 1:
-                problems.append(f"shard {index}/{count} is given {times} times: " + ", ".join(
-                    path for path, shard in parsed.items() if shard.index == index))
+    parsed = {path: parse_shard(text) for path, text in shards.items() if text is not None}
+    if len({shard.count for shard in parsed.values()}) > 1:
+        problems.append("shards of different splits: " + ", ".join(
+            f"{path} is {shard}" for path, shard in parsed.items()))
+    for shard, times in Counter(parsed.values()).items():
+        if times > 1:
+            problems.append(f"shard {shard} is given {times} times: " + ", ".join(
+                path for path, other in parsed.items() if other == shard))
     owner: dict[str, str] = {}
     for path, run in runs:
         for case in run.cases:
@@ -75,8 +72,9 @@ def merge_runs(runs: list[tuple[str, RunResult]], allow_mixed: bool = False) -> 
     if problems:
         raise MergeRefused("cannot merge:\n  " + "\n  ".join(problems))
 
-    first = runs[0][1]
-    given = {parse_shard(text).index for text in shards.values()}
+    first_path, first = runs[0]
+    count = parsed[first_path].count
+    given = {shard.index for shard in parsed.values()}
     missing_shards = [f"{i}/{count}" for i in range(1, count + 1) if i not in given]
     order = {case_id: i for i, case_id in enumerate(first.planned)}
     cases = sorted((case for _, run in runs for case in run.cases),

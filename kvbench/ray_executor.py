@@ -4,8 +4,8 @@
 A task asks for the resources its case needs: `threads` CPUs, and one GPU for a cuda case. A case
 that sets no `threads` runs on torch's default number here, the driver's (`default_threads`), and
 asks for as many CPUs: the float results of a case depend on its thread count, and so are the
-same as in a local run. Worker processes are reused, so each worker
-loads a model once and keeps it for its later cases. Each case gets a fresh Memo (kvbench.memo),
+same as in a local run. Worker processes are reused, so each worker loads a model once and keeps
+it for its later cases. Each case gets a fresh Memo (kvbench.memo),
 closed when it ends: what cases share in a local run (a tokenised text, a started server) is made
 again per case here, and nothing outlives its case on a worker. The task sends back its record,
 its per-sample records and the files it kept; the driver writes them as for a local case.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kvbench.results import CaseError, CaseResult, fingerprint
+from kvbench.results import CaseResult
 from kvbench.suite.case import Case
 
 INSTALL_HINT = "pip install 'kvbench[ray]'"
@@ -157,11 +157,11 @@ class RayExecutor:
     def _collect(self, ref, attempt: _Attempt, pending: dict, keep,
                  files_dir: Path) -> CaseResult | None:
         """The attempt's record; None when the case was submitted again."""
-        exceptions = self.ray.exceptions
         try:
             payload = self.ray.get(ref)
-        except (exceptions.TaskCancelledError, exceptions.WorkerCrashedError,
-                exceptions.RayError) as exc:
+        except self.ray.exceptions.RayError as exc:
+            if isinstance(exc, self.ray.exceptions.RayTaskError):  # raised outside run_case
+                return _failed(attempt, "error", type(exc.cause).__name__, str(exc.cause))
             if attempt.timed_out:
                 return _failed(attempt, "timeout", "CaseTimeout",
                                f"case exceeded its timeout of {attempt.case.timeout_s:g} s and "
@@ -242,14 +242,10 @@ def _death(exc: Exception, attempt: _Attempt) -> str:
 
 
 def _failed(attempt: _Attempt, status: str, kind: str, message: str) -> CaseResult:
-    from kvbench.runner import case_record
+    from kvbench.runner import unreported
 
-    record = case_record(attempt.case)
-    record.status = status
-    record.error = CaseError(type=kind, message=message, traceback="")
-    record.fingerprint = fingerprint(record)
-    began = attempt.started or attempt.submitted
-    record.duration_s = round(time.monotonic() - began, 3)
+    seconds = time.monotonic() - (attempt.started or attempt.submitted)
+    record = unreported(attempt.case, status, kind, message, seconds)
     record.info["ray"] = {"node": attempt.node, "pid": attempt.pid, "attempt": attempt.number}
     return record
 

@@ -164,6 +164,17 @@ def case_record(case: Case) -> CaseResult:
     )
 
 
+def unreported(case: Case, status: str, error_type: str, message: str,
+               seconds: float) -> CaseResult:
+    """The record of a case whose process or worker died or was killed before it reported."""
+    record = case_record(case)
+    record.status = status
+    record.error = CaseError(type=error_type, message=message, traceback="")
+    record.fingerprint = fingerprint(record)
+    record.duration_s = round(seconds, 3)
+    return record
+
+
 def run_case(case: Case, load_model, progress: Progress, memo: Memo,
              keep: Callable[[dict], None] = lambda record: None,
              files_dir: Path | None = None, default_threads: int | None = None) -> CaseResult:
