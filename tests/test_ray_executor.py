@@ -207,8 +207,9 @@ def test_a_case_whose_worker_dies_twice_is_an_error_and_the_run_goes_on(cluster,
                          "--out", tmp_path / "out"], tmp_path)
     assert code == 3, out
     run = load_results(tmp_path / "out/results.json")
+    seen = [(c.id, c.status, c.error, c.info.get("ray")) for c in run.cases]  # shown on failure
     [dead] = [c for c in run.cases if c.status != "ok"]
-    assert dead.error.type == "WorkerDied" and dead.info["ray"]["attempt"] == 2
+    assert dead.error.type == "WorkerDied" and dead.info["ray"]["attempt"] == 2, seen
     assert dead.error.message.startswith("attempt 1: its Ray worker on ")
     assert "; attempt 2: its Ray worker on " in dead.error.message
     assert sum(c.status == "ok" for c in run.cases) == 6
