@@ -409,13 +409,22 @@ def validate(suite_path):
 def list_(what, name):
     """List registered methods, benchmarks, bundled models, or the suites under ./suites.
 
-    `kvbench list benchmarks NAME` shows one benchmark: its parameters and every metric it
-    reports, with its unit, direction and exact definition."""
+    Each method and benchmark is shown with its parameters and the first sentence of its
+    docstring.
+
+    `kvbench list methods NAME` and `kvbench list benchmarks NAME` show one of them: its whole
+    docstring and every parameter with its type, default, allowed range and meaning (a "-"
+    where the code states none); a benchmark also every metric it reports, with its unit,
+    which way is better, whether it is a timing, and its exact definition. An unknown NAME
+    exits 2 with the nearest names."""
     if name is not None:
-        if what != "benchmarks":
-            _fail("a NAME is taken only by `kvbench list benchmarks NAME`")
-        _show_benchmark(name)
+        if what not in ("methods", "benchmarks"):
+            _fail("a NAME is taken only by `kvbench list methods NAME` and"
+                  " `kvbench list benchmarks NAME`")
+        (_show_method if what == "methods" else _show_benchmark)(name)
         return
+    from kvbench import describe
+
     table = Table()
     if what in ("methods", "benchmarks"):
         from kvbench.benchmarks import BENCHMARKS
@@ -428,12 +437,10 @@ def list_(what, name):
         for name in registry.names():
             cls = registry.get(name)
             config = cls if what == "methods" else cls.Params
-            params = ", ".join(
-                f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name
-                for f in dataclasses.fields(config)
-            )
-            doc = (cls.__doc__ or "").strip().splitlines()
-            table.add_row(name, escape(params), escape(doc[0] if doc else ""))
+            params = ", ".join(p.name if p.default == "required" else f"{p.name}={p.default}"
+                               for p in describe.parameters(config))
+            table.add_row(name, escape(params),
+                          escape(describe.first_sentence(describe.docstring(cls))))
     elif what == "models":
         from kvbench.models import BUNDLED, kvbench_home
 
@@ -456,26 +463,60 @@ def list_(what, name):
                 description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
             except yaml.YAMLError:
                 description = "(not valid YAML)"
-            table.add_row(str(path), escape(str(description).strip().splitlines()[0]
-                                            if description else ""))
+            # a suite's description is its summary: all of it, its lines joined
+            table.add_row(str(path), escape(" ".join(str(description or "").split())))
     console.print(table)
 
 
+def _show_method(name: str) -> None:
+    from kvbench import describe
+    from kvbench.methods import METHODS
+
+    try:
+        cls = METHODS.get(name)
+    except LookupError as exc:
+        _fail(str(exc))
+    console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    console.print(_parameters_table(f"parameters of {name}", cls))
+
+
 def _show_benchmark(name: str) -> None:
+    from kvbench import describe
     from kvbench.benchmarks import BENCHMARKS
 
     try:
         cls = BENCHMARKS.get(name)
     except LookupError as exc:
         _fail(str(exc))
-    console.print(escape((cls.__doc__ or name).strip()))
-    console.print(escape((cls.Params.__doc__ or "").strip()))
-    table = Table(title=f"metrics of {name}")
-    for column in ("metric", "unit", "better", "definition"):
+    console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    console.print(escape(describe.docstring(cls.Params)), end="\n\n")
+    console.print(_parameters_table(f"parameters of {name}", cls.Params))
+    table = Table(title=f"metrics of {name}",
+                  caption="timing: varies run to run, kept with its samples; the gate judges a"
+                          " ratio timing against a reference timed in the same repeat, an"
+                          " absolute one only when the suite asks")
+    for column in ("metric", "unit", "better", "timing", "definition"):
         table.add_column(column)
     for metric, spec in cls.metrics.items():
-        table.add_row(metric, spec.unit, spec.direction, escape(spec.description))
+        table.add_row(metric, spec.unit or "-", spec.direction, spec.timing or "no",
+                      escape(spec.description or describe.UNKNOWN))
     console.print(table)
+
+
+def _parameters_table(title: str, config: type) -> Table:
+    from kvbench import describe
+
+    table = Table(title=title)
+    # the meaning is the long text: it takes the width the other columns leave
+    table.add_column("parameter", no_wrap=True)
+    table.add_column("type", max_width=20)
+    table.add_column("default", max_width=16)
+    table.add_column("range", max_width=20)
+    table.add_column("meaning", ratio=1)
+    for p in describe.parameters(config):
+        table.add_row(p.name, escape(p.type), escape(p.default), escape(p.range),
+                      escape(p.meaning))
+    return table
 
 
 @main.command()

@@ -35,8 +35,9 @@ class DecodeAttentionParams:
     """Parameters of the decode_attention benchmark.
 
     context: int = 4096 — cached tokens the one query attends to.
-    q_heads: int = 32 — query heads; kv_heads: int = 8 — KV heads (q_heads a multiple: GQA).
-    head_dim: int = 128.
+    q_heads: int = 32 — query heads (a multiple of kv_heads: GQA).
+    kv_heads: int = 8 — KV heads.
+    head_dim: int = 128 — channels per head of the queries and the K/V.
     batch: int = 1 — sequences, one query token each.
     dtype: "bfloat16" | "float16" | "float32" = "bfloat16" — the query's and the plain K/V's.
     copies: int = 0 — K/V sets cycled through; 0: on CUDA enough that their 16-bit K/V is 4x

@@ -83,6 +83,18 @@ class AM(TokenMethod):
     `fit_beta: false` / `fit_values: false` turn the fits off (both off: plain top-t selection by
     the same score), so what beta and C_v buy is measured.
 
+    Parameters:
+        score: str = "rms" — how a key's attention from the reference queries is reduced to
+            its score: "rms" sqrt(mean A^2), "max" or "mean".
+        fit_beta: bool = True — fit beta, the bias added to each kept key's logit.
+        fit_values: bool = True — fit the kept values by ridge regression (False keeps them).
+        ridge: float = 0.0 — the ridge of the value fit; 0 is plain least squares.
+        seed: int = 0 — seed of the power iteration that starts the beta fit.
+        causal: bool = False — each prompt query scores and fits only against the keys up to
+            its own position.
+        queries: str = "context" — where the reference queries come from: "context", the
+            prompt's own; "repeat", the prompt fed again after itself.
+
     `queries: repeat` takes the reference queries from the prompt fed a second time after itself
     (repeat-prefill, the paper's alternative): they see every key as later queries do.
 
@@ -170,6 +182,14 @@ class AMTask(AM):
     one, the prompt's last `task_tokens` queries), scores are averaged over heads so one token mask
     is shared by every head of a layer, and tokens scoring above median + tau * MAD are kept. With
     `ratio` or `budget` set instead, the shared mask keeps that many top tokens.
+
+    Parameters:
+        ratio: float | None = None — as am's; with neither ratio nor budget set, tau decides.
+        budget: int | None = None — as am's; with neither ratio nor budget set, tau decides.
+        tau: float = 1.0 — tokens whose head-averaged score is above median + tau * MAD are kept.
+        task_tokens: int = 32 — without a probe, the prompt's last this many queries are the
+            task's.
+        ridge: float = 1e-3 — the ridge of the value fit (see below).
 
     Values are fitted by ridge regression, as the engine does; its lambda is not published, so
     the default `ridge` 1e-3 is measured here: a few task queries leave the plain least squares

@@ -278,9 +278,13 @@ class Butterfly(Method):
     a raw tail of W tokens plus one float32 summary per completed block and float32 sums of the
     open block: retained bytes grow as O(T / B).
 
-    Parameters: block_size (int, 128) tokens per block; window (int, 64) exact-attention window
-    in tokens; partner_rule (str, "causal_shift") one of PARTNER_RULES; seed (int, 0) for the
-    `random` rule. Tensors are (batch=1, kv_heads, tokens, head_dim), post-RoPE, any float dtype.
+    Parameters:
+        block_size: int = 128 — tokens per block.
+        window: int = 64 — the exact-attention window, in tokens.
+        partner_rule: str = "causal_shift" — causal_shift, or an ablation rule: local_only,
+            fixed_stride, random, xor.
+        seed: int = 0 — seed of the `random` rule.
+    Tensors are (batch=1, kv_heads, tokens, head_dim), post-RoPE, any float dtype.
 
     Defaults: seeds/003's published run (--block-size 128 --compressed-local-window-tokens 64
     --block-partner-rule causal_shift); upstream Hmbown/Butterfly bna/mlx/compressed_cache.py

@@ -71,7 +71,11 @@ class StreamingLLM(TokenMethod):
 
     Defaults: sinks 4 as mit-han-lab/streaming-llm streaming_llm/kv_cache.py (start_size=4) and
     kvpress's StreamingLLMPress (n_sink=4). Upstream shifts positions inside the cache; here keys
-    keep their original RoPE positions (kvpress without KeyRerotationPress)."""
+    keep their original RoPE positions (kvpress without KeyRerotationPress).
+
+    Parameters:
+        sinks: int = 4 — the first tokens always kept (attention sinks), within the budget.
+    """
 
     sinks: int = 4
 
@@ -126,7 +130,13 @@ class SnapKV(TokenMethod):
     Defaults: FasterDecoding/SnapKV snapkv/monkeypatch/snapkv_utils.py init_snapkv (window_size
     32, kernel_size 5, pooling avgpool); its SnapKVCluster and kvpress's SnapKVPress use window
     64. Upstream selects per query head (repeat_kv first); here per KV head, votes summed over
-    its query heads (kvpress averages them: the same choice)."""
+    its query heads (kvpress averages them: the same choice).
+
+    Parameters:
+        window: int = 32 — the prompt's last queries that vote, whose tokens are kept too.
+        kernel: int = 5 — width of the pooling over neighbouring tokens' votes.
+        pooling: str = "avg" — "avg" or "max" pooling of the votes.
+    """
 
     capabilities: ClassVar[Capabilities] = Capabilities(trim=True, probes=True)
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
@@ -196,7 +206,12 @@ class H2O(TokenMethod):
     measured bytes, not in the layout.
 
     Defaults: recent 0.5 as FMInference/H2O h2o_hf/run_text_generation.py and
-    scripts/lm_eval/h2o.sh (heavy_ratio 0.1, recent_ratio 0.1: half of a 0.2 budget is recent)."""
+    scripts/lm_eval/h2o.sh (heavy_ratio 0.1, recent_ratio 0.1: half of a 0.2 budget is recent).
+
+    Parameters:
+        recent: float = 0.5 — the fraction of the budget given to the newest tokens; the rest
+            goes to the heavy hitters.
+    """
 
     recent: float = 0.5
 

@@ -26,7 +26,12 @@ from kvbench.methods.base import (
 @dataclass
 class Budget:
     """Tokens a policy keeps per head after the prompt: `ratio` of the prompt, or a fixed
-    `budget`; set exactly one."""
+    `budget`; set exactly one.
+
+    Parameters:
+        ratio: float | None = None — the fraction of the prompt's tokens kept per head.
+        budget: int | None = None — the number of tokens kept per head.
+    """
 
     ratio: float | None = None
     budget: int | None = None
