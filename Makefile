@@ -11,7 +11,7 @@ $(BIN)/kvbench: pyproject.toml
 	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray]"
 	touch $@
 
-.PHONY: install demo test
+.PHONY: install demo test site
 install: $(BIN)/kvbench
 
 demo: install
@@ -20,3 +20,11 @@ demo: install
 test: install
 	$(BIN)/kvbench models prepare smollm2-135m
 	$(BIN)/python -m pytest -q
+
+# The results page of every committed run (reports/index.html, linking each run's folder in
+# place), and its screenshot where Chromium is installed.
+site: install
+	$(BIN)/kvbench report reports/*/results.json --format html --link --out reports
+	@if command -v chromium >/dev/null; then chromium --headless --no-sandbox --disable-gpu \
+	  --hide-scrollbars --window-size=1400,2000 --screenshot=reports/site.png \
+	  "file://$(CURDIR)/reports/index.html" 2>/dev/null; else echo "no chromium: no screenshot"; fi

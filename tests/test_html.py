@@ -1,0 +1,209 @@
+"""`kvbench report --format html`: the results page, read back from its HTML, and in a real
+(headless) Chromium: it loads without errors, its tables sort and filter, its links open cases."""
+from __future__ import annotations
+
+import glob
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from kvbench.report.html import BOARDS, build_site, method_family
+from kvbench.results import load_results, save_results
+from tests.plugins.browser import Browser, chromium_path
+from tests.plugins.cli_support import invoke
+from tests.plugins.suites import ROOT, SMALL_RESULTS
+
+
+class _Tables(HTMLParser):
+    """Every table by id: rows of (attributes, cell texts, link targets); and the ids of the
+    page's <details> elements with their text."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tables: dict[str, list[tuple[dict, list[str], list[str]]]] = {}
+        self.details: dict[str, str] = {}
+        self._table = self._row = self._cell = self._detail = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and attrs.get("id"):
+            self._table = self.tables.setdefault(attrs["id"], [])
+        elif tag == "tr" and self._table is not None:
+            self._row = (attrs, [], [])
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "a" and self._row is not None and attrs.get("href"):
+            self._row[2].append(attrs["href"])
+        elif tag == "details":
+            self._detail = attrs["id"]
+            self.details[self._detail] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._table = None
+        elif tag in ("td", "th") and self._row is not None and self._cell is not None:
+            self._row[1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            if self._row[1] and self._table is not None:
+                self._table.append(self._row)
+            self._row = None
+        elif tag == "details":
+            self._detail = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._detail is not None:
+            self.details[self._detail] += data
+
+
+def _body_rows(table):
+    return table[1:]  # the first row is the head
+
+
+def _site(tmp_path: Path, *runs) -> tuple[Path, _Tables]:
+    page = build_site([(f"run{i}.json", run) for i, run in enumerate(runs)], tmp_path / "site")
+    return page, _Tables(page.read_text())
+
+
+def _brute_front(cases, x_name: str, y_name: str) -> set[str]:
+    def score(metric):
+        return -metric.value if metric.direction == "higher" else metric.value
+
+    points = {c.id: (score(c.metrics[x_name]), score(c.metrics[y_name]), str(c.bench_params))
+              for c in cases if x_name in c.metrics and y_name in c.metrics}
+    return {i for i, (x, y, g) in points.items()
+            if not any(g2 == g and x2 <= x and y2 <= y and (x2, y2) != (x, y)
+                       for x2, y2, g2 in points.values())}
+
+
+def test_the_page_of_one_run(tmp_path):
+    run = load_results(SMALL_RESULTS)
+    page, parsed = _site(tmp_path, run)
+    shipped = load_results(tmp_path / "site/runs/1-small/results.json")
+    assert shipped.cases == run.cases  # the run's results beside the page
+    assert (tmp_path / "site/runs/1-small/report.md").exists()
+    for kind in ("proofs", "perplexity"):
+        rows = _body_rows(parsed.tables[f"board-{kind}"])
+        ok = [c for c in run.cases if c.benchmark == kind and c.status == "ok"]
+        assert [r[1][1] for r in rows] == [c.method_label for c in ok]
+        assert [r[0]["data-family"] for r in rows] == [method_family(c) for c in ok]
+        for (attrs, cells, links), case in zip(rows, ok):
+            # every figure and the method link open this case's details
+            assert links and set(links) == {links[0]}
+            assert case.id in parsed.details[links[0][1:]]
+        board = BOARDS[kind]
+        marked = {case.id for (attrs, _, _), case in zip(rows, ok) if attrs.get("class") == "front"}
+        assert marked == _brute_front(ok, board.compression, board.quality)
+    claims = _body_rows(parsed.tables["claims"])
+    expected = [(c.id, cl.claim, cl.verdict, cl.source) for c in run.cases for cl in c.claims]
+    assert [(r[1][1], r[1][2], r[1][4], r[1][5]) for r in claims] == expected
+    assert all(source for *_, source in expected)  # each claim says where it was stated
+
+
+def test_two_machines_side_by_side_and_what_is_not_comparable(tmp_path):
+    first = load_results(SMALL_RESULTS)
+    second = first.model_copy(deep=True)
+    second.machine["key"] = "linux-x86_64-other"
+    ok = [c for c in second.cases if c.status == "ok"]
+    timed, changed = ok[0], ok[1]
+    metric = next(iter(timed.metrics))
+    timed.metrics[metric].value *= 2
+    changed.method_params = {**changed.method_params, "bits": 99}
+    _, parsed = _site(tmp_path, first, second)
+    rows = {(r[1][0], r[1][2]): r[1] for r in _body_rows(parsed.tables["comparison"])}
+    cells = rows[(timed.id, metric)]
+    assert cells[6] == "2"  # B/A
+    assert not any(case == changed.id for case, _ in rows)
+    refused = {r[1][0]: r[1][2] for r in _body_rows(parsed.tables["not-comparable"])}
+    assert "method_params.bits" in refused[changed.id] and "-> 99" in refused[changed.id]
+    # the machine is what the comparison is for: not a reason
+    assert all("machine" not in why for why in refused.values())
+
+
+def test_the_command_line(tmp_path):
+    made = invoke("report", SMALL_RESULTS, SMALL_RESULTS, "--format", "html", "--out",
+                  tmp_path / "site")
+    assert made.exit_code == 0, made.output
+    assert (tmp_path / "site/index.html").exists() and (tmp_path / "site/runs/2-small").is_dir()
+    refused = invoke("report", SMALL_RESULTS, "--format", "html")
+    assert refused.exit_code == 2 and "--out" in refused.output
+    refused = invoke("report", SMALL_RESULTS, SMALL_RESULTS)
+    assert refused.exit_code == 2 and "--format html" in refused.output
+
+
+# ------------------------------------------------------------ in a browser
+
+CHROMIUM = chromium_path()
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium) for the browser test")
+
+
+@pytest.fixture
+def browser():
+    pytest.importorskip("websockets", reason="the browser test drives Chromium with websockets")
+    opened = Browser(CHROMIUM)
+    yield opened
+    opened.close()
+
+
+@needs_browser
+def test_in_a_browser_it_loads_sorts_filters_and_opens_cases(browser, tmp_path):
+    first = load_results(SMALL_RESULTS)
+    second = first.model_copy(deep=True)
+    second.machine["key"] = "linux-x86_64-other"
+    page, _ = _site(tmp_path, first, second)
+    browser.open(page.as_uri())
+    assert browser.errors == []
+    rows = "document.querySelectorAll('#board-proofs tbody tr')"
+    ok = [c for c in first.cases if c.benchmark == "proofs" and c.status == "ok"]
+    assert browser.js(f"{rows}.length") == 2 * len(ok)
+    column = browser.js("[...document.querySelectorAll('#board-proofs thead th')]"
+                        ".findIndex(th => th.textContent.startsWith('attn_output_error'))")
+    values = (f"[...{rows}].map(r => parseFloat(r.cells[{column}].getAttribute('data-v')))")
+    browser.js(f"document.querySelectorAll('#board-proofs thead th')[{column}].click()")
+    ascending = browser.js(values)
+    assert ascending == sorted(ascending) and ascending != browser.js("[]")
+    browser.js(f"document.querySelectorAll('#board-proofs thead th')[{column}].click()")
+    assert browser.js(values) == sorted(ascending, reverse=True)
+    # hide a family: its rows go, the others stay
+    browser.js("(b => { b.checked = false; b.dispatchEvent(new Event('change')); })"
+               "(document.querySelector('input.family[value=intq]'))")
+    shown = browser.js(f"[...{rows}].filter(r => r.offsetParent !== null)"
+                       ".map(r => r.dataset.family)")
+    assert shown and "intq" not in shown
+    assert len(shown) == 2 * sum(method_family(c) != "intq" for c in ok)
+    # a figure opens its case
+    target = browser.js(f"{rows}[0].querySelector('td.num a').getAttribute('href')")
+    browser.js(f"{rows}[0].querySelector('td.num a').click()")
+    assert browser.js(f"document.querySelector('{target}').open") is True
+    assert browser.errors == []
+
+
+@needs_browser
+def test_the_page_of_the_committed_reports_in_a_browser(browser, tmp_path):
+    paths = sorted(glob.glob(str(ROOT / "reports/*/results.json")))
+    runs = [load_results(path) for path in paths]
+    page = build_site(list(zip(paths, runs)), tmp_path / "site")
+    browser.open(page.as_uri())
+    assert browser.errors == []
+    for kind in {c.benchmark for run in runs for c in run.cases}:
+        expected = sum(c.benchmark == kind and c.status == "ok" for run in runs for c in run.cases)
+        assert browser.js(f"document.querySelectorAll('#board-{kind} tbody tr').length") == \
+            expected, kind
+    figures = browser.js("[...document.images].map(i => i.complete && i.naturalWidth > 0)")
+    assert figures and all(figures)  # every figure beside the page loads
+    browser.screenshot(tmp_path / "page.png")
+    assert (tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_a_results_file_saved_again_gives_the_same_page(tmp_path):
+    """The page is made from the file alone: the copy beside it makes the same page."""
+    run = load_results(SMALL_RESULTS)
+    page = build_site([("a", run)], tmp_path / "one")
+    save_results(tmp_path / "again.json", load_results(tmp_path / "one/runs/1-small/results.json"))
+    again = build_site([("a", load_results(tmp_path / "again.json"))], tmp_path / "two")
+    assert page.read_text() == again.read_text()
