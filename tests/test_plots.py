@@ -1,13 +1,18 @@
-"""The rate-distortion PNG written beside report.md, from a results file alone."""
+"""The rate-distortion PNG written beside report.md, from a results file alone, and what the
+figures share: the Pareto front and one style per method family."""
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 
 from kvbench.report import plots
 from kvbench.report.markdown import render_markdown, write_reports
-from kvbench.report.plots import PlotUnavailable, rate_distortion_data, rate_distortion_png
+from kvbench.report.plots import (
+    FAMILY_STYLES, PlotUnavailable, family_styles, line_styles, method_family, pareto_front,
+    rate_distortion_data, rate_distortion_png,
+)
 from kvbench.results import Metric, RunResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -41,8 +46,10 @@ def test_png_written_with_one_point_per_proofs_case(with_attn, tmp_path):
     # fp16 and intq-4bit-g32 on gaussian (the errored case has no metrics), intq on outliers
     assert plot.n_points == 3
     assert [s.data for s in plot.series] == ["gaussian", "outliers"]
-    assert plot.series[0].labels == ["fp16", "intq-4bit-g32"]
-    assert plot.series[0].x == [16.0, 5.0] and plot.series[0].y == [0.0, 0.11]
+    assert plot.series[0].points() == [("identity", "fp16", 16.0, 0.0),
+                                       ("intq", "intq-4bit-g32", 5.0, 0.11)]
+    # neither beats the other: fewer bits against no error
+    assert plot.series[0].front == [("intq-4bit-g32", 5.0, 0.11), ("fp16", 16.0, 0.0)]
     assert plot.log_y  # 0.11 .. 1.4 spans more than 10x
     assert "small" in plot.title
     assert [p.name for p in tmp_path.iterdir()] == ["rd.png"]  # no temp file left
@@ -51,7 +58,10 @@ def test_png_written_with_one_point_per_proofs_case(with_attn, tmp_path):
 def test_other_axes_and_linear_scale(with_attn):
     plot = rate_distortion_data(with_attn, x="compression_ratio", y="cosine")
     assert plot.n_points == 3 and not plot.log_y  # cosine 0.99..1 spans less than 10x
-    assert plot.series[0].x == pytest.approx([1.0, 3.2], abs=1e-4)
+    assert [x for f in plot.series[0].families for x in f.x] == pytest.approx([1.0, 3.2], abs=1e-4)
+    # more compression is better here: the front is read with x reversed
+    assert plot.x_direction == "higher"
+    assert [label for label, *_ in plot.series[0].front] == ["fp16", "intq-4bit-g32"]
 
 
 def test_none_without_proofs_cases_with_both_metrics(small_unplotted, with_attn, tmp_path):
@@ -90,3 +100,77 @@ def test_missing_matplotlib_is_a_note_not_a_failure(with_attn, tmp_path, monkeyp
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
     assert render_markdown(with_attn) == text  # `kvbench report` says the same
+
+
+# ---- the Pareto front ---------------------------------------------------------------------------
+
+
+def test_pareto_front_drops_dominated_points_and_sorts_by_x():
+    points = [(4.0, 0.1), (2.0, 0.5), (3.0, 0.6), (8.0, 0.01), (3.0, 0.3), (9.0, 0.01)]
+    # (3, 0.6) loses to (3, 0.3) on y alone; (9, 0.01) to (8, 0.01) on x alone
+    assert pareto_front(points) == [1, 4, 0, 3]
+    assert pareto_front([]) == []
+    assert pareto_front([(1.0, 1.0)]) == [0]
+
+
+def test_pareto_front_keeps_both_of_equal_points():
+    # neither of two equal points beats the other: no strict improvement
+    assert pareto_front([(2.0, 0.5), (1.0, 0.9), (2.0, 0.5), (2.0, 0.7)]) == [1, 0, 2]
+
+
+def test_pareto_front_higher_is_better_and_nan_is_never_on_it():
+    points = [(2.0, 0.9), (4.0, 0.99), (3.0, 0.8), (1.0, math.nan), (math.nan, 1.0)]
+    assert pareto_front(points, "higher") == [0, 1]
+    assert pareto_front(points, "lower") == [0, 2]
+    with pytest.raises(ValueError, match="'lower' or 'higher'"):
+        pareto_front(points, "none")
+
+
+# ---- families -----------------------------------------------------------------------------------
+
+
+def test_method_family_folds_presets_and_plugin_classes():
+    assert [method_family(m) for m in ("intq", "turbo3", "turbo2.5", "h2o", "am_task",
+                                       "my.pkg.codecs:FancyQuant", "fp8")] == [
+        "intq", "turbo", "turbo", "h2o", "am_task", "FancyQuant", "fp8"]
+
+
+def test_family_styles_fixed_for_built_ins_and_distinct_for_plugins():
+    assert len(set(FAMILY_STYLES.values())) == len(FAMILY_STYLES)  # no two built-ins alike
+    styles = family_styles(["Plug", "intq", "Other", "Plug"])
+    assert list(styles) == ["Plug", "intq", "Other"]
+    assert styles["intq"] == FAMILY_STYLES["intq"]
+    assert styles["Plug"] != styles["Other"]
+    lines = line_styles({"intq4": "intq", "intq8": "intq", "kivi2": "kivi"})
+    assert lines["intq4"]["color"] == lines["intq8"]["color"] == FAMILY_STYLES["intq"][0]
+    assert lines["intq4"]["linestyle"] != lines["intq8"]["linestyle"]  # told apart by dashes
+
+
+def _proofs_case(template, label: str, method: str, bits: float, error: float, data="gaussian"):
+    case = template.model_copy(deep=True)
+    case.id, case.method, case.method_label = f"proofs/{label}/data={data}", method, label
+    case.bench_params = {**case.bench_params, "data": data}
+    case.metrics["bits_per_value"] = Metric(value=bits, unit="bits", direction="lower")
+    case.metrics["attn_output_error"] = Metric(value=error, direction="lower")
+    return case
+
+
+def test_points_grouped_by_family_each_in_order_of_bits(with_attn, tmp_path):
+    template = next(c for c in with_attn.cases if c.id == "proofs/intq-4bit-g32/data=gaussian")
+    run = with_attn.model_copy(deep=True)
+    run.cases = [_proofs_case(template, *args) for args in (
+        ("turbo4", "turbo4", 4.125, 0.14), ("intq8", "intq", 9.0, 0.007),
+        ("turbo2", "turbo2", 2.125, 0.46), ("intq2", "intq", 3.0, 0.6),
+        ("turbo3", "turbo3", 3.125, 0.26), ("intq4", "intq", 5.0, 0.11),
+        ("plug", "pkg.mod:Plug", 3.0, 0.7))]
+    plot = rate_distortion_data(run)
+    (series,) = plot.series
+    assert [(f.name, f.labels, f.x) for f in series.families] == [
+        ("turbo", ["turbo2", "turbo3", "turbo4"], [2.125, 3.125, 4.125]),
+        ("intq", ["intq2", "intq4", "intq8"], [3.0, 5.0, 9.0]),
+        ("Plug", ["plug"], [3.0])]
+    assert [label for label, *_ in series.front] == ["turbo2", "turbo3", "turbo4", "intq4", "intq8"]
+    pytest.importorskip("matplotlib")
+    first = rate_distortion_png(run, tmp_path / "a.png").read_bytes()
+    assert first[:8] == PNG_MAGIC
+    assert rate_distortion_png(run, tmp_path / "b.png").read_bytes() == first  # same bytes

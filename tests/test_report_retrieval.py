@@ -237,6 +237,7 @@ def test_ruler_plot_lines_by_registry_name(result, tmp_path):
     assert small.identity_ci == pytest.approx((30.574239, 86.315571), abs=1e-5)
     lines = {line.method: line for line in small.lines}
     assert list(lines) == ["snapkv", "intq"]  # identity is the dashed line, not a line
+    assert [line.family for line in small.lines] == ["snapkv", "intq"]  # their colours
     snap = lines["snapkv"]  # two ratios: one line of two points, in order of ratio
     assert snap.labels == ["snapkv-0.5", "snapkv-0.25"] and snap.x == [2.0, 4.0]
     assert snap.y == pytest.approx([50.0, 12.5])
@@ -259,7 +260,7 @@ def test_niah_heatmaps_depth_rows_length_columns(result, tmp_path):
     assert heat.depths == [0, 50, 100] and heat.lengths == [1024, 2048]
     assert heat.scores == SNAP_GRID  # row = depth (0% first: the top), column = length
     assert heat.scores[2][1] == 100  # depth 100%, length 2048
-    assert heat.title == "snapkv 0.5/ctx — 2.00x smaller KV"
+    assert heat.title == "snapkv 0.5/ctx — KV compression 2.00x vs 16-bit"
 
 
 def test_niah_grid_sorted_and_gaps_kept(result):
@@ -270,7 +271,13 @@ def test_niah_grid_sorted_and_gaps_kept(result):
     heat = retrieval.niah_heatmap_data(case)
     assert heat.lengths == [1024, 2048] and heat.depths == [0, 100]
     assert heat.scores[1] == [20, 10] and math.isnan(heat.scores[0][0]) and heat.scores[0][1] == 30
-    assert heat.title.endswith("(tiny:llama)")
+    assert heat.title.endswith("\n(tiny:llama)")  # its own line: narrow grids cut it off
+
+
+def test_niah_cell_text_readable_on_the_dark_ends():
+    plt = pytest.importorskip("matplotlib.pyplot")
+    cmap = plt.get_cmap("RdYlGn")
+    assert [retrieval._ink_on(cmap(v / 100)) for v in (0, 50, 100)] == ["white", "black", "white"]
 
 
 def test_niah_file_names_are_safe_and_distinct(result):

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.report.plots import (
-    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
+    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, line_styles, method_family,
+    pyplot, save_png,
 )
 from kvbench.report.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
@@ -201,21 +202,22 @@ def ratio_lines(table: LadderTable, metric: str) -> dict[str, tuple[list[int], l
 
 def ladder_ratios_png(table: LadderTable, path: Path, title: str) -> Path:
     plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), dpi=100)
     try:
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        markers = "osD^v<>P*X"
+        styles = line_styles({label: method_family(next(iter(rungs.values())).case.method)
+                              for label, rungs in table.rungs.items()})
         plotted = {}
         for ax, (metric, name) in zip(axes, RATIOS[:3]):
             ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label=REFERENCE)
-            for k, (label, (x, y)) in enumerate(ratio_lines(table, metric).items()):
-                ax.plot(x, y, marker=markers[k % len(markers)], color=colours[k % len(colours)],
-                        linewidth=1.4, label=label)
+            for label, (x, y) in ratio_lines(table, metric).items():
+                ax.plot(x, y, linewidth=1.4, label=label, **styles[label])
                 plotted.setdefault(metric, {})[label] = (x, y)
             ax.set_xscale("log", base=2)
             ax.set_xticks(table.lengths, [length_name(n) for n in table.lengths])
             if metric == "retained_kv_bytes":
                 ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # not 10^-1
             if table.beyond is not None:
                 ax.axvspan(table.beyond / 1.2, table.lengths[-1] * 1.2, color="grey", alpha=0.08)
             ax.set_title(f"{name} vs identity", fontsize=10)

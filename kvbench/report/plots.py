@@ -1,4 +1,6 @@
-"""Figures of one run, made from its results alone: the rate-distortion plot of its proofs cases.
+"""Figures of one run, made from its results alone: the rate-distortion plot of its proofs cases,
+and what every figure shares: one colour and marker per method family, the Pareto front, and
+deterministic PNG bytes.
 
 matplotlib is optional (the `plots` extra) and imported only when a figure is drawn, with the
 Agg backend (no display). Without it `rate_distortion_png` raises `PlotUnavailable`, which the
@@ -6,32 +8,135 @@ report turns into a one-line note.
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Literal
 
+from kvbench.catalog import CATALOG_FILE
 from kvbench.results import RunResult
 
 RATE_DISTORTION_PNG = "rate_distortion.png"
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install 'kvbench[plots]')"
 _LOG_SPAN = 10.0  # y on a log scale when its positive values span more than this factor
 
+# The built-in families' colour and marker, fixed so that a method looks the same in every
+# figure of every report; all pairs differ, as a ruler or ladder figure may hold most of them.
+FAMILY_STYLES = {
+    "identity": ("#7f7f7f", "o"),
+    "intq": ("#1f77b4", "o"),
+    "kivi": ("#ff7f0e", "s"),
+    "lloydmax": ("#2ca02c", "D"),
+    "turbo": ("#d62728", "^"),
+    "adaptive": ("#9467bd", "v"),
+    "decay": ("#8c564b", "<"),
+    "sparse_v": ("#e377c2", ">"),
+    "streamingllm": ("#bcbd22", "P"),
+    "snapkv": ("#17becf", "X"),
+    "h2o": ("#393b79", "h"),
+    "am": ("#637939", "*"),
+    "am_task": ("#ad494a", "p"),
+    "butterfly": ("#7b4173", "d"),
+}
+# Plugin families, in order of appearance in a figure.
+_OTHER_STYLES = [("#843c39", "o"), ("#3182bd", "s"), ("#e6550d", "D"), ("#31a354", "^"),
+                 ("#756bb1", "v"), ("#636363", "<"), ("#de9ed6", ">"), ("#8ca252", "P")]
+# A family's second, third, ... line in one panel (another setting of the same method).
+_LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.5)), "-.")
+
 
 class PlotUnavailable(RuntimeError):
     """matplotlib is not installed: the figure is skipped, the report says so."""
 
 
-@dataclass
-class Series:
-    """The points of one data kind: x, y and the method label of each."""
+@functools.cache
+def _builtin_methods() -> frozenset[str]:
+    # the committed catalog, not the registry: reports run where torch is not installed
+    return frozenset(json.loads(CATALOG_FILE.read_text())["methods"])
 
-    data: str
+
+def method_family(method: str) -> str:
+    """The family a case's method (CaseResult.method) is drawn in: its registry name; a preset
+    named after a built-in method and its bits (turbo3, turbo2.5) is that method's; a
+    `module:Class` method is its class name."""
+    if ":" in method:
+        return method.rpartition(":")[2]
+    preset = re.fullmatch(r"(.*[A-Za-z_])\d+(?:\.\d+)?", method)
+    if preset and preset.group(1) in _builtin_methods():
+        return preset.group(1)
+    return method
+
+
+def family_styles(families: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """(colour, marker) of each family: the built-ins' fixed ones, the others' in turn."""
+    styles, others = {}, itertools.cycle(_OTHER_STYLES)
+    for family in dict.fromkeys(families):
+        styles[family] = FAMILY_STYLES.get(family) or next(others)
+    return styles
+
+
+def line_styles(line_families: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """matplotlib keywords (color, marker, linestyle) of each named line from its family's
+    style; lines of one family in one figure differ by the line's dashes."""
+    colours = family_styles(line_families.values())
+    seen: dict[str, int] = {}
+    styles = {}
+    for line, family in line_families.items():
+        k = seen[family] = seen.get(family, -1) + 1
+        colour, marker = colours[family]
+        styles[line] = {"color": colour, "marker": marker,
+                        "linestyle": _LINESTYLES[k % len(_LINESTYLES)]}
+    return styles
+
+
+def pareto_front(points: list[tuple[float, float]],
+                 direction: Literal["lower", "higher"] = "lower") -> list[int]:
+    """Indices of the points no other point beats: fewer or as many x and as good a y, one of
+    them strictly (x: lower is better; y: `direction` is better). Equal points are all on the
+    front; a NaN is never on it and beats nothing. Sorted by x, then by y, best first."""
+    if direction not in ("lower", "higher"):
+        raise ValueError(f"direction must be 'lower' or 'higher', not {direction!r}")
+    sign = 1.0 if direction == "lower" else -1.0
+    finite = [(i, x, sign * y) for i, (x, y) in enumerate(points)
+              if not (math.isnan(x) or math.isnan(y))]
+    front = [(x, y, i) for i, x, y in finite
+             if not any(ox <= x and oy <= y and (ox < x or oy < y) for _, ox, oy in finite)]
+    return [i for _, _, i in sorted(front)]
+
+
+@dataclass
+class Family:
+    """One method family's points in one panel, in order of x (then y)."""
+
+    name: str
     labels: list[str] = field(default_factory=list)
     x: list[float] = field(default_factory=list)
     y: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Series:
+    """The points of one data kind (one panel), by method family in order of first appearance,
+    and the panel's Pareto front in order of x (empty when a metric has no better direction)."""
+
+    data: str
+    families: list[Family] = field(default_factory=list)
+    front: list[tuple[str, float, float]] = field(default_factory=list)  # (label, x, y)
+
+    @property
+    def n_points(self) -> int:
+        return sum(len(f.x) for f in self.families)
+
+    def points(self) -> list[tuple[str, str, float, float]]:
+        """(family, label, x, y) of every point, family by family."""
+        return [(f.name, label, px, py) for f in self.families
+                for label, px, py in zip(f.labels, f.x, f.y)]
 
 
 @dataclass
@@ -43,10 +148,11 @@ class RatePlot:
     y: str
     series: list[Series]
     log_y: bool
+    x_direction: str = "lower"  # of the x metric: which way the front's steps go
 
     @property
     def n_points(self) -> int:
-        return sum(len(s.x) for s in self.series)
+        return sum(s.n_points for s in self.series)
 
 
 class PlotPath(type(Path())):
@@ -85,25 +191,50 @@ def check_matplotlib() -> None:
 def rate_distortion_data(result: RunResult, x: str = "bits_per_value",
                          y: str = "attn_output_error") -> RatePlot | None:
     """One point per finished proofs case with finite x and y, one series per bench param `data`
-    (in order of first appearance); None when no case has both metrics."""
-    series: dict[str, Series] = {}
+    (in order of first appearance), its points by method family, each family in order of x; the
+    Pareto front by the metrics' directions. None when no case has both metrics."""
+    by_data: dict[str, dict[str, Family]] = {}
+    directions = {}
     for case in result.cases:
         if case.benchmark != "proofs" or case.status != "ok":
             continue
         mx, my = case.metrics.get(x), case.metrics.get(y)
         if mx is None or my is None or not (math.isfinite(mx.value) and math.isfinite(my.value)):
             continue
-        data = str(case.bench_params.get("data", "?"))
-        s = series.setdefault(data, Series(data))
-        s.labels.append(case.method_label)
-        s.x.append(mx.value)
-        s.y.append(my.value)
-    if not series:
+        directions.setdefault(x, mx.direction)
+        directions.setdefault(y, my.direction)
+        families = by_data.setdefault(str(case.bench_params.get("data", "?")), {})
+        name = method_family(case.method)
+        family = families.setdefault(name, Family(name))
+        family.labels.append(case.method_label)
+        family.x.append(mx.value)
+        family.y.append(my.value)
+    if not by_data:
         return None
-    positive = [v for s in series.values() for v in s.y if v > 0]
+    series = []
+    for data, families in by_data.items():
+        for family in families.values():
+            order = sorted(range(len(family.x)), key=lambda i: (family.x[i], family.y[i]))
+            family.labels, family.x, family.y = ([values[i] for i in order] for values in
+                                                 (family.labels, family.x, family.y))
+        s = Series(data, list(families.values()))
+        s.front = _front(s, directions[x], directions[y])
+        series.append(s)
+    positive = [v for s in series for f in s.families for v in f.y if v > 0]
     log_y = bool(positive) and max(positive) / min(positive) > _LOG_SPAN
     return RatePlot(title=f"kvbench {result.suite.name}: rate-distortion (proofs)", x=x, y=y,
-                    series=list(series.values()), log_y=log_y)
+                    series=series, log_y=log_y, x_direction=directions[x])
+
+
+def _front(series: Series, x_direction: str, y_direction: str) -> list[tuple[str, float, float]]:
+    """The series' Pareto front, (label, x, y) in order of x; none when either metric has no
+    better direction."""
+    if x_direction not in ("lower", "higher") or y_direction not in ("lower", "higher"):
+        return []
+    points = series.points()
+    sign = 1.0 if x_direction == "lower" else -1.0  # pareto_front takes fewer x as better
+    front = pareto_front([(sign * px, py) for _, _, px, py in points], y_direction)
+    return [points[i][1:] for i in sorted(front, key=lambda i: (points[i][2], i))]
 
 
 def _axis_label(result: RunResult, metric: str) -> str:
@@ -148,41 +279,104 @@ def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_
     plt = pyplot()
 
     path = Path(path)
-    # One panel per data kind (stacked, same axes), so the labels of one kind do not cover another's.
+    styles = family_styles(f.name for s in plot.series for f in s.families)
+    # One panel per data kind (stacked, same axes); one legend for all of them, on the right.
     rows = len(plot.series)
-    fig, axes = plt.subplots(rows, 1, figsize=(13, 1.5 + 4.8 * rows), dpi=100, sharex=True,
+    fig, axes = plt.subplots(rows, 1, figsize=(12, 1.2 + 4.2 * rows), dpi=100, sharex=True,
                              sharey=True, squeeze=False)
     try:
-        markers = "osD^v<>P*X"
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, (s, ax) in enumerate(zip(plot.series, axes[:, 0])):
-            # a log axis cannot show 0: such points are listed in the panel instead
-            shown = [(lab, px, py) for lab, px, py in zip(s.labels, s.x, s.y)
-                     if py > 0 or not plot.log_y]
-            hidden = [lab for lab, _, py in zip(s.labels, s.x, s.y) if py <= 0 and plot.log_y]
-            ax.scatter([p[1] for p in shown], [p[2] for p in shown], s=34, zorder=3,
-                       marker=markers[i % len(markers)], color=colours[i % len(colours)],
-                       label=f"data={s.data} ({len(s.x)} cases)")
-            for k, (label, px, py) in enumerate(sorted(shown, key=lambda p: (p[1], p[2]))):
-                # alternate above / below so neighbours at the same rate stay apart
-                ax.annotate(label, (px, py), fontsize=7, xytext=(5, 3 if k % 2 == 0 else -9),
-                            textcoords="offset points", alpha=0.85)
-            if hidden:
-                ax.text(0.99, 0.02, f"{plot.y} = 0, not drawn on the log axis: " + ", ".join(hidden),
-                        transform=ax.transAxes, ha="right", va="bottom", fontsize=8, alpha=0.8)
-            if plot.log_y:
-                from matplotlib.ticker import FuncFormatter, LogLocator
-                ax.set_yscale("log")
-                # label 1, 2, 5 of every decade: a decade alone is too coarse to read values off
-                ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        for s, ax in zip(plot.series, axes[:, 0]):
+            _rate_panel(ax, s, plot, styles)
             ax.set_ylabel(_axis_label(result, y) + (" (log)" if plot.log_y else ""), fontsize=9)
-            ax.grid(True, which="major", alpha=0.35)
-            ax.legend(loc="upper right", fontsize=9)
         axes[-1, 0].set_xlabel(_axis_label(result, x))
         fig.suptitle(plot.title)
-        fig.tight_layout()
+        handles: dict[str, Any] = {}
+        for ax in axes[:, 0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, handle)
+        if "Pareto front" in handles:  # last, after the families
+            handles["Pareto front"] = handles.pop("Pareto front")
+        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=9,
+                   title="method family")
+        # names go on last, once the layout has fixed where every point is
+        renderer = fig.canvas.get_renderer()
+        for s, ax in zip(plot.series, axes[:, 0]):
+            # only the front is named: every name would crowd the lower-bit corner
+            _label_where_room(ax, renderer, [p for p in s.front if _drawn(plot, p[2])],
+                              [(px, py) for *_, px, py in s.points()])
         save_png(fig, path)
     finally:
         plt.close(fig)
     return PlotPath.of(path, plot)
+
+
+def _drawn(plot: RatePlot, y: float) -> bool:
+    return y > 0 or not plot.log_y  # a log axis cannot show 0: the panel's title lists those
+
+
+def _rate_panel(ax, s: Series, plot: RatePlot, styles: dict[str, tuple[str, str]]) -> None:
+    """One data kind: each family's points and line, the Pareto front's steps, the axes."""
+    for f in s.families:
+        shown = [(px, py) for px, py in zip(f.x, f.y) if _drawn(plot, py)]
+        if not shown:
+            continue
+        colour, marker = styles[f.name]
+        # a thin line: the family's variants at one rate zigzag, the front must stand out
+        ax.plot([p[0] for p in shown], [p[1] for p in shown], color=colour, linewidth=0.9,
+                alpha=0.5, zorder=3)
+        ax.plot([p[0] for p in shown], [p[1] for p in shown], color=colour, marker=marker,
+                markersize=6, linestyle="none", label=f.name, zorder=3)
+    front = [(label, px, py) for label, px, py in s.front if _drawn(plot, py)]
+    if front:
+        ax.step([p[1] for p in front], [p[2] for p in front], color="black", linestyle="--",
+                linewidth=1.3, zorder=2, label="Pareto front",
+                where="post" if plot.x_direction == "lower" else "pre")
+        ax.scatter([p[1] for p in front], [p[2] for p in front], s=130, facecolors="none",
+                   edgecolors="black", linewidths=1.2, zorder=4)
+        # a front point drawn over any other family's at the same place: its name is printed there
+        for family, label, px, py in s.points():
+            if (label, px, py) in front:
+                colour, marker = styles[family]
+                ax.plot([px], [py], color=colour, marker=marker, markersize=6, zorder=3.5)
+    if plot.log_y:
+        from matplotlib.ticker import FuncFormatter, LogLocator
+        ax.set_yscale("log")
+        # label 1, 2, 5 of every decade: a decade alone is too coarse to read values off
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    hidden = [label for _, label, _, py in s.points() if not _drawn(plot, py)]
+    note = f"; {plot.y} = 0, not drawn on the log axis: " + ", ".join(hidden) if hidden else ""
+    ax.set_title(f"data={s.data} ({s.n_points} cases{note})", fontsize=10)
+    ax.grid(True, which="major", alpha=0.35)
+
+
+def _label_where_room(ax, renderer, labelled: list[tuple[str, float, float]],
+                      points: list[tuple[float, float]]) -> None:
+    """Name each labelled point, in turn, beside it where the name covers no earlier name and
+    no point and stays inside the axes; where no side has room it stays unnamed (the report's
+    table has every case)."""
+    marker = 5.0  # display pixels around a point that a name must keep clear of
+    taken = []
+    for px, py in points:
+        cx, cy = ax.transData.transform((px, py))
+        taken.append((cx - marker, cy - marker, cx + marker, cy + marker))
+    box = ax.get_window_extent(renderer)
+    sides = (((7, 4), "left", "bottom"), ((7, -4), "left", "top"),
+             ((-7, 4), "right", "bottom"), ((-7, -4), "right", "top"),
+             ((0, 9), "center", "bottom"), ((0, -9), "center", "top"))
+    for label, px, py in labelled:
+        cx, cy = ax.transData.transform((px, py))
+        # the name may sit beside its own point, and so beside any point at the same place
+        others = [t for t in taken if not (t[0] < cx < t[2] and t[1] < cy < t[3])]
+        for offset, ha, va in sides:
+            note = ax.annotate(label, (px, py), xytext=offset, textcoords="offset points",
+                               fontsize=7, ha=ha, va=va, zorder=5)
+            e = note.get_window_extent(renderer)
+            inside = box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1
+            clear = all(e.x1 < x0 or x1 < e.x0 or e.y1 < y0 or y1 < e.y0
+                        for x0, y0, x1, y1 in others)
+            if inside and clear:
+                taken.append((e.x0, e.y0, e.x1, e.y1))
+                break
+            note.remove()

@@ -20,7 +20,8 @@ from typing import Any
 
 from kvbench.intervals import wilson_interval
 from kvbench.report.plots import (
-    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
+    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, line_styles, method_family,
+    pyplot, save_png,
 )
 from kvbench.report.tables import finite_metric, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
@@ -383,6 +384,7 @@ class RulerLine:
     """One method (registry name) in one panel: a point per label, in order of ratio."""
 
     method: str
+    family: str  # its colour and marker (plots.method_family)
     labels: list[str] = field(default_factory=list)
     x: list[float] = field(default_factory=list)  # compression ratio
     y: list[float] = field(default_factory=list)  # mean score over tasks
@@ -432,7 +434,8 @@ def ruler_plot_data(result: RunResult) -> RulerPlot | None:
             if head.ratio is None:
                 continue
             extra = row.name[len(row.cases[0].method_label):]  # " (compress=...)" or ""
-            line = lines.setdefault(row.method + extra, RulerLine(row.method + extra))
+            line = lines.setdefault(row.method + extra, RulerLine(row.method + extra,
+                                                                      method_family(row.method)))
             line.labels.append(row.cases[0].method_label)
             line.x.append(head.ratio)
             line.y.append(head.mean)
@@ -465,15 +468,14 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
     plt = pyplot()
     path = Path(path)
     count = len(plot.panels)
-    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharey=True,
-                             squeeze=False)
+    # one log x for all panels: the eviction methods crowd 1-2x and the codecs reach 20x
+    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharex=True,
+                             sharey=True, squeeze=False)
     try:
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        markers = "osD^v<>P*X"
-        styles = {}  # one colour and marker per method across panels
-        for panel in plot.panels:
-            for line in panel.lines:
-                styles.setdefault(line.method, len(styles))
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        styles = line_styles({line.method: line.family for panel in plot.panels
+                              for line in panel.lines})
         for panel, ax in zip(plot.panels, axes[0]):
             if panel.identity is not None:
                 ax.axhline(panel.identity, color="black", linestyle="--", linewidth=1.2,
@@ -482,15 +484,21 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
                     ax.axhspan(*panel.identity_ci, color="black", alpha=0.07, zorder=1,
                                label="identity 95% CI")
             for line in panel.lines:
-                k = styles[line.method]
                 yerr = [[y - lo for y, lo in zip(line.y, line.low)],
                         [hi - y for y, hi in zip(line.y, line.high)]]
-                ax.errorbar(line.x, line.y, yerr=yerr, color=colours[k % len(colours)],
-                            marker=markers[k % len(markers)], markersize=6, capsize=3,
-                            linewidth=1.4, label=line.method, zorder=3)
+                ax.errorbar(line.x, line.y, yerr=yerr, markersize=6, capsize=3, linewidth=1.4,
+                            elinewidth=1.0, label=line.method, zorder=3, **styles[line.method])
+            if not panel.lines:
+                ax.text(0.5, 0.5, "no compressed method\nscored at this length",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=9, alpha=0.7)
             ax.set_title(f"context {length_name(panel.length)} tokens", fontsize=10)
-            ax.set_xlabel("compression ratio vs 16-bit (x)")
-            ax.set_ylim(0, 102)
+            ax.set_xlabel("compression ratio vs 16-bit (x, log)")
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=2))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.margins(x=0.08)  # a point at either end of the ratios stays off the frame
+            ax.set_ylim(-3, 102)  # a score of 0 sits above the axis, not on it
             ax.grid(True, alpha=0.35)
         axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
         fig.suptitle(plot.title)
@@ -571,9 +579,9 @@ def niah_heatmap_data(case: CaseResult) -> NiahHeatmap:
     ratio = finite_metric(case, "compression_ratio")
     title = case.method_label
     if ratio is not None:
-        title += f" — {ratio:.2f}x smaller KV"
+        title += f" — KV compression {ratio:.2f}x vs 16-bit"  # identity can be below 1x
     if case.model:
-        title += f" ({case.model})"
+        title += f"\n({case.model})"  # its own line: a one-length grid is a narrow figure
     return NiahHeatmap(case.method_label, title, [lengths[k] for k in columns],
                        [depths[d] for d in rows], [[cell(d, k) for k in columns] for d in rows])
 
@@ -589,15 +597,20 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
     written = []
     for case, name in zip(cases, niah_file_names(cases)):
         heat = niah_heatmap_data(case)
-        fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(heat.lengths), 1.5 + 0.45 * len(heat.depths)),
-                               dpi=100)
+        # wide enough for the title at any number of lengths
+        fig, ax = plt.subplots(figsize=(max(4.6, 2.5 + 0.9 * len(heat.lengths)),
+                                        1.8 + 0.45 * len(heat.depths)), dpi=100)
         try:
-            image = ax.imshow(heat.scores, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto",
+            cmap = plt.get_cmap("RdYlGn")
+            image = ax.imshow(heat.scores, cmap=cmap, vmin=0, vmax=100, aspect="auto",
                               origin="upper", interpolation="nearest")
             for d, row in enumerate(heat.scores):
                 for k, value in enumerate(row):
-                    ax.text(k, d, "—" if math.isnan(value) else f"{value:.0f}", ha="center",
-                            va="center", fontsize=8, color="black")
+                    if math.isnan(value):  # an empty cell: the axes' white shows through
+                        ax.text(k, d, "—", ha="center", va="center", fontsize=8, color="black")
+                    else:
+                        ax.text(k, d, f"{value:.0f}", ha="center", va="center", fontsize=8,
+                                color=_ink_on(cmap(value / 100)))
             ax.set_xticks(range(len(heat.lengths)))
             ax.set_xticklabels([length_name(n) for n in heat.lengths])
             ax.set_yticks(range(len(heat.depths)))
@@ -612,6 +625,12 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
             plt.close(fig)
         written.append(PlotPath.of(out_dir / name, heat))
     return written
+
+
+def _ink_on(rgba: tuple[float, ...]) -> str:
+    """White on the map's dark ends (deep red, deep green), black elsewhere."""
+    red, green, blue = rgba[:3]
+    return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.5 else "black"
 
 
 def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | None:
