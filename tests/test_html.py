@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.report.html import BOARDS, build_site, method_family
+from kvbench.report.html import BOARDS, build_site
+from kvbench.report.plots import method_family
 from kvbench.results import load_results, save_results
 from tests.plugins.browser import Browser, chromium_path
 from tests.plugins.cli_support import invoke
@@ -90,7 +91,7 @@ def test_the_page_of_one_run(tmp_path):
         rows = _body_rows(parsed.tables[f"board-{kind}"])
         ok = [c for c in run.cases if c.benchmark == kind and c.status == "ok"]
         assert [r[1][1] for r in rows] == [c.method_label for c in ok]
-        assert [r[0]["data-family"] for r in rows] == [method_family(c) for c in ok]
+        assert [r[0]["data-family"] for r in rows] == [method_family(c.method) for c in ok]
         for (attrs, cells, links), case in zip(rows, ok):
             # every figure and the method link open this case's details
             assert links and set(links) == {links[0]}
@@ -175,7 +176,7 @@ def test_in_a_browser_it_loads_sorts_filters_and_opens_cases(browser, tmp_path):
     shown = browser.js(f"[...{rows}].filter(r => r.offsetParent !== null)"
                        ".map(r => r.dataset.family)")
     assert shown and "intq" not in shown
-    assert len(shown) == 2 * sum(method_family(c) != "intq" for c in ok)
+    assert len(shown) == 2 * sum(method_family(c.method) != "intq" for c in ok)
     # a figure opens its case
     target = browser.js(f"{rows}[0].querySelector('td.num a').getAttribute('href')")
     browser.js(f"{rows}[0].querySelector('td.num a').click()")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kvbench.gate import fingerprint_differences
 from kvbench.report.markdown import write_reports
+from kvbench.report.plots import method_family, pareto_front
 from kvbench.report.tables import fmt_number
 from kvbench.results import CaseResult, Metric, RunResult, atomic_write_text, save_results
 
@@ -77,22 +78,6 @@ class Run:
         return f"#{self.index} {self.result.suite.name} · {self.result.machine.get('key', '?')}"
 
 
-def method_family(case: CaseResult) -> str:
-    """The method's family: its registry name without a preset's bit count (turbo3 -> turbo),
-    or a plugin's class name."""
-    name = case.method.rpartition(":")[2]
-    return re.sub(r"(?<=[a-z_])[\d.]+$", "", name) or name
-
-
-def pareto(points: list[tuple[float, float]]) -> set[int]:
-    """Indices of the points no other point beats on both axes (both: lower is better)."""
-    front = set()
-    for i, (x, y) in enumerate(points):
-        if not any(ox <= x and oy <= y and (ox, oy) != (x, y) for ox, oy in points):
-            front.add(i)
-    return front
-
-
 def build_site(sources: list[tuple[str, RunResult]], out_dir: str | Path,
                link: bool = False) -> Path:
     """Write DIR/index.html and, beside it, each run's folder: results.json, report.md and
@@ -112,13 +97,14 @@ def build_site(sources: list[tuple[str, RunResult]], out_dir: str | Path,
         figures[index] = sorted(p.name for p in folder.glob("*.png"))
     page = out / PAGE
     atomic_write_text(page, render_page(runs, figures))
+    page.chmod(0o644)  # a page to publish, not a private temp file
     return page
 
 
 def render_page(runs: list[Run], figures: dict[int, list[str]]) -> str:
     cases = [(run, case) for run in runs for case in run.result.cases]
     anchors = {(run.index, case.id): f"c{n}" for n, (run, case) in enumerate(cases, start=1)}
-    families = sorted({method_family(case) for _, case in cases})
+    families = sorted({method_family(case.method) for _, case in cases})
     present = list(dict.fromkeys(case.benchmark for _, case in cases))
     kinds = [k for k in BOARDS if k in present] + [k for k in present if k not in BOARDS]
     parts = [
@@ -189,12 +175,12 @@ def _leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
     for run, case in rows:
         link = anchors[(run.index, case.id)]
         cells = ([_e(f"#{run.index}")] if many else []) + [
-            _e(method_family(case)), f"<a href='#{link}'>{_e(case.method_label)}</a>",
+            _e(method_family(case.method)), f"<a href='#{link}'>{_e(case.method_label)}</a>",
             f"<td class='params'>{_e(_params(case.bench_params, varying))}</td>"]
         cells += [_metric_cell(case.metrics.get(m), link) for m in columns]
         on = (run.index, case.id) in front
         cells.append("<span class='star' title='on the Pareto front'>★</span>" if on else "")
-        body.append(_row(cells, family=method_family(case), front=on))
+        body.append(_row(cells, family=method_family(case.method), front=on))
     note = _board_note(board)
     return _section(f"Leaderboard: {kind}", f"<p class='note'>{note}</p>" + _table(
         head, body, sortable=True, table_id=f"board-{kind}"), level=2)
@@ -219,7 +205,7 @@ def _front(rows: list[tuple[Run, CaseResult]], board: Board) -> set[tuple[int, s
         groups.setdefault(key, []).append(((run.index, case.id), point))
     on = set()
     for members in groups.values():
-        ranked = pareto([point for _, point in members])
+        ranked = pareto_front([point for _, point in members])
         on |= {members[i][0] for i in ranked}
     return on
 
@@ -273,7 +259,8 @@ def _comparison(runs: list[Run], anchors: dict) -> str:
                      f"<a href='#{anchors[(run.index, case.id)]}'>#{run.index}</a>")
             if differences or base.status != "ok" or case.status != "ok":
                 why = differences or [f"status {base.status} vs {case.status}"]
-                refused.append(_row([_e(case.id), links, _e("; ".join(why))]))
+                refused.append(_row([_e(case.id), links,
+                                     f"<td class='why'>{_e('; '.join(why))}</td>"]))
                 continue
             for name in base.metrics.keys() & case.metrics.keys():
                 a, b = base.metrics[name], case.metrics[name]
@@ -438,6 +425,7 @@ figcaption{color:#4a5565;font-size:12px}
 details{border-bottom:1px solid #eef0f4;padding:.2rem 0}details[open]{background:#fff}
 summary{cursor:pointer}table.facts th{width:12rem;background:none;position:static}
 tr.hidden{display:none}td.params{white-space:normal;min-width:12rem;max-width:28rem}
+td.why{white-space:normal;min-width:30rem}
 """
 
 # Sorting by a column (numbers by their exact value, in data-v), the family filter, and opening
