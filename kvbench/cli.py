@@ -276,7 +276,7 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         isolate, executor, address, shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
     try:
-        from kvbench.backends.torch_backend import resolve_device  # noqa: F401
+        import kvbench.backends.torch_backend  # noqa: F401 - imports torch
     except ImportError as exc:
         _fail(f"kvbench run needs torch ({exc}): pip install 'kvbench[torch]'. validate, report,"
               " compare and baseline save work without it")

@@ -295,6 +295,6 @@ def _run_on_worker(case: Case, attempt: int, tracker, threads: int
 
 
 def _probe_machine(device: str, backend: str) -> tuple[str, dict[str, Any]]:
-    from kvbench.runner import _local_machine
+    from kvbench.runner import ThisMachine
 
-    return _local_machine(device, backend)
+    return ThisMachine().machine(device, backend)

@@ -239,14 +239,24 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-class InProcess:
+class ThisMachine:
+    """Cases run here: the machine is this one, fingerprinted once (the command line asks for
+    it before the run, to check a baseline, and the run again, for its header)."""
+
+    _machine: tuple[str, dict[str, Any]] | None = None
+
+    def machine(self, device, backend):
+        if self._machine is None:
+            name = str(resolve_device(device))
+            self._machine = name, machine_fingerprint(name, backend)
+        return self._machine
+
+
+class InProcess(ThisMachine):
     """Cases one after another in this process, sharing loaded models and the run's Memo."""
 
     def __init__(self):
         self.load_model, self.memo = _ModelCache(), Memo()
-
-    def machine(self, device, backend):
-        return _local_machine(device, backend)
 
     def run(self, cases, progress, keep, files_dir):
         for case in cases:
@@ -257,14 +267,8 @@ class InProcess:
         self.memo.close()
 
 
-class ChildProcesses:
+class ChildProcesses(ThisMachine):
     """Each case in a fresh child process (kvbench.isolation)."""
-
-    def machine(self, device, backend):
-        return _local_machine(device, backend)
-
-    def close(self):
-        pass
 
     def run(self, cases, progress, keep, files_dir):
         from kvbench.isolation import run_case_in_child
@@ -273,10 +277,8 @@ class ChildProcesses:
             progress.case_started(case)
             yield run_case_in_child(case, progress.status, keep, files_dir)
 
-
-def _local_machine(device: str, backend: str) -> tuple[str, dict[str, Any]]:
-    name = str(resolve_device(device))
-    return name, machine_fingerprint(name, backend)
+    def close(self):
+        pass
 
 
 _HELD: set[Path] = set()  # folders this process holds: run_suite inside the CLI's hold is fine
