@@ -65,13 +65,14 @@ _FALLBACK_COLUMNS = 6
 
 @dataclass
 class Run:
-    """One result file on the page: its number, where it came from, and its folder (its
-    results.json, report.md and figures) as a path relative to the page."""
+    """One result file on the page: its number, where it came from, its folder (its
+    results.json, report.md and figures) as a path relative to the page, and its figures."""
 
     index: int
     source: str
     result: RunResult
     folder: str
+    figures: list[str]
 
     @property
     def label(self) -> str:
@@ -85,7 +86,7 @@ def build_site(sources: list[tuple[str, RunResult]], out_dir: str | Path,
     must hold its report.md and figures already (as reports/ does); nothing is copied.
     Returns the page's path."""
     out = Path(out_dir)
-    runs, figures = [], {}
+    runs = []
     for index, (source, result) in enumerate(sources, start=1):
         if link:
             folder = Path(source).parent
@@ -93,15 +94,15 @@ def build_site(sources: list[tuple[str, RunResult]], out_dir: str | Path,
             folder = out / "runs" / f"{index}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', result.suite.name)}"
             save_results(folder / "results.json", result)
             write_reports(result, folder)  # report.md and its figures
-        runs.append(Run(index, source, result, Path(os.path.relpath(folder, out)).as_posix()))
-        figures[index] = sorted(p.name for p in folder.glob("*.png"))
+        runs.append(Run(index, source, result, Path(os.path.relpath(folder, out)).as_posix(),
+                        sorted(p.name for p in folder.glob("*.png"))))
     page = out / PAGE
-    atomic_write_text(page, render_page(runs, figures))
+    atomic_write_text(page, render_page(runs))
     page.chmod(0o644)  # a page to publish, not a private temp file
     return page
 
 
-def render_page(runs: list[Run], figures: dict[int, list[str]]) -> str:
+def render_page(runs: list[Run]) -> str:
     cases = [(run, case) for run in runs for case in run.result.cases]
     anchors = {(run.index, case.id): f"c{n}" for n, (run, case) in enumerate(cases, start=1)}
     families = sorted({method_family(case.method) for _, case in cases})
@@ -114,7 +115,7 @@ def render_page(runs: list[Run], figures: dict[int, list[str]]) -> str:
         *(_leaderboard(kind, runs, anchors) for kind in kinds),
         _claims(runs, anchors),
         _comparison(runs, anchors) if len(runs) > 1 else "",
-        _figures(runs, figures),
+        _figures(runs),
         _case_details(cases, anchors),
         f"<script>{_SCRIPT}</script></body></html>\n",
     ]
@@ -281,10 +282,10 @@ def _comparison(runs: list[Run], anchors: dict) -> str:
     return _section("Side by side", body)
 
 
-def _figures(runs: list[Run], figures: dict[int, list[str]]) -> str:
+def _figures(runs: list[Run]) -> str:
     blocks = []
     for run in runs:
-        for name in figures.get(run.index, []):
+        for name in run.figures:
             src = f"{run.folder}/{name}"
             blocks.append(f"<figure><a href='{src}'><img src='{src}' alt='{_e(name)}'></a><figcaption>{_e(run.label)}: {_e(name)}"
                           "</figcaption></figure>")
