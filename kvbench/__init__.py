@@ -1,22 +1,21 @@
-"""kvbench: benchmark and validate KV-cache compression methods."""
-from importlib.metadata import PackageNotFoundError, version
+"""kvbench: benchmark and validate KV-cache compression methods.
 
-try:
-    __version__ = version("kvbench")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+local"
+The Python API: load_suite (a YAML suite, checked and expanded into cases) and run_suite (run
+them into a folder). The package map is in ARCHITECTURE.md.
+"""
+from kvbench.hardware import KVBENCH_VERSION as __version__
 
 
 def load_suite(path, **overrides):
-    from kvbench.suite.loader import load_suite as _load
+    from kvbench.suite.loader import load_suite as load
 
-    return _load(path, **overrides)
+    return load(path, **overrides)
 
 
 def run_suite(suite, out_dir, **options):
-    from kvbench.runner import run_suite as _run
+    from kvbench.run.runner import run_suite as run
 
-    return _run(suite, out_dir, **options)
+    return run(suite, out_dir, **options)
 
 
 __all__ = ["__version__", "load_suite", "run_suite"]

@@ -1,4 +1,5 @@
-"""The machine fingerprint stored with every result; its `key` decides which baselines apply."""
+"""The machine fingerprint stored with every result (its `key` decides which baselines apply),
+and what ran: kvbench's version and git sha, the libraries' versions."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,11 @@ import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+try:
+    KVBENCH_VERSION = version("kvbench")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    KVBENCH_VERSION = "0.0.0+local"
 
 LIBRARIES = ("torch", "transformers", "numpy", "mlx", "mlx-lm", "triton", "pydantic")
 

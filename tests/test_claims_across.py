@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.claims import parse_claim
-from kvbench.runner import run_suite
+from kvbench.judge.claims import parse_claim
+from kvbench.run.runner import run_suite
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 from tests.plugins.suites import line_of

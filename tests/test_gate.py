@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from kvbench.gate import SIGNIFICANCE, GatePolicy, gate, judge_metric
+from kvbench.judge.gate import SIGNIFICANCE, GatePolicy, gate, judge_metric
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord, fingerprint
-from kvbench.significance import shift_p_value, smallest_p_value
-from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
+from kvbench.judge.significance import shift_p_value, smallest_p_value
+from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 
 REL5 = GatePolicy(Tolerance(rel=0.05))
 
@@ -184,7 +184,7 @@ def test_mann_whitney_p_values():
     # All ties: nothing moved.
     assert shift_p_value([2.0] * 6, [2.0] * 6, larger=True) > 0.5
     # The exact and the normal approximation agree where they meet.
-    import kvbench.significance as significance
+    import kvbench.judge.significance as significance
 
     a = [float(i) for i in range(0, 100, 2)]
     b = [float(i) + 7 for i in range(0, 100, 2)]

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from kvbench.intervals import wilson_interval
+from kvbench.judge.intervals import wilson_interval
 
 
 def test_matches_the_textbook_wilson_interval():

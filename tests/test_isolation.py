@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-from kvbench import isolation
-from kvbench.runner import run_suite
+from kvbench.run import isolated as isolation
+from kvbench.run.runner import run_suite
 from kvbench.suite.loader import load_suite
 from tests.test_runner import _Statuses
 

@@ -216,8 +216,8 @@ def test_a_case_whose_worker_dies_twice_is_an_error_and_the_run_goes_on(cluster,
 
 
 def test_a_hang_past_its_timeout_is_killed(cluster, tmp_path):
-    from kvbench.ray_executor import RayExecutor
-    from kvbench.runner import run_suite
+    from kvbench.run.ray_executor import RayExecutor
+    from kvbench.run.runner import run_suite
     from kvbench.suite.loader import load_suite
 
     first = ("  - kind: tests.plugins.kvb_testplugin:Hang\n    params: {sleep_s: 120}\n"

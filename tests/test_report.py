@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from kvbench.gate import gate
+from kvbench.judge.gate import gate
 from kvbench.report.compare import render_compare
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.report.plots import MATPLOTLIB_MISSING

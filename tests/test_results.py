@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvbench.gate import gate
+from kvbench.judge.gate import gate
 from kvbench.results import (
     SCHEMA_VERSION, CaseResult, Metric, ResultsFileError, defining_parts, fingerprint,
     load_results,
@@ -145,7 +145,7 @@ def test_a_jsonl_without_header_or_with_a_bad_line_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("text", ["cosine >= nan", "ppl <= inf", "x > -inf"])
 def test_a_claim_on_a_non_finite_target_is_refused(text):
-    from kvbench.claims import parse_claim
+    from kvbench.judge.claims import parse_claim
 
     with pytest.raises(ValueError, match="the target must be a finite number"):
         parse_claim(text)

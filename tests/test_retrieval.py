@@ -16,7 +16,7 @@ from kvbench.benchmarks.niah import Niah, NiahParams
 from kvbench.benchmarks.ruler import Ruler, RulerParams
 from kvbench.data.ruler import TASKS
 from kvbench.methods.base import build_method
-from kvbench.runner import PREDICTIONS, run_suite
+from kvbench.run.runner import PREDICTIONS, run_suite
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 from tests.plugins.model_runs import cpu_context

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kvbench.results import load_results
-from kvbench.runner import run_suite
+from kvbench.run.runner import run_suite
 from kvbench.suite.loader import load_suite
 from tests.plugins.cli_support import (  # noqa: F401
     invoke, jsonl_lines, load_json, logged, wide_consoles,
@@ -231,9 +231,9 @@ class _FrozenClock(datetime):
 
 
 def test_archives_made_in_the_same_second_are_all_kept(tmp_path, monkeypatch):
-    import kvbench.runner
+    import kvbench.run.files
 
-    monkeypatch.setattr(kvbench.runner, "datetime", _FrozenClock)
+    monkeypatch.setattr(kvbench.run.files, "datetime", _FrozenClock)
     out = _full_run(tmp_path, monkeypatch)  # 5 cases
     for limit in ("1", "2"):
         assert invoke("run", SUITES / "steps.yaml", "--out", out, "--limit", limit).exit_code == 0

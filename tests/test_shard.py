@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from kvbench.claims import parse_claim
-from kvbench.shard import Shard, parse_shard, select_shard
+from kvbench.judge.claims import parse_claim
+from kvbench.run.shard import Shard, parse_shard, select_shard
 from kvbench.suite.case import Case
 from tests.plugins.cli_support import invoke, load_json
 

@@ -379,12 +379,12 @@ def test_kv_budget_needs_a_kvbench_server_and_ranges_are_checked():
 @pytest.fixture
 def wide_console():
     """rich wraps at 80 columns without a terminal: keep file:line and the key on one line."""
-    from kvbench import cli
+    from kvbench.cli import common
 
-    saved = cli.err._width, cli.console._width
-    cli.err.width = cli.console.width = 1000
+    saved = common.err._width, common.console._width
+    common.err.width = common.console.width = 1000
     yield
-    cli.err._width, cli.console._width = saved
+    common.err._width, common.console._width = saved
 
 
 def test_validate_refuses_a_non_loopback_url_with_file_and_line(tmp_path, wide_console):
@@ -734,7 +734,7 @@ def test_a_suite_run_shares_one_managed_server_over_its_levels(tmp_path):
     """kvbench run: the command server starts once for both levels, its log is beside the
     results, the report has the stress section, and nothing is left running."""
     from kvbench.report.markdown import render_markdown
-    from kvbench.runner import run_suite
+    from kvbench.run.runner import run_suite
     from kvbench.suite.loader import load_suite
 
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r});"

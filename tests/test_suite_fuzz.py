@@ -320,7 +320,7 @@ def test_mutated_suite_is_refused_cleanly(mutation, data):
         if mutant.invalid and mutation is not out_of_range:  # ranges need the methods' code
             assert without_torch.exit_code == 2, mutant.what
         if mutant.invalid:  # `run` refuses it the same way, before anything runs
-            with mock.patch("kvbench.runner.run_suite", side_effect=AssertionError("ran")):
+            with mock.patch("kvbench.run.runner.run_suite", side_effect=AssertionError("ran")):
                 ran = invoke("run", file, "--out", Path(folder) / "out")
             assert ran.stderr == validated.stderr, mutant.what
             assert not (Path(folder) / "out").exists()

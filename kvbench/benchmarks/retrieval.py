@@ -15,7 +15,7 @@ from kvbench.benchmarks.base import Benchmark, MetricSpec, RunContext
 from kvbench.benchmarks.ruler_scoring import postprocess, sample_score
 from kvbench.data.ruler import TASKS, RulerSample, make_sample
 from kvbench.data.text import load_text, parse_hf_source, resolve_text, tokens_sha256
-from kvbench.intervals import wilson_interval
+from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.base import Method
 from kvbench.models.info import ModelInfo
 from kvbench.models.session import Session, open_session

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from kvbench.hardware import KVBENCH_VERSION
 from kvbench.models.home import kvbench_home
 from kvbench.models.info import BundledModel, bundled_model
 
@@ -69,7 +70,7 @@ def prepare_bundled(
             "source": {
                 "package": bundle.package, "file": bundle.gguf, "sha256": _sha256(gguf_path)
             },
-            "kvbench_version": _kvbench_version(),
+            "kvbench_version": KVBENCH_VERSION,
             "verified": True,
             "max_abs_logit_diff": max_diff,
         }
@@ -180,8 +181,3 @@ def _sha256(path: Path) -> str:
             digest.update(block)
     return digest.hexdigest()
 
-
-def _kvbench_version() -> str:
-    from kvbench import __version__
-
-    return __version__

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvbench.gate import GateReport, gate
+from kvbench.judge.gate import GateReport, gate
 from kvbench.report.tables import fmt_ratio, md_table, metric_cell, metric_header
 from kvbench.results import Metric, RunResult
 

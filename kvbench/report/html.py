@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.gate import fingerprint_differences
+from kvbench.judge.gate import fingerprint_differences
 from kvbench.report.markdown import write_reports
 from kvbench.report.plots import method_family, pareto_front
 from kvbench.report.tables import fmt_number

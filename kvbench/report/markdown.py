@@ -5,8 +5,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from kvbench.claims import parse_claim
-from kvbench.gate import GateReport, GateRow
+from kvbench.judge.claims import parse_claim
+from kvbench.judge.gate import GateReport, GateRow
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, check_matplotlib,
     rate_distortion_data, rate_distortion_png,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.intervals import wilson_interval
+from kvbench.judge.intervals import wilson_interval
 from kvbench.report.plots import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, line_styles, method_family,
     pyplot, save_png,

@@ -1,6 +1,6 @@
 """YAML suite -> validated, expanded cases."""
 from kvbench.suite.case import Case, LoadedSuite
-from kvbench.tolerance import Tolerance
+from kvbench.judge.tolerance import Tolerance
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.claims import Claim
-from kvbench.tolerance import Tolerance
+from kvbench.judge.claims import Claim
+from kvbench.judge.tolerance import Tolerance
+from kvbench.results import CaseResult
 
 
 @dataclass
@@ -24,6 +25,15 @@ class Case:
     backend: str = "torch"
     threads: int | None = None  # torch CPU threads; None: torch's default
     claims: list[Claim] = field(default_factory=list)
+
+    def record(self) -> CaseResult:
+        """The record of this case before it runs: what defines it, nothing measured yet."""
+        return CaseResult(
+            id=self.id, benchmark=self.benchmark, bench_params=self.bench_params,
+            method=self.method, method_label=self.method_label, method_params=self.method_params,
+            model=self.model, device=self.device, backend=self.backend, threads=self.threads,
+            seed=self.seed, status="ok",
+        )
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from kvbench.claims import Claim, parse_claim
+from kvbench.judge.claims import Claim, parse_claim
 from kvbench.models.info import ModelInfo, describe_model, expand_home
 from kvbench.params import validate
 from kvbench.registry import Registry, UnknownName, did_you_mean

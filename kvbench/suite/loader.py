@@ -14,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from kvbench.suite.case import LoadedSuite
-from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
+from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 from kvbench.suite.errors import Issues, SuiteError, SuiteIssue
 from kvbench.suite.expand import Placed, check_gate_metrics, expand_cases
 from kvbench.suite.registries import registries
@@ -153,3 +154,16 @@ def _merge_gate(files):
             tolerances[metric] = tolerance
             names[metric] = Placed(metric, doc, ("gate", "metrics", metric))
     return default, tolerances, list(names.values()), absolute_timings
+
+
+def suite_descriptions(folder: Path) -> list[tuple[Path, str]]:
+    """(path, description) of every suite file under `folder`, in path order; a description is
+    the suite's summary: all of it, its lines joined."""
+    out = []
+    for path in sorted(folder.rglob("*.yaml")):
+        try:
+            description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        except yaml.YAMLError:
+            description = "(not valid YAML)"
+        out.append((path, " ".join(str(description or "").split())))
+    return out

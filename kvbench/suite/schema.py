@@ -24,7 +24,7 @@ from pydantic import (
 
 from kvbench.backends.devices import DEVICES
 from kvbench.registry import did_you_mean
-from kvbench.tolerance import DEFAULT_TOLERANCE
+from kvbench.judge.tolerance import DEFAULT_TOLERANCE
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("suite.schema.json")

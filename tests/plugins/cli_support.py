@@ -11,13 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 from kvbench import cli
+from kvbench.cli import common as consoles
 from tests.plugins.suites import ROOT
 
 
 @pytest.fixture(autouse=True, scope="module")
 def wide_consoles():
     """rich wraps at 80 columns without a terminal; keep file:line and case ids on one line."""
-    saved = [(c, c._width) for c in (cli.console, cli.err)]
+    saved = [(c, c._width) for c in (consoles.console, consoles.err)]
     for console, _ in saved:
         console.width = 1000
     yield

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from kvbench.memo import Memo
 from kvbench.results import CaseResult
+from kvbench.run.case import ModelCache, run_case, unreported
 from kvbench.suite.case import Case
 
 # Past the case's own timeout (which the child enforces with SIGALRM), how long the parent waits
@@ -23,7 +25,7 @@ _POLL_S = 0.5
 
 def run_case_in_child(case: Case, status: Callable[[str], None],
                       keep: Callable[[dict], None], files_dir: Path | None = None) -> CaseResult:
-    """The case's record, as kvbench.runner.run_case makes it, from a spawned process; an error
+    """The case's record, as kvbench.run.case.run_case makes it, from a spawned process; an error
     or timeout record naming what happened when the process died or hung."""
     context = multiprocessing.get_context("spawn")  # no state inherited from this process
     receive, send = context.Pipe(duplex=False)
@@ -66,8 +68,6 @@ def run_case_in_child(case: Case, status: Callable[[str], None],
 
 def _died(case: Case, exitcode: int | None, seconds: float, limit: float | None,
           never_started: bool) -> CaseResult:
-    from kvbench.runner import unreported
-
     if limit is not None and seconds > limit:
         message = (f"the case's process did not start within {STARTUP_S:g} s" if never_started
                    else f"case exceeded its timeout of {case.timeout_s:g} s and did not stop;"
@@ -91,14 +91,11 @@ class _PipeProgress:
 
 
 def _child(case: Case, send, files_dir: Path | None) -> None:
-    from kvbench.memo import Memo
-    from kvbench.runner import _ModelCache, run_case
-
     progress = _PipeProgress(send)
     send.send(("started", None))
     memo = Memo()
     try:
-        record = run_case(case, _ModelCache(), progress, memo,
+        record = run_case(case, ModelCache(), progress, memo,
                           lambda sample: send.send(("keep", sample)), files_dir)
     finally:
         memo.close()

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvbench.results import CaseResult, Metric, RunResult, defining_parts
-from kvbench.significance import shift_p_value, smallest_p_value
-from kvbench.tolerance import DEFAULT_TOLERANCE, Tolerance
+from kvbench.judge.significance import shift_p_value, smallest_p_value
+from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 
 SIGNIFICANCE = 0.01  # one-sided Mann-Whitney level a timing's move must reach
 

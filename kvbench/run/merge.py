@@ -9,11 +9,14 @@ finished (an interrupted shard's results.jsonl can be merged, and resumed later)
 """
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from kvbench.results import RunResult
-from kvbench.shard import parse_shard
+from kvbench.results import RunResult, atomic_write_text, save_jsonl, save_results
+from kvbench.run.files import FILES, JSON, JSONL, PREDICTIONS
+from kvbench.run.shard import parse_shard
 
 
 class MergeRefused(ValueError):
@@ -113,3 +116,17 @@ def _differences(runs: list[tuple[str, RunResult]], checks) -> list[str]:
             problems.append(f"{what} {value(first)!r} in {first_path}, {value(run)!r} in "
                             f"{path}{hint}")
     return problems
+
+
+def write_merged(result: RunResult, folders: list[Path], out: Path) -> None:
+    """The merged run in `out`: results.json and results.jsonl, and the shards' per-sample
+    records and kept files joined beside them (OSError when `out` cannot be written)."""
+    save_results(out / JSON, result)
+    save_jsonl(out / JSONL, result)
+    texts = [(folder / PREDICTIONS).read_text(encoding="utf-8") for folder in folders
+             if (folder / PREDICTIONS).exists()]
+    if texts:
+        atomic_write_text(out / PREDICTIONS, "".join(texts))
+    for folder in folders:
+        if (folder / FILES).is_dir():
+            shutil.copytree(folder / FILES, out / FILES, dirs_exist_ok=True)

@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from kvbench.memo import Memo
 from kvbench.results import CaseResult
+from kvbench.run.case import DEFAULT_THREADS, ModelCache, Silent, run_case, unreported
+from kvbench.run.executors import ThisMachine
 from kvbench.suite.case import Case
 
 INSTALL_HINT = "pip install 'kvbench[ray]'"
@@ -81,8 +84,6 @@ class RayExecutor:
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
                  grace_s: float = GRACE_S, default_threads: int | None = None,
                  status: Callable[[str], None] = lambda text: None):
-        from kvbench.runner import DEFAULT_THREADS
-
         self.ray = ray = import_ray()
         self.grace_s = grace_s
         self.default_threads = default_threads or DEFAULT_THREADS
@@ -242,8 +243,6 @@ def _death(exc: Exception, attempt: _Attempt) -> str:
 
 
 def _failed(attempt: _Attempt, status: str, kind: str, message: str) -> CaseResult:
-    from kvbench.runner import unreported
-
     seconds = time.monotonic() - (attempt.started or attempt.submitted)
     record = unreported(attempt.case, status, kind, message, seconds)
     record.info["ray"] = {"node": attempt.node, "pid": attempt.pid, "attempt": attempt.number}
@@ -274,17 +273,15 @@ def _run_on_worker(case: Case, attempt: int, tracker, threads: int
                    ) -> tuple[str, list[dict], dict, str]:
     import ray
 
-    from kvbench.memo import Memo
-    from kvbench.runner import _ModelCache, _Silent, run_case
 
     global _MODELS
     tracker.started.remote(f"{case.id}#{attempt}", ray.util.get_node_ip_address(), os.getpid())
-    _MODELS = _MODELS or _ModelCache()
+    _MODELS = _MODELS or ModelCache()
     samples: list[dict] = []
     folder = Path(tempfile.mkdtemp(prefix="kvbench-case-"))
     memo = Memo()
     try:
-        record = run_case(case, _MODELS, _Silent(), memo, samples.append, folder,
+        record = run_case(case, _MODELS, Silent(), memo, samples.append, folder,
                           default_threads=threads)
     finally:
         memo.close()
@@ -295,6 +292,4 @@ def _run_on_worker(case: Case, attempt: int, tracker, threads: int
 
 
 def _probe_machine(device: str, backend: str) -> tuple[str, dict[str, Any]]:
-    from kvbench.runner import ThisMachine
-
     return ThisMachine().machine(device, backend)

@@ -1,0 +1,49 @@
+"""What every command shares: the consoles, the exit codes, failing with a message, and loading
+a suite or a results file or exiting with what is wrong."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+from rich.markup import escape
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CRASHED, EXIT_BASELINE = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    sys.exit(code)
+
+
+def load_suite_or_exit(path: str, **defaults):
+    from kvbench.suite.errors import SuiteError
+    from kvbench.suite.loader import load_suite
+
+    try:
+        return load_suite(path, **defaults)
+    except SuiteError as exc:
+        err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
+        for line in str(exc).splitlines():
+            # one issue per line, greppable; printed as is (rich would turn "x.yaml:100:" into
+            # an emoji and markup-like text into styles)
+            err.print(f"  {line}", soft_wrap=True, markup=False, emoji=False, highlight=False)
+        sys.exit(EXIT_INVALID)
+
+
+def load_results_or_exit(path: str, code: int = EXIT_INVALID):
+    from kvbench.results import ResultsFileError, load_results
+
+    if not Path(path).exists():
+        fail(f"{path} does not exist", code)
+    try:
+        return load_results(path)
+    except ResultsFileError as exc:  # names the file and the fault
+        fail(str(exc), code)
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc}", code)

@@ -1,0 +1,121 @@
+"""`kvbench list methods|benchmarks|models|suites [NAME]`: what there is, and what one is."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from kvbench.cli.common import console, fail
+
+
+@click.command("list")
+@click.argument("what", type=click.Choice(["methods", "benchmarks", "models", "suites"]))
+@click.argument("name", required=False)
+def list_(what, name):
+    """List registered methods, benchmarks, bundled models, or the suites under ./suites.
+
+    Each method and benchmark is shown with its parameters and the first sentence of its
+    docstring.
+
+    `kvbench list methods NAME` and `kvbench list benchmarks NAME` show one of them: its whole
+    docstring and every parameter with its type, default, allowed range and meaning (a "-"
+    where the code states none); a benchmark also every metric it reports, with its unit,
+    which way is better, whether it is a timing, and its exact definition. An unknown NAME
+    exits 2 with the nearest names."""
+    if name is not None:
+        if what not in ("methods", "benchmarks"):
+            fail("a NAME is taken only by `kvbench list methods NAME` and"
+                  " `kvbench list benchmarks NAME`")
+        (_show_method if what == "methods" else _show_benchmark)(name)
+        return
+    from kvbench import describe
+
+    table = Table()
+    if what in ("methods", "benchmarks"):
+        from kvbench.benchmarks import BENCHMARKS
+        from kvbench.methods import METHODS
+
+        registry = METHODS if what == "methods" else BENCHMARKS
+        table.add_column(what[:-1])
+        table.add_column("parameters")
+        table.add_column("description")
+        for name in registry.names():
+            cls = registry.get(name)
+            config = cls if what == "methods" else cls.Params
+            params = ", ".join(p.name if p.default == "required" else f"{p.name}={p.default}"
+                               for p in describe.parameters(config))
+            table.add_row(name, escape(params),
+                          escape(describe.first_sentence(describe.docstring(cls))))
+    elif what == "models":
+        from kvbench.models import BUNDLED, kvbench_home
+
+        table.add_column("model")
+        table.add_column("prepared")
+        table.add_column("notes")
+        for name, meta in BUNDLED.items():
+            prepared = (kvbench_home() / "models" / name / "kvbench.json").exists()
+            table.add_row(f"bundled:{name}", "yes" if prepared else "no",
+                          escape(meta.description))
+        for name in ("llama", "qwen3"):
+            table.add_row(f"tiny:{name}", "-", "random weights, made in code (tests)")
+    else:
+        from kvbench.suite.loader import suite_descriptions
+
+        table.add_column("suite")
+        table.add_column("description")
+        for path, description in suite_descriptions(Path("suites")):
+            table.add_row(str(path), escape(description))
+    console.print(table)
+
+
+def _show_method(name: str) -> None:
+    from kvbench import describe
+    from kvbench.methods import METHODS
+
+    try:
+        cls = METHODS.get(name)
+    except LookupError as exc:
+        fail(str(exc))
+    console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    console.print(_parameters_table(f"parameters of {name}", cls))
+
+
+def _show_benchmark(name: str) -> None:
+    from kvbench import describe
+    from kvbench.benchmarks import BENCHMARKS
+
+    try:
+        cls = BENCHMARKS.get(name)
+    except LookupError as exc:
+        fail(str(exc))
+    console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    console.print(escape(describe.docstring(cls.Params)), end="\n\n")
+    console.print(_parameters_table(f"parameters of {name}", cls.Params))
+    table = Table(title=f"metrics of {name}",
+                  caption="timing: varies run to run, kept with its samples; the gate judges a"
+                          " ratio timing against a reference timed in the same repeat, an"
+                          " absolute one only when the suite asks")
+    for column in ("metric", "unit", "better", "timing", "definition"):
+        table.add_column(column)
+    for metric, spec in cls.metrics.items():
+        table.add_row(metric, spec.unit or "-", spec.direction, spec.timing or "no",
+                      escape(spec.description or describe.UNKNOWN))
+    console.print(table)
+
+
+def _parameters_table(title: str, config: type) -> Table:
+    from kvbench import describe
+
+    table = Table(title=title)
+    # the meaning is the long text: it takes the width the other columns leave
+    table.add_column("parameter", no_wrap=True)
+    table.add_column("type", max_width=20)
+    table.add_column("default", max_width=16)
+    table.add_column("range", max_width=20)
+    table.add_column("meaning", ratio=1)
+    for p in describe.parameters(config):
+        table.add_row(p.name, escape(p.type), escape(p.default), escape(p.range),
+                      escape(p.meaning))
+    return table

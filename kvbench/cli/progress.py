@@ -1,0 +1,48 @@
+"""The run's progress on the terminal (kvbench.run.case.Progress): a bar over the cases, the
+running case's status, one line per finished case."""
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvbench.cli.common import console, err
+
+
+class RichProgress:
+    def __init__(self):
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=console,
+        )
+        self.task = None
+        self.case_id = ""
+
+    def start(self, total, skipped):
+        if skipped:
+            console.print(f"resuming: {skipped} finished case(s) kept, {total} to run")
+        self.bar.start()
+        self.task = self.bar.add_task("cases", total=total, status="")
+
+    def notice(self, text):
+        err.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True)
+
+    def case_started(self, case):
+        self.case_id = case.id
+        self.bar.update(self.task, status=escape(case.id))
+
+    def status(self, text):
+        self.bar.update(self.task, status=escape(f"{self.case_id}: {text}"))
+
+    def case_finished(self, result):
+        mark = {"ok": "[green]ok[/]", "error": "[red]error[/]", "timeout": "[red]timeout[/]"}
+        line = f"{mark[result.status]} {escape(result.id)} ({result.duration_s:.1f} s)"
+        if result.claims:
+            held = sum(c.verdict == "held" for c in result.claims)
+            line += f"  claims {held}/{len(result.claims)}"
+        if result.error:
+            line += f"  [red]{escape(result.error.type)}: {escape(result.error.message[:200])}[/]"
+        self.bar.console.print(line)
+        self.bar.advance(self.task)
+
+    def stop(self):
+        self.bar.stop()

@@ -1,0 +1,62 @@
+"""`kvbench report RESULTS...`: a report from result files alone, without re-running."""
+from __future__ import annotations
+
+import click
+
+from kvbench.cli.common import console, fail, load_results_or_exit
+
+
+@click.command()
+@click.argument("results_paths", metavar="RESULTS...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md",
+              show_default=True,
+              help="md or json: one run, to stdout. html: a static results page of one or more "
+                   "runs (leaderboards, claims, figures, every case; runs side by side) in --out.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="With --format html: the folder for index.html and each run's files.")
+@click.option("--link", is_flag=True,
+              help="With --format html: link each run's own folder (its report.md and figures "
+                   "already beside its results) instead of copying it next to the page.")
+@click.option("--readme", type=click.Path(dir_okay=False),
+              help="Inject the tables into this file between kvbench markers.")
+@click.option("--section", help="The marker name in --readme: <!-- kvbench:start NAME -->.")
+def report(results_paths, fmt, out_dir, link, readme, section):
+    """Render a report from results.json (or results.jsonl) alone, without re-running.
+
+    `kvbench report reports/*/results.json --format html --out reports/site` makes the results
+    page of every committed run; open reports/site/index.html in a browser (`make site` makes
+    reports/index.html, linking the runs' folders in place)."""
+    if fmt == "html":
+        if not out_dir or readme:
+            fail("--format html writes a folder: give --out DIR (and no --readme)")
+        from kvbench.report.html import build_site
+
+        runs = [(path, load_results_or_exit(path)) for path in results_paths]
+        try:
+            page = build_site(runs, out_dir, link=link)
+        except OSError as exc:
+            fail(f"cannot write {out_dir}: {exc}")
+        console.print(f"wrote {page} ({len(runs)} run(s))")
+        return
+    if len(results_paths) > 1 or out_dir or link:
+        fail(f"--format {fmt} renders one run to stdout; several runs, or --out, are for "
+             "--format html")
+    result = load_results_or_exit(results_paths[0])
+    if bool(readme) != bool(section):
+        fail("--readme and --section go together")
+    if readme:
+        from kvbench.report.readme import inject_section, render_section_table
+
+        try:
+            inject_section(readme, section, render_section_table(result))
+        except (ValueError, OSError) as exc:
+            fail(str(exc))
+        console.print(f"updated section {section!r} in {readme}")
+        return
+    if fmt == "json":
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        from kvbench.report.markdown import render_markdown
+
+        click.echo(render_markdown(result))

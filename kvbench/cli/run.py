@@ -1,0 +1,195 @@
+"""`kvbench run SUITE`: every case, its claims, and the baseline gate."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from kvbench.cli.common import (
+    EXIT_BASELINE, EXIT_CRASHED, EXIT_INTERRUPTED, console, err, fail, load_suite_or_exit,
+)
+from kvbench.cli.progress import RichProgress
+from kvbench.cli.verdicts import exit_code, summary
+
+
+@click.command()
+@click.argument("suite_path", metavar="SUITE", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Output folder (default: runs/<suite name>). An earlier run there is moved "
+                   "to previous/ unless --resume.")
+@click.option("--only", help="Run cases whose id matches this glob (or contains this text).")
+@click.option("--methods", help="Comma-separated method labels or names (globs allowed).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
+              help="Override the suite's device.")
+@click.option("--backend", type=click.Choice(["torch", "mlx"]),
+              help="Override the suite's backend: torch, or mlx (methods on MLX, models on "
+                   "mlx-lm; every method and benchmark must support it).")
+@click.option("--repeats", type=click.IntRange(min=1), help="Repeats for timed metrics.")
+@click.option("--limit", type=click.IntRange(min=1), help="Run at most N cases (after filters).")
+@click.option("--baseline", type=click.Path(dir_okay=False),
+              help="Gate against this stored results file (exit 1 on regression).")
+@click.option("--resume", is_flag=True, help="Keep finished cases from --out and run the rest.")
+@click.option("--isolate", is_flag=True,
+              help="Run each case in a fresh process: a crash, an out-of-memory kill or a hang "
+                   "in native code costs that case only, and memory starts clean per case "
+                   "(each case loads its model again).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="Where cases run: local (this process, or a child per case with --isolate) "
+                   "or ray (each case a Ray task; needs `pip install 'kvbench[ray]'`).")
+@click.option("--address",
+              help="With --executor ray: the cluster to join (host:port, or auto for the one "
+                   "`ray start` made on this machine). Default: start a local Ray on this "
+                   "machine's cores.")
+@click.option("--shard", metavar="I/N",
+              help="Run only shard I of N: a stable split of the cases by id (CI job "
+                   "matrices); join the shards with `kvbench merge`.")
+@click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
+def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
+        isolate, executor, address, shard, dry_run):
+    """Run a suite: every case, its claims, and the baseline gate."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        fail(f"kvbench run needs torch ({exc}): pip install 'kvbench[torch]'. validate, report,"
+             " compare and baseline save work without it")
+    if executor == "ray":
+        if isolate:
+            fail("--isolate is for --executor local: on Ray every case already runs in a "
+                 "worker process, and a worker that dies costs its case one retry")
+        from kvbench.run.ray_executor import RayUnavailable, import_ray
+
+        try:
+            import_ray()  # before any work: refused with the install hint
+        except RayUnavailable as exc:
+            fail(str(exc))
+    elif address:
+        fail("--address is for --executor ray")
+    from kvbench.run.shard import parse_shard, select_shard
+    from kvbench.suite.select import SelectionError, select_cases
+
+    if shard is not None:
+        try:
+            shard = parse_shard(shard)
+        except ValueError as exc:
+            fail(str(exc))
+
+    # The backend decides which methods and benchmarks are valid: the suite is checked with it.
+    suite = load_suite_or_exit(suite_path, **({"backend": backend} if backend else {}))
+    overrides = {k: v for k, v in (("device", device), ("repeats", repeats)) if v is not None}
+    if overrides:
+        suite.cases = [dataclasses.replace(c, **overrides) for c in suite.cases]
+    try:
+        cases = select_cases(suite, only, methods, limit)
+    except SelectionError as exc:
+        fail(str(exc))
+    if dry_run:
+        table = Table(title=f"{suite.name}: {len(cases)} case(s)"
+                            + (f", shard {shard}" if shard else ""))
+        for column in ("case", "model", "claims"):
+            table.add_column(column, overflow="fold")
+        for case in cases if shard is None else select_shard(suite.cases, cases, shard):
+            table.add_row(escape(case.id), case.model or "-",
+                          escape("; ".join(c.text for c in case.claims)))
+        console.print(table)
+        return
+    runner = _start_executor(executor, address, isolate)
+    try:
+        _run_with(runner, suite, suite_path, cases, out_dir, baseline, resume, repeats, shard)
+    finally:
+        runner.close()
+
+
+def _start_executor(kind: str, address: str | None, isolate: bool):
+    from kvbench.run.executors import ChildProcesses, InProcess
+
+    if kind == "local":
+        return ChildProcesses() if isolate else InProcess()
+    from kvbench.run.ray_executor import RayExecutor, RayUnavailable
+
+    try:
+        return RayExecutor(address=address, status=lambda text: console.print(f"{text} ..."))
+    except RayUnavailable as exc:
+        fail(str(exc))
+
+
+def _load_baseline_or_exit(path: str, suite, key: str, cases):
+    """The baseline, refused (exit 4) before running when it cannot judge this run: another
+    schema, suite or machine, or a selected case defined otherwise there."""
+    from kvbench.judge.baseline import baseline_problems, definition_problems
+
+    if not Path(path).exists():
+        fail(f"baseline {path} does not exist (make one with `kvbench baseline save`)",
+             EXIT_BASELINE)
+    from kvbench.results import ResultsFileError, load_results
+
+    try:
+        baseline = load_results(path)
+    except ResultsFileError as exc:
+        fail(f"baseline {exc}", EXIT_BASELINE)
+    except OSError as exc:
+        fail(f"baseline {path} cannot be read: {exc}", EXIT_BASELINE)
+    problems = baseline_problems(baseline, suite.name, key)
+    if problems:
+        fail(f"baseline {path} is not comparable: " + "; ".join(problems), EXIT_BASELINE)
+    problems = definition_problems(baseline, [case.record() for case in cases])
+    if problems:
+        shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
+        fail(f"baseline {path} is not comparable: {len(problems)} case(s) are defined otherwise"
+             f" there:\n  {shown}", EXIT_BASELINE)
+    return baseline
+
+
+def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, repeats, shard):
+    from kvbench.run.ray_executor import RayUnavailable
+
+    try:
+        _, machine = executor.machine(cases[0].device, cases[0].backend)
+    except (ValueError, RayUnavailable) as exc:
+        fail(str(exc))
+    baseline_result = None
+    if baseline:
+        baseline_result = _load_baseline_or_exit(baseline, suite, machine["key"], cases)
+
+    from kvbench.judge.gate import gate
+    from kvbench.report.markdown import write_reports
+    from kvbench.run.files import JSON, JSONL, OutDirBusy, hold_out_dir
+    from kvbench.run.runner import ResultsNotWritten, ResumeError, run_suite
+
+    default_dir = Path("runs") / suite.name
+    if shard is not None:
+        default_dir = default_dir / f"shard-{shard.index}-of-{shard.count}"
+    out_dir = Path(out_dir or default_dir)
+    try:
+        with hold_out_dir(out_dir):
+            outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
+                                progress=RichProgress(), repeats_override=repeats,
+                                executor=executor, shard=shard)
+            result = outcome.result
+            gate_report = None
+            if baseline_result is not None:
+                filtered = shard is not None or len(cases) != len(suite.cases)
+                gate_report = gate(result, baseline_result, expect_all=not filtered)
+            try:
+                write_reports(result, out_dir, gate=gate_report)
+            except OSError as exc:
+                fail(f"cannot write the report in {out_dir}: {exc}; the results are saved "
+                     f"(`kvbench report {out_dir / JSON}` makes it again)", EXIT_CRASHED)
+    except (ResumeError, OutDirBusy, RayUnavailable) as exc:
+        fail(str(exc))
+    except ResultsNotWritten as exc:
+        fail(exc.strerror, EXIT_CRASHED)
+    except OSError as exc:  # the folder itself: not creatable, not writable
+        fail(f"cannot use {out_dir}: {exc}")
+    except KeyboardInterrupt:
+        err.print(
+            f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / JSONL}. "
+            f"Continue with:\n  kvbench run {suite_path} --out {out_dir} --resume"
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    summary(result, gate_report, out_dir)
+    sys.exit(exit_code(result, gate_report))

@@ -1,0 +1,66 @@
+"""`kvbench serve`: a model over an OpenAI-compatible HTTP API, a kvbench method as its cache."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from kvbench.cli.common import fail
+
+
+@click.command()
+@click.option("--model", default="bundled:smollm2-135m", show_default=True,
+              help="Model spec: bundled:NAME, a local checkpoint folder, tiny:llama.")
+@click.option("--method", "method_name", default="identity", show_default=True,
+              help="The KV-cache method every request's cache is made of (a name from"
+                   " `kvbench list methods` or module:Class).")
+@click.option("--params", "params_json", default="{}", show_default=True,
+              help='The method\'s parameters as JSON, e.g. \'{"bits": 3, "block": 64}\'.')
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; other than loopback only with --allow-remote.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--allow-remote", is_flag=True, help="Allow a --host that is not loopback.")
+@click.option("--device", default="cpu", show_default=True,
+              type=click.Choice(["auto", "cpu", "cuda", "mps"]))
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's).")
+@click.option("--kv-budget", type=click.IntRange(min=1), metavar="BYTES",
+              help="Admit a request only while the method's accounted KV bytes of the active"
+                   " requests (each reserving its prompt + max_tokens) fit in BYTES; others wait.")
+@click.option("--queue-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds a request may wait for room before it gets 503.")
+@click.option("--max-batch", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Most requests decoded together in one batched forward.")
+@click.option("--calibration", default=512, show_default=True, type=click.IntRange(min=0),
+              help="Tokens of offline text handed to methods that calibrate themselves.")
+def serve(model, method_name, params_json, host, port, allow_remote, device, threads, kv_budget,
+          queue_timeout, max_batch, calibration):
+    """Serve a model over an OpenAI-compatible HTTP API with a kvbench method as every request's
+    KV cache, decoding all active requests as one batch (continuous batching).
+
+    Endpoints: /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models,
+    /health, /metrics (Prometheus: active and queued requests, KV bytes held, tokens). Requests
+    may set ignore_eos and return_token_ids (vLLM's extensions). Needs the [serve] extra.
+    """
+    from kvbench.serve.server import check_host
+
+    try:
+        params = json.loads(params_json)
+        if not isinstance(params, dict):
+            raise ValueError("must be a JSON object")
+    except ValueError as exc:
+        fail(f"--params: {exc}")
+    try:
+        check_host(host, allow_remote)
+        from kvbench.serve.server import serve as run_server
+    except ImportError as exc:
+        fail(f"kvbench serve needs the serve extra (pip install 'kvbench[serve]'): {exc}")
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        run_server(model, method_name, params, host, port, device, threads, kv_budget,
+                   queue_timeout, max_batch, calibration,
+                   log=lambda message: print(f"kvbench serve: {message}", file=sys.stderr,
+                                             flush=True))
+    except ValueError as exc:  # a bad method, parameter or model spec
+        fail(str(exc))

@@ -1,0 +1,17 @@
+"""`kvbench validate SUITE`: check a suite without running it."""
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from kvbench.cli.common import console, load_suite_or_exit
+
+
+@click.command()
+@click.argument("suite_path", metavar="SUITE", type=click.Path(dir_okay=False))
+def validate(suite_path):
+    """Check a suite without running it (exit 2 with file:line: key for each problem)."""
+    suite = load_suite_or_exit(suite_path)
+    console.print(f"[green]valid:[/] {suite.name}: {len(suite.cases)} case(s)")
+    if suite.note:
+        console.print(f"[yellow]note:[/] {escape(suite.note)}", soft_wrap=True)

@@ -1,0 +1,66 @@
+"""How a finished run ends on the terminal: its claims table, its summary, its exit code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from kvbench.cli.common import (
+    EXIT_BASELINE, EXIT_CRASHED, EXIT_FAILED, EXIT_OK, console,
+)
+
+
+def claims_table(result) -> Table:
+    table = Table(title="Claims", show_lines=False)
+    for column in ("case", "claim", "measured", "verdict"):
+        table.add_column(column, overflow="fold")
+    style = {"held": "[green]held[/]", "failed": "[red]FAILED[/]", "missing": "[yellow]missing[/]"}
+    for case in result.cases:
+        for claim in case.claims:
+            measured = "-" if claim.measured is None else f"{claim.measured:.6g}"
+            table.add_row(escape(case.id), escape(claim.claim), measured, style[claim.verdict])
+    return table
+
+
+def exit_code(result, gate_report) -> int:
+    if gate_report is not None and gate_report.exit_code() == EXIT_BASELINE:
+        return EXIT_BASELINE
+    if any(c.status != "ok" for c in result.cases):
+        return EXIT_CRASHED
+    claims_ok = all(cl.verdict == "held" for c in result.cases for cl in c.claims)
+    if not claims_ok or (gate_report is not None and gate_report.exit_code() != EXIT_OK):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def summary(result, gate_report, out_dir: Path) -> None:
+    from kvbench.run.files import JSON, REPORT
+
+    claims = [cl for c in result.cases for cl in c.claims]
+    held = sum(cl.verdict == "held" for cl in claims)
+    errors = [c for c in result.cases if c.status != "ok"]
+    if claims:
+        console.print(claims_table(result))
+    parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held}"]
+    if gate_report is not None:
+        parts.append(f"regressions {len(gate_report.regressions)}")
+        parts.append(f"improvements {len(gate_report.improvements)}")
+    parts.append(f"errors {len(errors)}")
+    console.print("[bold]summary:[/] " + ", ".join(parts))
+    for case in errors:
+        console.print(f"  [red]{case.status}[/] {escape(case.id)}: "
+                      f"{escape(case.error.type)}: {escape(case.error.message[:300])}")
+    if gate_report is not None:
+        from kvbench.report.tables import fmt_number
+
+        for reason in gate_report.reasons:
+            console.print(f"  [yellow]gate:[/] {escape(reason)}")
+        for row in gate_report.regressions:
+            console.print(f"  [red]regression[/] {escape(row.case_id)} {row.metric}: "
+                          f"{fmt_number(row.baseline)} -> {fmt_number(row.current)} "
+                          f"({escape(row.rule)})")
+    for case in result.cases:
+        for warning in case.warnings:
+            console.print(f"  [yellow]warning[/] {escape(case.id)}: {escape(warning)}")
+    console.print(f"reports: {out_dir / REPORT}, {out_dir / JSON}")

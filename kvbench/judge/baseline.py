@@ -1,0 +1,37 @@
+"""Whether a stored baseline can judge a run: its schema, suite and machine key, and each case
+defined alike (checked before anything runs; the data, token hashes, by the gate after)."""
+from __future__ import annotations
+
+from kvbench.judge.gate import fingerprint_differences
+from kvbench.results import SCHEMA_VERSION, CaseResult, RunResult, fingerprint
+
+
+def baseline_problems(baseline: RunResult, suite_name: str, machine_key: str) -> list[str]:
+    """Why `baseline` cannot gate a run of `suite_name` on the machine `machine_key`."""
+    problems = []
+    if baseline.schema_version != SCHEMA_VERSION:
+        problems.append(f"schema version {baseline.schema_version} != {SCHEMA_VERSION} (remake "
+                        "it with this kvbench)")
+    if baseline.suite.name != suite_name:
+        problems.append(f"it is for suite {baseline.suite.name!r}, not {suite_name!r}")
+    if baseline.machine.get("key") != machine_key:
+        problems.append(f"machine key {baseline.machine.get('key')!r} != this machine's "
+                        f"{machine_key!r}")
+    return problems
+
+
+def definition_problems(baseline: RunResult, planned: list[CaseResult]) -> list[str]:
+    """The planned cases (records before they run) that the baseline defines otherwise (method
+    or benchmark settings, model, backend, threads): their results could never be compared."""
+    stored = {c.id: c for c in baseline.cases}
+    problems = []
+    for record in planned:
+        old = stored.get(record.id)
+        if old is None or old.status != "ok":
+            continue
+        record = record.model_copy(update={"comparable": old.comparable})  # data: known later
+        record.fingerprint = fingerprint(record)
+        differences = fingerprint_differences(old, record)
+        if differences:
+            problems.append(f"{record.id}: " + "; ".join(differences))
+    return problems

@@ -1,0 +1,176 @@
+"""One case, run in this process: isolation from crashes, its timeout, fixed seeds, its record.
+What every executor (in process, child process, Ray worker) runs."""
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from kvbench.backends.torch_backend import resolve_device
+from kvbench.benchmarks import BENCHMARKS, RunContext
+from kvbench.judge.claims import judge
+from kvbench.memo import Memo
+from kvbench.run.files import now
+from kvbench.methods.base import build_method
+from kvbench.results import CaseError, CaseResult, fingerprint
+from kvbench.suite.case import Case
+
+DEFAULT_THREADS = torch.get_num_threads()  # torch's default here, before any case sets it
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+class Progress(Protocol):
+    def start(self, total: int, skipped: int) -> None: ...
+    def notice(self, text: str) -> None: ...
+    def case_started(self, case: Case) -> None: ...
+    def status(self, text: str) -> None: ...
+    def case_finished(self, result: CaseResult) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Silent:
+    """A Progress that shows nothing."""
+
+    def start(self, total, skipped): ...
+    def notice(self, text): ...
+    def case_started(self, case): ...
+    def status(self, text): ...
+    def case_finished(self, result): ...
+    def stop(self): ...
+
+
+@contextmanager
+def deadline(seconds: float | None):
+    """Raise CaseTimeout in the main thread after `seconds` (SIGALRM; no timeout elsewhere)."""
+    usable = seconds and hasattr(signal, "SIGALRM")
+    usable = usable and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CaseTimeout(f"case exceeded its timeout of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def seed_everything(seed: int, backend: str = "torch") -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if backend == "mlx":
+        import mlx.core as mx
+
+        mx.random.seed(seed)
+
+
+def device_name(device: torch.device, backend: str) -> str:
+    """What ran the case: the torch device, or MLX's default device (torch still makes data)."""
+    if backend == "mlx":
+        import mlx.core as mx
+
+        return f"mlx:{mx.default_device()}"
+    return str(device)
+
+
+class ModelCache:
+    """Loads each (model, device) once per run: cases share weights, never caches."""
+
+    def __init__(self):
+        self._loaded = {}
+
+    def __call__(self, spec: str, device: torch.device, backend: str = "torch"):
+        key = (spec, str(device), backend)
+        if key not in self._loaded:
+            if backend == "mlx":
+                from kvbench.models.mlx_host import load_mlx_model
+
+                self._loaded[key] = load_mlx_model(spec)
+            else:
+                from kvbench.models import load_model
+
+                self._loaded[key] = load_model(spec, device)
+        return self._loaded[key]
+
+
+def unreported(case: Case, status: str, error_type: str, message: str,
+               seconds: float) -> CaseResult:
+    """The record of a case whose process or worker died or was killed before it reported."""
+    record = case.record()
+    record.status = status
+    record.error = CaseError(type=error_type, message=message, traceback="")
+    record.fingerprint = fingerprint(record)
+    record.duration_s = round(seconds, 3)
+    return record
+
+
+def judge_own(claims: list, metrics: dict) -> list:
+    """Verdicts of the claims on a case's own metrics; claims against another case are judged
+    when the run finishes (kvbench.run.runner.judge_across)."""
+    return [judge(claim, metrics) for claim in claims if claim.reference is None]
+
+
+def run_case(case: Case, load_model, progress: Progress, memo: Memo,
+             keep: Callable[[dict], None] = lambda record: None,
+             files_dir: Path | None = None, default_threads: int | None = None) -> CaseResult:
+    """One case, isolated: any exception becomes status error with its traceback. `memo`: what
+    the run's cases share (kvbench.memo); `keep`: where the case's per-sample records go, each
+    tagged with the case's id and start time (a rerun case's later records supersede);
+    `files_dir`: where the case may keep files (RunContext.files_dir); default_threads: torch
+    threads for a case that sets none (default: torch's own)."""
+    clock = time.perf_counter()
+    record = case.record()
+    record.started = now()
+    try:
+        with deadline(case.timeout_s):
+            torch.set_num_threads(case.threads or default_threads or DEFAULT_THREADS)
+            seed_everything(case.seed, case.backend)
+            device = resolve_device(case.device)
+            record.device = device_name(device, case.backend)
+            benchmark = BENCHMARKS.get(case.benchmark)()
+            params = benchmark.Params(**case.bench_params)
+            method = build_method(case.method, case.method_params)
+            ctx = RunContext(
+                device=device, seed=case.seed, repeats=case.repeats, model=case.model,
+                load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
+                keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
+                files_dir=files_dir,
+            )
+            output = benchmark.run(params, method, ctx)
+        record.metrics, record.info, record.comparable = (
+            output.metrics, output.info, output.comparable,
+        )
+        impl_log = getattr(method, "impl_log", None)  # which implementation ran (kvbench.kernels)
+        if impl_log is not None and impl_log.ran:
+            record.info["impl"] = impl_log.summary()
+        record.claims = judge_own(case.claims, output.metrics)
+        record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
+                           for name, metric in output.metrics.items() if not metric.finite()]
+    except CaseTimeout as exc:
+        record.status = "timeout"
+        record.error = CaseError(type="CaseTimeout", message=str(exc), traceback="")
+    except Exception as exc:  # noqa: BLE001 - a crashing case must not stop the others
+        record.status = "error"
+        record.error = CaseError(
+            type=type(exc).__name__, message=str(exc), traceback=traceback.format_exc()
+        )
+    record.fingerprint = fingerprint(record)
+    record.duration_s = round(time.perf_counter() - clock, 3)
+    return record
