@@ -68,7 +68,7 @@ class Hog:
 
 
 def _gate(out: Path, baseline: Path, filtered: bool):
-    from kvbench.gate import gate
+    from kvbench.judge.gate import gate
     from kvbench.results import load_results
 
     return gate(load_results(out / "results.json"), load_results(baseline),
