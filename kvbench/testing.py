@@ -1,8 +1,8 @@
 """The contract every kvbench method keeps, as checks a method author runs on their own method:
 
     from kvbench.testing import check_method
-    check_method(MyMethod(bits=4))                 # torch on the CPU
-    check_method(MyMethod(bits=4), backend="mlx")  # its MLX implementation, if registered
+    check_method(MySettings(bits=4))                 # its torch implementation, on the CPU
+    check_method(MySettings(bits=4), backend="mlx")  # its MLX implementation, if registered
 
 Each check drives the method's layer caches the way a model's attention does (a prompt, the
 probe the method asks for, end_prefill, one-token and multi-token decode steps) on fresh random
@@ -35,7 +35,9 @@ from typing import Any, Callable
 
 import torch
 
-from kvbench.methods.base import Method, WrappedPolicy, tensor_bytes
+from kvbench.backends.arrays import array_backend
+from kvbench.methods import MethodSettings, implementation
+from kvbench.methods.core.contracts import Implementation, WrappedPolicy
 
 KV_HEADS, QUERY_HEADS, HEAD_DIM = 2, 4, 16
 PROMPT, PROBE, STEPS, CHUNK = 48, 6, 3, 4
@@ -46,23 +48,18 @@ class ConformanceError(AssertionError):
     """A method broke the contract; the message says which check and how."""
 
 
-def check_method(method: Method, backend: str = "torch", device: str = "cpu",
+def check_method(settings: MethodSettings, backend: str = "torch", device: str = "cpu",
                  model: bool = True) -> None:
-    """Run every check on `method` (see the module's docstring); ConformanceError on the first
-    that fails. `model`: also drive it through the tiny model (needs transformers, or mlx-lm on
-    MLX)."""
-    label = f"{type(method).name or type(method).__name__} {_params(method)} on {backend}"
-    if backend == "mlx":
-        from kvbench.methods.mlx import on_mlx
-
-        build = on_mlx(method).new_layer_cache
-        arrays = _MLXArrays()
-    elif backend == "torch":
-        build = method.new_layer_cache
-        arrays = _TorchArrays(torch.device(device))
-    else:
+    """Run every check on the method `settings` configure, as `backend` implements it (see the
+    module's docstring); ConformanceError on the first that fails. `model`: also drive it
+    through the tiny model (needs transformers, or mlx-lm on MLX)."""
+    label = f"{type(settings).name or type(settings).__name__} {_params(settings)} on {backend}"
+    if backend not in ("torch", "mlx"):
         raise ValueError(f"unknown backend {backend!r}; use torch or mlx")
-    subject = _Subject(method, build, arrays, stores_inputs=method.key_codec() is None)
+    method = implementation(settings, backend)
+    arrays = array_backend(backend, torch.device(device))
+    subject = _Subject(method, method.new_layer_cache, arrays,
+                       stores_inputs=method.key_codec() is None)
     drives = _drives(method.supports())
     checks: list[tuple[str, Callable[[], None]]] = [
         (name, lambda drive=drive: drive(subject)) for name, drive in drives]
@@ -96,49 +93,13 @@ def _drives(capabilities) -> list[tuple[str, Callable[[Any], None]]]:
     return drives
 
 
-def _params(method: Method) -> str:
-    fields = {f.name: getattr(method, f.name) for f in dataclasses.fields(method) if f.init}
+def _params(settings: MethodSettings) -> str:
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.init}
     return ", ".join(f"{k}={v!r}" for k, v in fields.items()) or "(defaults)"
 
 
 def _fail(message: str) -> None:
     raise ConformanceError(message)
-
-
-# ---- arrays ------------------------------------------------------------------------------------
-
-class _TorchArrays:
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def put(self, tensor: torch.Tensor):
-        return tensor.to(self.device)
-
-    def get(self, array) -> torch.Tensor:
-        return array.float().cpu()
-
-    @staticmethod
-    def nbytes(array) -> int:
-        return tensor_bytes(array)
-
-
-class _MLXArrays:
-    device = torch.device("cpu")
-
-    def __init__(self):
-        from kvbench.backends.arrays import MLXArrays
-
-        self._arrays = MLXArrays()
-
-    def put(self, tensor: torch.Tensor):
-        return self._arrays.from_torch(tensor)
-
-    @staticmethod
-    def nbytes(array) -> int:
-        return array.nbytes
-
-    def get(self, array) -> torch.Tensor:
-        return self._arrays.to_torch(array).float()
 
 
 def _inputs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -167,7 +128,7 @@ class _Layer:
         attention output (1, QUERY_HEADS, n, HEAD_DIM) as float32."""
         from kvbench.models.attention import biased_attention
 
-        put, get, policy = self.arrays.put, self.arrays.get, self.policy
+        put, get, policy = self.arrays.from_torch, self.get, self.policy
         n = keys.shape[-2]
         policy.append(put(keys), put(values))
         self.fed += n
@@ -182,6 +143,10 @@ class _Layer:
         if policy.observes_queries:
             policy.observe_queries(put(queries))
         return out
+
+    def get(self, array) -> torch.Tensor:
+        """An array the policy returned, as a float32 CPU tensor."""
+        return self.arrays.to_torch(array).float()
 
     def check_state(self, keys, values, bias, n: int) -> None:
         from kvbench.models.policy_totals import check_attention_inputs
@@ -205,8 +170,7 @@ class _Layer:
             inner = policy.inner.attention_inputs()
             for name, mine, theirs in zip(("keys", "values", "bias"), (keys, values, bias), inner):
                 if (mine is None) != (theirs is None) or (
-                        mine is not None and not torch.equal(self.arrays.get(mine),
-                                                             self.arrays.get(theirs))):
+                        mine is not None and not torch.equal(self.get(mine), self.get(theirs))):
                     _fail(f"the wrapper returns other {name} than the policy it wraps")
             if policy.observes_queries != policy.inner.observes_queries:
                 _fail("the wrapper does not pass on whether its policy observes queries")
@@ -220,7 +184,7 @@ class _Layer:
 
     def inputs(self) -> list[torch.Tensor | None]:
         """What attention would read now: keys, values, bias, as float32 torch tensors."""
-        return [None if a is None else self.arrays.get(a) for a in self.policy.attention_inputs()]
+        return [None if a is None else self.get(a) for a in self.policy.attention_inputs()]
 
     def end_prefill(self) -> None:
         self.policy.end_prefill()
@@ -230,7 +194,7 @@ class _Layer:
 class _Subject:
     """What the checks drive: the method, its cache factory on the backend, the arrays."""
 
-    method: Method
+    method: Implementation
     build: Callable[[int], Any]
     arrays: Any
     stores_inputs: bool  # no codec: what attention reads is what the cache stores
@@ -312,14 +276,14 @@ def _check_probe(subject: _Subject) -> None:
         _fail("two different probes fed and taken back before end_prefill left the same cache")
 
 
-def _check_codecs(method: Method, arrays) -> None:
+def _check_codecs(method: Implementation, arrays) -> None:
     """nbytes is exactly the packed tensors' bytes; decode gives back the shape and dtype."""
     keys, values, _ = _inputs(PROMPT, seed=6)
     for what, codec, x in (("key", method.key_codec(), keys), ("value", method.value_codec(), values)):
         block = codec.token_block
-        x = arrays.put(x[..., : PROMPT - PROMPT % block, :])
+        x = arrays.from_torch(x[..., : PROMPT - PROMPT % block, :])
         packed = codec.encode(x)
-        counted, held = codec.nbytes(packed), tensor_bytes(*packed.tensors.values())
+        counted, held = codec.nbytes(packed), arrays.nbytes(*packed.tensors.values())
         if counted != held:
             _fail(f"the {what} codec counts {counted} bytes but packed {held}")
         out = codec.decode(packed)
@@ -346,7 +310,7 @@ def _check_no_default_device(subject: _Subject, drives) -> None:
 
 # ---- inside a model ----------------------------------------------------------------------------
 
-def _check_model(method: Method, backend: str, device: str) -> None:
+def _check_model(method: Implementation, backend: str, device: str) -> None:
     """Prefill (with the method's probe), end_prefill and decode through kvbench's tiny model:
     finite logits, positions continuing from the prompt."""
     from kvbench.models.session import prefill

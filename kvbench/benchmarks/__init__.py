@@ -1,7 +1,31 @@
-"""Built-in benchmarks register themselves on import."""
-from kvbench.benchmarks import (  # noqa: F401
-    compaction, decode_attention, ladder, niah, parity, perplexity, proofs, quality, ruler, speed, stress,
-)
-from kvbench.benchmarks.base import BENCHMARKS, Benchmark, BenchmarkOutput, MetricSpec, RunContext
+"""Benchmarks: each a torch-free declaration (kvbench.benchmarks.specs: parameters, metrics,
+checks, report) and its measurement (kvbench.benchmarks.measure), registered against the
+declaration. A plug-in benchmark may be one class that declares and measures (has run()); the
+built-ins are split so that validating a suite needs no torch.
 
-__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkOutput", "MetricSpec", "RunContext"]
+measurement(benchmark class) is what runs a case; importing this package registers the
+built-in declarations only (no torch).
+"""
+from __future__ import annotations
+
+from kvbench.benchmarks.specs import BENCHMARKS, Benchmark, MetricSpec
+from kvbench.benchmarks.specs.base import registered_measurement
+
+
+def measurement(benchmark_cls: type[Benchmark]) -> Benchmark:
+    """What measures `benchmark_cls`: an instance of the class registered for it exactly, or of
+    the class itself when it has run(params, method, ctx)."""
+    import kvbench.benchmarks.measure  # noqa: F401 - registers the built-in ones
+
+    found = registered_measurement(benchmark_cls)
+    if found is None and callable(getattr(benchmark_cls, "run", None)):
+        found = benchmark_cls
+    if found is None:
+        name = benchmark_cls.name or benchmark_cls.__name__
+        raise NotImplementedError(f"benchmark {name!r} has nothing that measures it (give it"
+                                  " run(), or register a class with"
+                                  " kvbench.benchmarks.specs.base.measures)")
+    return found()
+
+
+__all__ = ["BENCHMARKS", "Benchmark", "MetricSpec", "measurement"]

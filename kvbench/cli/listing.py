@@ -30,7 +30,7 @@ def list_(what, name):
                   " `kvbench list benchmarks NAME`")
         (_show_method if what == "methods" else _show_benchmark)(name)
         return
-    from kvbench import describe
+    from kvbench.config import describe
 
     table = Table()
     if what in ("methods", "benchmarks"):
@@ -71,7 +71,7 @@ def list_(what, name):
 
 
 def _show_method(name: str) -> None:
-    from kvbench import describe
+    from kvbench.config import describe
     from kvbench.methods import METHODS
 
     try:
@@ -83,7 +83,7 @@ def _show_method(name: str) -> None:
 
 
 def _show_benchmark(name: str) -> None:
-    from kvbench import describe
+    from kvbench.config import describe
     from kvbench.benchmarks import BENCHMARKS
 
     try:
@@ -106,7 +106,7 @@ def _show_benchmark(name: str) -> None:
 
 
 def _parameters_table(title: str, config: type) -> Table:
-    from kvbench import describe
+    from kvbench.config import describe
 
     table = Table(title=title)
     # the meaning is the long text: it takes the width the other columns leave

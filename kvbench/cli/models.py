@@ -18,7 +18,7 @@ def models():
 def models_prepare(name, force):
     """Convert a bundled model (e.g. smollm2-135m) into a local checkpoint once, and verify it."""
     from kvbench.models import BUNDLED, prepare_bundled
-    from kvbench.registry import did_you_mean
+    from kvbench.config.registry import did_you_mean
 
     name = name.removeprefix("bundled:")
     if name not in BUNDLED:

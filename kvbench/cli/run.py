@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         isolate, executor, address, shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
     try:
-        import torch  # noqa: F401
+        importlib.import_module("torch")  # every case needs it: refused before any work
     except ImportError as exc:
         fail(f"kvbench run needs torch ({exc}): pip install 'kvbench[torch]'. validate, report,"
              " compare and baseline save work without it")

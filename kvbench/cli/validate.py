@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import click
-from rich.markup import escape
 
 from kvbench.cli.common import console, load_suite_or_exit
 
@@ -13,5 +12,3 @@ def validate(suite_path):
     """Check a suite without running it (exit 2 with file:line: key for each problem)."""
     suite = load_suite_or_exit(suite_path)
     console.print(f"[green]valid:[/] {suite.name}: {len(suite.cases)} case(s)")
-    if suite.note:
-        console.print(f"[yellow]note:[/] {escape(suite.note)}", soft_wrap=True)

@@ -3,8 +3,8 @@
 A codec's `impl` picks the path that encodes, decodes and attends over its packed layout:
 "torch" the reference, "triton" the kernels (byte-identical layouts, checked against the
 reference), "auto" the kernels on CUDA tensors where triton is installed and the layout has
-them, else the reference. This module imports neither triton nor the kernels: a machine
-without triton installs, imports and runs everything but the kernels.
+them, else the reference. This module imports neither torch, triton nor the kernels: a
+machine without triton installs, imports and runs everything but the kernels.
 
 The kernels also run on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, set before
 triton is first imported): that is how they are tested without a GPU.
@@ -14,11 +14,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from typing import Literal
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Impl = Literal["auto", "torch", "triton"]
 IMPLS = ("auto", "torch", "triton")
 INSTALL_HINT = "pip install 'kvbench[cuda]'"
 

@@ -1,17 +1,43 @@
 """The packed layouts the kernels read and write, described by the codecs that own them.
 
 A codec hands its kernel format to kvbench.kernels.triton; the kernels never import a method.
+Torch-free at import: a method's settings ask a format why it has no kernel.
 Each format's `unsupported()` says why a configuration has no kernel (None: it has one).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 CODEBOOK_KINDS = ("lloydmax", "turbo")
+
+
+# The bit packing every layout shares (kvbench.methods.torch.packing, its MLX twin and the
+# kernels): code i of a row occupies bits [i*b, (i+1)*b) of the row's little-endian bit stream
+# (bit k of the stream is bit k % 8 of byte k // 8), so any 8 consecutive codes fill b bytes.
+
+def packed_length(n: int, bits: int) -> int:
+    """Bytes that n codes of `bits` bits take: ceil(n * bits / 8)."""
+    return (n * bits + 7) // 8
+
+
+def check_bits(bits: int) -> None:
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in 1..8, got {bits}")
+
+
+def code_slots(bits: int):
+    """For each code slot j of a group of 8: its first byte, its bit offset there, and whether
+    it spills into the next byte."""
+    for j in range(8):
+        byte, shift = divmod(j * bits, 8)
+        yield j, byte, shift, shift + bits > 8
 
 
 @dataclass(frozen=True)
@@ -29,6 +55,11 @@ class IntQFormat:
         if self.group_size * self.bits < 8:
             return f"a group of {self.group_size} {self.bits}-bit codes fills less than a byte"
         return None
+
+    @property
+    def token_block(self) -> int:
+        """Tokens that must be packed together: whole groups of them on the channel axis."""
+        return self.group_size if self.axis == "channel" else 1
 
     def attention_unsupported(self) -> str | None:
         """Why the fused decode attention cannot read this layout (None: it can)."""
@@ -78,11 +109,13 @@ class CodebookFormat:
     @functools.cached_property
     def scale32(self) -> float:
         """`scale` rounded to float32, as the torch codecs and the kernels use it."""
-        return float(torch.tensor(self.scale, dtype=torch.float32))
+        return float(np.float32(self.scale))
 
     def tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(centroids, bounds, d1, d2) as float32 on `device`; d1 and d2 are ones without a
         rotation. Made once per device."""
+        import torch
+
         key = str(device)
         if key not in self._on_device:
             ones = torch.ones(self.block, dtype=torch.float64)
@@ -93,6 +126,24 @@ class CodebookFormat:
 
 
 KernelFormat = IntQFormat | CodebookFormat
+
+
+def lloydmax_unsupported(rotate: bool) -> str | None:
+    """Why a lloydmax layout has no kernel (None: it has one, for head_dim >= 8)."""
+    if rotate:
+        return "rotate: a dense rotation is a matrix product, rounded as the BLAS rounds it"
+    return None
+
+
+def turbo_unsupported(qjl: bool, outliers: int, rotation: str) -> str | None:
+    """Why a turbo layout has no kernel (None: it has one, for blocks >= 8)."""
+    if qjl:
+        return "qjl: its sketch is a dense matrix product"
+    if outliers:
+        return "outlier_fraction > 0"
+    if rotation != "hadamard":
+        return "rotation 'haar': a dense matrix product, rounded as the BLAS rounds it"
+    return None
 
 
 @dataclass

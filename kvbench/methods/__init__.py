@@ -1,10 +1,58 @@
-"""Built-in methods register themselves on import."""
-from kvbench.methods import adaptive, am, butterfly, decay, eviction  # noqa: F401
-from kvbench.methods import identity, intq  # noqa: F401
-from kvbench.methods import kivi  # noqa: F401
-from kvbench.methods import lloydmax  # noqa: F401
-from kvbench.methods import sparse_v  # noqa: F401
-from kvbench.methods import turbo  # noqa: F401
-from kvbench.methods.base import METHODS, Codec, LayerCachePolicy, Method, Packed
+"""KV-cache methods: each a torch-free settings dataclass (kvbench.methods.settings) and its
+implementations, registered against the settings: the torch reference (kvbench.methods.torch),
+MLX (kvbench.methods.mlx), and what every backend shares (kvbench.methods.core).
 
-__all__ = ["METHODS", "Codec", "LayerCachePolicy", "Method", "Packed"]
+implementation(settings, backend) builds a method as a backend runs it; importing this package
+registers the built-in settings only (no torch, no MLX).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.settings import METHODS, Capabilities, MethodSettings, build_method
+from kvbench.methods.settings.base import BACKENDS, registered_implementation
+
+# What registers each backend's built-in implementations (imported on first use).
+_BUILTIN = {"torch": "kvbench.methods.torch", "mlx": "kvbench.methods.mlx"}
+
+
+class OnBackend:
+    """A backend as an implementation sees it (kvbench.methods.core.contracts.Backend)."""
+
+    def __init__(self, name: str):
+        from kvbench.backends.arrays import array_backend
+
+        self.name = name
+        self.arrays = array_backend(name)
+
+    def implement(self, settings: MethodSettings) -> Implementation:
+        return implementation(settings, self.name)
+
+
+def has_implementation(settings_cls: type, backend: str) -> bool:
+    """Whether `settings_cls` (exactly) has an implementation on `backend`; ImportError when the
+    backend itself cannot be imported (MLX not installed)."""
+    importlib.import_module(_BUILTIN[backend])
+    return registered_implementation(settings_cls, backend) is not None
+
+
+def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
+    """The method `settings` configure, as `backend` ("torch" or "mlx") runs it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    importlib.import_module(_BUILTIN[backend])
+    factory = registered_implementation(type(settings), backend)
+    if factory is None:
+        name = type(settings).name or type(settings).__name__
+        raise NotImplementedError(
+            f"method {name!r} has no {backend} implementation (register one for its exact"
+            f" settings class with kvbench.methods.settings.implements)")
+    return factory(settings, _backends.setdefault(backend, OnBackend(backend)))
+
+
+_backends: dict[str, OnBackend] = {}
+
+__all__ = ["METHODS", "Capabilities", "Implementation", "MethodSettings", "build_method",
+           "has_implementation", "implementation"]

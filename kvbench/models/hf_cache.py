@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.methods.base import LayerCachePolicy, Method
+from kvbench.methods.core.contracts import LayerCachePolicy, Implementation
 from kvbench.models.attention import FusedHandoff, Handoff, drop_pending, hand_over
 from kvbench.models.policy_totals import PolicyTotals, check_attention_inputs
 
@@ -93,7 +93,7 @@ class KVBenchCache(PolicyTotals, Cache):
     packed cache at every step); the attribute `decoded_reads` then says whether any policy took
     it, i.e. which path runs."""
 
-    def __init__(self, method: Method, num_layers: int, decoded_reads: bool = False):
+    def __init__(self, method: Implementation, num_layers: int, decoded_reads: bool = False):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
         layers = [PolicyLayer(method.new_layer_cache(i), i, self) for i in range(num_layers)]
         super().__init__(layers=layers)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.registry import did_you_mean
+from kvbench.config.registry import did_you_mean
 
 TINY_KINDS = ("llama", "qwen3")
 TINY_MAX_CONTEXT = 4096

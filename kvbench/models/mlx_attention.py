@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from kvbench.methods.base import LayerCachePolicy
+from kvbench.methods.core.contracts import LayerCachePolicy
 
 ATTENTION_ATTR = "scaled_dot_product_attention"
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from kvbench.methods.base import Codec, LayerCachePolicy, Method
+from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.models.mlx_attention import Handoff, install
 from kvbench.models.policy_totals import PolicyTotals, check_attention_inputs
 
@@ -210,15 +210,11 @@ class MLXPolicyLayer:
 
 class MLXKVBenchCache(PolicyTotals):
     """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
-    a kvbench Method, run through kvbench.methods.mlx.on_mlx, or an MLX method object).
+    a method's MLX implementation, kvbench.methods.implementation(settings, "mlx")).
     Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`. decoded_reads, and the
     attribute of that name, as kvbench.models.hf_cache.KVBenchCache."""
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
-        if isinstance(method, Method):
-            from kvbench.methods.mlx.base import on_mlx
-
-            method = on_mlx(method)
         self.layers = [MLXPolicyLayer(method.new_layer_cache(i), i, self)
                        for i in range(num_layers)]
         self.decoded_reads = decoded_reads and any(

@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
-from kvbench.methods.base import Method
-from kvbench.methods.mlx.base import on_mlx
+from kvbench.methods.core.contracts import Implementation
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
 from kvbench.models.mlx_attention import ATTENTION_ATTR
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
@@ -35,7 +34,7 @@ class MLXSession:
         self.dtype = str(weight.dtype).rpartition(".")[2]  # mlx.core.float32 -> float32
         self.memo_key = ("mlx", self.spec, str(mx.default_device()), self.dtype)
 
-    def new_cache(self, method: Method | None, decoded_reads: bool = False):
+    def new_cache(self, method: Implementation | None, decoded_reads: bool = False):
         from mlx_lm.models.cache import make_prompt_cache
 
         if method is None:
@@ -69,10 +68,10 @@ class MLXSession:
         if trimmed != n:
             raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")
 
-    def calibrate(self, method: Method, tokens: list[int]) -> None:
+    def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         stats = CalibrationStats(tokens, self.num_kv_heads,
                                  lambda ids: attention_entropy(self.loaded, ids))
-        on_mlx(method).calibrate(stats, tokens)
+        method.calibrate(stats, tokens)
 
     def weights_bytes(self) -> int:
         return sum(w.nbytes for _, w in tree_flatten(self.loaded.model.parameters()))

@@ -2,7 +2,7 @@
 policies."""
 from __future__ import annotations
 
-from kvbench.methods.base import LayerCachePolicy
+from kvbench.methods.core.contracts import LayerCachePolicy
 
 
 class PolicyTotals:

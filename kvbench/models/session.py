@@ -9,7 +9,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from kvbench.methods.base import Method
+from kvbench.methods.core.contracts import Implementation
 
 
 class Session(Protocol):
@@ -24,7 +24,7 @@ class Session(Protocol):
     # run-memo key of a value computed through it.
     memo_key: tuple[str, ...]
 
-    def new_cache(self, method: Method | None, decoded_reads: bool = False) -> Any:
+    def new_cache(self, method: Implementation | None, decoded_reads: bool = False) -> Any:
         """The method's cache (a KVBenchCache or its MLX twin), or the plain cache for None.
         decoded_reads: ask the method's policies for their decoded-once read path (the same
         outputs, bit for bit; the cache's `decoded_reads` says whether any took it); the plain
@@ -43,7 +43,7 @@ class Session(Protocol):
     def trim(self, cache: Any, n: int) -> None:
         """Rewind the cache by its newest n tokens; ValueError if it cannot take them all back."""
 
-    def calibrate(self, method: Method, tokens: list[int]) -> None:
+    def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         """method.calibrate(CalibrationStats of `tokens` on this model, tokens)."""
 
     def weights_bytes(self) -> int:
@@ -69,7 +69,7 @@ class TorchSession:
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.memo_key = ("torch", self.spec, str(device), self.dtype)
 
-    def new_cache(self, method: Method | None, decoded_reads: bool = False):
+    def new_cache(self, method: Implementation | None, decoded_reads: bool = False):
         from transformers import DynamicCache
 
         from kvbench.models.hf_cache import KVBenchCache
@@ -103,7 +103,7 @@ class TorchSession:
     def trim(self, cache, n: int) -> None:
         cache.crop(-n)
 
-    def calibrate(self, method: Method, tokens: list[int]) -> None:
+    def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         from kvbench.models.capture import attention_entropy
 
         stats = CalibrationStats(tokens, self.num_kv_heads,
@@ -127,7 +127,7 @@ class TorchSession:
 
 
 class CalibrationStats:
-    """What a session hands Method.calibrate in place of the model: statistics of the calibration
+    """What a session hands Implementation.calibrate in place of the model: statistics of the calibration
     tokens on the case's model and backend, each measured when a method first asks for it (a
     method that needs none costs no pass). A method calibrates from these tensors; it never
     drives a model itself."""
@@ -160,7 +160,7 @@ class ProbeNotTakenBack(ValueError):
     """The cache could not take back the probe it was fed (its policy cannot trim)."""
 
 
-def prefill(session: Session, cache: Any, ids: list[int], method: Method | None,
+def prefill(session: Session, cache: Any, ids: list[int], method: Implementation | None,
             probe: list[int] | None = None, refeed: int = 0, chunk: int = 0,
             after_chunk: Callable[[int], None] = lambda fed: None,
             ) -> tuple[torch.Tensor, float, float]:

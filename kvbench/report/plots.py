@@ -8,9 +8,7 @@ report turns into a one-line note.
 """
 from __future__ import annotations
 
-import functools
 import itertools
-import json
 import math
 import os
 import re
@@ -19,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from kvbench.catalog import CATALOG_FILE
 from kvbench.results import RunResult
 
 RATE_DISTORTION_PNG = "rate_distortion.png"
@@ -55,20 +52,14 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is not installed: the figure is skipped, the report says so."""
 
 
-@functools.cache
-def _builtin_methods() -> frozenset[str]:
-    # the committed catalog, not the registry: reports run where torch is not installed
-    return frozenset(json.loads(CATALOG_FILE.read_text())["methods"])
-
-
 def method_family(method: str) -> str:
     """The family a case's method (CaseResult.method) is drawn in: its registry name; a preset
-    named after a built-in method and its bits (turbo3, turbo2.5) is that method's; a
-    `module:Class` method is its class name."""
+    named after a built-in family (FAMILY_STYLES) and its bits (turbo3, turbo2.5) is that
+    family's; a `module:Class` method is its class name."""
     if ":" in method:
         return method.rpartition(":")[2]
     preset = re.fullmatch(r"(.*[A-Za-z_])\d+(?:\.\d+)?", method)
-    if preset and preset.group(1) in _builtin_methods():
+    if preset and preset.group(1) in FAMILY_STYLES:
         return preset.group(1)
     return method
 

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from kvbench.backends.torch_backend import resolve_device
-from kvbench.benchmarks import BENCHMARKS, RunContext
+from kvbench.benchmarks import BENCHMARKS, measurement
+from kvbench.benchmarks.measure.context import RunContext
 from kvbench.judge.claims import judge
 from kvbench.memo import Memo
 from kvbench.run.files import now
-from kvbench.methods.base import build_method
+from kvbench.methods import build_method, implementation
 from kvbench.results import CaseError, CaseResult, fingerprint
 from kvbench.suite.case import Case
 
@@ -144,9 +145,9 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
             seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
             record.device = device_name(device, case.backend)
-            benchmark = BENCHMARKS.get(case.benchmark)()
+            benchmark = measurement(BENCHMARKS.get(case.benchmark))
             params = benchmark.Params(**case.bench_params)
-            method = build_method(case.method, case.method_params)
+            method = implementation(build_method(case.method, case.method_params), case.backend)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
                 load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
@@ -157,7 +158,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         record.metrics, record.info, record.comparable = (
             output.metrics, output.info, output.comparable,
         )
-        impl_log = getattr(method, "impl_log", None)  # which implementation ran (kvbench.kernels)
+        impl_log = method.impl_log  # which implementation ran (kvbench.kernels)
         if impl_log is not None and impl_log.ran:
             record.info["impl"] = impl_log.summary()
         record.claims = judge_own(case.claims, output.metrics)

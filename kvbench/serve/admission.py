@@ -14,11 +14,11 @@ import functools
 
 import torch
 
-from kvbench.methods.base import Method
+from kvbench.methods.core.contracts import Implementation
 
 
 class Projection:
-    def __init__(self, method: Method, session):
+    def __init__(self, method: Implementation, session):
         config = session.loaded.model.config.get_text_config()
         self.method = method
         self.num_layers, self.kv_heads, self.head_dim = (

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvbench.methods.base import Method
+from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
 from kvbench.serve.batch_cache import BatchStep
@@ -89,7 +89,7 @@ class Totals:
 
 
 class Engine:
-    def __init__(self, session: TorchSession, method: Method, kv_budget: int | None = None,
+    def __init__(self, session: TorchSession, method: Implementation, kv_budget: int | None = None,
                  queue_timeout_s: float = 600.0, max_batch: int = 32,
                  log: Callable[[str], None] = lambda message: None):
         self.session, self.method = session, method

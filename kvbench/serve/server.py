@@ -30,13 +30,14 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     from kvbench.backends.torch_backend import resolve_device
     from kvbench.data.text import text_tokens
     from kvbench.memo import Memo
-    from kvbench.methods.base import build_method
+    from kvbench.methods import build_method, implementation
     from kvbench.models import load_model
     from kvbench.models.session import TorchSession
     from kvbench.serve.app import create_app
     from kvbench.serve.engine import Engine
 
-    method = build_method(method_name, method_params)  # a bad method fails before the load
+    # a bad method fails before the load
+    method = implementation(build_method(method_name, method_params))
     if threads:
         torch.set_num_threads(threads)
     torch_device = resolve_device(device)

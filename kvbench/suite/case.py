@@ -45,7 +45,6 @@ class LoadedSuite:
     cases: list[Case]
     tolerances: dict[str, Tolerance]  # per metric
     default_tolerance: Tolerance
-    note: str = ""  # what validation could not check (without torch: see kvbench.catalog)
 
     def tolerance_for(self, metric: str) -> Tolerance:
         return self.tolerances.get(metric, self.default_tolerance)

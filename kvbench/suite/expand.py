@@ -8,20 +8,21 @@ import fnmatch
 import itertools
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
+from kvbench.benchmarks import BENCHMARKS
+from kvbench.config.fields import SettingError
+from kvbench.config.registry import Registry, UnknownName, did_you_mean
+from kvbench.config.strict import validate
 from kvbench.judge.claims import Claim, parse_claim
+from kvbench.methods import METHODS, has_implementation
 from kvbench.models.info import ModelInfo, describe_model, expand_home
-from kvbench.params import validate
-from kvbench.registry import Registry, UnknownName, did_you_mean
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, dotted
-from kvbench.suite.registries import Registries
 from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim, explain_error
 from kvbench.suite.yaml_lines import YamlDoc
 
@@ -62,7 +63,6 @@ def expand_cases(
     defaults: Defaults,
     default_model: Placed[str] | None,
     issues: Issues,
-    registries: Registries,
 ) -> list[Case]:
     """Every case, in the order written: benchmarks, each one's matrix, then methods.
 
@@ -72,9 +72,9 @@ def expand_cases(
     sizes = [_size(m.value.matrix) for m in methods]
     if _too_many(methods, sizes, "method variants", issues):
         return []
-    variants = _method_variants(methods, registries.methods, issues)
+    variants = _method_variants(methods, METHODS, issues)
     if defaults.backend == "mlx":
-        _check_mlx_methods(variants, registries, issues)
+        _check_mlx_methods(variants, issues)
     selections = [_select(bench, variants, issues) for bench in benchmarks]
     # A benchmark's matrix is expanded to check its params even when it runs no method.
     sizes = [_size(b.value.matrix) * max(1, len(c)) for b, c in zip(benchmarks, selections)]
@@ -85,7 +85,7 @@ def expand_cases(
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
     metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
     for bench, chosen in zip(benchmarks, selections):
-        cls = _lookup(registries.benchmarks, bench.value.kind, bench.doc, bench.at("kind"), issues)
+        cls = _lookup(BENCHMARKS, bench.value.kind, bench.doc, bench.at("kind"), issues)
         for case in _bench_cases(bench, cls, chosen, defaults, default_model, describe, issues):
             if made_by.get(case.id) is bench:
                 issues.add(bench.doc, bench.path, f"case id {case.id!r} is produced twice here",
@@ -110,12 +110,10 @@ def expand_cases(
     return cases
 
 
-def check_gate_metrics(
-    names: list[Placed[str]], benchmarks: list[Placed[BenchmarkEntry]], registry: Registry,
-    issues: Issues,
-) -> None:
+def check_gate_metrics(names: list[Placed[str]], benchmarks: list[Placed[BenchmarkEntry]],
+                       issues: Issues) -> None:
     """A gate tolerance must name a metric some benchmark of the suite reports."""
-    declared = [_declared(registry, b.value.kind) for b in benchmarks]
+    declared = [_declared(BENCHMARKS, b.value.kind) for b in benchmarks]
     if None in declared or not declared:
         return  # an unknown benchmark, or none: reported already; the metrics cannot be known
     known = set().union(*declared)
@@ -162,12 +160,13 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
     return variants
 
 
-def _check_mlx_methods(variants: list[_Variant], registries: Registries, issues: Issues) -> None:
+def _check_mlx_methods(variants: list[_Variant], issues: Issues) -> None:
     """Every method must have an MLX implementation (and MLX must be installed)."""
     if not variants:
         return
     try:
-        has_mlx = registries.mlx_support()
+        supported = {v.cls: has_implementation(v.cls, "mlx") for v in variants
+                     if v.cls is not None}
     except ImportError as exc:
         first = variants[0].entry
         issues.add(first.doc, ("defaults", "backend"), f"backend 'mlx' needs MLX ({exc})",
@@ -179,7 +178,7 @@ def _check_mlx_methods(variants: list[_Variant], registries: Registries, issues:
         if entry.path in seen:
             continue
         seen.add(entry.path)
-        if variant.cls is not None and not has_mlx(variant.cls):
+        if variant.cls is not None and not supported[variant.cls]:
             issues.add(entry.doc, entry.at("name"),
                        f"method {entry.value.name!r} has no MLX implementation",
                        "run it with backend: torch")
@@ -238,8 +237,8 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
         if model_ok:  # a missing or unusable model was reported already
             try:
                 benchmark.check(params, info)
-            except ValueError as exc:
-                issues.add(bench.doc, _blame(str(exc), combo, bench), str(exc))
+            except SettingError as exc:
+                issues.add(bench.doc, _blame(exc.fields, combo, bench), str(exc))
                 continue
         needed = _needs(cls, params, defaults)
         for variant in chosen:
@@ -287,7 +286,7 @@ def _supported(variant: _Variant, needed: list[tuple[str, str | None, str]], com
     ok = True
     for capability, name, why in needed:
         if capabilities.lacks(capability):
-            path = _blame(name, combo, bench) if name else bench.at("kind")
+            path = _blame((name,), combo, bench) if name else bench.at("kind")
             issues.add(bench.doc, path,
                        f"method {variant.label!r} does not support {capability!r}, which {why}"
                        " needs", "drop the method from this benchmark (methods:) or the setting")
@@ -359,12 +358,15 @@ def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any 
             out.append(None)
             for err in exc.errors():
                 path = _param_path(err["loc"], combo, placed)
-                if not err["loc"]:  # __post_init__ refused the whole: blame the key it names
-                    path = _blame(str(err["msg"]), combo, placed)
+                refused = err.get("ctx", {}).get("error")
+                if not err["loc"]:  # the settings refused a value: blame the field they name
+                    fields = refused.fields if isinstance(refused, SettingError) else ()
+                    path = _blame(fields, combo, placed)
                 issues.add(placed.doc, path, explain_error(err, path)[0])
-        except (TypeError, ValueError) as exc:  # raised by __post_init__ outside pydantic
+        except (TypeError, ValueError) as exc:  # raised outside pydantic's validation
             out.append(None)
-            issues.add(placed.doc, _blame(str(exc), combo, placed), str(exc))
+            fields = exc.fields if isinstance(exc, SettingError) else ()
+            issues.add(placed.doc, _blame(fields, combo, placed), str(exc))
     return out
 
 
@@ -376,14 +378,14 @@ def _param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:
     return placed.at("params", *loc)
 
 
-def _blame(message: str, combo: dict, placed: Placed) -> tuple:
-    """The key a message about a whole setting belongs to: the parameter it names, else params."""
-    words = set(re.findall(r"[A-Za-z_]\w*", message))
-    for key, value in combo.items():
-        if key in words:
-            return placed.at("matrix", key, _index(placed.value.matrix[key], value))
-    for key in placed.value.params:
-        if key in words:
+def _blame(fields: tuple[str, ...], combo: dict, placed: Placed) -> tuple:
+    """Where a refusal naming `fields` (kvbench.config.fields.SettingError) belongs: the first of
+    them that the matrix sets, else that params sets, else the entry's params (or matrix)."""
+    for key in fields:
+        if key in combo:
+            return placed.at("matrix", key, _index(placed.value.matrix[key], combo[key]))
+    for key in fields:
+        if key in placed.value.params:
             return placed.at("params", key)
     if placed.value.params or not combo:
         return placed.at("params")

@@ -2,9 +2,9 @@
 names every problem with its file, line and key.
 
 Two passes: first each file's shape (YAML syntax, keys, types), then, when every file is well
-formed, what needs the registries and models (names, parameters, claims, selectors, models).
-Without torch the second pass checks against the catalog of built-in methods and benchmarks
-(kvbench.suite.registries); the loaded suite's `note` says what that leaves unchecked.
+formed, what needs the registries and models (names, parameters and their ranges, claims,
+selectors, models). Neither needs torch: methods and benchmarks are checked against their
+declarations (kvbench.methods.settings, kvbench.benchmarks.specs).
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from kvbench.suite.case import LoadedSuite
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 from kvbench.suite.errors import Issues, SuiteError, SuiteIssue
 from kvbench.suite.expand import Placed, check_gate_metrics, expand_cases
-from kvbench.suite.registries import registries
 from kvbench.suite.schema import (
     SCHEMA_VERSION,
     Defaults,
@@ -52,9 +51,8 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
                        "list at least one, here or in an included file")
     settings, default_model = _merge_defaults(files, defaults, issues)
     default_tol, tolerances, gate_names, absolute_timings = _merge_gate(files)
-    found = registries()
-    check_gate_metrics(gate_names, benchmarks, found.benchmarks, issues)
-    cases = expand_cases(methods, benchmarks, settings, default_model, issues, found)
+    check_gate_metrics(gate_names, benchmarks, issues)
+    cases = expand_cases(methods, benchmarks, settings, default_model, issues)
     issues.raise_if_any()
 
     resolved = {
@@ -77,7 +75,6 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
         cases=cases,
         tolerances={k: Tolerance(v.abs, v.rel) for k, v in tolerances.items()},
         default_tolerance=Tolerance(default_tol.abs, default_tol.rel),
-        note=found.note,
     )
 
 

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from kvbench.backends.devices import DEVICES
-from kvbench.registry import did_you_mean
+from kvbench.config.registry import did_you_mean
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE
 
 SCHEMA_VERSION = 1

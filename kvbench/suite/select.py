@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from kvbench.registry import did_you_mean
+from kvbench.config.registry import did_you_mean
 from kvbench.suite.case import Case, LoadedSuite
 
 

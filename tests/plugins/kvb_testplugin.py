@@ -15,23 +15,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvbench.benchmarks.base import Benchmark, BenchmarkOutput, MetricSpec
-from kvbench.methods.base import Method, WrappedPolicy
-from kvbench.methods.identity import Identity
+from kvbench.benchmarks.measure.context import BenchmarkOutput
+from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
+from kvbench.config.fields import at_least, param
+from kvbench.methods.core.contracts import WrappedPolicy
+from kvbench.methods.settings import MethodSettings, implements
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.torch.base import TorchMethod
+from kvbench.methods.torch.identity import TorchIdentity
 
 CRASH_MESSAGE = "kvb_testplugin: deliberate crash"
 
 
 @dataclass
-class Nop(Method):
+class Nop(MethodSettings):
     """A method with one knob that does nothing; the test benchmarks report it back."""
 
-    knob: int = 1
+    knob: int = param(1, range=at_least(0), meaning="reported back, nothing else")
 
-    def __post_init__(self):
-        if self.knob < 0:
-            raise ValueError(f"knob must be >= 0, got {self.knob!r}")
 
+@implements(Nop)
+class NopMethod(TorchMethod):
     def new_layer_cache(self, layer_idx):
         raise NotImplementedError("Nop is for test benchmarks only")
 
@@ -85,7 +89,7 @@ class Step(Benchmark):
                 "rand_np": m["rand_np"].of(float(np.random.rand())),
                 "rand_torch": m["rand_torch"].of(float(torch.rand(()))),
             },
-            info={"seed": ctx.seed, "method": type(method).__name__},
+            info={"seed": ctx.seed, "method": type(method.settings).__name__},
         )
 
 
@@ -166,16 +170,19 @@ class SharedCache(Identity):
     next row has overwritten the buffer, so sequences attend to each other's tokens: a leak
     between sessions that the stress benchmark's correctness-under-load check must catch."""
 
-    def __post_init__(self):
-        super().__post_init__()
-        self._scratch: dict[int, list] = {}
+
+@implements(SharedCache)
+class SharedCacheMethod(TorchIdentity):
+    def __init__(self, settings, on):
+        super().__init__(settings, on)
+        self.scratch: dict[int, list] = {}
 
     def new_layer_cache(self, layer_idx):
-        return _ScratchReads(super().new_layer_cache(layer_idx),
-                             self._scratch.setdefault(layer_idx, [None, None]))
+        return ScratchReads(super().new_layer_cache(layer_idx),
+                            self.scratch.setdefault(layer_idx, [None, None]))
 
 
-class _ScratchReads(WrappedPolicy):
+class ScratchReads(WrappedPolicy):
     def __init__(self, inner, scratch: list):
         super().__init__(inner)
         self.scratch = scratch  # [keys buffer, values buffer], shared

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels import interpreting
-from kvbench.kernels.formats import CodebookFormat, IntQFormat, KernelFormat, KVSegment
+from kvbench.kernels.formats import IntQFormat, KernelFormat, KVSegment
 from kvbench.kernels.triton.common import (
     LAUNCH, cast, fwht_rows, log2, next_power_of_two, unpack_groups,
 )

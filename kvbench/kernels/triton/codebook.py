@@ -7,12 +7,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.formats import CodebookFormat
+from kvbench.kernels.formats import CodebookFormat, packed_length
 from kvbench.kernels.triton.common import (
     LAUNCH, cast, check_device, count_below, fwht_rows, load_packed_rows, log2, next_power_of_two,
     pack_groups, pairwise_sum, store_packed_rows, unpack_groups,
 )
-from kvbench.methods.packing import packed_length
 
 BLOCK_M = 32  # rows per program
 

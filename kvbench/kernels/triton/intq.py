@@ -12,11 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.formats import IntQFormat
+from kvbench.kernels.formats import IntQFormat, packed_length
 from kvbench.kernels.triton.common import (
     LAUNCH, cast, check_device, next_power_of_two, round_half_even,
 )
-from kvbench.methods.packing import packed_length
 
 BLOCK_M = 16  # rows per program
 POSITIONS = 256  # values along a row per program (whole groups)

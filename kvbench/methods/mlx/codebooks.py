@@ -1,33 +1,21 @@
-"""A torch Codebook's numbers as mx arrays: the same buckets and centroids on both backends."""
+"""A reference Codebook's numbers as mx arrays: the same buckets and centroids on both backends."""
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
-import torch
-
-from kvbench.methods.codebooks import Codebook
-
-
-def float32_boundaries(codebook: Codebook) -> torch.Tensor:
-    """The codebook's float64 boundaries rounded down to float32 where rounding went up: for
-    float32 x, x <= b exactly when x <= this bound (Codebook.quantize's float32 path)."""
-    bounds = codebook.boundaries.float()
-    return torch.where(bounds.double() > codebook.boundaries,
-                       torch.nextafter(bounds, torch.tensor(-math.inf)), bounds)
 
 
 class MLXCodebook:
-    """Codebook.quantize / dequantize on float32 mx arrays, from the torch codebook's numbers.
+    """Codebook.quantize / dequantize on float32 mx arrays, from the reference codebook's numbers
+    (kvbench.methods.torch.codebooks.Codebook).
 
-    codebook: the torch Codebook (kept as .source). boundaries: float32 (2**bits - 1,), see
-    float32_boundaries; centroids: float32 (2**bits,).
+    codebook: the reference (kept as .source). boundaries: float32 (2**bits - 1,), its
+    float32_bounds; centroids: float32 (2**bits,).
     """
 
-    def __init__(self, codebook: Codebook):
+    def __init__(self, codebook):
         self.source = codebook
         self.bits = codebook.bits
-        self.boundaries = mx.array(float32_boundaries(codebook).numpy())
+        self.boundaries = mx.array(codebook.float32_bounds.numpy())
         self.centroids = mx.array(codebook.centroids.float().numpy())
 
     def quantize(self, x: mx.array) -> mx.array:

@@ -1,21 +1,22 @@
-"""`identity` on MLX: keeps every key and value (kvbench.methods.identity)."""
+"""`identity` on MLX: keeps every key and value (kvbench.methods.settings.identity)."""
 from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.methods.base import Packed
-from kvbench.methods.codec_cache import UNBOUNDED_WINDOW
-from kvbench.methods.identity import Identity
-from kvbench.methods.mlx.base import MLXCodec, MLXCodecCache, MLXMethod, mlx_implementation
+from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecCache
+from kvbench.methods.core.contracts import Codec, Packed
+from kvbench.methods.mlx.base import MLXMethod
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.identity import Identity
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
 
-class MLXCastCodec(MLXCodec):
+class MLXCastCodec(Codec):
     """Stores the tensor as `dtype` ("auto": unchanged, so decode is exact). Stored tensor:
     values, x's shape, in `dtype`."""
 
-    # decode is a cast, value by value (kvbench.methods.base.Codec.chunk_separable)
+    # decode is a cast, value by value (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
 
     def __init__(self, dtype: str = "auto"):
@@ -36,14 +37,14 @@ class MLXCastCodec(MLXCodec):
         return f"identity ({self.dtype})"
 
 
-@mlx_implementation(Identity)
+@implements(Identity, backend="mlx")
 class MLXIdentity(MLXMethod):
-    """Identity on MLX; config: kvbench.methods.identity.Identity (dtype)."""
+    settings: Identity
 
     def codec(self) -> MLXCastCodec:
-        return MLXCastCodec(self.config.dtype)
+        return MLXCastCodec(self.settings.dtype)
 
-    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
+    def new_layer_cache(self, layer_idx: int) -> CodecCache:
         # As torch: everything stays raw when no cast is asked for.
-        window = UNBOUNDED_WINDOW if self.config.dtype == "auto" else 0
-        return MLXCodecCache(self.codec(), self.codec(), window=window)
+        window = UNBOUNDED_WINDOW if self.settings.dtype == "auto" else 0
+        return self.codec_cache(self.codec(), self.codec(), window)

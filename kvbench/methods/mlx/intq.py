@@ -1,16 +1,19 @@
 """`intq` on MLX: asymmetric per-group integer quantization, fp16 scale and min
-(kvbench.methods.intq)."""
+(kvbench.methods.settings.intq)."""
 from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.methods.base import Packed
-from kvbench.methods.intq import IntQ
-from kvbench.methods.mlx.base import MLXCodec, MLXCodecCache, MLXMethod, mlx_implementation
+from kvbench.kernels.formats import IntQFormat
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.contracts import Codec, Packed
+from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.intq import IntQ
 
 
-class MLXIntQCodec(MLXCodec):
+class MLXIntQCodec(Codec):
     """IntQCodec on mx.array: per group fp16 scale = (max - min) / (2^bits - 1), fp16 min,
     q = round((x - min) / scale) with the stored fp16 values, each row packed on its own.
 
@@ -21,14 +24,14 @@ class MLXIntQCodec(MLXCodec):
     """
 
     # decode is elementwise per stored value (unpack, multiply, add): decoding chunk by chunk
-    # rounds exactly as decoding them merged (kvbench.methods.base.Codec.chunk_separable)
+    # rounds exactly as decoding them merged (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
 
     def __init__(self, bits: int, group_size: int, axis: str):
         self.bits = bits
         self.group_size = group_size
         self.axis = axis
-        self.token_block = group_size if axis == "channel" else 1
+        self.token_block = IntQFormat(bits, group_size, axis).token_block
 
     def encode(self, x: mx.array) -> Packed:
         rows = x if self.axis == "token" else mx.swapaxes(x, -1, -2)
@@ -91,13 +94,13 @@ class MLXIntQCodec(MLXCodec):
         )
 
 
-@mlx_implementation(IntQ)
+@implements(IntQ, backend="mlx")
 class MLXIntQ(MLXMethod):
-    """IntQ on MLX; config: kvbench.methods.intq.IntQ (bits, group_size, axis, window)."""
+    settings: IntQ
 
     def codec(self) -> MLXIntQCodec:
-        c = self.config
-        return MLXIntQCodec(c.bits, c.group_size, c.axis)
+        s = self.settings
+        return MLXIntQCodec(s.bits, s.group_size, s.axis)
 
-    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
-        return MLXCodecCache(self.codec(), self.codec(), window=self.config.window)
+    def new_layer_cache(self, layer_idx: int) -> CodecCache:
+        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

@@ -1,30 +1,28 @@
-"""`kivi` on MLX: 2/4-bit keys per channel, values per token, the newest tokens in full precision
-(kvbench.methods.kivi), codecs and the KiviCache policy."""
+"""`kivi` on MLX: keys per channel and values per token by intq's MLX codec, the newest tokens in
+full precision (kvbench.methods.settings.kivi), in KIVI's layer cache on mx.array."""
 from __future__ import annotations
 
-from kvbench.methods.kivi import Kivi, KiviCache
-from kvbench.methods.mlx.base import MLX_OPS, MLXMethod, mlx_implementation
+from kvbench.backends.mlx_arrays import MLX_ARRAYS
+from kvbench.methods.core.kivi_cache import KiviCache
+from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.intq import MLXIntQCodec
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.kivi import Kivi
 
 
-class MLXKiviCache(KiviCache):
-    """KiviCache on mx.array (kvbench.methods.mlx.base.MLXOps)."""
-
-    ops = MLX_OPS
-
-
-@mlx_implementation(Kivi)
+@implements(Kivi, backend="mlx")
 class MLXKivi(MLXMethod):
-    """Kivi on MLX; config: kvbench.methods.kivi.Kivi (bits, group_size, residual). codec() is
-    None: keys (per channel) and values (per token) use different codecs."""
+    """codec() is None: keys (per channel) and values (per token) use different codecs."""
+
+    settings: Kivi
 
     def key_codec(self) -> MLXIntQCodec:
-        return MLXIntQCodec(self.config.bits, self.config.group_size, "channel")
+        return MLXIntQCodec(self.settings.bits, self.settings.group_size, "channel")
 
     def value_codec(self) -> MLXIntQCodec:
-        return MLXIntQCodec(self.config.bits, self.config.group_size, "token")
+        return MLXIntQCodec(self.settings.bits, self.settings.group_size, "token")
 
-    def new_layer_cache(self, layer_idx: int) -> MLXKiviCache:
-        config = self.config
-        return MLXKiviCache(self.key_codec(), self.value_codec(), config.residual,
-                            config.group_size)
+    def new_layer_cache(self, layer_idx: int) -> KiviCache:
+        s = self.settings
+        return KiviCache(self.key_codec(), self.value_codec(), s.residual, s.group_size,
+                         MLX_ARRAYS)

@@ -1,18 +1,19 @@
 """`lloydmax` on MLX: per-vector float32 norm plus N(0, 1) Lloyd-Max codes per coordinate
-(kvbench.methods.lloydmax)."""
+(kvbench.methods.settings.lloydmax)."""
 from __future__ import annotations
 
 import math
 
 import mlx.core as mx
-import torch
 
-from kvbench.methods.base import Packed
-from kvbench.methods.lloydmax import LloydMax, LloydMaxCodec
-from kvbench.methods.mlx.base import MLXCodecCache, MLXMethod, mlx_implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.contracts import Packed
+from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.codebooks import MLXCodebook
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.mlx.tokenwise import MLXTokenwiseCodec
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.lloydmax import LloydMax
 
 _TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny
 
@@ -23,7 +24,7 @@ class MLXLloydMaxCodec(MLXTokenwiseCodec):
     reference: that torch LloydMaxCodec. Stored tensors, as torch: codes uint8
     (..., tokens, ceil(bits * D / 8)), norms float32 (..., tokens, 1)."""
 
-    def __init__(self, reference: LloydMaxCodec):
+    def __init__(self, reference):
         self.reference = reference
         self.bits, self.rotate = reference.bits, reference.rotate
         self.rotation_seed = reference.rotation_seed
@@ -32,12 +33,12 @@ class MLXLloydMaxCodec(MLXTokenwiseCodec):
 
     @property
     def chunk_separable(self) -> bool:
-        """As the reference's (kvbench.methods.lloydmax): only without the rotation's matmul."""
+        """As the reference's (kvbench.methods.settings.lloydmax): only without the rotation's matmul."""
         return not self.rotate
 
     def _rotation(self, dim: int) -> mx.array:
         if dim not in self._rotations:
-            matrix = self.reference._rotation(dim, torch.device("cpu"))  # float32 Q
+            matrix = self.reference.rotation_matrix(dim, "cpu")  # float32 Q
             self._rotations[dim] = mx.array(matrix.numpy())
         return self._rotations[dim]
 
@@ -65,13 +66,15 @@ class MLXLloydMaxCodec(MLXTokenwiseCodec):
         return self.reference.layout()
 
 
-@mlx_implementation(LloydMax)
+@implements(LloydMax, backend="mlx")
 class MLXLloydMax(MLXMethod):
-    """LloydMax on MLX; config: kvbench.methods.lloydmax.LloydMax (bits, rotate, rotation_seed,
-    window)."""
+    settings: LloydMax
 
     def codec(self) -> MLXLloydMaxCodec:
-        return MLXLloydMaxCodec(self.config.codec())
+        from kvbench.methods.torch.lloydmax import LloydMaxCodec  # the reference's constants
 
-    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
-        return MLXCodecCache(self.codec(), self.codec(), window=self.config.window)
+        s = self.settings
+        return MLXLloydMaxCodec(LloydMaxCodec(s.bits, s.rotate, s.rotation_seed))
+
+    def new_layer_cache(self, layer_idx: int) -> CodecCache:
+        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

@@ -1,4 +1,4 @@
-"""b-bit codes packed into bytes on MLX: the bit layout of kvbench.methods.packing.
+"""b-bit codes packed into bytes on MLX: the bit layout of kvbench.methods.torch.packing.
 
 Code i of a row occupies bits [i*b, (i+1)*b) of the row's little-endian bit stream (bit k is bit
 k % 8 of byte k // 8). Rows are cut into groups of 8 codes, which fill exactly b bytes; each of
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.methods.packing import _check_bits, _slots, packed_length
+from kvbench.kernels.formats import check_bits, code_slots, packed_length
 
 __all__ = ["pack_bits", "unpack_bits", "packed_length"]
 
@@ -26,7 +26,7 @@ def pack_bits(indices: mx.array, bits: int, check: bool = False) -> mx.array:
     Codes of 2**bits or more are refused only with check=True: the check evaluates `indices`,
     which an encode that builds a lazy graph should not do (the codecs' codes are in range by
     construction)."""
-    _check_bits(bits)
+    check_bits(bits)
     if indices.dtype != mx.uint8:
         raise ValueError(f"indices must be uint8, got {indices.dtype}")
     if check and mx.any(indices >> bits).item():
@@ -35,7 +35,7 @@ def pack_bits(indices: mx.array, bits: int, check: bool = False) -> mx.array:
     groups = -(-n // 8)
     codes = _pad_last(indices, groups * 8 - n).reshape(*indices.shape[:-1], groups, 8)
     parts: list[list[mx.array]] = [[] for _ in range(bits)]
-    for j, byte, shift, spills in _slots(bits):
+    for j, byte, shift, spills in code_slots(bits):
         code = codes[..., j]
         parts[byte].append(code << shift)  # uint8: bits past this byte fall off
         if spills:
@@ -53,7 +53,7 @@ def pack_bits(indices: mx.array, bits: int, check: bool = False) -> mx.array:
 
 def unpack_bits(packed: mx.array, bits: int, n: int) -> mx.array:
     """Inverse of pack_bits: uint8 (..., ceil(n * bits / 8)) -> uint8 codes (..., n)."""
-    _check_bits(bits)
+    check_bits(bits)
     if packed.shape[-1] != packed_length(n, bits):
         raise ValueError(
             f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got {packed.shape[-1]}"
@@ -63,7 +63,7 @@ def unpack_bits(packed: mx.array, bits: int, n: int) -> mx.array:
     grouped = grouped.reshape(*packed.shape[:-1], groups, bits)
     mask = (1 << bits) - 1
     codes = []
-    for j, byte, shift, spills in _slots(bits):
+    for j, byte, shift, spills in code_slots(bits):
         code = grouped[..., byte] >> shift
         if spills:
             code = code | (grouped[..., byte + 1] << (8 - shift))

@@ -8,11 +8,13 @@ parity; an Apple Silicon port that keeps the arrays in MLX would be measured aga
 """
 from __future__ import annotations
 
-from kvbench.methods.base import LayerCachePolicy, WrappedPolicy
-from kvbench.methods.am import AM, AMTask
-from kvbench.methods.butterfly import Butterfly
-from kvbench.methods.eviction import H2O, SnapKV, StreamingLLM
-from kvbench.methods.mlx.base import MLXMethod, mlx_implementation, to_mx, to_torch
+from kvbench.backends.mlx_arrays import to_mx, to_torch
+from kvbench.methods.core.contracts import LayerCachePolicy, WrappedPolicy
+from kvbench.methods.mlx.base import MLXMethod
+from kvbench.methods.settings.am import AM, AMTask
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.butterfly import Butterfly
+from kvbench.methods.settings.eviction import H2O, SnapKV, StreamingLLM
 
 
 class TorchPolicyOnMLX(WrappedPolicy):
@@ -29,9 +31,18 @@ class TorchPolicyOnMLX(WrappedPolicy):
         self.inner.observe_queries(to_torch(queries))
 
 
-@mlx_implementation(StreamingLLM, SnapKV, H2O, AM, AMTask, Butterfly)
+@implements(StreamingLLM, SnapKV, H2O, AM, AMTask, Butterfly, backend="mlx")
 class MLXTokenMethod(MLXMethod):
     """streamingllm, snapkv, h2o, am, am_task, butterfly: their torch policies, bridged."""
 
+    def __init__(self, settings, on):
+        from kvbench.methods.torch import am, butterfly, eviction
+
+        super().__init__(settings, on)
+        torch_method = {StreamingLLM: eviction.TorchStreamingLLM, SnapKV: eviction.TorchSnapKV,
+                        H2O: eviction.TorchH2O, AM: am.TorchAM, AMTask: am.TorchAMTask,
+                        Butterfly: butterfly.TorchButterfly}[type(settings)]
+        self.reference = torch_method(settings, None)
+
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
-        return TorchPolicyOnMLX(self.config.new_layer_cache(layer_idx))
+        return TorchPolicyOnMLX(self.reference.new_layer_cache(layer_idx))

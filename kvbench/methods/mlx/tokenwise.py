@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.methods.base import Packed
-from kvbench.methods.mlx.base import MLXCodec
+from kvbench.methods.core.contracts import Codec, Packed
 
 
-class MLXTokenwiseCodec(MLXCodec):
+class MLXTokenwiseCodec(Codec):
     """Every stored tensor has tokens at axis ndim(x) - 2, counted from the front. Unlike the
     torch TokenwiseCodec, encode and decode take the whole tensor at once: torch's blocks of
     8192 tokens keep its in-place temporaries in cache, and MLX builds a lazy graph instead."""

@@ -1,4 +1,4 @@
-"""`turbo` and its presets on MLX: TurboQuant / PolarQuant (kvbench.methods.turbo).
+"""`turbo` and its presets on MLX: TurboQuant / PolarQuant (kvbench.methods.settings.turbo).
 
 The MLX codec is built around the torch TurboCodec of the same config and takes every constant
 from it (rotation matrices, codebooks, outlier channels, QJL matrix), rounded to float32 as the
@@ -10,32 +10,24 @@ import math
 
 import mlx.core as mx
 import numpy as np
-import torch
 
-from kvbench.methods.base import Packed
-from kvbench.methods.mlx.base import MLXCodecCache, MLXMethod, mlx_implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.contracts import Packed
+from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.codebooks import MLXCodebook
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.mlx.rotation import MLXRotation
 from kvbench.methods.mlx.tokenwise import MLXTokenwiseCodec
-from kvbench.methods.turbo import (
-    Turbo,
-    Turbo2,
-    Turbo2_5,
-    Turbo3,
-    Turbo3_5,
-    Turbo4,
-    TurboCodec,
-    _Part,
-)
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.turbo import Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4
 
-_NORM_DTYPES = {torch.float16: mx.float16, torch.float32: mx.float32}
+_NORM_DTYPES = {"torch.float16": mx.float16, "torch.float32": mx.float32}
 
 
-class _MLXPart:
-    """One torch _Part on MLX: its channels (or None), rotation, codebooks and norm name."""
+class MLXPart:
+    """One reference Part on MLX: its channels (or None), rotation, codebooks and norm name."""
 
-    def __init__(self, part: _Part):
+    def __init__(self, part):
         self.channels = None if part.channels is None else mx.array(part.channels.numpy())
         self.rotation = MLXRotation(part.rotation)
         self.n_high, self.dim, self.norm_name = part.n_high, part.dim, part.norm_name
@@ -56,7 +48,7 @@ def _norm(x: mx.array) -> mx.array:
 
 
 class MLXTurboCodec(MLXTokenwiseCodec):
-    """TurboCodec on mx.array (see kvbench.methods.turbo.Turbo for the scheme).
+    """TurboCodec on mx.array (see kvbench.methods.settings.turbo.Turbo for the scheme).
 
     reference: the torch TurboCodec whose constants this codec uses. Stored tensors have the
     names, shapes and dtypes of the reference's (codes, codes_high, norm, norm_high, signs,
@@ -64,15 +56,16 @@ class MLXTurboCodec(MLXTokenwiseCodec):
     """
 
     # As the torch TurboCodec: decode's rotation and QJL products are matrix multiplies, not
-    # chunk separable (kvbench.methods.base.Codec.chunk_separable); the packed path stays.
+    # chunk separable (kvbench.methods.core.contracts.Codec.chunk_separable); the packed path
+    # stays.
     chunk_separable = False
 
-    def __init__(self, reference: TurboCodec):
+    def __init__(self, reference):
         self.reference = reference
         self.bits, self.block, self.mse_bits = reference.bits, reference.block, reference.mse_bits
         self.norm_correction, self.qjl = reference.norm_correction, reference.qjl
-        self.norm_dtype = _NORM_DTYPES[reference.norm_dtype]
-        self.parts = [_MLXPart(p) for p in reference.parts]
+        self.norm_dtype = _NORM_DTYPES[str(reference.norm_dtype)]
+        self.parts = [MLXPart(p) for p in reference.parts]
         # Blocks are rebuilt from the parts' channels: concatenated in part order, then taken
         # back with the inverse permutation (torch: index_copy_ of each part into its channels).
         self._inverse = None
@@ -143,13 +136,17 @@ class MLXTurboCodec(MLXTokenwiseCodec):
         return self.reference.layout()
 
 
-@mlx_implementation(Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4)
+@implements(Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4, backend="mlx")
 class MLXTurbo(MLXMethod):
-    """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on MLX; config: the
-    torch Turbo (or preset) dataclass, every field honoured."""
+    """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on MLX, every setting
+    honoured."""
+
+    settings: Turbo
 
     def codec(self) -> MLXTurboCodec:
-        return MLXTurboCodec(self.config.codec())
+        from kvbench.methods.torch.turbo import TorchTurbo  # the reference's constants
 
-    def new_layer_cache(self, layer_idx: int) -> MLXCodecCache:
-        return MLXCodecCache(self.codec(), self.codec(), window=self.config.window)
+        return MLXTurboCodec(TorchTurbo(self.settings, None).codec())
+
+    def new_layer_cache(self, layer_idx: int) -> CodecCache:
+        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

@@ -1,0 +1,60 @@
+"""What a measurement gets and gives: the case's context (device, seed, repeats, the model's
+loader, the backend's arrays, the run's memo and where per-sample records and files go), and its
+output (metrics, info, and what must match for two runs to be compared)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from kvbench.backends.arrays import Arrays, array_backend
+from kvbench.benchmarks.specs.base import TextWindowParams
+from kvbench.data.text import token_window
+from kvbench.memo import Memo
+from kvbench.results import Metric
+
+
+@dataclass
+class RunContext:
+    device: torch.device
+    seed: int
+    repeats: int
+    model: str | None  # the suite's model spec; load it with load_model
+    # (spec, device, backend="torch") -> LoadedModel, or MLXLoaded on mlx; cached by the runner
+    load_model: Callable[..., Any]
+    status: Callable[[str], None] = lambda message: None  # progress text for the current case
+    backend: str = "torch"
+    # What the run's cases share (tokenised texts, references): the runner's, one per run; a
+    # fresh one for a context made outside a run.
+    memo: Memo = field(default_factory=Memo)
+    # Keeps one per-sample record (a prediction and its score) beside the results, in the run's
+    # predictions.jsonl: what a surprising score is read from. Dropped outside a run.
+    keep: Callable[[dict[str, Any]], None] = lambda record: None
+    # A folder beside the run's results for files a case keeps (a server's log): made on first
+    # use by whoever writes there; None outside a run.
+    files_dir: Path | None = None
+
+    @functools.cached_property
+    def arrays(self) -> Arrays:
+        """The backend's arrays: conversions, synchronised timing, a plain copy (one per
+        case)."""
+        return array_backend(self.backend, self.device)
+
+
+@dataclass
+class BenchmarkOutput:
+    metrics: dict[str, Metric]
+    info: dict[str, Any] = field(default_factory=dict)
+    # Must match for two runs of the case to be compared (e.g. {"tokens_sha256": ...}).
+    comparable: dict[str, str] = field(default_factory=dict)
+
+
+def read_window(ctx: RunContext, session: Any, params: TextWindowParams,
+                need: int) -> tuple[list[int], list[int]]:
+    """(`need` tokens of the text from its offset, the calibration tokens right after them: as
+    many of params.calibration as the text has)."""
+    window, after = token_window(ctx.memo, session, params.text, params.offset, need)
+    return window, after[: params.calibration]

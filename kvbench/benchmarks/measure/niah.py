@@ -1,0 +1,54 @@
+"""`niah`: the classic needle-in-a-haystack grid through the method's cache.
+
+Context lengths x needle depths, one needle per cell (RULER's niah_single_2 by default: a
+7-digit number keyed by a word, hidden in essay text at the cell's depth), answered greedily
+through the compressed cache and scored as RULER scores it. The grid goes to results.json
+(info.grid) and the report draws one heatmap per method from it.
+"""
+from __future__ import annotations
+
+import statistics
+
+from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
+from kvbench.benchmarks.specs.base import measures
+from kvbench.benchmarks.specs.niah import Niah, NiahParams
+from kvbench.benchmarks.measure.retrieval import (
+    Reader, common_info, haystack_note, prompts_digest, score_metrics,
+)
+from kvbench.methods.core.contracts import Implementation
+
+@measures(Niah)
+class NiahRun(Niah):
+    """How niah measures (declared in kvbench.benchmarks.specs.niah)."""
+
+    def run(self, params: NiahParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
+        reader = Reader.open(ctx, method, params.essay)
+        grid = [[0.0] * len(params.lengths) for _ in params.depths]
+        records, replies = [], []
+        index = 0  # one index per needle: every cell draws its own key, value and haystack
+        for col, length in enumerate(params.lengths):
+            for row, depth in enumerate(params.depths):
+                cell = []
+                for _ in range(params.samples):
+                    ctx.status(f"length {length}, depth {depth:g}%: prompt")
+                    sample = reader.sample((params.essay,), task=params.task, index=index,
+                                           length=length, seed=params.data_seed,
+                                           essay=reader.essay, depth=float(depth))
+                    index += 1
+                    record, reply = reader.answer(method, sample, params, length=length,
+                                                  depth=depth)
+                    records.append(record)
+                    replies.append(reply)
+                    cell.append(record["score"])
+                grid[row][col] = statistics.fmean(cell)
+        return BenchmarkOutput(
+            metrics=score_metrics([r["score"] for r in records], replies),
+            info={
+                "grid": {"lengths": list(params.lengths), "depths": list(params.depths),
+                         "scores": grid},
+                "haystack": haystack_note(params.task, params.essay),
+                **common_info(replies, method, params.reads),
+            },
+            comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
+                        "model_dtype": reader.session.dtype},
+        )

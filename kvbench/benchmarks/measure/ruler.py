@@ -1,0 +1,57 @@
+"""`ruler`: NVIDIA RULER's synthetic tasks answered through the method's cache.
+
+Each sample is generated offline (kvbench.data.ruler, faithful to NVIDIA/RULER's
+scripts/data/synthetic generators) to `length` tokens of the suite's model, its own
+tokens_to_generate included, framed by the model's chat template, prefilled and compressed,
+answered greedily through the compressed cache (kvbench.benchmarks.answering) and scored as
+NVIDIA scores it (kvbench.benchmarks.ruler_scoring). Every sample's prompt hash, prediction,
+references and score go to predictions.jsonl beside results.json.
+"""
+from __future__ import annotations
+
+import statistics
+
+from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
+from kvbench.benchmarks.specs.base import measures
+from kvbench.benchmarks.specs.ruler import Ruler, RulerParams
+from kvbench.benchmarks.measure.retrieval import (
+    METRIC_NAMES, Reader, common_info, haystack_note, prompts_digest, score_metrics,
+)
+from kvbench.data.ruler import TASKS, read_qa
+from kvbench.methods.core.contracts import Implementation
+
+@measures(Ruler)
+class RulerRun(Ruler):
+    """How ruler measures (declared in kvbench.benchmarks.specs.ruler)."""
+
+    def run(self, params: RulerParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
+        reader = Reader.open(ctx, method, params.essay)
+        spec = TASKS[params.task]
+        qa_records = None
+        if spec.needs_qa:
+            qa_records = ctx.memo.get(("qa", params.qa_data, spec.needs_qa),
+                                      lambda: read_qa(params.qa_data, spec.needs_qa))
+        records, replies = [], []
+        for index in range(params.samples):
+            ctx.status(f"sample {index + 1}/{params.samples}: prompt")
+            sample = reader.sample(
+                (params.essay, params.qa_data), task=params.task, index=index,
+                length=params.length, seed=params.data_seed,
+                essay=reader.essay if spec.needs_essay else None, qa_records=qa_records)
+            record, reply = reader.answer(method, sample, params)
+            records.append(record)
+            replies.append(reply)
+        scores = [r["score"] for r in records]
+        return BenchmarkOutput(
+            metrics=score_metrics(scores, replies),
+            info={
+                "scores": scores,
+                "metric": METRIC_NAMES[spec.metric],
+                "haystack": haystack_note(params.task, params.essay),
+                "tokens_to_generate": spec.tokens_to_generate,
+                "prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in records),
+                **common_info(replies, method, params.reads),
+            },
+            comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
+                        "model_dtype": reader.session.dtype},
+        )

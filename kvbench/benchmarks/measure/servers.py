@@ -1,0 +1,200 @@
+"""The stress benchmark's servers (targets: kvbench.benchmarks.specs.server_target): a server
+kvbench starts and stops (`kvbench serve`, or any command), or one someone else runs.
+
+A managed server runs in its own session (so its process group is its own): stopping it is
+SIGTERM to the group, a wait, then SIGKILL, and nothing it started is left behind. It is ready
+when GET /health (or, for servers without one, /v1/models) answers 200; the wait is bounded, and
+a server that exits early or never gets ready fails with the tail of its log. Its stdout and
+stderr go to a log file the caller names (beside the run's results).
+
+The run's servers are kept in a pool (ServerPool, in the run's memo, which closes it when the run
+ends): the cases of a suite come level by level, each level for every method, so each method's
+server is started once and waits, idle (memory, no CPU), while the others are measured. Past
+the pool's size the least recently used one is stopped first.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Hashable
+
+from kvbench.benchmarks.specs.server_target import READY_TIMEOUT_S, check_loopback_url
+
+STOP_WAIT_S = 10.0  # after SIGTERM, before SIGKILL
+LOG_TAIL_CHARS = 3000
+
+
+class ServerError(RuntimeError):
+    """A managed server did not start or get ready; the message ends with its log's tail."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fill_port(text: str, port: int) -> str:
+    return text.replace("{port}", str(port))
+
+
+def kvbench_serve_command(model: str, method: str, params_json: str, port: int, device: str,
+                          threads: int, kv_budget: int) -> list[str]:
+    """`kvbench serve` as this interpreter runs it (the same environment as the run)."""
+    command = [sys.executable, "-m", "kvbench.cli", "serve", "--model", model,
+               "--method", method, "--params", params_json, "--host", "127.0.0.1",
+               "--port", str(port), "--device", device, "--threads", str(threads)]
+    if kv_budget:
+        command += ["--kv-budget", str(kv_budget)]
+    return command
+
+
+def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(the log {path} cannot be read: {exc})"
+    return text[-chars:] if text.strip() else "(the log is empty)"
+
+
+class RunningServer:
+    """A server the load generator can talk to: its base url and how to stop it."""
+
+    url: str
+    log_path: Path | None = None
+    log_note: str = ""  # where the log is, when that is not beside the results
+    description: str = ""
+    warmed: bool = False  # the stress benchmark sent its warm-up request
+
+    def close(self) -> None:
+        """Stop it (a server someone else runs is left running)."""
+
+
+class ExternalServer(RunningServer):
+    def __init__(self, url: str, description: str):
+        check_loopback_url(url)
+        self.url, self.description = url.rstrip("/"), description
+
+
+class ManagedServer(RunningServer):
+    """A process kvbench started; `start` returns once it answers /health (or /v1/models)."""
+
+    def __init__(self, command: list[str], url: str, log_path: Path, description: str,
+                 env: dict[str, str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S):
+        check_loopback_url(url)
+        self.command, self.url = command, url.rstrip("/")
+        self.log_path, self.description, self.env = log_path, description, env
+        self.ready_timeout_s = ready_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.ready_s: float | None = None
+
+    def start(self) -> "ManagedServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"# kvbench {stamp}: starting {subprocess.list2cmdline(self.command)}\n"
+                      .encode())
+            log.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
+            # Its own session: its own process group (stopped as a whole), and a terminal's
+            # Ctrl-C reaches kvbench only, which stops it.
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True)
+        started = time.monotonic()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        self.ready_s = time.monotonic() - started
+        return self
+
+    def _wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.ready_timeout_s
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerError(f"the server exited (code {code}) before it was ready:"
+                                      f" {self._what()}")
+                try:
+                    status = client.get(self.url + "/health").status_code
+                    if status in (404, 405):  # no /health: a server that lists its models is up
+                        status = client.get(self.url + "/v1/models").status_code
+                    if status == 200:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise ServerError(f"the server was not ready within"
+                                      f" {self.ready_timeout_s:g} s: {self._what()}")
+                time.sleep(0.25)
+
+    def _what(self) -> str:
+        return (f"{subprocess.list2cmdline(self.command)}; its log {self.log_path} ends:\n"
+                f"{log_tail(self.log_path)}")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def close(self) -> None:
+        """SIGTERM to its process group, up to STOP_WAIT_S, then SIGKILL. Idempotent."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        pgid = process.pid  # start_new_session: the group is the child's own
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(pgid, signal.SIGKILL)  # whatever is left of the group, the leader too
+        process.wait()
+        with open(self.log_path, "ab") as log:
+            log.write(f"# kvbench: stopped (exit code {process.returncode})\n".encode())
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
+class ServerPool:
+    """The run's servers by key, at most `size` of them: `acquire` hands back the server for a
+    key, starting it (after stopping the least recently used one when the pool is full) when
+    there is none or it died."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.servers: dict[tuple[Hashable, ...], RunningServer] = {}  # least recently used first
+
+    def acquire(self, key: tuple[Hashable, ...],
+                make: Callable[[], RunningServer]) -> tuple[RunningServer, bool]:
+        """(the server for `key`, whether it was started just now)."""
+        server = self.servers.pop(key, None)
+        if server is not None and (not isinstance(server, ManagedServer) or server.running):
+            self.servers[key] = server
+            return server, False
+        if server is not None:
+            server.close()
+        while len(self.servers) >= self.size:
+            self.servers.pop(next(iter(self.servers))).close()
+        self.servers[key] = server = make()
+        return server, True
+
+    def close(self) -> None:
+        servers, self.servers = list(self.servers.values()), {}
+        for server in servers:
+            server.close()

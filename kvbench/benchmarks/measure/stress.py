@@ -1,0 +1,368 @@
+"""`stress`: N concurrent users against an OpenAI-compatible server on loopback, one concurrency
+level per case (a matrix over `users` makes the ladder of levels).
+
+Protocol: `prompts` distinct prompts, each a window of `prompt_tokens` tokens of the text at a
+seeded offset. The server (`server: kvbench` starts `kvbench serve` with the case's model and
+method; see ServerTarget for the others) gets one warm-up request when it starts, then, once per
+server and run, the single-user reference: every prompt answered one request at a time. Then the
+level: `users` users start together, each sending `requests_per_user` streamed greedy requests
+one after another (user u's j-th asks prompt (u * requests_per_user + j) % prompts, so every
+answer has a single-user answer to be compared with). Every response at the level is compared
+with the single-user answer to its prompt, token by token: a cache that leaks between sessions
+changes confident tokens and is flagged; a near-tie that batching's float order flips is not.
+
+The server is kept running for the next case of the same method (the run's memo holds it and
+stops it when the run ends); a case that needs another server stops it first. kvbench never
+sends anything to a host other than 127.0.0.1, localhost or ::1: other urls are refused when the
+suite is validated.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from random import Random
+from typing import Any
+
+from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
+from kvbench.benchmarks.specs.base import MetricSpec, measures
+from kvbench.benchmarks.specs.server_target import ServerTarget
+from kvbench.benchmarks.specs.stress import (
+    METRICS, PER_PASS, PERCENTILE_METHOD, Stress, StressParams,
+)
+from kvbench.benchmarks.measure.load_generator import (
+    Level, Prompt, Reference, candidates_at, compare, count_tokens, level_figures, run_level,
+)
+from kvbench.benchmarks.measure.servers import (
+    ExternalServer, ManagedServer, RunningServer, ServerPool, fill_port, free_port,
+    kvbench_serve_command,
+)
+from kvbench.data.text import text_tokens, tokens_sha256
+from kvbench.methods.core.contracts import Implementation
+from kvbench.memo import Memo
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+KEEP_CHARS = 200  # of each text in a kept record of a differing response
+TOP_LOGPROBS = 5  # candidates asked per token: what tells noise from another context
+
+
+@measures(Stress)
+class StressRun(Stress):
+    """How stress measures (declared in kvbench.benchmarks.specs.stress)."""
+
+    def run(self, params: StressParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
+        target = params.target
+        tokenizer = client_tokenizer(ctx.memo, ctx.model)
+        prompts = ctx.memo.get(
+            ("stress_prompts", ctx.model, params.text, params.offset, params.prompts,
+             params.prompt_tokens, ctx.seed),
+            lambda: make_prompts(ctx.memo, tokenizer, ctx.model, params, ctx.seed))
+        prompts_sha = tokens_sha256([t for p in prompts for t in [-1, *p.ids]])
+        key, server, info = self._server(ctx, params, method, target)
+        model_name = ctx.model if target.kind == "kvbench" else target.model
+        body = partial(request_body, params, target, model_name)
+        path = PATHS[params.api]
+        level = partial(run_level, server.url, path, prompts, body=body,
+                        request_timeout_s=params.request_timeout_s,
+                        level_timeout_s=params.level_timeout_s)
+        if not server.warmed:  # the first request pays one-time costs: not in any figure
+            ctx.status("warm-up request")
+            warm = level(users=1, requests_per_user=1)
+            server.warmed = True
+            if warm.records[0].error:
+                info["warmup_error"] = warm.records[0].error
+        ctx.status(f"single-user reference ({params.prompts} prompts)")
+        reference = ctx.memo.get(
+            ("stress_reference", key, prompts_sha, params.api, params.max_tokens,
+             params.ignore_eos, params.request_timeout_s),
+            lambda: reference_pass(level, prompts, tokenizer))
+        passes = []
+        for repeat in range(ctx.repeats):
+            ctx.status(f"{params.users} users, repeat {repeat + 1}/{ctx.repeats}")
+            passes.append(level(users=params.users,
+                                requests_per_user=params.requests_per_user))
+        metrics, summary = self._figures(passes, reference, tokenizer, params, ctx)
+        info.update(summary)
+        info.update({
+            "single_user_tok_s": reference.output_tok_s,
+            "kv_budget": params.kv_budget,
+            "percentiles": f"numpy.percentile, method '{PERCENTILE_METHOD}'",
+        })
+        return BenchmarkOutput(
+            metrics=metrics, info=info,
+            comparable={"prompts_sha256": prompts_sha, "model": str(ctx.model),
+                        "server": target.kind if target.kind == "kvbench"
+                        else json.dumps(params.server, sort_keys=True)})
+
+    # ---- the server --------------------------------------------------------------------------
+
+    def _server(self, ctx: RunContext, params: StressParams, method: Implementation,
+                target: ServerTarget) -> tuple[tuple, RunningServer, dict[str, Any]]:
+        """(the server's key, the running server, what info says of it)."""
+        import torch
+
+        if target.kind == "kvbench":
+            name, method_params = method_name(method), json.dumps(
+                method.params(), sort_keys=True, default=str)
+            key = ("kvbench", ctx.model, name, method_params, params.kv_budget,
+                   torch.get_num_threads(), str(ctx.device))
+            label = f"kvbench-serve-{name}"
+        else:
+            key = (target.kind, target.command, target.url)
+            label = f"{target.kind}-{Path(target.command[0]).name if target.command else ''}"
+        info: dict[str, Any] = {"server": target.describe(),
+                                "server_uses_method": target.kind == "kvbench"}
+        if target.kind == "url":
+            make = partial(ExternalServer, target.url, target.describe())
+        else:
+            make = partial(self._start, ctx, params, method, target, label, key)
+        pool = ctx.memo.get(("stress_servers",), ServerPool)
+        server, fresh = pool.acquire(key, make)
+        info["server_log"] = None if server.log_path is None else str(server.log_path)
+        if getattr(server, "log_note", ""):
+            info["server_log_note"] = server.log_note
+        info["server_started_for_this_case"] = fresh
+        if fresh and isinstance(server, ManagedServer):
+            info["server_ready_s"] = server.ready_s
+            info["server_command"] = server.command
+        return key, server, info
+
+    @staticmethod
+    def _log_path(ctx: RunContext, label: str, key: tuple) -> tuple[Path, str]:
+        """(where a started server's log goes, a note when that is not beside the results)."""
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
+        name = re.sub(r"[^\w.-]+", "_", label)[:80] + f"-{digest}.log"
+        if ctx.files_dir is not None:
+            return Path(ctx.files_dir) / name, ""
+        folder = Path(tempfile.mkdtemp(prefix="kvbench-stress-"))
+        return folder / name, "no run folder (outside a run): the server's log is a temp file"
+
+    @staticmethod
+    def _start(ctx: RunContext, params: StressParams, method: Implementation, target: ServerTarget,
+               label: str, key: tuple) -> ManagedServer:
+        import torch
+
+        log, note = Stress._log_path(ctx, label, key)
+        port = free_port()
+        env = {}
+        if target.kind == "kvbench":
+            command = kvbench_serve_command(
+                str(ctx.model), method_name(method),
+                json.dumps(method.params(), sort_keys=True, default=str), port,
+                ctx.device.type, torch.get_num_threads(), params.kv_budget)
+            url = f"http://127.0.0.1:{port}"
+            root = import_root(type(method))
+            if root is not None:  # a module:Class method: the server imports it from there
+                env["PYTHONPATH"] = _path_join(root, os.environ.get("PYTHONPATH", ""))
+            description = f"kvbench serve {method_name(method)} on 127.0.0.1:{port}"
+        else:
+            command = [fill_port(part, port) for part in target.command]
+            url = fill_port(target.url, port)
+            description = target.describe()
+        server = ManagedServer(command, url, log, description, env, target.ready_timeout_s)
+        server.log_note = note
+        return server.start()
+
+    # ---- the figures -------------------------------------------------------------------------
+
+    def _figures(self, passes: list[Level], reference: "SingleUser", tokenizer: Any,
+                 params: StressParams, ctx: RunContext) -> tuple[dict, dict[str, Any]]:
+        per_pass, agreements = [], []
+        differing = flagged = 0
+        failures: dict[str, int] = {}
+        sources: dict[str, int] = {}
+        id_sources: dict[str, int] = {}
+        sent = ok = 0
+        timed_out = False
+        for repeat, level in enumerate(passes):
+            records = level.records
+            count_tokens(records, tokenizer)
+            figures = level_figures(records, level.users)
+            figures["aggregate_vs_single"] = figures["output_tok_s"] / reference.output_tok_s
+            figures["per_user_vs_single"] = figures["per_user_tok_s"] / reference.output_tok_s
+            per_pass.append(figures)
+            timed_out |= level.timed_out
+            for record in records:
+                sent += record.sent
+                if not record.ok:
+                    reason = record.error.splitlines()[0] if record.error else "failed"
+                    failures[reason] = failures.get(reason, 0) + 1
+                    continue
+                ok += 1
+                sources[record.count_source] = sources.get(record.count_source, 0) + 1
+                id_sources[record.ids_source] = id_sources.get(record.ids_source, 0) + 1
+                answer = reference.answers[record.prompt]
+                result = compare(record.ids, answer, params.tie_margin, params.shift_nats, record.tops)
+                agreements.append(result.agreement)
+                if result.identical:
+                    continue
+                differing += 1
+                flagged += result.flagged
+                ctx.keep({
+                    "users": params.users, "repeat": repeat, "user": record.user,
+                    "turn": record.turn, "prompt": record.prompt,
+                    "agreement": result.agreement,
+                    "first_difference": result.first_difference,
+                    "margin_there": result.margin, "difference": result.kind,
+                    "flagged": result.flagged,
+                    "candidates_there": candidates_at(answer.tops, result.first_difference),
+                    "response_candidates_there": candidates_at(record.tops, result.first_difference),
+                    "response": record.text[:KEEP_CHARS],
+                    "single_user": answer.text[:KEEP_CHARS],
+                })
+        m = self.metrics
+        metrics = {name: _median_metric(m[name], [f[name] for f in per_pass])
+                   for name in PER_PASS}
+        totals = {
+            "requests": sum(f["requests"] for f in per_pass),
+            "errors": sum(f["errors"] for f in per_pass),
+            "output_tokens": sum(f["output_tokens"] for f in per_pass),
+            "token_agreement": statistics.fmean(agreements) if agreements else math.nan,
+            "responses_differing": differing,
+            "responses_flagged": flagged,
+            "sessions_held": statistics.median(f["sessions_held"] for f in per_pass),
+        }
+        metrics.update({name: m[name].of(value) for name, value in totals.items()})
+        metrics = {name: metrics[name] for name in METRICS}  # the table's order
+        summary = {
+            "requests_summary": {"planned": int(totals["requests"]), "sent": sent, "ok": ok,
+                                 "failed": int(totals["errors"])},
+            "failures": failures,
+            "level_timed_out": timed_out,
+            "token_count_source": sources,
+            "token_ids_source": id_sources,
+            "logprobs": reference.has_logprobs,
+            "repeats": len(passes),
+        }
+        return metrics, summary
+
+
+def _median_metric(spec: MetricSpec, values: list[float]):
+    """The repeats' median with its samples; NaN when any repeat's is NaN (no successful
+    request to time)."""
+    if not all(math.isfinite(v) for v in values):
+        return spec.of(math.nan)
+    return spec.of_samples(values)
+
+
+# ---- prompts, tokenizer, requests, the single-user reference -----------------------------------
+
+def client_tokenizer(memo: Memo, spec: str | None) -> Any:
+    """The suite's model's tokenizer alone (no weights: the server has the model), once per
+    run."""
+    if spec is None:
+        raise ValueError("stress needs a model (its tokenizer makes the prompts and counts"
+                         " tokens); set the suite's model")
+    from kvbench.models.loading import load_tokenizer
+
+    return memo.get(("stress_tokenizer", spec), lambda: load_tokenizer(spec))
+
+
+class _TokenizerOnly:
+    """What kvbench.data.text.text_tokens asks of a session: a tokenizer and a memo key."""
+
+    def __init__(self, tokenizer: Any, spec: str):
+        self.tokenizer, self.memo_key = tokenizer, ("tokenizer", spec)
+
+
+def make_prompts(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
+                 seed: int) -> list[Prompt]:
+    """`params.prompts` windows of `prompt_tokens` tokens of the text, at distinct offsets from
+    `params.offset` on, drawn with `seed`."""
+    tokens = text_tokens(memo, _TokenizerOnly(tokenizer, spec), params.text)
+    starts = len(tokens) - params.prompt_tokens - params.offset + 1
+    if starts < params.prompts:
+        raise ValueError(f"text {params.text!r} has {len(tokens)} tokens: too few for"
+                         f" {params.prompts} distinct windows of {params.prompt_tokens} tokens"
+                         f" from offset {params.offset}")
+    offsets = Random(seed).sample(range(params.offset, params.offset + starts), params.prompts)
+    prompts = []
+    for index, start in enumerate(offsets):
+        ids = list(tokens[start : start + params.prompt_tokens])
+        prompts.append(Prompt(index, tokenizer.decode(ids), ids))
+    return prompts
+
+
+def request_body(params: StressParams, target: ServerTarget, model: str | None,
+                 prompt: Prompt) -> dict[str, Any]:
+    """One streamed greedy request. A kvbench server gets the prompt's token ids (completions),
+    top-2 logprobs, and the token_ids / ignore_eos extensions; another server the standard
+    fields only (logprobs when its mapping asks)."""
+    kvbench = target.kind == "kvbench"
+    body: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    logprobs = kvbench or target.logprobs
+    if params.api == "completions":
+        body["prompt"] = prompt.ids if kvbench else prompt.text
+        if logprobs:
+            body["logprobs"] = TOP_LOGPROBS
+    else:
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+        if logprobs:
+            body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+    if kvbench:
+        body["return_token_ids"] = True
+        if params.ignore_eos:
+            body["ignore_eos"] = True
+    return body
+
+
+@dataclass
+class SingleUser:
+    """The single-user reference pass: each prompt's answer, and the pass's output tok/s."""
+
+    answers: dict[int, Reference]
+    output_tok_s: float
+    has_logprobs: bool
+
+
+def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any) -> SingleUser:
+    """Every prompt once, one request at a time (one user asking them in order); RuntimeError
+    naming the failures when any fails (nothing can be compared without them)."""
+    run = level(users=1, requests_per_user=len(prompts))
+    records = run.records
+    failed = [f"prompt {r.prompt}: {r.error}" for r in records if not r.ok]
+    if failed:
+        raise RuntimeError("the single-user reference pass failed, so no response can be"
+                           " compared: " + "; ".join(failed[:5]))
+    count_tokens(records, tokenizer)
+    answers = {r.prompt: Reference(r.ids, r.text, r.tops) for r in records}
+    empty = [p for p, a in answers.items() if not a.ids]
+    if empty:
+        raise RuntimeError(f"the single-user answers to prompts {empty} have no tokens")
+    rate = level_figures(records, 1)["output_tok_s"]
+    return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()))
+
+
+def method_name(method: Implementation) -> str:
+    """The name `kvbench serve --method` builds the method from: its registered name, else
+    module:Class."""
+    cls = type(method)
+    return cls.__dict__.get("name") or f"{cls.__module__}:{cls.__qualname__}"
+
+
+def import_root(cls: type) -> str | None:
+    """The sys.path folder a class outside kvbench was imported from (a server started with
+    the class's module:Class imports it from there); None for kvbench's own."""
+    if cls.__module__.split(".")[0] == "kvbench":
+        return None
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    depth = cls.__module__.count(".") + (2 if Path(file).name == "__init__.py" else 1)
+    return str(Path(file).resolve().parents[depth - 1])
+
+
+def _path_join(*parts: str) -> str:
+    return os.pathsep.join(p for p in parts if p)

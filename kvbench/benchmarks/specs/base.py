@@ -1,0 +1,130 @@
+"""A benchmark's declaration, torch-free: its parameters (a settings dataclass whose fields
+declare type, default, range and meaning), the metrics it reports (so claims and tolerances
+naming a metric are checked before anything runs), what it needs of a method, the backends it
+measures on, and check() for settings that cannot run with the suite's model. The measurement
+itself (kvbench.benchmarks.measure) registers against the declaration with @measures.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.config.registry import Registry
+from kvbench.data.text import check_text, parse_hf_source, resolve_text
+from kvbench.models.info import ModelInfo
+from kvbench.results import Direction, Metric, Timing
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    unit: str
+    direction: Direction
+    description: str = ""
+    # Varies run to run: recorded with its samples. "ratio" (to a reference timed in the same
+    # repeat) is what the gate judges by default; "absolute" only when the suite asks.
+    timing: Timing | None = None
+
+    def of(self, value: float) -> Metric:
+        return Metric(value=float(value), unit=self.unit, direction=self.direction,
+                      timing=self.timing)
+
+    def of_samples(self, samples: list[float]) -> Metric:
+        return Metric.from_samples(samples, self.unit, self.direction, self.timing)
+
+
+class Benchmark:
+    """Base of every benchmark's declaration (registered by name with register_benchmark)."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type]
+    metrics: ClassVar[dict[str, MetricSpec]]
+    uses_model: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
+    # parameter -> (method capability it needs, the value that needs none): checked against
+    # each method's supports() when a suite is validated
+    # (kvbench.methods.settings.base.Capabilities)
+    needs: ClassVar[dict[str, tuple[str, Any]]] = {}
+
+    def resolve_paths(self, params: Any, base_dir: Path) -> Any:
+        """Params with file parameters made absolute against the suite's folder."""
+        return params
+
+    def check(self, params: Any, model: ModelInfo | None) -> None:
+        """Raise SettingError(parameter, message) for a setting that cannot run (checked before
+        any work)."""
+
+    def check_text_and_model(self, text: str, model: ModelInfo | None,
+                             field: str = "text") -> None:
+        """The start of a check() of a benchmark that reads a text through the model: the text
+        exists and a model is set."""
+        try:
+            check_text(text)
+        except ValueError as exc:
+            raise SettingError(field, str(exc)) from None
+        if model is None:
+            raise SettingError(None, f"{self.name} needs a model; set the suite's model")
+
+    @staticmethod
+    def check_length(model: ModelInfo, what: str, total: int, *fields: str) -> None:
+        """SettingError at the first of `fields` a suite sets when `total` tokens (`what` says
+        how they add up) exceed what the model is good for."""
+        if model.max_context is not None and total > model.max_context:
+            raise SettingError(fields, f"{what} = {total} tokens is above the"
+                                       f" {model.max_context} that model {model.spec} is good"
+                                       " for")
+
+
+@dataclass(kw_only=True)
+class TextWindowParams(Settings):
+    """The text parameters of a benchmark that reads a text's tokens through the suite's model
+    (parity, quality, perplexity, ladder), which its Params inherit."""
+
+    text: str = param("pydoc", meaning='"pydoc", a text file, or'
+                      ' "hf:<dataset>[:<config>]:<split>:<column>"')
+    offset: int = param(0, range=at_least(0), meaning="token offset into the tokenised text")
+    calibration: int = param(512, range=at_least(0), meaning="tokens right after the measured"
+                             " ones, handed to methods that calibrate themselves (never the"
+                             " measured tokens)")
+
+    def check(self) -> None:
+        if self.text.startswith("hf:"):
+            try:
+                parse_hf_source(self.text)  # a malformed source is refused before anything runs
+            except ValueError as exc:
+                raise SettingError("text", str(exc)) from None
+
+
+class TextModelBenchmark(Benchmark):
+    """A benchmark that reads a text's tokens through the suite's model, on either backend.
+    Its Params are TextWindowParams."""
+
+    uses_model = True
+    backends = ("torch", "mlx")
+
+    def resolve_paths(self, params: TextWindowParams, base_dir: Path) -> TextWindowParams:
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+
+
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")
+register_benchmark = BENCHMARKS.register
+
+# ---- measurements, registered against the exact declaration -----------------------------------
+
+_MEASUREMENTS: dict[type, Callable[[], Any]] = {}
+
+
+def measures(*benchmark_classes: type) -> Callable[[type], type]:
+    """Register the decorated class (a Benchmark with run(params, method, ctx)) as what measures
+    exactly `benchmark_classes`."""
+    def register(cls: type) -> type:
+        for benchmark_cls in benchmark_classes:
+            _MEASUREMENTS[benchmark_cls] = cls
+        return cls
+    return register
+
+
+def registered_measurement(benchmark_cls: type) -> Callable[[], Any] | None:
+    return _MEASUREMENTS.get(benchmark_cls)

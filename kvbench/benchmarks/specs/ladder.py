@@ -1,0 +1,75 @@
+"""`ladder`: what a method really saves as the context grows, one rung (context length) per case.
+
+Protocol: the prompt (`length` tokens of a text) is fed through the method's cache in forwards of
+`prefill_chunk` tokens, keeping only the last position's logits; then end_prefill (compaction
+happens here), then `decode` tokens generated greedily through the same cache. The peak-memory
+probe is reset just before the cache is made, after the model is loaded and freed memory handed
+back, so `peak_bytes` is the high-water mark of this case alone: on CPU the process's resident
+high-water mark (Linux resets it per case), on CUDA the allocator's, on MLX MLX's. The cache's own
+size is measured after every forward (`kv_high_water_bytes`), which tells a compression that is
+physical (the cache never grows large) from one that is only logical (the cache holds every
+token until end_prefill, so the peak does not fall with the bytes retained after it).
+Ratios against the plain cache come from claims such as `peak_bytes / identity <= 0.51`
+(the same rung's identity case in the same run). Past the model's trained context the ladder
+measures only time and memory: there are no quality metrics here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.config.fields import at_least, param
+from kvbench.benchmarks.specs.base import (
+    MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
+)
+from kvbench.models.info import ModelInfo
+
+
+@dataclass
+class LadderParams(TextWindowParams):
+    """Parameters of the ladder benchmark (one rung; a matrix over `length` makes the ladder),
+    and TextWindowParams' text, offset and calibration: a text shorter than offset + length is
+    repeated (info.text_repeats says how often); calibration tokens come after the prompt and
+    are handed over before the peak is reset."""
+
+    length: int = param(4096, range=at_least(2), meaning="prompt tokens. Lengths past the"
+                        " model's trained context are run (time and memory only)")
+    prefill_chunk: int = param(1024, range=at_least(1), meaning="prompt tokens per forward;"
+                               " bounds the attention's temporaries")
+    decode: int = param(16, range=at_least(1), meaning="tokens generated greedily after the"
+                        " prompt")
+
+
+@register_benchmark("ladder")
+class Ladder(TextModelBenchmark):
+    """Time, true peak memory and KV bytes of one context length (a rung): chunked prefill,
+    then greedy decode, through the method's cache. Compare rungs across methods with claims
+    like `peak_bytes / identity <= 0.51`."""
+
+    Params = LadderParams
+    metrics = {
+        "prefill_s": MetricSpec("s", "lower", "prompt forwards plus end_prefill",
+                                timing="absolute"),
+        "decode_tok_s": MetricSpec("tok/s", "higher", "greedy decode tokens per second",
+                                   timing="absolute"),
+        "e2e_s": MetricSpec("s", "lower", "prefill_s plus the decode's seconds",
+                            timing="absolute"),
+        "peak_bytes": MetricSpec(
+            "bytes", "lower", "high-water mark during the case: process resident memory on CPU"
+            " (model included), the allocator's on CUDA and MLX"),
+        "peak_over_loaded_bytes": MetricSpec(
+            "bytes", "lower", "peak_bytes minus loaded_bytes: what the case itself added"),
+        "loaded_bytes": MetricSpec(
+            "bytes", "none", "memory held when the case started (the model, the runtime)"),
+        "weights_bytes": MetricSpec("bytes", "none", "the model's parameters and buffers"),
+        "retained_kv_bytes": MetricSpec(
+            "bytes", "lower", "what the method's layout stores after the decode (accounted)"),
+        "kv_bytes_measured": MetricSpec(
+            "bytes", "lower", "bytes of the arrays the cache holds after the decode"),
+        "kv_high_water_bytes": MetricSpec(
+            "bytes", "lower", "the most the cache's arrays held after any forward"),
+        "retained_kv": MetricSpec(
+            "", "lower", "retained_kv_bytes / the plain cache's bytes for the tokens seen"),
+    }
+
+    def check(self, params: LadderParams, model: ModelInfo | None) -> None:
+        self.check_text_and_model(params.text, model)

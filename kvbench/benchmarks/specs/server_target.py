@@ -1,0 +1,86 @@
+"""The stress benchmark's server targets as a suite names them (`server:`): a server kvbench starts
+(`kvbench serve`, or any command) or one someone else runs (a bare url). Every url is on the
+loopback interface: anything else is refused when the suite is validated."""
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+READY_TIMEOUT_S = 300.0  # for a server to load its model and answer /health
+SERVER_KEYS = ("command", "url", "model", "logprobs", "ready_timeout_s")
+
+
+def check_loopback_url(url: str) -> None:
+    """ValueError unless `url` is http(s) on 127.0.0.1, localhost or ::1 (a `{port}` in it is
+    allowed: the managed server's port fills it)."""
+    parsed = urllib.parse.urlsplit(url.replace("{port}", "1"))
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError(f"server url {url!r} must start with http:// (e.g."
+                         " http://127.0.0.1:8000)")
+    host = parsed.hostname
+    if host not in LOOPBACK_HOSTS:
+        raise ValueError(f"server url {url!r}: host {host!r} is not loopback; stress sends"
+                         f" requests only to {', '.join(LOOPBACK_HOSTS)}")
+    try:
+        parsed.port
+    except ValueError as exc:
+        raise ValueError(f"server url {url!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """What `server:` names. kind: "kvbench" (kvbench starts `kvbench serve` with the case's
+    model and method), "command" (kvbench starts `command`), "url" (someone else runs it)."""
+
+    kind: str
+    command: tuple[str, ...] = ()
+    url: str = ""
+    model: str | None = None  # the `model` sent in requests; None: left out (the server's own)
+    logprobs: bool = False  # ask for top-2 logprobs (kvbench servers always are)
+    ready_timeout_s: float = READY_TIMEOUT_S
+
+    def describe(self) -> str:
+        if self.kind == "kvbench":
+            return "kvbench serve (started by kvbench)"
+        if self.kind == "command":
+            return f"{' '.join(self.command)} (started by kvbench) at {self.url}"
+        return f"{self.url} (run by someone else)"
+
+
+def parse_server(value: str | dict[str, Any]) -> ServerTarget:
+    """The target `server:` names; ValueError (naming `server`) for anything else."""
+    shapes = ("server must be 'kvbench', {command: [...], url: ...} (a server kvbench starts)"
+              " or {url: ...} (one already running)")
+    if isinstance(value, str):
+        if value != "kvbench":
+            raise ValueError(f"{shapes}; got {value!r}")
+        return ServerTarget("kvbench")
+    unknown = [key for key in value if key not in SERVER_KEYS]
+    if unknown:
+        raise ValueError(f"server: unknown key {unknown[0]!r}; keys: {', '.join(SERVER_KEYS)}")
+    url = value.get("url")
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"server needs a url string; {shapes}")
+    check_loopback_url(url)
+    command = value.get("command")
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(part, str) for part in command)):
+        raise ValueError("server command must be a non-empty list of strings, e.g."
+                         " [python, -m, mlx_lm.server, --port, '{port}']")
+    if command is None and "{port}" in url:
+        raise ValueError("server url has {port} but no command: only a server kvbench starts"
+                         " gets a port filled in")
+    model = value.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"server model must be a string (the name sent in requests), got"
+                         f" {model!r}")
+    logprobs = value.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise ValueError(f"server logprobs must be true or false, got {logprobs!r}")
+    ready = value.get("ready_timeout_s", READY_TIMEOUT_S)
+    if isinstance(ready, bool) or not isinstance(ready, (int, float)) or ready <= 0:
+        raise ValueError(f"server ready_timeout_s must be a number > 0, got {ready!r}")
+    return ServerTarget("url" if command is None else "command", tuple(command or ()), url,
+                        model, logprobs, float(ready))

@@ -1,0 +1,188 @@
+"""`stress`: N concurrent users against an OpenAI-compatible server on loopback, one concurrency
+level per case (a matrix over `users` makes the ladder of levels).
+
+Protocol: `prompts` distinct prompts, each a window of `prompt_tokens` tokens of the text at a
+seeded offset. The server (`server: kvbench` starts `kvbench serve` with the case's model and
+method; see ServerTarget for the others) gets one warm-up request when it starts, then, once per
+server and run, the single-user reference: every prompt answered one request at a time. Then the
+level: `users` users start together, each sending `requests_per_user` streamed greedy requests
+one after another (user u's j-th asks prompt (u * requests_per_user + j) % prompts, so every
+answer has a single-user answer to be compared with). Every response at the level is compared
+with the single-user answer to its prompt, token by token: a cache that leaks between sessions
+changes confident tokens and is flagged; a near-tie that batching's float order flips is not.
+
+The server is kept running for the next case of the same method (the run's memo holds it and
+stops it when the run ends); a case that needs another server stops it first. kvbench never
+sends anything to a host other than 127.0.0.1, localhost or ::1: other urls are refused when the
+suite is validated.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.server_target import ServerTarget, parse_server
+from kvbench.config.fields import Settings, SettingError, above, at_least, param
+from kvbench.data.text import parse_hf_source, resolve_text
+from kvbench.models.info import ModelInfo
+
+PERCENTILES = (50, 90, 99)
+PERCENTILE_METHOD = "linear"  # numpy.percentile's: linear interpolation between order statistics
+
+
+@dataclass
+class StressParams(Settings):
+    """Parameters of the stress benchmark (one concurrency level; a matrix over `users` makes
+    the ladder)."""
+
+    users: int = param(1, range=at_least(1), meaning="concurrent users, started together")
+    requests_per_user: int = param(2, range=at_least(1), meaning="requests each user sends, one"
+                                   " after another")
+    prompts: int = param(8, range=at_least(1), meaning="distinct prompts: windows of"
+                         " `prompt_tokens` tokens of the text at offsets drawn with the case's"
+                         " seed. User u's j-th request asks prompt (u * requests_per_user + j)"
+                         " % prompts")
+    prompt_tokens: int = param(64, range=at_least(1), meaning="tokens per prompt (the model's"
+                               " tokenizer)")
+    max_tokens: int = param(32, range=at_least(1), meaning="output tokens asked of every request"
+                            " (greedy: temperature 0)")
+    text: str = param("pydoc", meaning='"pydoc", a text file, or'
+                      ' "hf:<dataset>[:<config>]:<split>:<column>"')
+    offset: int = param(0, range=at_least(0), meaning="the windows start at or after this token")
+    api: Literal["completions", "chat"] = param(
+        "completions", meaning="/v1/completions (a kvbench server gets the prompt's token ids,"
+        " others its text) or /v1/chat/completions (one user message)")
+    server: str | dict[str, Any] = param(
+        "kvbench", rule="kvbench, or a mapping", meaning='"kvbench": kvbench starts `kvbench'
+        ' serve` with the case\'s model and method on a free loopback port (one server per'
+        " method setting, kept for the method's next case, its log beside the results)."
+        ' {command: [...], url: ...}: kvbench starts `command` the same way ("{port}" in command'
+        " and url is filled with a free port). {url: ...}: a server someone else runs. Optional"
+        " keys: model (the `model` sent in requests; default: left out, except the suite's"
+        " model for kvbench), logprobs (true: ask for top-2 logprobs, which tell float noise"
+        " from real differences; kvbench servers always get them), ready_timeout_s (300). Hosts"
+        " other than 127.0.0.1, localhost and ::1 are refused")
+    kv_budget: int = param(0, range=at_least(0), meaning="bytes of KV cache `kvbench serve` may"
+                           " hold over all sessions (--kv-budget); 0 = none. sessions_held is"
+                           " how many it held at once")
+    request_timeout_s: float = param(120.0, range=above(0), meaning="a request not finished by"
+                                     " then fails")
+    level_timeout_s: float = param(900.0, range=above(0), meaning="the whole level is cut here:"
+                                   " requests still running or not sent fail")
+    tie_margin: float = param(0.05, range=at_least(0), meaning="nats: a response that first"
+                              " differs from the single-user answer where that answer's top-1"
+                              " led its top-2 by at most this is float noise, not flagged")
+    shift_nats: float = param(2.0, range=at_least(0), meaning="nats: so is one whose candidates"
+                              " there are the answer's, perturbed: each side's token listed by"
+                              " the other (top 5) and no shared candidate's logprob moved by more"
+                              " than this (see responses_flagged). Sound 3- and 4-bit caches"
+                              " move by up to ~2: fed the same tokens, batched and single-user"
+                              " decode through intq4 on the bundled model differed by up to 1.9"
+                              " in a logit within 30 steps (rounding flips accumulate)")
+    ignore_eos: bool = param(True, meaning="ask kvbench servers (ignore_eos, a vLLM-style"
+                             " extension) for exactly max_tokens tokens; other servers are not"
+                             " sent it")
+
+    def check(self) -> None:
+        if self.text.startswith("hf:"):
+            try:
+                parse_hf_source(self.text)
+            except ValueError as exc:
+                raise SettingError("text", str(exc)) from None
+        try:
+            target = parse_server(self.server)  # loopback only
+        except ValueError as exc:
+            raise SettingError("server", str(exc)) from None
+        if self.kv_budget and target.kind != "kvbench":
+            raise SettingError("kv_budget", "kv_budget is passed to kvbench serve: it needs"
+                                            " server: kvbench")
+
+    @property
+    def target(self) -> ServerTarget:
+        return parse_server(self.server)
+
+
+def percentile_metrics(name: str, what: str) -> dict[str, MetricSpec]:
+    """p50/p90/p99 of one latency, in seconds."""
+    return {f"{name}_p{q}": MetricSpec(
+        "s", "lower", f"{what}; the {q}th percentile over the level's successful requests"
+        f" (numpy, method '{PERCENTILE_METHOD}'); NaN without any", timing="absolute")
+        for q in PERCENTILES}
+
+
+METRICS = {
+    "output_tok_s": MetricSpec(
+        "tok/s", "higher", "aggregate output throughput: every successful request's output"
+        " tokens (the server's usage, else its token ids, else the model's tokenizer) / wall_s",
+        timing="absolute"),
+    "per_user_tok_s": MetricSpec(
+        "tok/s", "higher", "the mean over users of a user's output tokens / that user's busy"
+        " time (its first request sent to its last response finished)", timing="absolute"),
+    "request_throughput": MetricSpec(
+        "req/s", "higher", "successful requests / wall_s", timing="absolute"),
+    **percentile_metrics("ttft_s", "time to first token: request sent to the first stream chunk that carries"
+         " a token"),
+    **percentile_metrics("tpot_s", "time per output token after the first: (e2e - ttft) / (output tokens - 1),"
+         " per request with at least 2 tokens"),
+    **percentile_metrics("chunk_gap_s", "the gap between consecutive token-carrying stream chunks, pooled over"
+         " requests (a chunk may carry more than one token on some servers)"),
+    **percentile_metrics("e2e_s", "end-to-end latency: request sent to its response finished"),
+    "wall_s": MetricSpec("s", "lower", "the level's wall time: its first request sent to its"
+                         " last response finished (failed ones included)", timing="absolute"),
+    "requests": MetricSpec("", "none", "requests planned at the level (users x"
+                           " requests_per_user, times the repeats)"),
+    "errors": MetricSpec(
+        "", "lower", "failed requests: a non-200 status, an exception, a timeout, a stream with"
+        " no token, or not sent before level_timeout_s (info.failures says why)"),
+    "output_tokens": MetricSpec("tok", "none", "output tokens of the successful requests"),
+    "token_agreement": MetricSpec(
+        "", "higher", "the mean over successful responses of (their common prefix with the"
+        " single-user answer to the same prompt, in tokens) / (the single-user answer's"
+        " tokens); 1 = every response equals its single-user answer"),
+    "responses_differing": MetricSpec(
+        "", "lower", "successful responses not identical (token ids) to the single-user answer"),
+    "responses_flagged": MetricSpec(
+        "", "lower", "differing responses whose first difference is beyond float noise: not a"
+        " near-tie (the single-user answer's top-1 led its top-2 by more than tie_margin nats"
+        " there) and not the same candidates perturbed (a side's token missing from the other's"
+        " top 5, or a shared candidate's logprob moved by more than shift_nats), or not"
+        " judgeable (no logprobs); a cache that leaks between sessions, reading another context,"
+        " shows here. Quantized caches turn batching's float noise into whole rounding steps,"
+        " which move logprobs by tenths of a nat: their perturbations exceed tie_margin"),
+    "sessions_held": MetricSpec(
+        "", "higher", "capacity, measured client side: the most successful requests that had"
+        " received their first token and not yet finished at the same moment (the median over"
+        " repeats)"),
+    "aggregate_vs_single": MetricSpec(
+        "x", "higher", "output_tok_s / the output tok/s of the single-user reference pass (one"
+        " request at a time) on the same server in the same run", timing="ratio"),
+    "per_user_vs_single": MetricSpec(
+        "x", "higher", "per_user_tok_s / the output tok/s of the single-user reference pass on"
+        " the same server in the same run", timing="ratio"),
+}
+# Figures of one level pass that are medians over repeats (the rest are totals, see METRICS).
+# Figures of one level pass that are medians over repeats (the rest are totals, see METRICS).
+PER_PASS = [name for name, spec in METRICS.items() if spec.timing is not None]
+
+
+@register_benchmark("stress")
+class Stress(Benchmark):
+    """Concurrent users against an OpenAI-compatible server on loopback (kvbench serve with the
+    case's method, or another server): throughput, TTFT/TPOT/chunk-gap/e2e percentiles, errors,
+    answers against the single-user answers, sessions held. One level (users) per case."""
+
+    Params = StressParams
+    metrics = METRICS
+    uses_model = True
+
+    def resolve_paths(self, params: StressParams, base_dir: Path) -> StressParams:
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+
+    def check(self, params: StressParams, model: ModelInfo | None) -> None:
+        self.check_text_and_model(params.text, model)
+        self.check_length(model, "prompt_tokens + max_tokens",
+                          params.prompt_tokens + params.max_tokens, "prompt_tokens",
+                          "max_tokens")

@@ -1,0 +1,133 @@
+"""Declared parameters. Every field of a settings dataclass (a method's settings, a benchmark's
+Params) states its type (the annotation), its default, its range and its meaning, with param():
+
+    bits: int = param(4, range=one_of(2, 4, 8), meaning="bits per code")
+
+Validation (Settings.__post_init__), `kvbench list`, the suite's file:line blame and the
+torch-free `kvbench validate` all read these declarations. A rule that ties fields together is
+checked in the class's check() and raised as SettingError naming the field to blame; its text
+for `kvbench list` is the field's `rule`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import MISSING, dataclass
+from typing import Any
+
+META = "kvbench"  # the key of a field's metadata that holds its Declaration
+
+
+class SettingError(ValueError):
+    """A setting that cannot be: `field` names the parameter to blame, or a tuple of them (the
+    first one a suite sets is blamed), or None for the settings as a whole; the message names it
+    too."""
+
+    def __init__(self, field: str | tuple[str, ...] | None, message: str):
+        super().__init__(message)
+        self.field = field
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        if self.field is None:
+            return ()
+        return (self.field,) if isinstance(self.field, str) else tuple(self.field)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a parameter takes: bounds, each open or closed, or a set of values."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    values: tuple = ()
+    span: bool = False  # integers low..high, written "1..8"
+
+    def holds(self, value: Any) -> bool:
+        if self.values:
+            return value in self.values
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+            return False
+        if self.span and not isinstance(value, int):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.values:
+            *first, last = map(str, self.values)
+            return f"{', '.join(first)} or {last}" if first else last
+        if self.span:
+            return f"in {self.low:g}..{self.high:g}"
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                f"{')' if self.high_open else ']'}")
+
+
+def at_least(low: float) -> Range:
+    return Range(low=low)
+
+
+def above(low: float) -> Range:
+    return Range(low=low, low_open=True)
+
+
+def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Range:
+    return Range(low=low, high=high, low_open=low_open, high_open=high_open)
+
+
+def span(low: int, high: int) -> Range:
+    """Integers from low to high, both included."""
+    return Range(low=low, high=high, span=True)
+
+
+def one_of(*values: Any) -> Range:
+    return Range(values=values)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    meaning: str
+    range: Range | None = None
+    rule: str = ""  # a constraint check() enforces across fields, as `kvbench list` shows it
+
+    def range_text(self) -> str:
+        return "; ".join(part for part in (str(self.range or ""), self.rule) if part)
+
+
+def param(default: Any = MISSING, *, meaning: str, range: Range | None = None, rule: str = "",
+          factory: Any = MISSING) -> Any:
+    """A dataclass field with its declaration (see the module docstring); `factory` for a
+    mutable default."""
+    metadata = {META: Declaration(" ".join(meaning.split()), range, rule)}
+    if factory is not MISSING:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def declaration(field: dataclasses.Field) -> Declaration | None:
+    return field.metadata.get(META)
+
+
+class Settings:
+    """Base of declared settings (a dataclass subclass): every field's range is checked after
+    __init__, then check() runs the rules across fields. Both raise SettingError."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            found = declaration(field)
+            value = getattr(self, field.name)
+            if found is not None and found.range is not None and value is not None \
+                    and not found.range.holds(value):
+                raise SettingError(field.name, f"{field.name} must be {found.range}, got"
+                                               f" {value!r}")
+        self.check()
+
+    def check(self) -> None:
+        """Rules across fields; raise SettingError(field, message)."""

@@ -1,0 +1,148 @@
+"""A codec as a layer cache policy: packed storage, decoded on read (the reference path), or, once
+keep_decoded() has switched it, decoded once as each chunk is packed (the decoded-once path)."""
+from __future__ import annotations
+
+from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed
+
+# A window this wide keeps every token raw: the cache never packs (identity's "auto").
+UNBOUNDED_WINDOW = 1 << 62
+# Decoded chunks held apart before they are joined into one: a read joins at most this many
+# arrays, and joining them costs a copy of the decoded cache only once every so many packs.
+MAX_DECODED_CHUNKS = 32
+
+
+class DecodedChunks:
+    """Decoded arrays of the packed tokens, in token order, at the raw dtype (the decoded-once
+    path): attention reads them joined with the raw tail."""
+
+    def __init__(self, ops):
+        self.ops = ops
+        self.chunks: list = []
+
+    def add(self, x) -> None:
+        self.chunks.append(x)
+        if len(self.chunks) > MAX_DECODED_CHUNKS:
+            self.chunks = [self.ops.concat(self.chunks)]
+
+    def read(self, raw):
+        """The decoded tokens, then `raw`, as one array."""
+        return self.ops.concat([*self.chunks, raw])
+
+
+def check_fresh(policy: LayerCachePolicy, fresh: bool) -> None:
+    if not fresh:
+        raise RuntimeError(f"{type(policy).__name__}.keep_decoded() must be called before the"
+                           " first append")
+
+
+class CodecCache(LayerCachePolicy):
+    """Stores keys and values packed by `codec`; the newest `window` tokens (and any tokens that
+    do not yet fill a whole `codec.token_block`) stay in full precision and count at their dtype.
+
+    Decoded-once path (keep_decoded(), before the first append): each chunk is also decoded when
+    it is packed, cast to the raw dtype and kept, so attention_inputs() only concatenates. Offered
+    when both codecs are chunk_separable (then it hands attention exactly the packed path's
+    arrays, merges included) and the cache can pack at all. Accounted bytes stay the packed ones;
+    measured_bytes() counts the decoded copy too.
+
+    `ops`: the arrays it holds (kvbench.backends.arrays.Arrays): torch tensors or mx.arrays, by
+    the same code."""
+
+    def __init__(self, key_codec: Codec, value_codec: Codec, window: int, ops):
+        self.ops = ops
+        self.key_codec = key_codec
+        self.value_codec = value_codec
+        self.window = window
+        self._block = max(key_codec.token_block, value_codec.token_block)
+        self._packed: list[tuple[Packed, Packed]] = []
+        self._packed_tokens = 0
+        self._raw_k = None
+        self._raw_v = None
+        # On the decoded-once path: every packed token, decoded and cast to the raw dtype.
+        self._decoded: tuple[DecodedChunks, DecodedChunks] | None = None
+
+    def keep_decoded(self) -> bool:
+        check_fresh(self, self._raw_k is None)
+        if self.window >= UNBOUNDED_WINDOW:
+            return False  # never packs: attention already reads what it stores
+        if not (self.key_codec.chunk_separable and self.value_codec.chunk_separable):
+            # decoding chunk by chunk could round differently from decoding the merged block
+            return False
+        self._decoded = (DecodedChunks(self.ops), DecodedChunks(self.ops))
+        return True
+
+    def append(self, keys, values, queries=None) -> None:
+        if self._raw_k is None:
+            self._raw_k, self._raw_v = keys, values
+        else:
+            self._raw_k = self.ops.concat([self._raw_k, keys])
+            self._raw_v = self.ops.concat([self._raw_v, values])
+        spill = self._raw_k.shape[-2] - self.window
+        spill -= spill % self._block
+        if spill > 0:
+            # copies, so the kept tail does not pin the storage of what was packed
+            k_old, v_old = self._raw_k[..., :spill, :], self._raw_v[..., :spill, :]
+            self._raw_k = self.ops.copy(self._raw_k[..., spill:, :])
+            self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
+            pk, pv = self.key_codec.encode(k_old), self.value_codec.encode(v_old)
+            self._packed.append((pk, pv))
+            self._packed_tokens += spill
+            if self._decoded is not None:
+                self._keep(pk, pv)
+            self._merge_packed()
+
+    def _keep(self, pk: Packed, pv: Packed) -> None:
+        """Decode a chunk just packed, as attention_inputs() of the packed path would."""
+        dtype, cast = self._raw_k.dtype, self.ops.cast
+        keys, values = self._decoded
+        keys.add(cast(self.key_codec.decode(pk), dtype))
+        values.add(cast(self.value_codec.decode(pv), dtype))
+
+    def _merge_packed(self) -> None:
+        if len(self._packed) < 2:
+            return
+        keys = self.key_codec.merge([pk for pk, _ in self._packed])
+        values = self.value_codec.merge([pv for _, pv in self._packed])
+        if keys is not None and values is not None:
+            self._packed = [(keys, values)]
+
+    def trim(self, n: int) -> int:
+        """Only full-precision tokens can be taken back; packed ones stay."""
+        keep = max(0, self._raw_k.shape[-2] - n) if self._raw_k is not None else 0
+        dropped = 0 if self._raw_k is None else self._raw_k.shape[-2] - keep
+        if dropped:
+            self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
+        return dropped
+
+    def attention_inputs(self):
+        if self._decoded is not None:
+            keys, values = self._decoded
+            return keys.read(self._raw_k), values.read(self._raw_v), None
+        keys = [self.key_codec.decode(pk) for pk, _ in self._packed]
+        values = [self.value_codec.decode(pv) for _, pv in self._packed]
+        dtype, cast = self._raw_k.dtype, self.ops.cast
+        keys = self.ops.concat([cast(k, dtype) for k in keys] + [self._raw_k])
+        values = self.ops.concat([cast(v, dtype) for v in values] + [self._raw_v])
+        return keys, values, None
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.retained_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        raw = 0 if self._raw_k is None else self._raw_k.shape[-2]
+        return self._packed_tokens + raw
+
+    @property
+    def retained_bytes(self) -> int:
+        packed = sum(
+            self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._packed
+        )
+        return packed + self.ops.nbytes(self._raw_k, self._raw_v)
+
+    def measured_bytes(self) -> int:
+        held = [t for pk, pv in self._packed for t in (*pk.tensors.values(), *pv.tensors.values())]
+        decoded = [] if self._decoded is None else [*self._decoded[0].chunks,
+                                                    *self._decoded[1].chunks]
+        return self.ops.held_bytes(*held, self._raw_k, self._raw_v, *decoded)

@@ -1,0 +1,270 @@
+"""The two method contracts every backend implements (Codec, LayerCachePolicy), and the
+implementation a method's settings become on a backend. Array-library free: arrays are torch
+tensors or mx.arrays, and the few operations a cache performs on them go through the array
+seam it is handed (kvbench.backends.arrays).
+
+Tensor layout everywhere: keys/values are (batch, kv_heads, tokens, head_dim), as transformers
+and mlx-lm hold them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class Packed:
+    """A codec's stored form: every array in `tensors` is a stored byte that counts."""
+
+    tensors: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: Any
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Codec(ABC):
+    """Turns (..., tokens, head_dim) arrays into fewer bytes and back."""
+
+    # Tokens a codec must see at once (per-channel quantization groups over tokens).
+    token_block: int = 1
+    # decode(merge(parts)) equals, bit for bit, the concatenation of decode(part) whatever the
+    # parts' sizes: true only where every decoded element comes from its own stored values by
+    # elementwise operations (unpacking, lookups, multiplies, adds), never from a product or a
+    # reduction whose kernel, and so whose rounding, may depend on how many rows are decoded at
+    # once. What lets a cache decode each chunk once (LayerCachePolicy.keep_decoded).
+    chunk_separable: bool = False
+
+    @abstractmethod
+    def encode(self, x) -> Packed: ...
+
+    @abstractmethod
+    def decode(self, packed: Packed): ...
+
+    def nbytes(self, packed: Packed) -> int:
+        """Every stored byte: indices, scales, zero points, norms."""
+        return sum(t.nbytes for t in packed.tensors.values())
+
+    def merge(self, parts: list[Packed]) -> Packed | None:
+        """One Packed equal to `parts` concatenated along tokens, or None if the layout cannot.
+        Lets a cache hold one block instead of a chunk per decode step (decode cost per step)."""
+        return None
+
+    def layout(self) -> str:
+        """What a ratio built on this codec's bytes is made of."""
+        return type(self).__name__
+
+
+def codecs_layout(keys: Codec, values: Codec) -> str:
+    """One codec's layout when keys and values share it, else both, named."""
+    if keys.layout() == values.layout():
+        return keys.layout()
+    return f"keys: {keys.layout()}; values: {values.layout()}"
+
+
+class LayerCachePolicy(ABC):
+    """Decides what one layer keeps; its attention_inputs() is what attention reads."""
+
+    # Sparse-V: at one-token steps, value rows whose softmax weight is below this are skipped
+    # (0 = off). A policy that sets it implements record_sparse_v.
+    value_skip_threshold: float = 0.0
+    # A policy that scores tokens by attention sets this; the model's attention then calls
+    # observe_queries() after every forward of this layer.
+    observes_queries: bool = False
+
+    @abstractmethod
+    def append(self, keys, values, queries=None) -> None: ...
+
+    @abstractmethod
+    def attention_inputs(self) -> tuple[Any, Any, Any]:
+        """(keys, values, additive bias per cached key or None) for the next queries."""
+
+    def end_prefill(self) -> None:
+        """Called once after the prompt is in; compaction methods compress here."""
+
+    def observe_queries(self, queries) -> None:
+        """The post-RoPE queries (batch, query_heads, q, head_dim) of the step that just attended
+        over attention_inputs(); query head h reads KV head h // (query_heads // kv_heads).
+        Called only when observes_queries is set."""
+        raise NotImplementedError(f"{type(self).__name__} sets observes_queries"
+                                  " but does not take them")
+
+    @property
+    def summary_slots(self) -> int:
+        """Keys attention_inputs() returns that stand for groups of tokens (block summaries)
+        rather than tokens; they come first. The rest are retained_tokens tokens."""
+        return 0
+
+    @property
+    @abstractmethod
+    def seen_tokens(self) -> int:
+        """Tokens appended so far; new tokens take positions from here."""
+
+    @property
+    @abstractmethod
+    def retained_tokens(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def retained_bytes(self) -> int:
+        """Accounted bytes: what the layout stores, keys and values both."""
+
+    @abstractmethod
+    def measured_bytes(self) -> int:
+        """Bytes of the arrays this object actually holds right now."""
+
+    def trim(self, n: int) -> int:
+        """Forget the newest n tokens (a rewind: speculative decoding, retries), as far as the
+        policy can; returns how many it dropped. Default: none (what was compressed stays)."""
+        return 0
+
+    def keep_decoded(self) -> bool:
+        """Switch to the decoded-once read path, if this policy has one, and say whether it did.
+        Call it before the first append. A policy that stores keys or values packed and decodes
+        them in attention_inputs() may instead decode each packed chunk once, when it is packed,
+        and keep the decoded arrays for attention: attention_inputs() then returns exactly what it
+        would have (bit for bit, at every step), retained_bytes still counts the packed layout,
+        and measured_bytes() counts the decoded copy too. Default: no such path (False)."""
+        return False
+
+    def attention_segments(self) -> list | None:
+        """What a fused decode attention reads instead of attention_inputs(): the layer's keys
+        and values as it stores them (kvbench.kernels.formats.KVSegment, packed chunks and raw
+        tokens in order), or None when it has no such path for its current tensors.
+        Asked at one-token steps only; the segments must hold exactly attention_inputs()'
+        tokens. Default: none."""
+        return None
+
+    def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
+        """Told by the attention after each sparse-V step (output_error: mean relative squared
+        error of the attention output against the dense sum)."""
+        raise NotImplementedError(f"{type(self).__name__} sets value_skip_threshold"
+                                  " but does not record what was skipped")
+
+    def counters(self) -> dict[str, float]:
+        """Running totals this policy wants reported (summed over layers by the cache), e.g.
+        value rows skipped or tokens evicted."""
+        return {}
+
+
+class WrappedPolicy(LayerCachePolicy):
+    """Stores exactly what `inner` stores and forwards every call to it; a subclass changes only
+    how attention reads it (sparse-V) or what arrays cross over (MLX bridging)."""
+
+    def __init__(self, inner: LayerCachePolicy):
+        self.inner = inner
+
+    @property
+    def observes_queries(self) -> bool:
+        return self.inner.observes_queries
+
+    def append(self, keys, values, queries=None) -> None:
+        self.inner.append(keys, values, queries)
+
+    def attention_inputs(self):
+        return self.inner.attention_inputs()
+
+    def observe_queries(self, queries) -> None:
+        self.inner.observe_queries(queries)
+
+    def end_prefill(self) -> None:
+        self.inner.end_prefill()
+
+    def trim(self, n: int) -> int:
+        return self.inner.trim(n)
+
+    def keep_decoded(self) -> bool:
+        return self.inner.keep_decoded()
+
+    @property
+    def summary_slots(self) -> int:
+        return self.inner.summary_slots
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.inner.seen_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        return self.inner.retained_tokens
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.inner.retained_bytes
+
+    def measured_bytes(self) -> int:
+        return self.inner.measured_bytes()
+
+    def counters(self) -> dict[str, float]:
+        return self.inner.counters()
+
+
+class Backend(Protocol):
+    """Where an implementation runs, as kvbench.methods.implementation hands it over: the array
+    library's name and arrays (kvbench.backends.arrays), and how to build another method's
+    implementation there (a wrapper's base)."""
+
+    name: str
+    arrays: Any
+
+    def implement(self, settings: Any) -> "Implementation": ...
+
+
+class Implementation(ABC):
+    """A method as one backend runs it, built from its settings (kvbench.methods.settings) and
+    the backend: what benchmarks, models and the server call. Backends register one per
+    settings class (kvbench.methods.settings.base.implements); kvbench.methods.implementation
+    builds it."""
+
+    impl_log = None  # a torch method with kernels keeps which implementation ran (ImplLog)
+
+    def __init__(self, settings: Any, on: Backend):
+        self.settings = settings
+        self.on = on
+
+    @property
+    def name(self) -> str:
+        return type(self.settings).name or type(self.settings).__name__
+
+    def supports(self):
+        """This configuration's capabilities (kvbench.methods.settings.base.Capabilities)."""
+        return self.settings.supports()
+
+    def reference_probe(self, prompt: list[int]) -> list[int]:
+        return self.settings.reference_probe(prompt)
+
+    def calibrate(self, stats: Any, tokens: list[int]) -> None:
+        """Methods that set themselves from a calibration pass override this. Benchmarks call it
+        once per case, before any cache is built, with statistics of tokens that are not the
+        ones they score, measured on the case's model (kvbench.models.session.CalibrationStats):
+        a method works on arrays, never on a model."""
+
+    @abstractmethod
+    def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
+        """A fresh policy for one layer of one sequence."""
+
+    def codec(self) -> Codec | None:
+        """The codec behind this method, if it has one (the proofs benchmark needs it)."""
+        return None
+
+    def key_codec(self) -> Codec | None:
+        """The codec for keys; methods that treat keys and values differently override both."""
+        return self.codec()
+
+    def value_codec(self) -> Codec | None:
+        return self.codec()
+
+    def layout(self) -> str:
+        """What every ratio this method reports is made of: its codecs, its full-precision
+        window (a `window` setting, where it has one), and that keys and values both count; a
+        method without codecs says it in its settings' layout()."""
+        keys, values = self.key_codec(), self.value_codec()
+        if keys is None or values is None:
+            own = getattr(self.settings, "layout", None)
+            return own() if own else f"{type(self.settings).__name__}, K and V both counted"
+        parts = [codecs_layout(keys, values)]
+        window = getattr(self.settings, "window", 0)
+        if window:
+            parts.append(f"newest {window} tokens full precision")
+        return "; ".join([*parts, "K and V both counted"])

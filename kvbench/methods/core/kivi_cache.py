@@ -1,0 +1,111 @@
+"""KIVI's layer cache: keys quantized per channel in whole chunks, values per token once older
+than the residual, the newest tokens in full precision (kvbench.methods.settings.kivi)."""
+from __future__ import annotations
+
+from kvbench.methods.core.codec_cache import DecodedChunks, check_fresh
+from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed
+
+
+class Stream:
+    """Keys or values of one layer: the oldest tokens packed by `codec` (merged into one block
+    whenever the layout allows), the newer ones raw, in token order. On the decoded-once path
+    (keep_decoded) `decoded` also holds every packed token, decoded as it was packed."""
+
+    def __init__(self, codec: Codec, ops):
+        self.codec, self.ops = codec, ops
+        self.packed: list[Packed] = []
+        self.packed_tokens = 0
+        self.raw = None
+        self.decoded: DecodedChunks | None = None
+
+    def keep_decoded(self) -> None:
+        self.decoded = DecodedChunks(self.ops)
+
+    @property
+    def raw_tokens(self) -> int:
+        return 0 if self.raw is None else self.raw.shape[-2]
+
+    def push(self, x) -> None:
+        self.raw = x if self.raw is None else self.ops.concat([self.raw, x])
+
+    def pack_oldest(self, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        # a copy, so the kept tail does not pin the storage of what was packed
+        old, self.raw = self.raw[..., :tokens, :], self.ops.copy(self.raw[..., tokens:, :])
+        self.packed.append(self.codec.encode(old))
+        self.packed_tokens += tokens
+        if self.decoded is not None:
+            self.decoded.add(self.ops.cast(self.codec.decode(self.packed[-1]), old.dtype))
+        merged = self.codec.merge(self.packed) if len(self.packed) > 1 else None
+        if merged is not None:
+            self.packed = [merged]
+
+    def read(self):
+        if self.decoded is not None:
+            return self.decoded.read(self.raw)
+        decoded = [self.ops.cast(self.codec.decode(p), self.raw.dtype) for p in self.packed]
+        return self.ops.concat(decoded + [self.raw])
+
+    def nbytes(self) -> int:
+        return sum(self.codec.nbytes(p) for p in self.packed) + self.ops.nbytes(self.raw)
+
+    def held(self) -> list:
+        decoded = [] if self.decoded is None else self.decoded.chunks
+        return [t for p in self.packed for t in p.tensors.values()] + [self.raw, *decoded]
+
+
+class KiviCache(LayerCachePolicy):
+    """One layer of KIVI. Each append first quantizes what earlier steps left by the rule (whole
+    key chunks; values older than the newest `residual`), then adds the new tokens raw, so
+    attention reads the current step's keys and values in full precision, as upstream does.
+    `ops`: the arrays it holds (kvbench.backends.arrays.Arrays)."""
+
+    def __init__(self, key_codec: Codec, value_codec: Codec, residual: int, group_size: int,
+                 ops):
+        self.ops = ops
+        self.keys = Stream(key_codec, self.ops)
+        self.values = Stream(value_codec, self.ops)
+        self.key_chunk = residual or group_size
+        self.residual = residual
+
+    def append(self, keys, values, queries=None) -> None:
+        self._quantize()
+        self.keys.push(keys)
+        self.values.push(values)
+
+    def keep_decoded(self) -> bool:
+        """The decoded-once path, for keys and values both or neither (KIVI's codecs are intq,
+        chunk separable)."""
+        check_fresh(self, self.keys.raw is None)
+        if not (self.keys.codec.chunk_separable and self.values.codec.chunk_separable):
+            return False
+        self.keys.keep_decoded()
+        self.values.keep_decoded()
+        return True
+
+    def end_prefill(self) -> None:
+        self._quantize()
+
+    def _quantize(self) -> None:
+        raw_keys = self.keys.raw_tokens
+        self.keys.pack_oldest(raw_keys - raw_keys % self.key_chunk)
+        self.values.pack_oldest(self.values.raw_tokens - self.residual)
+
+    def attention_inputs(self):
+        return self.keys.read(), self.values.read(), None
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.retained_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        return self.keys.packed_tokens + self.keys.raw_tokens
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.keys.nbytes() + self.values.nbytes()
+
+    def measured_bytes(self) -> int:
+        return self.ops.held_bytes(*self.keys.held(), *self.values.held())

@@ -1,0 +1,135 @@
+"""A method's settings, torch-free: the dataclass a suite's `methods:` entry builds, whose fields
+declare type, default, range and meaning (kvbench.config.fields.param), what its caches support,
+and the registry of methods by name.
+
+Implementations (the torch reference, MLX, fused kernels) register against a settings class with
+@implements(SettingsClass, backend) and are looked up by kvbench.methods.implementation; a
+settings class that defines new_layer_cache itself is its own torch implementation (plug-ins
+written before the split keep working).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Literal
+
+from kvbench.config.fields import Settings, SettingError
+from kvbench.config.registry import Registry, UnknownName
+from kvbench.config.strict import build_strict
+from kvbench.kernels import check_impl
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+BACKENDS = ("torch", "mlx")
+Impl = Literal["auto", "torch", "triton"]
+IMPL_MEANING = ("who encodes and decodes: the torch reference, or the Triton kernels (the same"
+                " bytes; kvbench.kernels); auto: the kernels on CUDA where triton is installed")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method's caches support. A suite that asks for anything else is refused when it
+    is validated; kvbench.testing.check_method checks each declared one for real. MLX support is
+    an implementation registered for the exact settings class, not declared here."""
+
+    decode_chunk: bool = True  # decode steps of several tokens (perplexity's decode_chunk > 1)
+    trim: bool = False  # takes back any of its newest tokens before end_prefill (parity's trim,
+    # a probe fed and taken back)
+    probes: bool = False  # reads the queries of a probe fed and taken back before end_prefill
+    devices: tuple[str, ...] = DEVICE_TYPES  # torch device types its tensors may live on
+
+    def lacks(self, wanted: str) -> bool:
+        if wanted in DEVICE_TYPES:
+            return wanted not in self.devices
+        return not getattr(self, wanted)
+
+
+@dataclass
+class MethodSettings(Settings):
+    """Base of every method's settings (a dataclass): the fields are the configuration.
+
+    `capabilities` says what its caches support; `conformance_params` are the settings
+    kvbench.testing.check_method runs it with (by default once, with its defaults)."""
+
+    name: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    def supports(self) -> Capabilities:
+        """This configuration's capabilities (a wrapper's are its base's)."""
+        return self.capabilities
+
+    def reference_probe(self, prompt: list[int]) -> list[int]:
+        """Tokens a benchmark feeds after the prompt and takes back before end_prefill, so the
+        policies can read their queries (e.g. the prompt again: repeat-prefill queries). None by
+        default."""
+        return []
+
+    def token_block(self) -> int | None:
+        """Tokens its codecs must pack at once (per-channel groups over tokens); None for a
+        method without codecs."""
+        return None
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class KernelSettings:
+    """A method whose codecs have Triton kernels: its `impl` field, checked against why its
+    layout has none (kernel_unsupported) before anything runs."""
+
+    impl: str
+
+    def kernel_unsupported(self) -> str | None:
+        """Why this configuration's codecs have no kernel (None: they have one)."""
+        return None
+
+    def check_impl(self) -> None:
+        try:
+            check_impl(self.impl, self.kernel_unsupported())
+        except ValueError as exc:
+            raise SettingError("impl", str(exc)) from None
+
+
+METHODS: Registry[MethodSettings] = Registry("method", entry_point_group="kvbench.methods")
+register_method = METHODS.register
+
+
+def build_method(name: str, params: dict[str, Any] | None = None) -> MethodSettings:
+    """A registered method's settings from its name and parameters, checked as strictly as a
+    suite's methods entry ("4" for an int is refused; methods that wrap another method build it
+    with this). An unknown name or a bad parameter is a ValueError, so a wrapper's check()
+    refuses it like any other bad setting."""
+    try:
+        cls = METHODS.get(name)
+    except LookupError as exc:
+        raise ValueError(str(exc)) from None
+    return build_strict(cls, params or {})
+
+
+# ---- implementations, registered against the exact settings class ------------------------------
+
+_IMPLEMENTATIONS: dict[tuple[type, str], Callable[[Any], Any]] = {}
+
+
+def implements(*settings_classes: type, backend: str = "torch") -> Callable[[type], type]:
+    """Register the decorated class, built from a settings object, as the `backend`
+    implementation of exactly `settings_classes`: a subclass (a plug-in overriding the
+    algorithm) has none until it registers its own, so it never silently runs its parent's."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+    def register(cls: type) -> type:
+        for settings_cls in settings_classes:
+            _IMPLEMENTATIONS[(settings_cls, backend)] = cls
+        return cls
+    return register
+
+
+def registered_implementation(settings_cls: type, backend: str) -> Callable[[Any], Any] | None:
+    """The implementation registered for exactly `settings_cls` on `backend`, or None."""
+    return _IMPLEMENTATIONS.get((settings_cls, backend))
+
+
+__all__ = ["BACKENDS", "Capabilities", "DEVICE_TYPES", "IMPL_MEANING", "Impl", "KernelSettings",
+           "METHODS", "MethodSettings", "UnknownName", "build_method", "implements",
+           "register_method", "registered_implementation"]

@@ -1,0 +1,74 @@
+"""Eviction references: `streamingllm`, `snapkv`, `h2o`. Each keeps full-precision tokens and
+drops the rest; all reduce the prompt at end_prefill (the prompt's forward itself is exact), and
+the fixed-size ones (streamingllm, h2o) keep their budget through decode."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from kvbench.config.fields import SettingError, at_least, between, param
+from kvbench.methods.settings.base import Capabilities, register_method
+from kvbench.methods.settings.tokens import TokenMethod
+
+
+@register_method("streamingllm")
+@dataclass
+class StreamingLLM(TokenMethod):
+    """StreamingLLM (Xiao et al.): the first `sinks` tokens plus the newest ones, `ratio` of the
+    prompt or `budget` tokens in all, held at that size through decode.
+
+    Defaults: sinks 4 as mit-han-lab/streaming-llm streaming_llm/kv_cache.py (start_size=4) and
+    kvpress's StreamingLLMPress (n_sink=4). Upstream shifts positions inside the cache; here keys
+    keep their original RoPE positions (kvpress without KeyRerotationPress).
+    """
+
+    sinks: int = param(4, range=at_least(0), meaning="the first tokens always kept (attention"
+                       " sinks), within the budget")
+
+
+@register_method("snapkv")
+@dataclass
+class SnapKV(TokenMethod):
+    """SnapKV (Li et al.): the prompt's last `window` queries vote with their attention (summed
+    over the window and the query heads that share a KV head), votes are pooled (`pooling`,
+    `kernel`), and each head keeps its top tokens plus the window, the budget in all. A probe (a
+    question fed and taken back before end_prefill) is the observation window instead, when
+    given.
+
+    Defaults: FasterDecoding/SnapKV snapkv/monkeypatch/snapkv_utils.py init_snapkv (window_size
+    32, kernel_size 5, pooling avgpool); its SnapKVCluster and kvpress's SnapKVPress use window
+    64. Upstream selects per query head (repeat_kv first); here per KV head, votes summed over
+    its query heads (kvpress averages them: the same choice).
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(trim=True, probes=True)
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"ratio": 0.5, "window": 8}, {"budget": 40, "pooling": "max", "kernel": 7})
+
+    window: int = param(32, range=at_least(1), meaning="the prompt's last queries that vote,"
+                        " whose tokens are kept too")
+    kernel: int = param(5, range=at_least(1), rule="odd",
+                        meaning="width of the pooling over neighbouring tokens' votes")
+    pooling: Literal["avg", "max"] = param("avg", meaning="avg or max pooling of the votes")
+
+    def check(self) -> None:
+        if self.kernel % 2 == 0:
+            raise SettingError("kernel", f"kernel must be an odd number >= 1, got {self.kernel}")
+        super().check()
+
+
+@register_method("h2o")
+@dataclass
+class H2O(TokenMethod):
+    """H2O (Zhang et al.): heavy hitters by the attention each key has accumulated from every
+    query so far, plus the newest `recent` fraction of the budget; held at the budget through
+    decode. The accumulated scores (float32 per held key and head) are bookkeeping, counted in
+    measured bytes, not in the layout.
+
+    Defaults: recent 0.5 as FMInference/H2O h2o_hf/run_text_generation.py and
+    scripts/lm_eval/h2o.sh (heavy_ratio 0.1, recent_ratio 0.1: half of a 0.2 budget is recent).
+    """
+
+    recent: float = param(0.5, range=between(0, 1, low_open=True, high_open=True),
+                          meaning="the fraction of the budget given to the newest tokens; the"
+                          " rest goes to the heavy hitters")

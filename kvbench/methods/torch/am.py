@@ -1,0 +1,105 @@
+"""Attention Matching compaction (`am`, Zweiger et al. 2026) and its task-guided variant
+(`am_task`, Latent Briefing): at end_prefill each layer's prompt is replaced by t keys per KV head,
+a fitted bias beta on their logits, and fitted values, so that softmax(Q C_k^T + beta) C_v matches
+softmax(Q K^T) V on reference queries (the math: kvbench.methods.torch.am_fit). Beta is added to those
+t slots' logits for every later query inside the model's attention; new tokens follow them with
+positions continuing from the prompt length.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvbench.methods.settings.am import AM, AMTask
+from kvbench.methods.settings.base import implements
+from kvbench.methods.torch import am_fit
+from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod, per_kv_head
+
+
+class AMCache(ScorerCache):
+    method: AM
+
+    def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(1, Hq, n, D) queries, and with `causal` their prompt positions (n,): the model's own
+        queries over the prompt, or (`queries: repeat`) those of the prompt fed again after
+        itself, which come after every key."""
+        if self.method.queries == "repeat":
+            if self.probe is None:
+                raise RuntimeError("am with queries: repeat needs its reference probe (the prompt"
+                                   " again) fed and taken back before end_prefill; kvbench's"
+                                   " benchmarks do (kvbench.models.session.prefill)")
+            return self.probe, None
+        queries = self.observed_queries()
+        return queries, self.positions(0, queries.shape[-2])
+
+    def positions(self, first: int, n: int) -> torch.Tensor | None:
+        if not self.method.causal:
+            return None
+        return torch.arange(first, first + n, device=self.keys.device)
+
+    def fit_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The reference queries per KV head (H, groups * n, D), and their positions when
+        causal, as scores and fits take them."""
+        queries, positions = self.reference_queries()
+        queries = per_kv_head(queries, self.keys.shape[1])
+        if positions is not None:  # rows of per_kv_head: each query head's n queries in turn
+            positions = positions.repeat(queries.shape[1] // positions.shape[0])
+        return queries, positions
+
+    def scores(self) -> torch.Tensor:
+        queries, positions = self.fit_queries()
+        return am_fit.key_scores(queries, self.keys[0].float(), self.scaling, self.method.score,
+                                 positions)
+
+    def compact(self, index: torch.Tensor) -> None:
+        m = self.method
+        queries, positions = self.fit_queries()
+        keys, values, selected = self.keys[0].float(), self.values[0].float(), index[0]
+        if m.fit_beta:
+            beta = am_fit.fit_beta(queries, keys, selected, self.scaling, seed=m.seed,
+                                   positions=positions)
+        else:
+            beta = keys.new_zeros(selected.shape)
+        fitted = None
+        if m.fit_values:
+            fitted = am_fit.fit_values(queries, keys, values, selected, beta, self.scaling,
+                                       ridge=m.ridge, positions=positions)
+            fitted = fitted.to(self.values.dtype).unsqueeze(0)
+        # the bias is stored at the keys' dtype: t per head, counted like a key element
+        self.keep(index, values=fitted,
+                  bias=beta.to(self.keys.dtype).unsqueeze(0) if m.fit_beta else None)
+
+
+class AMTaskCache(AMCache):
+    method: AMTask
+
+    def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A task prompt's queries: a probe taken back before end_prefill (it came after every
+        key: never causal), else the prompt's last `task_tokens` queries."""
+        if self.probe is not None:
+            return self.probe, None
+        queries = self.observed_queries(last=self.method.task_tokens)
+        n = queries.shape[-2]
+        return queries, self.positions(self._seen - n, n)
+
+    def scores(self) -> torch.Tensor:
+        """One row shared by every head: the heads' mean."""
+        return super().scores().mean(0, keepdim=True)
+
+    def budget_tokens(self) -> int | None:
+        m = self.method
+        return None if m.ratio is None and m.budget is None else m.tokens(self._seen)
+
+    def select(self, scores: torch.Tensor, keep: int | None) -> torch.Tensor:
+        if keep is None:  # the MAD threshold decides how many
+            return am_fit.mad_mask(scores, self.method.tau).nonzero().squeeze(-1).unsqueeze(0)
+        return super().select(scores, keep)
+
+
+@implements(AM)
+class TorchAM(TorchTokenMethod):
+    cache = AMCache
+
+
+@implements(AMTask)
+class TorchAMTask(TorchTokenMethod):
+    cache = AMTaskCache

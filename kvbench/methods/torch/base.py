@@ -1,0 +1,119 @@
+"""What the torch reference implementations share: the codecs' choice between the torch reference
+and the Triton kernels (impl), the log of which ran, and the codec cache that hands the fused
+decode attention its packed chunks."""
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
+from kvbench.kernels import ImplLog, use_triton
+from kvbench.kernels.formats import KernelFormat, KVSegment
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.contracts import Codec, Implementation, Packed
+
+
+class TorchCodec(Codec):
+    """A torch codec. Its `impl` ("auto" | "torch" | "triton", kvbench.kernels) says who encodes
+    and decodes; a method with kernels sets it from its settings and hands over its log of what
+    ran (run_as)."""
+
+    impl: str = "torch"
+    impl_log: ImplLog | None = None
+
+    def kernel_unsupported(self) -> str | None:
+        """Why this configuration has no Triton kernel; None when it has one (then
+        kernel_format describes its layout to the kernels)."""
+        return f"{type(self).__name__} has no kernel"
+
+    def kernel_format(self, dim: int) -> KernelFormat:
+        """The layout of vectors of `dim` values, as kvbench.kernels.triton reads and writes it."""
+        raise NotImplementedError(f"{type(self).__name__} has no kernel")
+
+    def kernel_for(self, device: torch.device, dim: int) -> KernelFormat | None:
+        """The kernel format to run for tensors on `device`, or None for the torch reference,
+        as self.impl chooses (kvbench.kernels.use_triton)."""
+        if self.impl == "torch":
+            return None
+        reason = self.kernel_unsupported()
+        fmt = None
+        if not reason:
+            # one format per dim: it keeps its tables on the device for every later call
+            formats = self.__dict__.setdefault("_kernel_formats", {})
+            fmt = formats.get(dim) or formats.setdefault(dim, self.kernel_format(dim))
+            reason = fmt.unsupported()
+        return fmt if use_triton(self.impl, device, reason) else None
+
+    def kernel_encode(self, x: torch.Tensor) -> Packed | None:
+        """x packed by the kernel, when kernel_for picks it; else None (the caller runs the
+        reference). Notes which ran in impl_log."""
+        fmt = self.kernel_for(x.device, x.shape[-1])
+        self.note("encode", fmt)
+        if fmt is None:
+            return None
+        from kvbench.kernels import triton as kernels
+
+        return Packed(kernels.encode(x, fmt), tuple(x.shape), x.dtype)
+
+    def kernel_decode(self, packed: Packed) -> torch.Tensor | None:
+        """The decoded tensor by the kernel, when kernel_for picks it; else None."""
+        device = next(iter(packed.tensors.values())).device
+        fmt = self.kernel_for(device, packed.shape[-1])
+        self.note("decode", fmt)
+        if fmt is None:
+            return None
+        from kvbench.kernels import triton as kernels
+
+        return kernels.decode(packed.tensors, fmt, packed.shape, packed.dtype)
+
+    def note(self, operation: str, fmt: KernelFormat | None) -> None:
+        if self.impl_log is not None:
+            self.impl_log.note(operation, "torch" if fmt is None else "triton")
+
+
+C = TypeVar("C", bound=TorchCodec)
+
+
+class TorchMethod(Implementation):
+    """A torch reference implementation; one whose settings have an `impl` field keeps the log
+    of which implementation ran (ImplLog), which run_as hands to every codec it builds."""
+
+    def __init__(self, settings, on):
+        super().__init__(settings, on)
+        if hasattr(settings, "impl"):
+            self.impl_log = ImplLog()
+
+    def run_as(self, codec: C) -> C:
+        """`codec` set to run as the settings' impl, noting into this method's log."""
+        codec.impl, codec.impl_log = self.settings.impl, self.impl_log
+        return codec
+
+    def codec_cache(self, key_codec: TorchCodec, value_codec: TorchCodec,
+                    window: int) -> "TorchCodecCache":
+        return TorchCodecCache(key_codec, value_codec, window, TORCH_ARRAYS)
+
+
+class TorchCodecCache(CodecCache):
+    """CodecCache on torch tensors, which can hand its packed chunks to the fused decode
+    attention (kvbench.kernels.triton.attention)."""
+
+    def attention_segments(self) -> list | None:
+        """The packed chunks and the raw tail for the fused decode attention, when both codecs'
+        impl picks their kernels for the cached tensors' device and the attention reads their
+        layouts; noted as the "decode attention" each time it is asked."""
+        if self._decoded is not None or self._raw_k is None:
+            return None
+        device, dim = self._raw_k.device, self._raw_k.shape[-1]
+        codecs = (self.key_codec, self.value_codec)
+        formats = [getattr(codec, "kernel_for", lambda *_: None)(device, dim) for codec in codecs]
+        fused = all(fmt is not None and fmt.attention_unsupported() is None for fmt in formats)
+        for codec in codecs:
+            if getattr(codec, "impl_log", None) is not None:
+                codec.impl_log.note("decode attention", "triton" if fused else "torch")
+        if not fused:
+            return None
+        segments = [KVSegment(pk.tensors, pv.tensors, *formats) for pk, pv in self._packed]
+        if self._raw_k.shape[-2]:
+            segments.append(KVSegment(self._raw_k, self._raw_v))
+        return segments

@@ -1,0 +1,55 @@
+"""b-bit codes packed contiguously into bytes, little-endian bit order, spanning byte boundaries.
+
+Code i of a row occupies bits [i*b, (i+1)*b) of the row's little-endian bit stream (bit k of the
+stream is bit k % 8 of byte k // 8). Any 8 consecutive codes fill exactly b bytes, so rows are cut
+into groups of 8 codes and the same few uint8 shifts run on every group at once: the only Python
+loop is over the 8 slots of a group, never over codes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvbench.kernels.formats import check_bits, code_slots, packed_length
+
+
+def _pad_last(x: torch.Tensor, extra: int) -> torch.Tensor:
+    """Zero-pad the last dim; F.pad copies even when there is nothing to add."""
+    return F.pad(x, (0, extra)) if extra else x
+
+
+def pack_bits(indices: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack uint8 codes (..., n), each < 2**bits, into uint8 (..., ceil(n * bits / 8))."""
+    check_bits(bits)
+    if indices.dtype != torch.uint8:
+        raise ValueError(f"indices must be uint8, got {indices.dtype}")
+    if (indices >> bits).any():
+        raise ValueError(f"indices must be below 2**bits = {1 << bits}")
+    n = indices.shape[-1]
+    groups = -(-n // 8)
+    codes = _pad_last(indices, groups * 8 - n).unflatten(-1, (groups, 8))
+    out = torch.zeros(*codes.shape[:-1], bits, dtype=torch.uint8, device=indices.device)
+    for j, byte, shift, spills in code_slots(bits):
+        out[..., byte] |= codes[..., j] << shift  # uint8: bits past this byte fall off here
+        if spills:
+            out[..., byte + 1] |= codes[..., j] >> (8 - shift)
+    # Padding codes are zero, so the dropped tail bytes hold no information.
+    return out.flatten(-2)[..., : packed_length(n, bits)]
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of pack_bits: uint8 (..., ceil(n * bits / 8)) -> uint8 codes (..., n)."""
+    check_bits(bits)
+    if packed.shape[-1] != packed_length(n, bits):
+        raise ValueError(
+            f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got {packed.shape[-1]}"
+        )
+    groups = -(-n // 8)
+    grouped = _pad_last(packed, groups * bits - packed.shape[-1]).unflatten(-1, (groups, bits))
+    codes = torch.empty(*grouped.shape[:-1], 8, dtype=torch.uint8, device=packed.device)
+    for j, byte, shift, spills in code_slots(bits):
+        code = grouped[..., byte] >> shift
+        if spills:
+            code |= grouped[..., byte + 1] << (8 - shift)
+        codes[..., j] = code & ((1 << bits) - 1)
+    return codes.flatten(-2)[..., :n]

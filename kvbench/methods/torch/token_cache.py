@@ -1,0 +1,226 @@
+"""What every token-reduction policy shares on torch (the budget is the settings', a ratio of the
+prompt or a fixed number of tokens): the policy's full-precision keys and values of the tokens
+it keeps (each head its own tokens, the same count per head), an optional additive bias per kept
+key, and the post-RoPE queries it observed before compacting.
+
+Positions: seen_tokens counts every token appended, kept or not, so new tokens take RoPE
+positions that continue from the original length; the adapters use it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvbench.backends.torch_arrays import storage_bytes, tensor_bytes
+from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.settings.tokens import TokenMethod
+from kvbench.methods.torch.base import TorchMethod
+
+
+class TokenCache(LayerCachePolicy):
+    """Holds keys, values (1, H, T, D) and a bias (1, H, T) or None; subclasses decide what to
+    keep, with keep()."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._seen = 0
+        self._fresh = 0  # newest tokens held as appended, since the last keep(): trim can undo
+        self.observed: list[torch.Tensor] = []  # (1, Hq, q, D) float32 chunks, oldest first
+        self.probe: torch.Tensor | None = None  # queries of tokens appended then taken back
+
+    def append(self, keys, values, queries=None) -> None:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        if self.bias is not None:
+            self.bias = torch.cat([self.bias, self.bias.new_zeros(keys.shape[:-1])], dim=-1)
+        self._seen += keys.shape[-2]
+        self._fresh += keys.shape[-2]
+
+    def attention_inputs(self):
+        return self.keys, self.values, self.bias
+
+    def observe_queries(self, queries: torch.Tensor) -> None:
+        self.observed.append(queries.float())
+
+    def observed_queries(self, last: int | None = None) -> torch.Tensor:
+        """The observed queries (1, Hq, n, D), only the newest `last` of them if given."""
+        if not self.observed:
+            raise RuntimeError(f"{type(self).__name__} saw no queries; the model must run with"
+                               " kvbench's attention (kvbench.models.load_model does)")
+        queries = torch.cat(self.observed, dim=-2)
+        return queries if last is None else queries[..., -last:, :]
+
+    def trim(self, n: int) -> int:
+        """Takes back the newest tokens not yet reduced. Their observed queries become the probe
+        (e.g. a task prompt fed, then taken back before compaction)."""
+        dropped = min(n, self._fresh)
+        if dropped:
+            keep = self.keys.shape[-2] - dropped
+            self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
+            if self.bias is not None:
+                self.bias = self.bias[..., :keep]
+            self._seen -= dropped
+            self._fresh -= dropped
+            if self.observed:
+                queries = torch.cat(self.observed, dim=-2)
+                self.probe = queries[..., -dropped:, :]
+                self.observed = [queries[..., :-dropped, :]]
+        return dropped
+
+    def keep(self, index: torch.Tensor, values: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None) -> None:
+        """Keep, per head, the tokens at `index` (1, H, t), ascending; `values` and `bias` replace
+        theirs when given (compaction fits them). Refuses to keep everything or nothing."""
+        t = index.shape[-1]
+        if not 0 < t < self.keys.shape[-2]:
+            raise RuntimeError(f"{type(self).__name__} kept {t} of {self.keys.shape[-2]} tokens;"
+                               " a token-reduction policy must keep some and drop some")
+        gather = index.unsqueeze(-1).expand(*index.shape, self.keys.shape[-1])
+        self.keys = self.keys.gather(-2, gather)
+        self.values = self.values.gather(-2, gather) if values is None else values
+        if bias is not None:
+            self.bias = bias
+        elif self.bias is not None:
+            self.bias = self.bias.gather(-1, index)
+        self._fresh = 0
+
+    @property
+    def scaling(self) -> float:
+        """The logit scale of the models kvbench hosts: head_dim ** -0.5."""
+        return self.keys.shape[-1] ** -0.5
+
+    @property
+    def seen_tokens(self) -> int:
+        return self._seen
+
+    @property
+    def retained_tokens(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def retained_bytes(self) -> int:
+        return tensor_bytes(self.keys, self.values, self.bias)
+
+    def measured_bytes(self) -> int:
+        return storage_bytes(self.keys, self.values, self.bias, *self.observed, self.probe)
+
+
+class ScorerCache(TokenCache):
+    """A token-reduction policy that supplies only scores; the rest lives here once (in the
+    spirit of kvpress's ScorerPress): the budget, protected sinks (the first tokens) and window
+    (the newest), top-k per head or one shared top-k, the gather, and placement of every index
+    on the keys' device.
+
+    Subclasses implement scores(); they may protect tokens (protected()), select differently
+    (select()) or replace the gather (compact(), e.g. AM's fits). Reduction happens at
+    end_prefill; a policy with `holds_budget` also evicts after every later step's attention
+    (observe_queries), whatever the step's length, so the budget holds through decode."""
+
+    # Reads the prompt's queries (observe()); a policy holding its budget observes them after
+    # end_prefill too, as the end-of-step signal.
+    reads_queries: bool = True
+    holds_budget: bool = False
+
+    def __init__(self, method: TokenMethod):
+        super().__init__()
+        self.method = method
+        self.observes_queries = self.reads_queries
+        self.size: int | None = None  # tokens kept per head, once the prompt is reduced
+
+    def protected(self, size: int) -> tuple[int, int]:
+        """(sinks, window): the first and the newest tokens always kept, out of `size`."""
+        return 0, 0
+
+    def scores(self) -> torch.Tensor:
+        """(H, T) or, for one mask shared by every head, (1, T): a score per held token, higher
+        kept first. Only the unprotected span is read."""
+        raise NotImplementedError
+
+    def select(self, scores: torch.Tensor, keep: int) -> torch.Tensor:
+        """Indices (rows, keep) into `scores`' last axis, ascending."""
+        return top_k(scores, keep)
+
+    def compact(self, index: torch.Tensor) -> None:
+        """Keep the tokens at `index` (1, H, t)."""
+        self.keep(index)
+
+    def observe(self, queries: torch.Tensor) -> None:
+        """The queries of the step that just attended (default: keep them all)."""
+        super().observe_queries(queries)
+
+    def budget_tokens(self) -> int | None:
+        """Tokens to keep per head from the prompt seen (None: select() decides)."""
+        return self.method.tokens(self._seen)
+
+    def end_prefill(self) -> None:
+        self.size = self.budget_tokens()
+        self.reduce()
+        self.observed, self.probe = [], None
+        self.observes_queries = self.holds_budget
+
+    def observe_queries(self, queries: torch.Tensor) -> None:
+        if self.reads_queries:
+            self.observe(queries)
+        if self.size is not None and self.keys.shape[-2] > self.size:  # a budget held in decode
+            self.reduce()
+
+    def reduce(self, size: int | None = None) -> None:
+        """Keep `size` tokens per head (default: the budget), the protected ones among them."""
+        held, heads = self.keys.shape[-2], self.keys.shape[1]
+        size = self.size if size is None else size
+        sinks, window = (0, 0) if size is None else self.protected(size)
+        if size is not None and sinks + window > size:
+            raise ValueError(f"{self.method.name}: a budget of {size} tokens does not hold the"
+                             f" {sinks} sinks and the window of {window}")
+        device = self.keys.device
+        parts = [torch.arange(sinks, device=device).expand(heads, -1)]
+        if size is None or size > sinks + window:
+            scores = self.scores()[:, sinks: held - window]
+            keep = None if size is None else size - sinks - window
+            parts.append((self.select(scores, keep) + sinks).expand(heads, -1))
+        parts.append(torch.arange(held - window, held, device=device).expand(heads, -1))
+        self.compact(torch.cat(parts, dim=-1).unsqueeze(0))
+
+
+def top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (rows, k) of each row's k highest scores, ascending: kept tokens stay in order."""
+    return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+def per_kv_head(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(1, Hq, n, D) queries as (kv_heads, groups * n, D): each KV head's reference queries are
+    those of the query heads that read it."""
+    _, heads, n, dim = queries.shape
+    return queries.reshape(kv_heads, heads // kv_heads * n, dim)
+
+
+def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+                      causal: bool = True) -> torch.Tensor:
+    """softmax(q k^T * scaling) (H, groups, n, T) in float32; queries (1, Hq, n, D), keys
+    (1, H, T, D). causal: the queries are the newest n of the T tokens and see only keys up to
+    their own position; else every key is visible (queries from after the keys, e.g. a probe)."""
+    _, kv_heads, total, dim = keys.shape
+    n = queries.shape[-2]
+    q = queries.float().reshape(kv_heads, -1, n, dim)
+    logits = q @ keys[0].float().unsqueeze(1).transpose(-1, -2) * scaling
+    if not causal:
+        return logits.softmax(-1)
+    positions = torch.arange(total, device=keys.device)
+    visible = positions[total - n:].unsqueeze(1) >= positions.unsqueeze(0)
+    return logits.masked_fill(~visible, -math.inf).softmax(-1)
+
+
+class TorchTokenMethod(TorchMethod):
+    """A token-reduction method on torch: one policy of `cache` per layer, built from the
+    settings (and the layer index, for a cache that takes it)."""
+
+    cache: type[LayerCachePolicy]
+
+    def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
+        return self.cache(self.settings)

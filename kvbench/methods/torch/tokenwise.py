@@ -1,0 +1,64 @@
+"""Codecs whose stored tensors all keep tokens on one axis: blocks of tokens encode, decode and
+merge independently, so big tensors go through in cache-sized blocks."""
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+
+from kvbench.methods.core.contracts import Packed
+from kvbench.methods.torch.base import TorchCodec
+
+# A block's float32 temporaries stay in cache and are reused; whole-tensor temporaries would each
+# be written to fresh memory, which is most of the time on large inputs.
+TOKENS_PER_BLOCK = 8192
+
+
+class TokenwiseCodec(TorchCodec):
+    """Every stored tensor has tokens at axis ndim(x) - 2, counted from the front (a layout may add
+    axes after it, e.g. blocks per token then bytes). A kernel, where impl picks one, encodes and
+    decodes the whole tensor at once."""
+
+    @abstractmethod
+    def encode_block(self, x: torch.Tensor) -> Packed: ...
+
+    @abstractmethod
+    def decode_block(self, packed: Packed) -> torch.Tensor: ...
+
+    def encode(self, x: torch.Tensor) -> Packed:
+        packed = self.kernel_encode(x)
+        if packed is not None:
+            return packed
+        tokens = x.shape[-2]
+        if tokens <= TOKENS_PER_BLOCK:
+            return self.encode_block(x)
+        starts = range(0, tokens, TOKENS_PER_BLOCK)
+        return self.merge([self.encode_block(x[..., s : s + TOKENS_PER_BLOCK, :]) for s in starts])
+
+    def decode(self, packed: Packed) -> torch.Tensor:
+        decoded = self.kernel_decode(packed)
+        if decoded is not None:
+            return decoded
+        tokens = packed.shape[-2]
+        if tokens <= TOKENS_PER_BLOCK:
+            return self.decode_block(packed)
+        out = torch.empty(packed.shape, dtype=packed.dtype,
+                          device=next(iter(packed.tensors.values())).device)
+        for start in range(0, tokens, TOKENS_PER_BLOCK):
+            part = _token_slice(packed, start, start + TOKENS_PER_BLOCK)
+            out[..., start : start + part.shape[-2], :] = self.decode_block(part)
+        return out
+
+    def merge(self, parts: list[Packed]) -> Packed:
+        axis = len(parts[0].shape) - 2
+        tensors = {name: torch.cat([p.tensors[name] for p in parts], axis) for name in parts[0].tensors}
+        tokens = sum(p.shape[-2] for p in parts)
+        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+
+
+def _token_slice(packed: Packed, start: int, stop: int) -> Packed:
+    axis = len(packed.shape) - 2
+    tensors = {name: t.narrow(axis, start, min(stop, t.shape[axis]) - start)
+               for name, t in packed.tensors.items()}
+    tokens = min(stop, packed.shape[-2]) - start
+    return Packed(tensors, (*packed.shape[:-2], tokens, packed.shape[-1]), packed.dtype, packed.meta)
