@@ -38,6 +38,7 @@ import torch
 from kvbench.backends.arrays import array_backend
 from kvbench.methods import MethodSettings, implementation
 from kvbench.methods.core.contracts import Implementation, WrappedPolicy
+from kvbench.models.host import LayerHost
 
 KV_HEADS, QUERY_HEADS, HEAD_DIM = 2, 4, 16
 PROMPT, PROBE, STEPS, CHUNK = 48, 6, 3, 4
@@ -115,11 +116,13 @@ def _inputs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 # ---- one layer, driven as attention drives it --------------------------------------------------
 
-class _Layer:
-    """One policy and a reference attention over what it returns, step by step."""
+class _Layer(LayerHost):
+    """One policy hosted as a model's layer (kvbench.models.host) and a reference attention
+    over what it reads, step by step."""
 
     def __init__(self, policy, arrays, stores_inputs: bool):
-        self.policy, self.arrays = policy, arrays
+        super().__init__(policy, 0)
+        self.arrays = arrays
         self.stores_inputs = stores_inputs  # no codec: what attention reads is what it stores
         self.fed = 0
 
@@ -128,34 +131,25 @@ class _Layer:
         attention output (1, QUERY_HEADS, n, HEAD_DIM) as float32."""
         from kvbench.models.attention import biased_attention
 
-        put, get, policy = self.arrays.from_torch, self.get, self.policy
-        n = keys.shape[-2]
-        policy.append(put(keys), put(values))
-        self.fed += n
-        k, v, bias = policy.attention_inputs()
-        self.check_state(k, v, bias, n)
-        k, v = get(k), get(v)
-        bias = None if bias is None else get(bias)
-        out, sparse = biased_attention(queries, k, v, None, bias, HEAD_DIM ** -0.5,
-                                       policy.value_skip_threshold)
-        if sparse is not None:
-            policy.record_sparse_v(*sparse)
-        if policy.observes_queries:
-            policy.observe_queries(put(queries))
+        put, get = self.arrays.from_torch, self.get
+        read = self.append(put(keys), put(values))
+        self.fed += keys.shape[-2]
+        self.check_state(read.keys, read.values, read.bias)
+        bias = None if read.bias is None else get(read.bias)
+        out, sparse = biased_attention(queries, get(read.keys), get(read.values), None, bias,
+                                       HEAD_DIM ** -0.5, read.skip_below)
+        read.attended(put(queries), sparse)
         return out
 
     def get(self, array) -> torch.Tensor:
         """An array the policy returned, as a float32 CPU tensor."""
         return self.arrays.to_torch(array).float()
 
-    def check_state(self, keys, values, bias, n: int) -> None:
-        from kvbench.models.policy_totals import check_attention_inputs
-
+    def check_state(self, keys, values, bias) -> None:
+        """What append() does not check: seen tokens, bytes, what a wrapper hands on."""
         policy = self.policy
         if policy.seen_tokens != self.fed:
             _fail(f"seen_tokens is {policy.seen_tokens} after {self.fed} tokens were fed")
-        check_attention_inputs(policy, 0, tuple(keys.shape),
-                               None if bias is None else tuple(bias.shape), n, None)
         accounted, measured = policy.retained_bytes, policy.measured_bytes()
         if not 0 < accounted <= measured:
             _fail(f"accounted bytes {accounted} must be positive and at most the {measured}"
@@ -176,7 +170,7 @@ class _Layer:
                 _fail("the wrapper does not pass on whether its policy observes queries")
 
     def take_back(self, n: int) -> None:
-        taken = self.policy.trim(n)
+        taken = self.trim(n)
         self.fed -= taken
         if taken != n:
             _fail(f"trim({n}) took back {taken} tokens fed before end_prefill; the method"

@@ -1,7 +1,7 @@
 """Shared fixtures. Shared plain helpers live in tests/plugins (import them from there):
 - tests.plugins.tensors: randn, token_ids, round_trip (seeded inputs, codec round trips)
 - tests.plugins.model_runs: cpu_context (a RunContext), stepped_logits (prefill, then decode)
-- tests.plugins.suites: ROOT, SHIPPED_SUITES, SMALL_RESULTS, line_of, catalog_only
+- tests.plugins.suites: ROOT, SHIPPED_SUITES, SMALL_RESULTS, line_of
 - tests.plugins.cli_support: invoke, kvbench_process and the CLI's console fixture
 
 The Triton kernels run in Triton's interpreter where there is no CUDA device (TRITON_INTERPRET=1

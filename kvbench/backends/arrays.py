@@ -20,6 +20,10 @@ class Arrays(Protocol):
     def concat(self, arrays: list[Any], axis: int = -2) -> Any:
         """Join along `axis` (tokens by default)."""
 
+    def extend(self, held: Any, new: Any) -> Any:
+        """`new` tokens after the `held` ones (None: nothing held yet)."""
+        return new if held is None else self.concat([held, new])
+
     def copy(self, x: Any) -> Any:
         """A copy, so a kept slice does not pin the storage it was cut from."""
 

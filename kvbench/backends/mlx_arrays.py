@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from kvbench.backends.arrays import Arrays
 from kvbench.backends.mlx_backend import synchronize
 
 
@@ -45,7 +46,7 @@ def arrays_in(obj: Any) -> list:
     return [] if obj is None else [obj]
 
 
-class MLXArrays:
+class MLXArrays(Arrays):
     name = "mlx"
     device = "cpu"  # torch data for MLX is made on the CPU
 

@@ -5,6 +5,7 @@ from typing import Any, Sequence
 
 import torch
 
+from kvbench.backends.arrays import Arrays
 from kvbench.backends.torch_backend import timed
 
 
@@ -22,7 +23,7 @@ def storage_bytes(*tensors: torch.Tensor | None) -> int:
     return sum(seen.values())
 
 
-class TorchArrays:
+class TorchArrays(Arrays):
     name = "torch"
 
     def __init__(self, device: torch.device | None = None):

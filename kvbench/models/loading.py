@@ -11,8 +11,7 @@ import torch
 
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
-from kvbench.models.info import TINY_MAX_CONTEXT, describe_model
-from kvbench.models.info import resolve_spec as _resolve  # the name kvbench.models.mlx_host uses
+from kvbench.models.info import TINY_MAX_CONTEXT, describe_model, resolve_spec
 from kvbench.models.tiny import build_tiny
 
 
@@ -33,7 +32,7 @@ def load_model(
 ) -> LoadedModel:
     """Load the model a spec names, float32 in eval mode, on `device`."""
     log = log or _stderr
-    kind, target = _resolve(spec)
+    kind, target = resolve_spec(spec)
     if kind == "tiny":
         model, tokenizer = build_tiny(target)
         max_context = TINY_MAX_CONTEXT
@@ -72,7 +71,7 @@ def _load_transformers(folder: str):
 def load_tokenizer(spec: str, log: Callable[[str], None] | None = None) -> Any:
     """The tokenizer alone of the model a spec names (no weights): what a client of a server
     that has the model needs."""
-    kind, target = _resolve(spec)
+    kind, target = resolve_spec(spec)
     if kind == "tiny":
         from kvbench.models.tiny import ByteTokenizer
 

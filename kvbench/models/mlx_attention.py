@@ -1,6 +1,7 @@
 """kvbench's attention for mlx-lm models: mlx-lm's own scaled_dot_product_attention, unless the
-kvbench cache layer it is handed asks for an additive bias (per key, or per query and key),
-sparse-V, or to see the queries.
+kvbench cache layer it is handed holds a read plain attention cannot serve
+(kvbench.models.host.AttentionRead: an additive bias, per key or per query and key, sparse-V, or
+queries the policy observes).
 
 Why this replaces a name in the model's module. mlx-lm has no attention registry (transformers
 has AttentionInterface, which kvbench.models.attention uses). Each mlx-lm model file imports
@@ -9,9 +10,9 @@ has AttentionInterface, which kvbench.models.attention uses). Each mlx-lm model 
 mask cannot carry a per-layer bias: the model builds ONE mask from the first layer's cache and
 gives it to every layer, while a compaction method's bias (like the keys it keeps) differs per
 layer and head. The cache argument is the only per-layer path into attention, so install()
-rebinds that name in the model's own module(s) to a wrapper that takes the bias and the sparse-V
-threshold from the kvbench cache layer it is given (kvbench.models.mlx_host.MLXPolicyLayer hands
-them over in update_and_fetch, as hf_cache.PolicyLayer does on torch). For every other call (mlx-
+rebinds that name in the model's own module(s) to a wrapper that takes the read from the kvbench
+cache layer it is given (kvbench.models.mlx_host.MLXPolicyLayer holds it in update_and_fetch,
+as hf_cache.PolicyLayer does on torch). For every other call (mlx-
 lm's KVCache, quantized caches, a kvbench layer with neither) the wrapper calls the original
 function with the same arguments, so the identity method stays exactly mlx-lm's attention. The
 rebinding covers every model of that architecture in the process; it is idempotent, and the
@@ -21,25 +22,11 @@ loader records which modules carry it (MLXLoaded.attention). A layer whose hando
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.core as mx
 
-from kvbench.methods.core.contracts import LayerCachePolicy
-
 ATTENTION_ATTR = "scaled_dot_product_attention"
-
-
-@dataclass
-class Handoff:
-    """What one layer's attention must add to plain softmax attention."""
-
-    layer_idx: int
-    policy: LayerCachePolicy  # its value_skip_threshold turns sparse-V on; it records the skips
-    # (batch, kv_heads, keys): added to the logits of every query; (batch, kv_heads, queries,
-    # keys): the policy's own visibility, added instead of the model's causal mask
-    bias: mx.array | None
 
 
 def install(model: Any) -> tuple[str, ...]:
@@ -62,25 +49,22 @@ def install(model: Any) -> tuple[str, ...]:
 def _wrap(original: Callable) -> Callable:
     def scaled_dot_product_attention(queries, keys, values, *args, **kwargs):
         cache = kwargs.get("cache", args[0] if args else None)
-        take = getattr(cache, "take_handoff", None)
-        handoff = take() if take is not None else None
-        if handoff is None:
+        take = getattr(cache, "take_read", None)
+        read = take() if take is not None else None
+        if read is None:
             return original(queries, keys, values, *args, **kwargs)
         if kwargs.get("sinks") is not None:
             raise NotImplementedError("kvbench's biased / sparse-V attention has no attention"
                                       " sinks; this model uses them")
         scale = kwargs["scale"] if "scale" in kwargs else args[1]
         mask = kwargs["mask"] if "mask" in kwargs else args[2]
-        policy = handoff.policy
-        if handoff.bias is None and not policy.value_skip_threshold:
+        sparse = None
+        if read.bias is None and not read.skip_below:
             out = original(queries, keys, values, *args, **kwargs)
         else:
-            out, sparse = biased_attention(queries, keys, values, mask, handoff.bias, scale,
-                                           policy.value_skip_threshold)
-            if sparse is not None:
-                policy.record_sparse_v(*sparse)
-        if policy.observes_queries:
-            policy.observe_queries(queries)
+            out, sparse = biased_attention(queries, keys, values, mask, read.bias, scale,
+                                           read.skip_below)
+        read.attended(queries, sparse)
         return out
 
     scaled_dot_product_attention.__kvbench_original__ = original

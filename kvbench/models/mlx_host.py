@@ -1,11 +1,12 @@
 """mlx-lm as kvbench's MLX model host: loading, and the prompt cache made of kvbench policies.
 
-MLXKVBenchCache is the MLX twin of kvbench.models.hf_cache.KVBenchCache. Its layers obey mlx-lm's
-prompt-cache protocol (update_and_fetch, offset, make_mask, state, trimming) and hand attention
-what the policy returns from attention_inputs(): the compressed state itself, no shadow copy. A
-key bias or sparse-V reaches mlx-lm's attention through kvbench.models.mlx_attention. RoPE
-positions come from `offset`, which is the tokens the policy has seen, so positions continue
-after eviction or compaction. Batch size 1.
+MLXKVBenchCache is the MLX twin of kvbench.models.hf_cache.KVBenchCache, a thin adapter of
+mlx-lm's prompt-cache protocol (update_and_fetch, offset, make_mask, state, trimming) over the
+cache host (kvbench.models.host): attention reads what the policy returns from
+attention_inputs(), the compressed state itself, no shadow copy. A key bias, sparse-V or the
+queries a policy observes reach mlx-lm's attention through kvbench.models.mlx_attention, which
+takes the read from the layer it is handed. RoPE positions come from `offset`, which is the
+tokens the policy has seen, so positions continue after eviction or compaction. Batch size 1.
 
 Specs are those of kvbench.models.loading: bundled:NAME (prepared on first use), a local
 checkpoint folder, a hub id already in the local cache, and tiny:llama / tiny:qwen3 (the torch
@@ -25,8 +26,8 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
-from kvbench.models.mlx_attention import Handoff, install
-from kvbench.models.policy_totals import PolicyTotals, check_attention_inputs
+from kvbench.models.host import CacheHost, LayerHost
+from kvbench.models.mlx_attention import install
 
 # Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
 # prefill can skip the vocabulary projection of every position but the last, as torch's
@@ -51,10 +52,10 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLo
     """The mlx-lm model a spec names (see kvbench.models.loading), loaded anew: the runner
     shares one per run between its cases."""
     from kvbench.models.bundled import prepared_dir
-    from kvbench.models.loading import _resolve, describe_model
+    from kvbench.models.info import describe_model, resolve_spec
 
     log = log or _stderr
-    kind, target = _resolve(spec)
+    kind, target = resolve_spec(spec)
     if kind == "tiny":
         model, tokenizer = _build_tiny(target)
     else:
@@ -121,60 +122,31 @@ def _build_tiny(kind: str):
     return model, tokenizer
 
 
-class MLXPolicyLayer:
-    """One layer of MLXKVBenchCache: mlx-lm's prompt-cache protocol over a LayerCachePolicy."""
+class MLXPolicyLayer(LayerHost):
+    """One layer of MLXKVBenchCache: mlx-lm's prompt-cache protocol over a LayerHost."""
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache"):
-        self.policy = policy
-        self.layer_idx = layer_idx
+        super().__init__(policy, layer_idx)
         self._owner = owner
-        self._started = False
 
     @property
     def offset(self) -> int:
         """RoPE position of the next token: every token seen, kept or not."""
-        return self.policy.seen_tokens if self._started else 0
+        return self.seen_tokens
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if keys.shape[0] != 1:
             raise NotImplementedError(f"MLXKVBenchCache supports batch size 1, got {keys.shape[0]}")
-        owner = self._owner
-        if owner._pending is not None:
-            stale, owner._pending = owner._pending, None
-            raise RuntimeError(
-                f"the model's attention did not read the kvbench cache's key bias / sparse-V state"
-                f" of layer {stale.layer_idx}; load the model with"
-                " kvbench.models.mlx_host.load_mlx_model (it installs kvbench's attention)")
-        self.policy.append(keys, values)
-        self._started = True
-        out_keys, out_values, bias = self.policy.attention_inputs()
         # make_mask sized the model's one mask from the first layer
-        check_attention_inputs(self.policy, self.layer_idx, out_keys.shape,
-                               None if bias is None else bias.shape, keys.shape[-2],
-                               owner._mask_kv_length)
-        policy = self.policy
-        if bias is not None or policy.value_skip_threshold or policy.observes_queries:
-            owner._pending = Handoff(self.layer_idx, policy, bias)
-        return out_keys, out_values
-
-    def take_handoff(self) -> Handoff | None:
-        """Read by kvbench's attention: this layer's bias / sparse-V state, once."""
-        handoff = self._owner._pending
-        if handoff is None:
-            return None
-        self._owner._pending = None
-        if handoff.layer_idx != self.layer_idx:
-            raise RuntimeError(f"attention of layer {self.layer_idx} got the cache state of layer"
-                               f" {handoff.layer_idx}")
-        return handoff
+        read = self.hold(self.append(keys, values, self._owner.mask_kv_length))
+        return read.keys, read.values
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
         """The mask for N new queries over retained + N keys, the queries last (causal)."""
         if window_size is not None:
             raise NotImplementedError("MLXKVBenchCache does not host sliding-window layers")
-        policy = self.policy
-        retained = policy.retained_tokens + policy.summary_slots if self._started else 0
-        self._owner._mask_kv_length = retained + N
+        retained = self.kept_keys
+        self._owner.mask_kv_length = retained + N
         if N == 1:
             return None
         if return_array:
@@ -194,33 +166,27 @@ class MLXPolicyLayer:
     def is_trimmable(self) -> bool:
         return True  # as far as the policy can: trim() says how many it took back
 
-    def trim(self, n: int) -> int:
-        return self.policy.trim(n)
-
     def empty(self) -> bool:
-        return not self._started
+        return not self.started
 
     def size(self) -> int:
-        return self.policy.retained_tokens if self._started else 0
+        return self.policy.retained_tokens if self.started else 0
 
     @property
     def nbytes(self) -> int:
-        return self.policy.measured_bytes() if self._started else 0
+        return self.policy.measured_bytes() if self.started else 0
 
 
-class MLXKVBenchCache(PolicyTotals):
+class MLXKVBenchCache(CacheHost):
     """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
-    a method's MLX implementation, kvbench.methods.implementation(settings, "mlx")).
-    Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`. decoded_reads, and the
-    attribute of that name, as kvbench.models.hf_cache.KVBenchCache."""
+    a method's MLX implementation, kvbench.methods.implementation(settings, "mlx")). Pass
+    `cache.layers` (or the cache itself) as mlx-lm's `cache=`: kvbench's attention takes each
+    layer's read from the layer it is given. decoded_reads as kvbench.models.host.CacheHost."""
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
-        self.layers = [MLXPolicyLayer(method.new_layer_cache(i), i, self)
-                       for i in range(num_layers)]
-        self.decoded_reads = decoded_reads and any(
-            [layer.policy.keep_decoded() for layer in self.layers])
-        self._pending: Handoff | None = None
-        self._mask_kv_length: int | None = None
+        self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
+        super().__init__(method, num_layers, lambda policy, i: MLXPolicyLayer(policy, i, self),
+                         decoded_reads)
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -80,12 +80,16 @@ class TorchSession:
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
+        from kvbench.models.hf_cache import KVBenchCache
+
         x = torch.tensor([ids], device=self.device)
-        logits, seconds = self._timed(
-            lambda: self.loaded.model(x, past_key_values=cache, use_cache=True,
-                                      logits_to_keep=1 if last_only else 0).logits,
-            self.device,
-        )
+        keep = 1 if last_only else 0
+        if isinstance(cache, KVBenchCache):
+            run = lambda: cache.forward(self.loaded.model, x, logits_to_keep=keep)  # noqa: E731
+        else:
+            run = lambda: self.loaded.model(x, past_key_values=cache, use_cache=True,  # noqa: E731
+                                            logits_to_keep=keep)
+        logits, seconds = self._timed(lambda: run().logits, self.device)
         return logits[0].float().cpu(), seconds
 
     @torch.inference_mode()
@@ -190,14 +194,3 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
             name = getattr(method, "name", "") or type(method).__name__
             raise ProbeNotTakenBack(f"method {name!r} cannot take the probe back ({exc})") from None
     return logits, forward_s, session.end_prefill(cache)
-
-
-def open_session(ctx) -> Session:
-    """The suite's model on the case's backend (loaded once per run by the runner)."""
-    if ctx.model is None:
-        raise ValueError("this benchmark needs a model; set the suite's model")
-    if ctx.backend == "mlx":
-        from kvbench.models.mlx_session import MLXSession
-
-        return MLXSession(ctx.load_model(ctx.model, ctx.device, backend="mlx"))
-    return TorchSession(ctx.load_model(ctx.model, ctx.device), ctx.device)

@@ -279,8 +279,7 @@ class Engine:
         session = self.session
         x = torch.tensor(ids, device=session.device)
         positions = BatchStep.positions(caches).to(session.device)
-        logits = session.loaded.model(x, past_key_values=BatchStep(caches),
-                                      position_ids=positions, use_cache=True).logits
+        logits = BatchStep(caches).forward(session.loaded.model, x, positions)
         return logits[:, -1].float().cpu()
 
     def _next_token(self, request: Request, logits: torch.Tensor) -> None:

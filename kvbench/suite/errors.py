@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 Path = tuple[Any, ...]  # a key path into the YAML data: ("methods", 1, "params", "bits")
+T = TypeVar("T")
 
 
 def dotted(path: Path) -> str:
@@ -56,3 +57,18 @@ class Issues:
         if self.found:
             files = list(dict.fromkeys(i.file for i in self.found))
             raise SuiteError(sorted(self.found, key=lambda i: (files.index(i.file), i.line)))
+
+
+@dataclass
+class Placed(Generic[T]):
+    """A value and where it was written: the file's YamlDoc and the key path in it."""
+
+    value: T
+    doc: Any  # the YamlDoc it was written in (kvbench.suite.yaml_lines)
+    path: tuple
+
+    def at(self, *more) -> tuple:
+        return self.path + more
+
+    def where(self) -> str:
+        return f"{dotted(self.path)} ({self.doc.file}:{self.doc.line(self.path)})"

@@ -5,44 +5,26 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
 
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.config.fields import SettingError
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
-from kvbench.config.strict import validate
 from kvbench.judge.claims import Claim, parse_claim
 from kvbench.methods import METHODS, has_implementation
-from kvbench.models.info import ModelInfo, describe_model, expand_home
 from kvbench.suite.case import Case
-from kvbench.suite.errors import Issues, dotted
-from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim, explain_error
+from kvbench.suite.errors import Issues, Placed
+from kvbench.suite.models import ModelDescriber, model_spec
+from kvbench.suite.params import blame, matrix_combos, settings_of, value_text
+from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim
 from kvbench.suite.yaml_lines import YamlDoc
 
 T = TypeVar("T")
 MAX_CASES = 10_000  # a suite expanding to more is a mistake (a matrix too many), not a plan
-
-
-@dataclass
-class Placed(Generic[T]):
-    """A value and where it was written: the file's YamlDoc and the key path in it."""
-
-    value: T
-    doc: YamlDoc
-    path: tuple
-
-    def at(self, *more) -> tuple:
-        return self.path + more
-
-    def where(self) -> str:
-        return f"{dotted(self.path)} ({self.doc.file}:{self.doc.line(self.path)})"
 
 
 @dataclass
@@ -80,7 +62,7 @@ def expand_cases(
     sizes = [_size(b.value.matrix) * max(1, len(c)) for b, c in zip(benchmarks, selections)]
     if _too_many(benchmarks, sizes, "cases", issues):
         return []
-    describe = _ModelDescriber(issues)
+    describe = ModelDescriber(issues)
     cases: list[Case] = []
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
     metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
@@ -134,13 +116,13 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
         cls = _lookup(registry, entry.name, placed.doc, placed.at("name"), issues)
         claims = [_parse(text, placed.doc, placed.at("claims", i), issues)
                   for i, text in enumerate(entry.claims)]
-        combos = _combos(entry.matrix)
-        settings = (_settings(cls, placed, f"method {entry.name!r}", issues) if cls
+        combos = matrix_combos(entry.matrix)
+        settings = (settings_of(cls, placed, f"method {entry.name!r}", issues) if cls
                     else [None] * len(combos))
         base = entry.label or entry.name.rpartition(":")[2]  # module:Class -> Class
         for combo, instance in zip(combos, settings, strict=True):
             variants.append(_Variant(
-                placed, cls, base + "".join(f"-{k}{_text(v)}" for k, v in combo.items()),
+                placed, cls, base + "".join(f"-{k}{value_text(v)}" for k, v in combo.items()),
                 None if instance is None else dataclasses.asdict(instance),
                 [c for c in claims if c is not None], instance,
             ))
@@ -206,8 +188,8 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     """The cases of one benchmark entry; `cls` is its class (None: an unknown kind)."""
     entry = bench.value
     claims = _bench_claims(bench, cls, issues)
-    combos = _combos(entry.matrix)
-    suffixes = ["/" + ",".join(f"{k}={_text(v)}" for k, v in c.items()) if c else ""
+    combos = matrix_combos(entry.matrix)
+    suffixes = ["/" + ",".join(f"{k}={value_text(v)}" for k, v in c.items()) if c else ""
                 for c in combos]
     ids = [f"{entry.kind}/{v.label}{s}" for s in suffixes for v in chosen]
     _check_scopes(bench, claims, ids, issues)
@@ -229,7 +211,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                    "set defaults.model, or model: on this benchmark, e.g. tiny:llama")
     cases = []
     benchmark = cls()
-    settings = _settings(cls.Params, bench, f"benchmark {entry.kind!r}", issues)
+    settings = settings_of(cls.Params, bench, f"benchmark {entry.kind!r}", issues)
     for combo, suffix, params in zip(combos, suffixes, settings, strict=True):
         if params is None:
             continue
@@ -238,7 +220,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             try:
                 benchmark.check(params, info)
             except SettingError as exc:
-                issues.add(bench.doc, _blame(exc.fields, combo, bench), str(exc))
+                issues.add(bench.doc, blame(exc.fields, combo, bench), str(exc))
                 continue
         needed = _needs(cls, params, defaults)
         for variant in chosen:
@@ -249,7 +231,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 id=case_id, benchmark=entry.kind, bench_params=dataclasses.asdict(params),
                 method=variant.entry.value.name, method_label=variant.label,
                 method_params=variant.params,
-                model=_model_spec(model) if model else None,
+                model=model_spec(model) if model else None,
                 device=defaults.device,
                 seed=_first(entry.seed, defaults.seed),
                 repeats=_first(entry.repeats, defaults.repeats),
@@ -266,7 +248,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
 def _needs(cls: type, params: Any, defaults: Defaults) -> list[tuple[str, str | None, str]]:
     """(capability, parameter or None, why) a benchmark's settings ask of every method: its
     `needs` (parameter -> (capability, the value that needs nothing)) and the device."""
-    needed = [(capability, name, f"{name}: {_text(getattr(params, name))}")
+    needed = [(capability, name, f"{name}: {value_text(getattr(params, name))}")
               for name, (capability, neutral) in getattr(cls, "needs", {}).items()
               if getattr(params, name) != neutral]
     device = defaults.device.partition(":")[0]
@@ -286,7 +268,7 @@ def _supported(variant: _Variant, needed: list[tuple[str, str | None, str]], com
     ok = True
     for capability, name, why in needed:
         if capabilities.lacks(capability):
-            path = _blame((name,), combo, bench) if name else bench.at("kind")
+            path = blame((name,), combo, bench) if name else bench.at("kind")
             issues.add(bench.doc, path,
                        f"method {variant.label!r} does not support {capability!r}, which {why}"
                        " needs", "drop the method from this benchmark (methods:) or the setting")
@@ -324,89 +306,6 @@ def _too_many(entries: list[Placed], sizes: list[int], what: str, issues: Issues
                f" cases a suite may have", f"this entry makes {size}; split the suite or drop"
                " matrix values")
     return True
-
-
-# ---- parameters -------------------------------------------------------------------------------
-
-def _settings(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any | None]:
-    """One validated `cls` instance (or None) per combination of the entry's matrix."""
-    params, matrix = placed.value.params, placed.value.matrix
-    combos = _combos(matrix)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    ok = True
-    for section, keys in (("params", params), ("matrix", matrix)):
-        for key in keys:
-            problem, hint = "", ""
-            if key not in names:
-                problem = f"unknown parameter {key!r} of {what}"
-                hint = (did_you_mean(key, names).strip()
-                        or f"parameters: {', '.join(names) or 'none'}")
-            elif section == "matrix" and key in params:
-                problem = f"{key!r} is set in both params and matrix"
-            elif section == "matrix" and not matrix[key]:
-                problem = "the matrix lists no values"
-            if problem:
-                issues.add(placed.doc, placed.at(section, key), problem, hint)
-                ok = False
-    if not ok:
-        return [None] * len(combos)
-    out = []
-    for combo in combos:
-        try:
-            out.append(validate(cls, {**params, **combo}))
-        except ValidationError as exc:
-            out.append(None)
-            for err in exc.errors():
-                path = _param_path(err["loc"], combo, placed)
-                refused = err.get("ctx", {}).get("error")
-                if not err["loc"]:  # the settings refused a value: blame the field they name
-                    fields = refused.fields if isinstance(refused, SettingError) else ()
-                    path = _blame(fields, combo, placed)
-                issues.add(placed.doc, path, explain_error(err, path)[0])
-        except (TypeError, ValueError) as exc:  # raised outside pydantic's validation
-            out.append(None)
-            fields = exc.fields if isinstance(exc, SettingError) else ()
-            issues.add(placed.doc, _blame(fields, combo, placed), str(exc))
-    return out
-
-
-def _param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:
-    """Where a field error belongs: the matrix value that set the field, else params."""
-    if loc and loc[0] in combo:
-        return placed.at("matrix", loc[0], _index(placed.value.matrix[loc[0]], combo[loc[0]]),
-                         *loc[1:])
-    return placed.at("params", *loc)
-
-
-def _blame(fields: tuple[str, ...], combo: dict, placed: Placed) -> tuple:
-    """Where a refusal naming `fields` (kvbench.config.fields.SettingError) belongs: the first of
-    them that the matrix sets, else that params sets, else the entry's params (or matrix)."""
-    for key in fields:
-        if key in combo:
-            return placed.at("matrix", key, _index(placed.value.matrix[key], combo[key]))
-    for key in fields:
-        if key in placed.value.params:
-            return placed.at("params", key)
-    if placed.value.params or not combo:
-        return placed.at("params")
-    return placed.at("matrix")
-
-
-def _index(values: list, value: Any) -> int:
-    return next(i for i, v in enumerate(values) if v is value)
-
-
-def _combos(matrix: dict[str, list]) -> list[dict[str, Any]]:
-    """The cartesian product of a matrix, in the order written ([{}] for no matrix)."""
-    return [dict(zip(matrix, values, strict=True))
-            for values in itertools.product(*matrix.values())]
-
-
-def _text(value: Any) -> str:
-    """A matrix value as it appears in labels and case ids: 4, 0.5, gaussian, true, [0,1]."""
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value)
-    return json.dumps(value, separators=(",", ":"), default=str)  # YAML dates are not JSON
 
 
 # ---- names, claims, models --------------------------------------------------------------------
@@ -489,37 +388,3 @@ def _check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues:
                 f"case ids look like {ids[0]!r}" if ids else "this benchmark has no cases")
             issues.add(bench.doc, bench.at("claims", i, "cases"),
                        f"{pattern!r} matches no case of this benchmark", hint)
-
-
-def _model_spec(model: Placed[str]) -> str:
-    """A checkpoint path relative to the suite file becomes absolute; other specs stay."""
-    spec = model.value
-    if spec.startswith(("bundled:", "tiny:")):
-        return spec
-    path = expand_home(spec)
-    if path.is_absolute():
-        return str(path)
-    local = Path(model.doc.file).parent / path
-    if local.exists() or spec.startswith("."):
-        return str(local.resolve())
-    return spec  # a hub id such as HuggingFaceTB/SmolLM2-135M
-
-
-class _ModelDescriber:
-    """describe_model once per spec; each place that names a bad model gets the issue."""
-
-    def __init__(self, issues: Issues):
-        self.issues = issues
-        self.known: dict[str, tuple[ModelInfo | None, str]] = {}
-
-    def __call__(self, model: Placed[str]) -> tuple[ModelInfo | None, bool]:
-        spec = _model_spec(model)
-        if spec not in self.known:
-            try:
-                self.known[spec] = (describe_model(spec), "")
-            except ValueError as exc:
-                self.known[spec] = (None, str(exc))
-        info, problem = self.known[spec]
-        if problem:
-            self.issues.add(model.doc, model.path, problem)
-        return info, not problem

@@ -14,15 +14,14 @@ from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.compaction import Compaction, CompactionParams
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import ProbeNotTakenBack, Session, open_session, prefill
+from kvbench.models.session import ProbeNotTakenBack, Session, prefill
 
 
 @measures(Compaction)
 class CompactionRun(Compaction):
-    """How compaction measures (declared in kvbench.benchmarks.specs.compaction)."""
-
-    def run(self, params: CompactionParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
-        session = open_session(ctx)
+    def run(self, params: CompactionParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
+        session = ctx.open_session()
         trajectory, task = _prompt(session, params)
         sha = tokens_sha256(trajectory + task)
 

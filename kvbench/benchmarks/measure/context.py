@@ -14,6 +14,7 @@ from kvbench.backends.arrays import Arrays, array_backend
 from kvbench.benchmarks.specs.base import TextWindowParams
 from kvbench.data.text import token_window
 from kvbench.memo import Memo
+from kvbench.models.session import Session, TorchSession
 from kvbench.results import Metric
 
 
@@ -36,6 +37,17 @@ class RunContext:
     # A folder beside the run's results for files a case keeps (a server's log): made on first
     # use by whoever writes there; None outside a run.
     files_dir: Path | None = None
+
+    def open_session(self) -> Session:
+        """The suite's model on the case's backend, as a session (loaded once per run by the
+        runner)."""
+        if self.model is None:
+            raise ValueError("this benchmark needs a model; set the suite's model")
+        if self.backend == "mlx":
+            from kvbench.models.mlx_session import MLXSession
+
+            return MLXSession(self.load_model(self.model, self.device, backend="mlx"))
+        return TorchSession(self.load_model(self.model, self.device), self.device)
 
     @functools.cached_property
     def arrays(self) -> Arrays:

@@ -80,8 +80,6 @@ def _replayable(fn, calls: int, device: torch.device):
 
 @measures(DecodeAttention)
 class DecodeAttentionRun(DecodeAttention):
-    """How decodeattention measures (declared in kvbench.benchmarks.specs.decode_attention)."""
-
     def run(self, params: DecodeAttentionParams, method: Implementation, ctx: RunContext
             ) -> BenchmarkOutput:
         from kvbench.kernels.triton.attention import decode_attention

@@ -25,7 +25,7 @@ from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.memo import Memo
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.info import describe_model
-from kvbench.models.session import Session, open_session, plain_kv_bytes, prefill
+from kvbench.models.session import Session, plain_kv_bytes, prefill
 
 
 def ladder_tokens(memo: Memo, session: Session, params: LadderParams
@@ -46,10 +46,9 @@ def ladder_tokens(memo: Memo, session: Session, params: LadderParams
 
 @measures(Ladder)
 class LadderRun(Ladder):
-    """How ladder measures (declared in kvbench.benchmarks.specs.ladder)."""
-
-    def run(self, params: LadderParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
-        session = open_session(ctx)
+    def run(self, params: LadderParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
+        session = ctx.open_session()
         prompt, calibration, repeats = ladder_tokens(ctx.memo, session, params)
         ctx.status("calibrate")
         session.calibrate(method, calibration)

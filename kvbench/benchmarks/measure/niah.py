@@ -19,8 +19,6 @@ from kvbench.methods.core.contracts import Implementation
 
 @measures(Niah)
 class NiahRun(Niah):
-    """How niah measures (declared in kvbench.benchmarks.specs.niah)."""
-
     def run(self, params: NiahParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
         reader = Reader.open(ctx, method, params.essay)
         grid = [[0.0] * len(params.lengths) for _ in params.depths]

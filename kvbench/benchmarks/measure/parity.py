@@ -19,15 +19,14 @@ from kvbench.benchmarks.specs.parity import Parity, ParityParams
 from kvbench.benchmarks.measure.divergence import kl_divergence
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import open_session, prefill
+from kvbench.models.session import prefill
 
 
 @measures(Parity)
 class ParityRun(Parity):
-    """How parity measures (declared in kvbench.benchmarks.specs.parity)."""
-
-    def run(self, params: ParityParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
-        session = open_session(ctx)
+    def run(self, params: ParityParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
+        session = ctx.open_session()
         prompt, calibration = read_window(ctx, session, params, params.context)
         session.calibrate(method, calibration)
         torch.manual_seed(ctx.seed)

@@ -23,7 +23,7 @@ from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.perplexity import DECODE_SEGMENT, Perplexity, PerplexityParams
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import Session, open_session, plain_kv_bytes, prefill
+from kvbench.models.session import Session, plain_kv_bytes, prefill
 
 @dataclass
 class _Pass:
@@ -41,12 +41,11 @@ class _Pass:
 
 @measures(Perplexity)
 class PerplexityRun(Perplexity):
-    """How perplexity measures (declared in kvbench.benchmarks.specs.perplexity)."""
-
-    def run(self, params: PerplexityParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
-        session = open_session(ctx)
+    def run(self, params: PerplexityParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
+        session = ctx.open_session()
         window, calibration = read_window(ctx, session, params,
-                                               params.context + params.continuation)
+                                          params.context + params.continuation)
         ctx.status("calibrate")
         session.calibrate(method, calibration)
         runs: list[tuple[_Pass, _Pass]] = []
@@ -111,8 +110,8 @@ class PerplexityRun(Perplexity):
 
 
 def _run_lockstep(
-    session: Session, window: list[int], params: PerplexityParams, method: Implementation, seed: int,
-    status: Callable[[str], None],
+    session: Session, window: list[int], params: PerplexityParams, method: Implementation,
+    seed: int, status: Callable[[str], None],
 ) -> tuple[_Pass, _Pass]:
     """(the plain cache's pass, the method's): prefill (and `method`'s reference probe),
     end_prefill, then decode and score, each step first through the plain cache, then through

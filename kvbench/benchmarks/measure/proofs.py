@@ -95,9 +95,8 @@ class _Data:
 
 @measures(Proofs)
 class ProofsRun(Proofs):
-    """How proofs measures (declared in kvbench.benchmarks.specs.proofs)."""
-
-    def run(self, params: ProofsParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
+    def run(self, params: ProofsParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
         key_codec, value_codec = method.key_codec(), method.value_codec()
         if key_codec is None or value_codec is None:
             raise ValueError(f"proofs needs a codec method; {method.name!r} has no codec")

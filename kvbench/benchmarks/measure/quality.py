@@ -18,17 +18,16 @@ from kvbench.benchmarks.specs.quality import Quality, QualityParams
 from kvbench.benchmarks.measure.divergence import kl_divergence
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import Session, open_session, prefill
+from kvbench.models.session import Session, prefill
 
 
 @measures(Quality)
 class QualityRun(Quality):
-    """How quality measures (declared in kvbench.benchmarks.specs.quality)."""
-
-    def run(self, params: QualityParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
-        session = open_session(ctx)
+    def run(self, params: QualityParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
+        session = ctx.open_session()
         window, calibration = read_window(ctx, session, params,
-                                               params.context + params.continuation)
+                                          params.context + params.continuation)
         sha = tokens_sha256(window)
 
         def reference() -> tuple[torch.Tensor, list[int]]:

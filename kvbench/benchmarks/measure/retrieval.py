@@ -16,7 +16,7 @@ from kvbench.data.ruler import TASKS, RulerSample, make_sample
 from kvbench.data.text import load_text, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import Session, open_session
+from kvbench.models.session import Session
 
 METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part"}
 CALIBRATION_TOKENS = 512  # from the end of the essay text: far from any haystack at 8k
@@ -33,7 +33,7 @@ class Reader:
     @classmethod
     def open(cls, ctx: RunContext, method: Implementation, essay: str) -> Reader:
         """The method is calibrated here, on the essay text's last tokens."""
-        session = open_session(ctx)
+        session = ctx.open_session()
         text = ctx.memo.get(("essay", essay), lambda: load_text(essay))
         tokens = session.tokenizer.encode(text[-CALIBRATION_TOKENS * 8:])[-CALIBRATION_TOKENS:]
         ctx.status("calibrate")

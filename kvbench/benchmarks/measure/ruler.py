@@ -22,8 +22,6 @@ from kvbench.methods.core.contracts import Implementation
 
 @measures(Ruler)
 class RulerRun(Ruler):
-    """How ruler measures (declared in kvbench.benchmarks.specs.ruler)."""
-
     def run(self, params: RulerParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
         reader = Reader.open(ctx, method, params.essay)
         spec = TASKS[params.task]

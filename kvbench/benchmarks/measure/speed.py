@@ -35,8 +35,6 @@ def decoded_shape(parts: list[torch.Tensor]) -> list[int]:
 
 @measures(Speed)
 class SpeedRun(Speed):
-    """How speed measures (declared in kvbench.benchmarks.specs.speed)."""
-
     def run(self, params: SpeedParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
         arrays = ctx.arrays
         codecs = (method.key_codec(), method.value_codec())

@@ -56,9 +56,8 @@ TOP_LOGPROBS = 5  # candidates asked per token: what tells noise from another co
 
 @measures(Stress)
 class StressRun(Stress):
-    """How stress measures (declared in kvbench.benchmarks.specs.stress)."""
-
-    def run(self, params: StressParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
+    def run(self, params: StressParams, method: Implementation,
+            ctx: RunContext) -> BenchmarkOutput:
         target = params.target
         tokenizer = client_tokenizer(ctx.memo, ctx.model)
         prompts = ctx.memo.get(

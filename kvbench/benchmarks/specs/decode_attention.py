@@ -1,12 +1,6 @@
-"""`decode_attention`: one decode step's attention over a long cache, read packed by the fused
-kernel (kvbench.kernels.triton.attention), against torch SDPA over 16-bit K/V of the same shape
-and against the reference path (decode the packed K/V, then SDPA), timed in the same repeat.
-
-The K/V are random, made on the device; `copies` independent sets are cycled through so that
-successive calls read memory, not a cache that one set would fit in (as every layer of a real
-model reads its own cache). On CUDA each sample replays a CUDA graph of the calls: the device's
-time, without Python's launch overhead (which a model would also pay per layer, graphs aside).
-"""
+"""`decode_attention`'s declaration: one decode step's attention over a long cache, read packed by
+the fused kernel, against torch SDPA over 16-bit K/V and against decode-then-SDPA; the protocol is
+kvbench.benchmarks.measure.decode_attention's."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,18 +1,7 @@
-"""`ladder`: what a method really saves as the context grows, one rung (context length) per case.
-
-Protocol: the prompt (`length` tokens of a text) is fed through the method's cache in forwards of
-`prefill_chunk` tokens, keeping only the last position's logits; then end_prefill (compaction
-happens here), then `decode` tokens generated greedily through the same cache. The peak-memory
-probe is reset just before the cache is made, after the model is loaded and freed memory handed
-back, so `peak_bytes` is the high-water mark of this case alone: on CPU the process's resident
-high-water mark (Linux resets it per case), on CUDA the allocator's, on MLX MLX's. The cache's own
-size is measured after every forward (`kv_high_water_bytes`), which tells a compression that is
-physical (the cache never grows large) from one that is only logical (the cache holds every
-token until end_prefill, so the peak does not fall with the bytes retained after it).
-Ratios against the plain cache come from claims such as `peak_bytes / identity <= 0.51`
-(the same rung's identity case in the same run). Past the model's trained context the ladder
-measures only time and memory: there are no quality metrics here.
-"""
+"""`ladder`'s declaration: what a method really saves as the context grows, one rung (context
+length) per case; the protocol is kvbench.benchmarks.measure.ladder's. Ratios against the plain
+cache come from claims such as `peak_bytes / identity <= 0.51` (the same rung's identity case in
+the same run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,21 +1,6 @@
-"""`stress`: N concurrent users against an OpenAI-compatible server on loopback, one concurrency
-level per case (a matrix over `users` makes the ladder of levels).
-
-Protocol: `prompts` distinct prompts, each a window of `prompt_tokens` tokens of the text at a
-seeded offset. The server (`server: kvbench` starts `kvbench serve` with the case's model and
-method; see ServerTarget for the others) gets one warm-up request when it starts, then, once per
-server and run, the single-user reference: every prompt answered one request at a time. Then the
-level: `users` users start together, each sending `requests_per_user` streamed greedy requests
-one after another (user u's j-th asks prompt (u * requests_per_user + j) % prompts, so every
-answer has a single-user answer to be compared with). Every response at the level is compared
-with the single-user answer to its prompt, token by token: a cache that leaks between sessions
-changes confident tokens and is flagged; a near-tie that batching's float order flips is not.
-
-The server is kept running for the next case of the same method (the run's memo holds it and
-stops it when the run ends); a case that needs another server stops it first. kvbench never
-sends anything to a host other than 127.0.0.1, localhost or ::1: other urls are refused when the
-suite is validated.
-"""
+"""`stress`'s declaration: N concurrent users against an OpenAI-compatible server on loopback, one
+concurrency level per case (a matrix over `users` makes the ladder of levels); the protocol is
+kvbench.benchmarks.measure.stress's. Only loopback urls are accepted."""
 from __future__ import annotations
 
 import dataclasses
@@ -123,12 +108,13 @@ METRICS = {
         " time (its first request sent to its last response finished)", timing="absolute"),
     "request_throughput": MetricSpec(
         "req/s", "higher", "successful requests / wall_s", timing="absolute"),
-    **percentile_metrics("ttft_s", "time to first token: request sent to the first stream chunk that carries"
-         " a token"),
-    **percentile_metrics("tpot_s", "time per output token after the first: (e2e - ttft) / (output tokens - 1),"
-         " per request with at least 2 tokens"),
-    **percentile_metrics("chunk_gap_s", "the gap between consecutive token-carrying stream chunks, pooled over"
-         " requests (a chunk may carry more than one token on some servers)"),
+    **percentile_metrics("ttft_s", "time to first token: request sent to the first stream chunk"
+                         " that carries a token"),
+    **percentile_metrics("tpot_s", "time per output token after the first: (e2e - ttft) /"
+                         " (output tokens - 1), per request with at least 2 tokens"),
+    **percentile_metrics("chunk_gap_s", "the gap between consecutive token-carrying stream chunks,"
+                         " pooled over requests (a chunk may carry more than one token on some"
+                         " servers)"),
     **percentile_metrics("e2e_s", "end-to-end latency: request sent to its response finished"),
     "wall_s": MetricSpec("s", "lower", "the level's wall time: its first request sent to its"
                          " last response finished (failed ones included)", timing="absolute"),

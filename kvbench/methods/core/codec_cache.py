@@ -2,7 +2,8 @@
 keep_decoded() has switched it, decoded once as each chunk is packed (the decoded-once path)."""
 from __future__ import annotations
 
-from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed
+from kvbench.kernels.formats import KVSegment
+from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
@@ -72,11 +73,8 @@ class CodecCache(LayerCachePolicy):
         return True
 
     def append(self, keys, values, queries=None) -> None:
-        if self._raw_k is None:
-            self._raw_k, self._raw_v = keys, values
-        else:
-            self._raw_k = self.ops.concat([self._raw_k, keys])
-            self._raw_v = self.ops.concat([self._raw_v, values])
+        self._raw_k = self.ops.extend(self._raw_k, keys)
+        self._raw_v = self.ops.extend(self._raw_v, values)
         spill = self._raw_k.shape[-2] - self.window
         spill -= spill % self._block
         if spill > 0:
@@ -125,6 +123,28 @@ class CodecCache(LayerCachePolicy):
         values = self.ops.concat([cast(v, dtype) for v in values] + [self._raw_v])
         return keys, values, None
 
+    def attention_segments(self) -> list | None:
+        """The packed chunks and the raw tail for the fused decode attention, when both codecs
+        have kernels (a torch codec's kernel_for, kvbench.methods.torch.base.TorchCodec), their
+        impl picks them for the cached tensors' device and the attention reads their layouts;
+        noted as the "decode attention" each time it is asked."""
+        codecs = (self.key_codec, self.value_codec)
+        if self._decoded is not None or self._raw_k is None \
+                or not all(hasattr(codec, "kernel_for") for codec in codecs):
+            return None
+        device, dim = self._raw_k.device, self._raw_k.shape[-1]
+        formats = [codec.kernel_for(device, dim) for codec in codecs]
+        fused = all(fmt is not None and fmt.attention_unsupported() is None for fmt in formats)
+        for codec in codecs:
+            if codec.impl_log is not None:
+                codec.impl_log.note("decode attention", "triton" if fused else "torch")
+        if not fused:
+            return None
+        segments = [KVSegment(pk.tensors, pv.tensors, *formats) for pk, pv in self._packed]
+        if self._raw_k.shape[-2]:
+            segments.append(KVSegment(self._raw_k, self._raw_v))
+        return segments
+
     @property
     def seen_tokens(self) -> int:
         return self.retained_tokens
@@ -146,3 +166,15 @@ class CodecCache(LayerCachePolicy):
         decoded = [] if self._decoded is None else [*self._decoded[0].chunks,
                                                     *self._decoded[1].chunks]
         return self.ops.held_bytes(*held, self._raw_k, self._raw_v, *decoded)
+
+
+class CodecMethod(Implementation):
+    """A method that stores keys and values with its one codec in a CodecCache, the newest
+    `window` tokens (the settings' window) in full precision: intq, lloydmax, turbo, identity."""
+
+    @property
+    def window(self) -> int:
+        return self.settings.window
+
+    def new_layer_cache(self, layer_idx: int) -> CodecCache:
+        return CodecCache(self.codec(), self.codec(), self.window, self.on.arrays)

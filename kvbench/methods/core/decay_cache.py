@@ -73,11 +73,8 @@ class DecayCache(LayerCachePolicy):
         return 0 if self.raw_k is None else self.raw_k.shape[-2]
 
     def append(self, keys, values, queries=None) -> None:
-        if self.raw_k is None:
-            self.raw_k, self.raw_v = keys, values
-        else:
-            self.raw_k = self.ops.concat([self.raw_k, keys])
-            self.raw_v = self.ops.concat([self.raw_v, values])
+        self.raw_k = self.ops.extend(self.raw_k, keys)
+        self.raw_v = self.ops.extend(self.raw_v, values)
         self._seen += keys.shape[-2]
         self._pack()
         # A multi-token step attends through a causal mask sized before it, to every key kept:

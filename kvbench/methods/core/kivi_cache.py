@@ -26,7 +26,7 @@ class Stream:
         return 0 if self.raw is None else self.raw.shape[-2]
 
     def push(self, x) -> None:
-        self.raw = x if self.raw is None else self.ops.concat([self.raw, x])
+        self.raw = self.ops.extend(self.raw, x)
 
     def pack_oldest(self, tokens: int) -> None:
         if tokens <= 0:

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecCache
+from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecMethod
 from kvbench.methods.core.contracts import Codec, Packed
-from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.identity import Identity
 
@@ -38,13 +37,13 @@ class MLXCastCodec(Codec):
 
 
 @implements(Identity, backend="mlx")
-class MLXIdentity(MLXMethod):
+class MLXIdentity(CodecMethod):
     settings: Identity
 
     def codec(self) -> MLXCastCodec:
         return MLXCastCodec(self.settings.dtype)
 
-    def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        # As torch: everything stays raw when no cast is asked for.
-        window = UNBOUNDED_WINDOW if self.settings.dtype == "auto" else 0
-        return self.codec_cache(self.codec(), self.codec(), window)
+    @property
+    def window(self) -> int:
+        # Everything stays "raw" (the window covers all tokens) when no cast is asked for.
+        return UNBOUNDED_WINDOW if self.settings.dtype == "auto" else 0

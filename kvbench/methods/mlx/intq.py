@@ -5,9 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from kvbench.kernels.formats import IntQFormat
-from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Codec, Packed
-from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
@@ -95,12 +94,9 @@ class MLXIntQCodec(Codec):
 
 
 @implements(IntQ, backend="mlx")
-class MLXIntQ(MLXMethod):
+class MLXIntQ(CodecMethod):
     settings: IntQ
 
     def codec(self) -> MLXIntQCodec:
         s = self.settings
         return MLXIntQCodec(s.bits, s.group_size, s.axis)
-
-    def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

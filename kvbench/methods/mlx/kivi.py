@@ -3,15 +3,15 @@ full precision (kvbench.methods.settings.kivi), in KIVI's layer cache on mx.arra
 from __future__ import annotations
 
 from kvbench.backends.mlx_arrays import MLX_ARRAYS
+from kvbench.methods.core.contracts import Implementation
 from kvbench.methods.core.kivi_cache import KiviCache
-from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.intq import MLXIntQCodec
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.kivi import Kivi
 
 
 @implements(Kivi, backend="mlx")
-class MLXKivi(MLXMethod):
+class MLXKivi(Implementation):
     """codec() is None: keys (per channel) and values (per token) use different codecs."""
 
     settings: Kivi

@@ -6,9 +6,8 @@ import math
 
 import mlx.core as mx
 
-from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed
-from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.codebooks import MLXCodebook
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.mlx.tokenwise import MLXTokenwiseCodec
@@ -67,7 +66,7 @@ class MLXLloydMaxCodec(MLXTokenwiseCodec):
 
 
 @implements(LloydMax, backend="mlx")
-class MLXLloydMax(MLXMethod):
+class MLXLloydMax(CodecMethod):
     settings: LloydMax
 
     def codec(self) -> MLXLloydMaxCodec:
@@ -75,6 +74,3 @@ class MLXLloydMax(MLXMethod):
 
         s = self.settings
         return MLXLloydMaxCodec(LloydMaxCodec(s.bits, s.rotate, s.rotation_seed))
-
-    def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

@@ -9,8 +9,7 @@ parity; an Apple Silicon port that keeps the arrays in MLX would be measured aga
 from __future__ import annotations
 
 from kvbench.backends.mlx_arrays import to_mx, to_torch
-from kvbench.methods.core.contracts import LayerCachePolicy, WrappedPolicy
-from kvbench.methods.mlx.base import MLXMethod
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy, WrappedPolicy
 from kvbench.methods.settings.am import AM, AMTask
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.butterfly import Butterfly
@@ -32,7 +31,7 @@ class TorchPolicyOnMLX(WrappedPolicy):
 
 
 @implements(StreamingLLM, SnapKV, H2O, AM, AMTask, Butterfly, backend="mlx")
-class MLXTokenMethod(MLXMethod):
+class MLXTokenMethod(Implementation):
     """streamingllm, snapkv, h2o, am, am_task, butterfly: their torch policies, bridged."""
 
     def __init__(self, settings, on):

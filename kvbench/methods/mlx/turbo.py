@@ -11,9 +11,8 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed
-from kvbench.methods.mlx.base import MLXMethod
 from kvbench.methods.mlx.codebooks import MLXCodebook
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.mlx.rotation import MLXRotation
@@ -137,7 +136,7 @@ class MLXTurboCodec(MLXTokenwiseCodec):
 
 
 @implements(Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4, backend="mlx")
-class MLXTurbo(MLXMethod):
+class MLXTurbo(CodecMethod):
     """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on MLX, every setting
     honoured."""
 
@@ -147,6 +146,3 @@ class MLXTurbo(MLXMethod):
         from kvbench.methods.torch.turbo import TorchTurbo  # the reference's constants
 
         return MLXTurboCodec(TorchTurbo(self.settings, None).codec())
-
-    def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

@@ -8,14 +8,14 @@ from typing import Any, ClassVar
 
 from kvbench.config.fields import SettingError, at_least, param, span
 from kvbench.methods.settings.base import MethodSettings, register_method
-from kvbench.methods.settings.wrapped import MAX_BITS, bit_variants, refused
+from kvbench.methods.settings.wrapped import MAX_BITS, BitWidths, bit_variants, refused
 
 MIN_CALIBRATION_TOKENS = 16
 
 
 @register_method("adaptive")
 @dataclass
-class Adaptive(MethodSettings):
+class Adaptive(BitWidths, MethodSettings):
     """Adaptive bits: each (layer, KV head) gets its own width, more for heads whose attention is
     peaked, from a calibration pass.
 
@@ -69,14 +69,3 @@ class Adaptive(MethodSettings):
         self.variants = bit_variants(self.base, self.base_params, range(1, MAX_BITS + 1))
         if self.base_bits not in self.variants:
             raise refused("base_bits", self.base_bits, self.base, self.variants, self.base_params)
-
-    def widths(self) -> list[int]:
-        """The widths the base accepts with base_params, among 1..8."""
-        return sorted(self.variants)
-
-    def variant(self, bits: int) -> MethodSettings:
-        """The base's settings with base_params at `bits` (one of widths())."""
-        return self.variants[bits]
-
-    def token_block(self) -> int | None:
-        return self.variants[self.base_bits].token_block()

@@ -8,12 +8,14 @@ from typing import Any, ClassVar
 
 from kvbench.config.fields import SettingError, above, at_least, between, param, span
 from kvbench.methods.settings.base import MethodSettings, register_method
-from kvbench.methods.settings.wrapped import MAX_BITS, bit_variants, nearest_width, refused
+from kvbench.methods.settings.wrapped import (
+    MAX_BITS, BitWidths, bit_variants, nearest_width, refused,
+)
 
 
 @register_method("decay")
 @dataclass
-class Decay(MethodSettings):
+class Decay(BitWidths, MethodSettings):
     """Temporal decay: older cached tokens are requantized to fewer bits, the oldest evicted.
 
     Source: TurboQuant+'s temporal-decay extension as its MLX port (ediestel/turboquant-plus-mlx,
@@ -125,14 +127,3 @@ class Decay(MethodSettings):
             return self.min_bits
         target = self.min_bits + (self.base_bits - self.min_bits) * score
         return nearest_width(target, self.widths(), tie_toward=self.base_bits)
-
-    def widths(self) -> list[int]:
-        """The widths used: those the base accepts between min_bits and base_bits."""
-        return sorted(self.variants)
-
-    def variant(self, bits: int) -> MethodSettings:
-        """The base's settings with base_params at `bits` (one of widths())."""
-        return self.variants[bits]
-
-    def token_block(self) -> int | None:
-        return self.variants[self.base_bits].token_block()

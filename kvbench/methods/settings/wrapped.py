@@ -69,6 +69,26 @@ def refused(name: str, value: int, base: str, variants: dict[int, MethodSettings
                               f" accepts {', '.join(str(b) for b in sorted(variants))} here")
 
 
+class BitWidths:
+    """A wrapper that stores its base at several widths (decay, adaptive): `variants` is
+    {bits: the base's settings at that width}, set by its check(); base_bits is the width a
+    fresh (or uncalibrated) head uses."""
+
+    variants: dict[int, MethodSettings]
+    base_bits: int
+
+    def widths(self) -> list[int]:
+        """The widths used: those the base accepts among the ones tried."""
+        return sorted(self.variants)
+
+    def variant(self, bits: int) -> MethodSettings:
+        """The base's settings with base_params at `bits` (one of widths())."""
+        return self.variants[bits]
+
+    def token_block(self) -> int | None:
+        return self.variants[self.base_bits].token_block()
+
+
 def nearest_width(target: float, widths: list[int], tie_toward: float) -> int:
     """The width in `widths` nearest to `target`; a tie goes to the one nearer `tie_toward`."""
     return min(widths, key=lambda b: (abs(b - target), abs(b - tie_toward)))

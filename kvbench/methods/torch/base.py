@@ -1,16 +1,13 @@
 """What the torch reference implementations share: the codecs' choice between the torch reference
-and the Triton kernels (impl), the log of which ran, and the codec cache that hands the fused
-decode attention its packed chunks."""
+and the Triton kernels (impl), and the log of which ran."""
 from __future__ import annotations
 
 from typing import TypeVar
 
 import torch
 
-from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.kernels import ImplLog, use_triton
-from kvbench.kernels.formats import KernelFormat, KVSegment
-from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.kernels.formats import KernelFormat
 from kvbench.methods.core.contracts import Codec, Implementation, Packed
 
 
@@ -89,31 +86,3 @@ class TorchMethod(Implementation):
         codec.impl, codec.impl_log = self.settings.impl, self.impl_log
         return codec
 
-    def codec_cache(self, key_codec: TorchCodec, value_codec: TorchCodec,
-                    window: int) -> "TorchCodecCache":
-        return TorchCodecCache(key_codec, value_codec, window, TORCH_ARRAYS)
-
-
-class TorchCodecCache(CodecCache):
-    """CodecCache on torch tensors, which can hand its packed chunks to the fused decode
-    attention (kvbench.kernels.triton.attention)."""
-
-    def attention_segments(self) -> list | None:
-        """The packed chunks and the raw tail for the fused decode attention, when both codecs'
-        impl picks their kernels for the cached tensors' device and the attention reads their
-        layouts; noted as the "decode attention" each time it is asked."""
-        if self._decoded is not None or self._raw_k is None:
-            return None
-        device, dim = self._raw_k.device, self._raw_k.shape[-1]
-        codecs = (self.key_codec, self.value_codec)
-        formats = [getattr(codec, "kernel_for", lambda *_: None)(device, dim) for codec in codecs]
-        fused = all(fmt is not None and fmt.attention_unsupported() is None for fmt in formats)
-        for codec in codecs:
-            if getattr(codec, "impl_log", None) is not None:
-                codec.impl_log.note("decode attention", "triton" if fused else "torch")
-        if not fused:
-            return None
-        segments = [KVSegment(pk.tensors, pv.tensors, *formats) for pk, pv in self._packed]
-        if self._raw_k.shape[-2]:
-            segments.append(KVSegment(self._raw_k, self._raw_v))
-        return segments

@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 
 from kvbench.backends.torch_backend import DTYPES
-from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW
+from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecMethod
 from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.identity import Identity
-from kvbench.methods.torch.base import TorchCodec, TorchCodecCache, TorchMethod
+from kvbench.methods.torch.base import TorchCodec, TorchMethod
 
 
 class CastCodec(TorchCodec):
@@ -36,13 +36,13 @@ class CastCodec(TorchCodec):
 
 
 @implements(Identity)
-class TorchIdentity(TorchMethod):
+class TorchIdentity(TorchMethod, CodecMethod):
     settings: Identity
 
     def codec(self) -> CastCodec:
         return CastCodec(self.settings.dtype)
 
-    def new_layer_cache(self, layer_idx: int) -> TorchCodecCache:
-        # Everything stays "raw" (window covers all tokens) when no cast is asked for.
-        window = UNBOUNDED_WINDOW if self.settings.dtype == "auto" else 0
-        return self.codec_cache(self.codec(), self.codec(), window)
+    @property
+    def window(self) -> int:
+        # Everything stays "raw" (the window covers all tokens) when no cast is asked for.
+        return UNBOUNDED_WINDOW if self.settings.dtype == "auto" else 0

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.kernels.formats import IntQFormat, packed_length
+from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
-from kvbench.methods.torch.base import TorchCodec, TorchCodecCache, TorchMethod
+from kvbench.methods.torch.base import TorchCodec, TorchMethod
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rounding import divide
 
@@ -181,12 +182,9 @@ class IntQCodec(TorchCodec):
 
 
 @implements(IntQ)
-class TorchIntQ(TorchMethod):
+class TorchIntQ(TorchMethod, CodecMethod):
     settings: IntQ
 
     def codec(self) -> IntQCodec:
         s = self.settings
         return self.run_as(IntQCodec(s.bits, s.group_size, s.axis))
-
-    def new_layer_cache(self, layer_idx: int) -> TorchCodecCache:
-        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

@@ -7,10 +7,11 @@ import math
 import torch
 
 from kvbench.kernels.formats import CodebookFormat, lloydmax_unsupported
+from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.lloydmax import LloydMax
-from kvbench.methods.torch.base import TorchCodecCache, TorchMethod
+from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.codebooks import lloyd_max
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rotation import HaarRotation
@@ -90,12 +91,9 @@ class LloydMaxCodec(TokenwiseCodec):
 
 
 @implements(LloydMax)
-class TorchLloydMax(TorchMethod):
+class TorchLloydMax(TorchMethod, CodecMethod):
     settings: LloydMax
 
     def codec(self) -> LloydMaxCodec:
         s = self.settings
         return self.run_as(LloydMaxCodec(s.bits, s.rotate, s.rotation_seed))
-
-    def new_layer_cache(self, layer_idx: int) -> TorchCodecCache:
-        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

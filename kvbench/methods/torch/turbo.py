@@ -6,10 +6,11 @@ import math
 import torch
 
 from kvbench.kernels.formats import CodebookFormat, turbo_unsupported
+from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.turbo import Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4
-from kvbench.methods.torch.base import TorchCodecCache, TorchMethod
+from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.codebooks import Codebook, gaussian_moments, lloyd_max
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rotation import HaarRotation, SignedHadamard, make_rotation
@@ -235,7 +236,7 @@ def channels_by_magnitude(x: torch.Tensor, n: int) -> tuple[int, ...]:
 
 
 @implements(Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4)
-class TorchTurbo(TorchMethod):
+class TorchTurbo(TorchMethod, CodecMethod):
     """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on torch."""
 
     settings: Turbo
@@ -245,6 +246,3 @@ class TorchTurbo(TorchMethod):
         return self.run_as(TurboCodec(s.bits, s.block, s.rotation, s.codebook, s.norm_correction,
                                       s.outlier_fraction, s.qjl, s.seed, s.outlier_split,
                                       s.outlier_channels))
-
-    def new_layer_cache(self, layer_idx: int) -> TorchCodecCache:
-        return self.codec_cache(self.codec(), self.codec(), self.settings.window)

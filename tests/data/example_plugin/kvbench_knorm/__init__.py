@@ -1,7 +1,14 @@
 """A kvbench method from another package: keep the tokens whose keys have the smallest norm."""
 from dataclasses import dataclass
 
-from kvbench.methods.token_cache import ScorerCache, TokenMethod
+from kvbench.methods.settings import implements
+from kvbench.methods.settings.tokens import TokenMethod
+from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
+
+
+@dataclass
+class Knorm(TokenMethod):
+    """Keeps `ratio` of the prompt (or `budget` tokens) per head: the smallest key norms."""
 
 
 class KnormCache(ScorerCache):
@@ -11,9 +18,6 @@ class KnormCache(ScorerCache):
         return -self.keys[0].float().norm(dim=-1)  # (heads, tokens): small norms score high
 
 
-@dataclass
-class Knorm(TokenMethod):
-    """Keeps `ratio` of the prompt (or `budget` tokens) per head: the smallest key norms."""
-
-    def new_layer_cache(self, layer_idx):
-        return KnormCache(self)
+@implements(Knorm)
+class TorchKnorm(TorchTokenMethod):
+    cache = KnormCache

@@ -1,0 +1,210 @@
+"""One host for a method's layer policies, whatever drives them: it appends each step's keys and
+values to the layer's policy, checks what the policy hands attention, and says what that layer's
+attention must read (an AttentionRead). transformers (kvbench.models.hf_cache), mlx-lm
+(kvbench.models.mlx_host), the server's batched step (kvbench.serve.batch_cache) and the
+conformance kit (kvbench.testing) are thin adapters over it.
+
+A read that plain attention cannot serve (a key bias, sparse-V, queries the policy observes, or
+the packed cache for the fused decode attention) is held by the layer until that layer's
+attention takes it; the adapters hand attention the cache explicitly (transformers: the
+`kvbench_cache` keyword of the model's forward, mlx-lm: the layer itself), never through
+thread-local state. A read left untaken is an error at the layer's next step: the model's
+attention did not go through kvbench's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvbench.methods.core.contracts import LayerCachePolicy
+
+
+@dataclass
+class AttentionRead:
+    """What one layer's attention reads for the step just appended: the policy's keys, values and
+    bias (per key (batch, kv_heads, keys), or per query (batch, kv_heads, queries, keys) in place
+    of the causal mask) or, for the fused decode attention, its packed segments; and the policy,
+    which may ask for sparse-V and to see the step's queries."""
+
+    layer_idx: int
+    policy: LayerCachePolicy
+    keys: Any = None
+    values: Any = None
+    bias: Any = None
+    segments: list | None = None  # kvbench.kernels.formats.KVSegment: read instead of keys
+
+    @property
+    def skip_below(self) -> float:
+        """Sparse-V: value rows under this softmax weight are skipped (0: off)."""
+        return self.policy.value_skip_threshold
+
+    @property
+    def plain(self) -> bool:
+        """Plain softmax attention over keys and values serves it (the model's own)."""
+        return (self.segments is None and self.bias is None and not self.skip_below
+                and not self.policy.observes_queries)
+
+    def attended(self, queries: Any, sparse: tuple | None = None) -> None:
+        """After attention: the policy hears what sparse-V skipped (rows skipped, rows, output
+        error) and sees the step's queries, where it asked for them."""
+        if sparse is not None:
+            self.policy.record_sparse_v(*sparse)
+        if self.policy.observes_queries:
+            self.policy.observe_queries(queries)
+
+
+@dataclass
+class BatchRead:
+    """One layer of a batched one-token step (kvbench.serve.batch_cache): each row's read, the
+    rows' keys padded to the longest; which keys each row sees and each row's key bias."""
+
+    layer_idx: int
+    rows: list[AttentionRead]
+    visible: Any  # bool (rows, 1, 1, keys): False for a row's padding (None: no padding)
+    bias: Any  # (rows, kv_heads, keys), or None when no row has one
+    lengths: list[int]  # keys each row really has
+
+
+class LayerHost:
+    """One layer's policy as a model drives it. Adapters subclass it with their framework's layer
+    protocol and call append() from it."""
+
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int):
+        self.policy = policy
+        self.layer_idx = layer_idx
+        self.started = False  # a policy need not answer before its first append
+        self.pending: AttentionRead | None = None
+
+    def append(self, keys: Any, values: Any, mask_kv_length: int | None = None,
+               fused: bool = False) -> AttentionRead:
+        """Append one step and say what attention reads. mask_kv_length: the keys the model's one
+        shared causal mask was sized for (None: none). fused: a one-token step may be read as
+        the policy stores it (its attention_segments) by the fused decode attention."""
+        if self.pending is not None:
+            stale, self.pending = self.pending, None
+            raise RuntimeError(
+                f"the model's attention did not read the kvbench cache's state of layer"
+                f" {stale.layer_idx} (a key bias, sparse-V, queries or packed segments); load"
+                " the model with kvbench.models.load_model (or load_mlx_model), which installs"
+                " kvbench's attention, and run it through the session or the cache's forward")
+        policy, steps = self.policy, keys.shape[-2]
+        policy.append(keys, values)
+        self.started = True
+        if fused and steps == 1 and not policy.value_skip_threshold \
+                and not policy.observes_queries:
+            segments = policy.attention_segments()
+            if segments is not None:
+                tokens = sum(segment.tokens for segment in segments)
+                check_attention_inputs(policy, self.layer_idx,
+                                       (*keys.shape[:-2], tokens, keys.shape[-1]), None, 1,
+                                       mask_kv_length)
+                return AttentionRead(self.layer_idx, policy, segments=segments)
+        out_keys, out_values, bias = policy.attention_inputs()
+        check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),
+                               None if bias is None else tuple(bias.shape), steps, mask_kv_length)
+        return AttentionRead(self.layer_idx, policy, out_keys, out_values, bias)
+
+    def hold(self, read: AttentionRead) -> AttentionRead:
+        """Keep `read` for this layer's attention, unless plain attention serves it."""
+        if not read.plain:
+            self.pending = read
+        return read
+
+    def take_read(self) -> AttentionRead | None:
+        """Called by kvbench's attention: this layer's held read, once."""
+        read, self.pending = self.pending, None
+        return read
+
+    def trim(self, n: int) -> int:
+        return self.policy.trim(n) if self.started else 0
+
+    @property
+    def seen_tokens(self) -> int:
+        """RoPE position of the next token: every token seen, kept or not."""
+        return self.policy.seen_tokens if self.started else 0
+
+    @property
+    def kept_keys(self) -> int:
+        """Keys attention_inputs() returns: block summaries and retained tokens."""
+        if not self.started:
+            return 0
+        return self.policy.retained_tokens + self.policy.summary_slots
+
+
+class CacheHost:
+    """Every layer's host for one sequence, `layers[i]` built by `make_layer(policy, i)` from
+    `method.new_layer_cache(i)` (method: a method's implementation on the adapter's backend).
+
+    decoded_reads: ask every layer's policy for its decoded-once read path
+    (LayerCachePolicy.keep_decoded: the same attention inputs, bit for bit, without decoding the
+    packed cache at every step); the attribute `decoded_reads` then says whether any policy took
+    it, i.e. which path runs."""
+
+    layers: list
+
+    def __init__(self, method: Any, num_layers: int, make_layer, decoded_reads: bool = False):
+        self.layers = [make_layer(method.new_layer_cache(i), i) for i in range(num_layers)]
+        self.decoded_reads = decoded_reads and any(
+            [layer.policy.keep_decoded() for layer in self.layers])
+
+    def read(self, layer_idx: int) -> AttentionRead | None:
+        """What layer `layer_idx`'s attention reads now (None: plain attention)."""
+        return self.layers[layer_idx].take_read()
+
+    @property
+    def policies(self) -> list[LayerCachePolicy]:
+        return [layer.policy for layer in self.layers]
+
+    def end_prefill(self) -> None:
+        for policy in self.policies:
+            policy.end_prefill()
+
+    def accounted_bytes(self) -> int:
+        """What the methods' layouts store, keys and values, summed over layers."""
+        return sum(policy.retained_bytes for policy in self.policies)
+
+    def measured_bytes(self) -> int:
+        """Bytes of the arrays the policies actually hold right now."""
+        return sum(policy.measured_bytes() for policy in self.policies)
+
+    def retained_tokens(self) -> list[int]:
+        return [policy.retained_tokens for policy in self.policies]
+
+    def counters(self) -> dict[str, float]:
+        """The policies' counters, summed over layers."""
+        totals: dict[str, float] = {}
+        for policy in self.policies:
+            for name, value in policy.counters().items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
+
+
+def check_attention_inputs(policy: LayerCachePolicy, layer_idx: int, keys_shape: tuple,
+                           bias_shape: tuple | None, query_length: int,
+                           mask_kv_length: int | None) -> None:
+    """A policy that keeps nothing, more than it saw, or not what it reports, or whose bias does
+    not fit the keys it returned, is a bug: checked after every append.
+    mask_kv_length: the keys the model's one shared causal mask was sized for (None: none yet).
+    A one-token step needs no mask; a longer one uses it, which only fits if this layer returned
+    as many keys, unless its per-query bias replaces the mask."""
+    name = type(policy).__name__
+    seen, retained, summaries = policy.seen_tokens, policy.retained_tokens, policy.summary_slots
+    if not 0 < retained <= seen:
+        raise RuntimeError(f"layer {layer_idx}: {name} retains {retained} tokens after seeing"
+                           f" {seen} (must be between 1 and the tokens seen)")
+    if keys_shape[-2] != retained + summaries:
+        raise RuntimeError(f"layer {layer_idx}: {name} returned {keys_shape[-2]} keys but reports"
+                           f" {retained} retained tokens and {summaries} summaries")
+    allowed = (tuple(keys_shape[:-1]),
+               (*keys_shape[:-2], query_length, keys_shape[-2]))
+    if bias_shape is not None and tuple(bias_shape) not in allowed:
+        raise RuntimeError(
+            f"layer {layer_idx}: {name} returned a key bias of shape {tuple(bias_shape)}; it must"
+            f" be (batch, kv_heads, keys) = {allowed[0]} or per query {allowed[1]}")
+    own_mask = bias_shape is not None and len(bias_shape) == 4
+    if query_length > 1 and not own_mask and mask_kv_length not in (None, keys_shape[-2]):
+        raise RuntimeError(
+            f"layer {layer_idx}: {keys_shape[-2]} keys for a {query_length}-token step, but the"
+            f" causal mask was sized for {mask_kv_length}; a policy that drops tokens inside a"
+            " multi-token step, or keeps a different count per layer, needs one-token decode"
+            " steps")
