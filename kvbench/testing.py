@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvbench.backends.arrays import array_backend
+from kvbench.backends import array_backend
 from kvbench.methods import MethodSettings, implementation
 from kvbench.methods.core.contracts import Implementation, WrappedPolicy
 from kvbench.models.host import LayerHost

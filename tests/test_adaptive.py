@@ -4,10 +4,11 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
-from kvbench.methods import METHODS
-from kvbench.methods.adaptive import Adaptive, AdaptiveCache
-from kvbench.methods.base import build_method
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.perplexity import Perplexity, PerplexityParams
+from kvbench.methods import METHODS, build_method, implementation
+from kvbench.methods.core.adaptive_cache import AdaptiveCache
+from kvbench.methods.settings.adaptive import Adaptive
 from kvbench.models.session import CalibrationStats, TorchSession
 from tests.plugins.model_runs import cpu_context
 from tests.plugins.tensors import randn
@@ -22,7 +23,7 @@ def _calibrate(method, loaded, tokens):
 
 @pytest.fixture(scope="module")
 def calibrated(tiny_llama):
-    method = Adaptive(base="lloydmax", base_bits=3, scale=1.0)
+    method = implementation(Adaptive(base="lloydmax", base_bits=3, scale=1.0))
     tokens = tiny_llama.tokenizer.encode(TEXT)[:300]  # more rows than one chunk
     _calibrate(method, tiny_llama, tokens)
     return method
@@ -45,9 +46,10 @@ def _eager_entropy(loaded, tokens):
 
 def test_registered_and_uncalibrated_is_the_base_at_base_bits():
     assert METHODS.get("adaptive") is Adaptive
-    method = Adaptive(base="intq", base_params={"group_size": 8}, base_bits=4)
-    assert method.widths() == [2, 4, 8] and method.head_bits is None
-    base = build_method("intq", {"group_size": 8, "bits": 4})
+    settings = Adaptive(base="intq", base_params={"group_size": 8}, base_bits=4)
+    method = implementation(settings)
+    assert settings.widths() == [2, 4, 8] and method.head_bits is None
+    base = implementation(build_method("intq", {"group_size": 8, "bits": 4}))
     assert method.codec().layout() == base.codec().layout()
     assert "not calibrated" in method.layout()
     cache, reference = method.new_layer_cache(0), base.new_layer_cache(0)
@@ -91,7 +93,8 @@ def test_calibration_is_deterministic_and_leaves_the_model_as_it_was(tiny_llama)
     with torch.inference_mode():
         before = tiny_llama.model(ids).logits
     tokens = tiny_llama.tokenizer.encode(TEXT)[:64]
-    a, b = Adaptive(base="turbo", scale=1.0), Adaptive(base="turbo", scale=1.0)
+    a = implementation(Adaptive(base="turbo", scale=1.0))
+    b = implementation(Adaptive(base="turbo", scale=1.0))
     _calibrate(a, tiny_llama, tokens)
     _calibrate(b, tiny_llama, tokens)
     assert a.head_bits == b.head_bits and torch.equal(a.entropy, b.entropy)
@@ -112,7 +115,7 @@ def test_bytes_and_values_per_head_are_each_heads_codec(tiny_llama, calibrated):
         total = 0
         per_width: dict[int, int] = {}
         for head, bits in enumerate(calibrated.head_bits[layer]):
-            codec = build_method("lloydmax", {"bits": bits}).codec()
+            codec = implementation(build_method("lloydmax", {"bits": bits})).codec()
             pk = codec.encode(keys[:, head : head + 1])
             pv = codec.encode(values[:, head : head + 1])
             head_bytes = codec.nbytes(pk) + codec.nbytes(pv)
@@ -126,21 +129,26 @@ def test_bytes_and_values_per_head_are_each_heads_codec(tiny_llama, calibrated):
         assert cache.group_bytes() == per_width
 
 
+def _allocate(settings, entropy):
+    """The widths the implementation of Adaptive `settings` allocates for `entropy`."""
+    return implementation(settings).allocate(entropy)
+
+
 def test_allocation_rule_snaps_to_the_widths_the_base_accepts():
     entropy = torch.tensor([[1.0, 3.0]])  # sensitivity -1, -3: z = +1, -1
-    assert Adaptive(base="lloydmax", base_bits=3, scale=1.0).allocate(entropy) == [[4, 2]]
+    assert _allocate(Adaptive(base="lloydmax", base_bits=3, scale=1.0), entropy) == [[4, 2]]
     # intq takes 2, 4, 8: 5 -> 4; 3 is a tie between 2 and 4, which goes toward base_bits 4.
-    assert Adaptive(base="intq", base_bits=4, scale=1.0).allocate(entropy) == [[4, 4]]
+    assert _allocate(Adaptive(base="intq", base_bits=4, scale=1.0), entropy) == [[4, 4]]
     # 6 ties between 4 and 8 (-> 4, toward base); 2 is a width.
-    assert Adaptive(base="intq", base_bits=4, scale=2.0).allocate(entropy) == [[4, 2]]
+    assert _allocate(Adaptive(base="intq", base_bits=4, scale=2.0), entropy) == [[4, 2]]
     # Clipped to 1..8 before snapping; equal entropies (std 0) keep base_bits.
-    assert Adaptive(base="lloydmax", base_bits=3, scale=10.0).allocate(entropy) == [[8, 1]]
-    assert Adaptive(base="lloydmax", base_bits=3, scale=1.0).allocate(
-        torch.full((2, 3), 2.5)) == [[3, 3, 3], [3, 3, 3]]
+    assert _allocate(Adaptive(base="lloydmax", base_bits=3, scale=10.0), entropy) == [[8, 1]]
+    assert _allocate(Adaptive(base="lloydmax", base_bits=3, scale=1.0),
+                     torch.full((2, 3), 2.5)) == [[3, 3, 3], [3, 3, 3]]
 
 
 def test_fewer_than_16_calibration_tokens_is_refused(tiny_llama):
-    method = Adaptive()
+    method = implementation(Adaptive())
     with pytest.raises(ValueError, match="at least 16 tokens, got 15"):
         _calibrate(method, tiny_llama, list(range(10, 25)))
     assert method.head_bits is None
@@ -149,7 +157,7 @@ def test_fewer_than_16_calibration_tokens_is_refused(tiny_llama):
 def test_calibration_takes_statistics_never_a_model(tiny_llama):
     """The method sets its widths from the entropy table it is handed; given a model it refuses
     instead of running one."""
-    method = Adaptive(base="lloydmax", base_bits=3, scale=1.0)
+    method = implementation(Adaptive(base="lloydmax", base_bits=3, scale=1.0))
     with pytest.raises(TypeError, match="attention entropy a benchmark measures"):
         method.calibrate(tiny_llama, list(range(10, 40)))
     entropy = torch.tensor([[1.0, 3.0], [1.0, 1.0]], dtype=torch.float64)  # (layers, query heads)
@@ -163,9 +171,10 @@ def test_calibration_takes_statistics_never_a_model(tiny_llama):
 
 def test_perplexity_calibrates_and_reports_heads_per_width():
     ctx = cpu_context("tiny:llama")
-    method = Adaptive(base="lloydmax", base_bits=3, scale=1.0)
+    method = implementation(Adaptive(base="lloydmax", base_bits=3, scale=1.0))
     params = PerplexityParams(context=48, continuation=16, calibration=64)
-    out = Perplexity().run(params, method, ctx)
+    perplexity = measurement(Perplexity)
+    out = perplexity.run(params, method, ctx)
     assert method.head_bits is not None
     widths = [b for row in method.head_bits for b in row]
     reported = {k: v for k, v in out.info.items() if k.startswith("kv_heads_")}
@@ -175,8 +184,8 @@ def test_perplexity_calibrates_and_reports_heads_per_width():
     expected = sum(2 * tokens * (4 + math.ceil(b * 16 / 8)) for b in widths)
     assert out.metrics["kv_bytes"].value == expected
     with pytest.raises(ValueError, match="at least 16 tokens"):
-        Perplexity().run(PerplexityParams(context=48, continuation=16, calibration=8),
-                         Adaptive(), ctx)
+        perplexity.run(PerplexityParams(context=48, continuation=16, calibration=8),
+                       implementation(Adaptive()), ctx)
 
 
 @pytest.mark.parametrize(

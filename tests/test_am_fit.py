@@ -1,11 +1,11 @@
-"""Attention Matching fit math (kvbench.methods.am_fit), checked against direct float64 formulas."""
+"""Attention Matching fit math (kvbench.methods.torch.am_fit), checked against direct float64 formulas."""
 import math
 
 import pytest
 import torch
 
-from kvbench.methods.am_fit import fit_beta, fit_values, key_scores, mad_mask
-from kvbench.methods.token_cache import top_k
+from kvbench.methods.torch.am_fit import fit_beta, fit_values, key_scores, mad_mask
+from kvbench.methods.torch.token_cache import top_k
 
 
 def _qkv(H, n, T, d, seed):
@@ -236,7 +236,7 @@ def test_mad_mask_threshold_formula_and_fallback():
 
 
 def test_causal_positions_hide_later_keys_everywhere():
-    from kvbench.methods.am_fit import fit_beta, fit_values, key_scores
+    from kvbench.methods.torch.am_fit import fit_beta, fit_values, key_scores
 
     H, n, T, d = 2, 24, 24, 8
     q, k, v = _qkv(H, n, T, d, seed=21)
@@ -262,7 +262,7 @@ def test_causal_positions_hide_later_keys_everywhere():
 def test_ridge_fit_on_large_batched_systems_with_several_threads():
     """The ridge solve at the bundled model's size (3 KV heads, t = 256) with two threads, where
     torch 2.13's batched linalg.solve failed on the CPU; the normal equations hold."""
-    from kvbench.methods.am_fit import fit_values
+    from kvbench.methods.torch.am_fit import fit_values
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -1,13 +1,20 @@
-"""kvbench's attention function: SDPA when nothing is handed over, a per-key bias and sparse-V
-inside the real model when a cache layer asks for them."""
+"""kvbench's attention function: SDPA when the cache holds no read for it, a per-key bias and
+sparse-V inside the real model when a cache layer asks for them."""
+from dataclasses import dataclass
+from typing import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.methods.base import Method
-from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.identity import CastCodec, Identity
-from kvbench.methods.sparse_v import SparseV
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
+from kvbench.methods import implementation
+from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecCache
+from kvbench.methods.settings import MethodSettings, implements
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.settings.sparse_v import SparseV
+from kvbench.methods.torch.base import TorchMethod
+from kvbench.methods.torch.identity import CastCodec
 from kvbench.models.attention import biased_attention
 from kvbench.models.tiny import _config
 from tests.plugins.model_runs import stepped_logits
@@ -55,19 +62,22 @@ def test_sparse_v_skips_rows_below_tau_and_reports_them():
     assert error > 0
 
 
-class BiasedIdentity(Method):
+@dataclass
+class BiasedIdentity(MethodSettings):
     """Keeps every token; adds `bias_fn(tokens)` to the logits of its keys."""
 
-    def __init__(self, bias_fn):
-        self.bias_fn = bias_fn
+    bias_fn: Callable = None
 
+
+@implements(BiasedIdentity)
+class _BiasedIdentity(TorchMethod):
     def new_layer_cache(self, layer_idx):
-        return _BiasedCache(self.bias_fn)
+        return _BiasedCache(self.settings.bias_fn)
 
 
 class _BiasedCache(CodecCache):
     def __init__(self, bias_fn):
-        super().__init__(CastCodec(), CastCodec(), window=1 << 62)
+        super().__init__(CastCodec(), CastCodec(), UNBOUNDED_WINDOW, TORCH_ARRAYS)
         self.bias_fn = bias_fn
 
     def attention_inputs(self):
@@ -75,19 +85,22 @@ class _BiasedCache(CodecCache):
         return keys, values, self.bias_fn(keys.shape[:2], keys.shape[-2])
 
 
-class DropPrefix(Method):
+@dataclass
+class DropPrefix(MethodSettings):
     """Keeps everything until a token beyond the first `n` arrives, then drops those n."""
 
-    def __init__(self, n):
-        self.n = n
+    n: int = 0
 
+
+@implements(DropPrefix)
+class _DropPrefix(TorchMethod):
     def new_layer_cache(self, layer_idx):
-        return _DropPrefixCache(self.n)
+        return _DropPrefixCache(self.settings.n)
 
 
 class _DropPrefixCache(CodecCache):
     def __init__(self, n):
-        super().__init__(CastCodec(), CastCodec(), window=1 << 62)
+        super().__init__(CastCodec(), CastCodec(), UNBOUNDED_WINDOW, TORCH_ARRAYS)
         self.n, self.seen = n, 0
 
     def append(self, keys, values, queries=None):
@@ -158,7 +171,8 @@ def test_a_model_without_kvbench_attention_is_refused():
     config = _config("llama")
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(RuntimeError, match="attn_implementation='kvbench'"):
+    with pytest.raises(RuntimeError, match="did not read the kvbench cache's state of layer 0.*"
+                       "load the model with kvbench.models.load_model"):
         _decode_logits(model, SparseV(tau=1e-3), token_ids(20), 10)
 
 

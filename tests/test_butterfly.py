@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from kvbench.methods.base import METHODS
-from kvbench.methods.butterfly import (
+from kvbench.methods import METHODS, implementation
+from kvbench.methods.settings.butterfly import Butterfly
+from kvbench.methods.torch.butterfly import (
     PARTNER_RULES,
-    Butterfly,
     block_visible,
     partner,
     stages,
@@ -141,7 +141,8 @@ def test_matches_dense_reference(rule, layer, schedule):
     K, V, Q = (torch.randn(1, h, T, D, generator=gen, dtype=torch.float64).float()
                for h in (HKV, HKV, HQ))
     ref = reference(K, V, Q, rule, layer, seed=3)
-    cache = Butterfly(block_size=B, window=W, partner_rule=rule, seed=3).new_layer_cache(layer)
+    method = Butterfly(block_size=B, window=W, partner_rule=rule, seed=3)
+    cache = implementation(method).new_layer_cache(layer)
     pos = 0
     for i, n in enumerate(steps):
         cache.append(K[..., pos:pos + n, :], V[..., pos:pos + n, :])
@@ -169,8 +170,9 @@ def test_matches_dense_reference(rule, layer, schedule):
 # -- bytes ---------------------------------------------------------------------------------
 
 def decode(method, tokens, dtype=torch.float16, layer=2):
+    """`method`: Butterfly settings, run as their torch implementation."""
     gen = torch.Generator().manual_seed(5)
-    cache = method.new_layer_cache(layer)
+    cache = implementation(method).new_layer_cache(layer)
     for _ in range(tokens):
         k, v = (torch.randn(1, HKV, 1, D, generator=gen).to(dtype) for _ in range(2))
         cache.append(k, v)
@@ -204,7 +206,7 @@ def test_model_dtype_is_kept_and_summaries_stay_float32():
 
 
 def test_long_prefill_holds_raw_tokens_until_the_next_append():
-    cache = Butterfly(block_size=B, window=W).new_layer_cache(0)
+    cache = implementation(Butterfly(block_size=B, window=W)).new_layer_cache(0)
     k = torch.randn(1, HKV, 50, D)
     cache.append(k, k)
     assert cache.retained_tokens == 50 and cache.summary_slots == 6
@@ -235,10 +237,10 @@ def test_unknown_rule_suggests_the_nearest():
 
 def test_registered_with_layout():
     assert METHODS.get("butterfly") is Butterfly
-    assert Butterfly().layout() == (
+    assert implementation(Butterfly()).layout() == (
         "raw window of 64 tokens + one float32 K/V mean per 128-token block"
         " (sink + partner by causal_shift); K and V both counted")
-    assert "local_only" in Butterfly(partner_rule="local_only").layout()
+    assert "local_only" in implementation(Butterfly(partner_rule="local_only")).layout()
 
 
 # -- inside a model ------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import pytest
 
-from kvbench.methods.base import Capabilities, build_method
-from kvbench.methods.identity import Identity
+from kvbench.methods.settings.base import Capabilities, build_method
+from kvbench.methods.settings.identity import Identity
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 

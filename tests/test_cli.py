@@ -548,8 +548,10 @@ def test_list_one_benchmark_defines_each_metric():
     result = invoke("list", "benchmarks", "stress")
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # the table wraps its cells
+    # a parameter's row: name, type, default (the table's cells, no longer the docstring's
+    # "users: int = 1" line)
     for words in ("tpot_s_p99", "time per output token after the first",
-                  "chunk_gap_s_p50", "sessions_held", "users: int = 1"):
+                  "chunk_gap_s_p50", "sessions_held", "│ users │ int │ 1 │"):
         assert words in text, words
     result = invoke("list", "benchmarks", "strss")
     assert result.exit_code == 2 and "Did you mean 'stress'" in result.output

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from kvbench.methods.codebooks import lloyd_max
+from kvbench.methods.torch.codebooks import lloyd_max
 
 # Max (1960), Table I: N(0, 1) Lloyd-Max quantizers.
 GAUSSIAN_3BIT = [0.2451, 0.7560, 1.3440, 2.1520]

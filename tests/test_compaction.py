@@ -3,8 +3,10 @@ plain cache does; a compacting method keeps its budget; bad settings are refused
 probe becomes am_task's reference queries: tests/test_token_methods.py.)"""
 import pytest
 
-from kvbench.benchmarks.compaction import Compaction, CompactionParams
-from kvbench.methods.base import build_method
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.compaction import Compaction, CompactionParams
+from kvbench.methods import implementation
+from kvbench.methods.settings.base import build_method
 from tests.plugins.model_runs import cpu_context
 
 PARAMS = CompactionParams(
@@ -14,7 +16,9 @@ PARAMS = CompactionParams(
 
 
 def _run(method, params=PARAMS, repeats=1):
-    return Compaction().run(params, method, cpu_context("tiny:llama", repeats))
+    """Compaction on the tiny model; `method` is settings, run as their torch implementation."""
+    return measurement(Compaction).run(params, implementation(method),
+                                       cpu_context("tiny:llama", repeats))
 
 
 def test_identity_keeps_everything_and_answers_as_the_plain_cache():
@@ -69,7 +73,7 @@ def test_bundled_model_answers_from_the_compacted_eiffel_passage(bundled):
     params = CompactionParams(
         trajectory="The Eiffel Tower is located in Paris, France. It was built in 1889.",
         task="What year was the Eiffel Tower built?", expect="1889")
-    out = Compaction().run(params, build_method("am_task"), ctx)
+    out = measurement(Compaction).run(params, implementation(build_method("am_task")), ctx)
     assert out.metrics["plain_holds_fact"].value == 1
     assert out.metrics["answer_holds_fact"].value == 1
     assert 0.2 < out.metrics["retention"].value < 0.5

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.methods import METHODS
-from kvbench.methods.sparse_v import SparseV
-from kvbench.methods.token_cache import ScorerCache, TokenMethod
+from kvbench.methods import METHODS, has_implementation
+from kvbench.methods.core.wrappers import SparseVMethod
+from kvbench.methods.settings import implements
+from kvbench.methods.settings.sparse_v import SparseV
+from kvbench.methods.settings.tokens import TokenMethod
+from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
 from kvbench.testing import ConformanceError, check_method
 
 CASES = [(name, i) for name in METHODS.names()
@@ -40,12 +43,11 @@ def test_torch_cpu(case):
 @pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
 def test_mlx_cpu(case):
     pytest.importorskip("mlx.core")
-    from kvbench.methods.mlx.base import has_mlx
 
-    method = _method(case)
-    if not has_mlx(type(method)):
+    settings = _method(case)
+    if not has_implementation(type(settings), "mlx"):
         pytest.skip(f"{case[0]} has no MLX implementation")
-    check_method(method, backend="mlx")
+    check_method(settings, backend="mlx")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -79,9 +81,6 @@ class _Broken(TokenMethod):
 
     fault: str = ""
 
-    def new_layer_cache(self, layer_idx):
-        return _BrokenCache(self)
-
 
 class _BrokenCache(ScorerCache):
     reads_queries = False
@@ -99,6 +98,11 @@ class _BrokenCache(ScorerCache):
         if self.method.fault == "one-token eviction" and queries.shape[-2] > 1:
             return
         super().observe_queries(queries)
+
+
+@implements(_Broken)
+class _TorchBroken(TorchTokenMethod):
+    cache = _BrokenCache
 
 
 @pytest.mark.parametrize("fault, check", [
@@ -119,8 +123,11 @@ def test_a_tensor_made_without_the_keys_device_fails():
 
     @dataclass
     class Careless(_Broken):
-        def new_layer_cache(self, layer_idx):
-            return MadeOnDefault(self)
+        pass
+
+    @implements(Careless)
+    class TorchCareless(TorchTokenMethod):
+        cache = MadeOnDefault
 
     with pytest.raises(ConformanceError, match="tensors on the keys' device"):
         check_method(Careless(ratio=0.5), model=False)
@@ -131,6 +138,10 @@ def test_a_wrapper_that_hides_its_probe_fails():
     class ProbeEater(SparseV):
         def reference_probe(self, prompt):
             return []
+
+    @implements(ProbeEater)
+    class ProbeEaterMethod(SparseVMethod):
+        pass
 
     with pytest.raises(ConformanceError, match="queries: repeat needs its reference probe"):
         check_method(ProbeEater(base="am", base_params={"ratio": 0.5, "queries": "repeat"}),

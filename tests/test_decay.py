@@ -5,9 +5,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
-from kvbench.methods import METHODS
-from kvbench.methods.decay import Decay, DecayCache
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.perplexity import Perplexity, PerplexityParams
+from kvbench.methods import METHODS, implementation
+from kvbench.methods.core.decay_cache import DecayCache
+from kvbench.methods.settings.decay import Decay
 from tests.plugins.model_runs import cpu_context, stepped_logits
 from tests.plugins.tensors import randn
 
@@ -61,12 +63,13 @@ def test_registered_with_upstream_defaults():
     intq = Decay(base="intq", base_bits=4, min_bits=2)
     assert [intq.bits_for(s) for s in (1.0, 0.51, 0.5, 0.49, 0.31, 0.29)] == [4, 4, 4, 2, 2, 2]
     assert intq.score(0, 100) == 1.0 and intq.score(99, 100) == pytest.approx(math.exp(-1))
-    assert "newest 128 tokens" in method.layout() and "K and V both counted" in method.layout()
+    layout = implementation(method).layout()
+    assert "newest 128 tokens" in layout and "K and V both counted" in layout
 
 
 def test_one_token_appends_follow_the_score_rule_exactly():
     method = Decay(**PARAMS)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     assert isinstance(cache, DecayCache)
     total = 120
     keys, values = randn(1, HEADS, total, DIM, seed=1), randn(1, HEADS, total, DIM, seed=2)
@@ -100,7 +103,7 @@ def test_one_token_appends_follow_the_score_rule_exactly():
 
 
 def test_requantized_segments_hold_fewer_bytes():
-    method = Decay(**PARAMS)
+    method = implementation(Decay(**PARAMS))
     cache = method.new_layer_cache(0)
     keys, values = randn(1, HEADS, 100, DIM, seed=3), randn(1, HEADS, 100, DIM, seed=4)
     history = []  # (bits, bytes, decoded keys) of the segment of tokens 40..43, at each width
@@ -122,7 +125,7 @@ def test_requantized_segments_hold_fewer_bytes():
 
 def test_retained_bytes_is_the_sum_over_segments_and_window():
     method = Decay(**PARAMS)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     keys, values = randn(1, HEADS, 97, DIM, seed=5), randn(1, HEADS, 97, DIM, seed=6)
     for t in range(97):
         cache.append(keys[..., t : t + 1, :], values[..., t : t + 1, :])
@@ -134,7 +137,7 @@ def test_retained_bytes_is_the_sum_over_segments_and_window():
 
 def test_multi_token_appends_requantize_but_evict_only_at_end_prefill_or_one_token_steps():
     method = Decay(**PARAMS)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     keys, values = randn(1, HEADS, 72, DIM, seed=7), randn(1, HEADS, 72, DIM, seed=8)
     cache.append(keys[..., :64, :], values[..., :64, :])
     # Nothing dropped inside the prefill step: every token is still there, the due ones at min.
@@ -159,7 +162,7 @@ def test_multi_token_appends_requantize_but_evict_only_at_end_prefill_or_one_tok
 def test_upstream_default_rate_never_evicts():
     # exp(-1) = 0.37 > 0.3: the oldest token keeps more than min_bits... and is never evicted.
     method = Decay(base="lloydmax", base_bits=4, min_bits=1, window=0, segment=2)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     x = randn(1, 1, 200, DIM, seed=9)
     for t in range(200):
         cache.append(x[..., t : t + 1, :], x[..., t : t + 1, :])
@@ -168,8 +171,8 @@ def test_upstream_default_rate_never_evicts():
 
 
 def test_kivi_base_uses_its_key_and_value_codecs():
-    method = Decay(base="kivi", base_params={"group_size": 4, "residual": 0}, base_bits=4,
-                   min_bits=2, decay_rate=4.0, window=2, segment=8)
+    method = implementation(Decay(base="kivi", base_params={"group_size": 4, "residual": 0},
+                                  base_bits=4, min_bits=2, decay_rate=4.0, window=2, segment=8))
     assert method.key_codec().axis == "channel" and method.value_codec().axis == "token"
     cache = method.new_layer_cache(0)
     x = randn(1, HEADS, 80, DIM, seed=10)
@@ -237,7 +240,7 @@ def test_tiny_model_decodes_through_the_decayed_cache_with_positions_continuing(
 
     step = ids[:, fed : fed + 1]
     with torch.inference_mode():
-        logits = model(step, past_key_values=cache, use_cache=True).logits
+        logits = cache.forward(model, step).logits
         same = model(step, past_key_values=held(), position_ids=torch.tensor([[fed]])).logits
         shifted = model(step, past_key_values=held()).logits  # position = tokens held
     torch.testing.assert_close(logits, same, rtol=1e-5, atol=1e-5)
@@ -247,7 +250,8 @@ def test_tiny_model_decodes_through_the_decayed_cache_with_positions_continuing(
 def test_perplexity_reports_decay_counters():
     ctx = cpu_context("tiny:llama")
     params = PerplexityParams(context=64, continuation=16)
-    out = Perplexity().run(params, Decay(**{**PARAMS, "window": 8, "segment": 8}), ctx)
+    method = implementation(Decay(**{**PARAMS, "window": 8, "segment": 8}))
+    out = measurement(Perplexity).run(params, method, ctx)
     kept, evicted, raw = _expected(64 + 15, {**PARAMS, "window": 8, "segment": 8})
     assert out.info["tokens_evicted"] == 2 * evicted > 0  # both layers
     assert out.info["tokens_requantized"] > 0

@@ -5,10 +5,11 @@ decay's requantization and eviction), the same accounted bytes, and each packed 
 once instead of the whole packed cache at every read.
 
 Bit-identity rests on the codecs that declare themselves chunk separable
-(kvbench.methods.base.Codec.chunk_separable): decode(merge(parts)) equals the concatenation of
-decode(part). The first test checks that claim for every codec that makes it; a policy whose codecs
-do not make it (turbo's rotations and QJL, lloydmax with rotation: matrix products) keeps the
-packed path and says so (keep_decoded() is False, the cache's decoded_reads False).
+(kvbench.methods.core.contracts.Codec.chunk_separable): decode(merge(parts)) equals the
+concatenation of decode(part). The first test checks that claim for every codec that makes it; a
+policy whose codecs do not make it (turbo's rotations and QJL, lloydmax with rotation: matrix
+products) keeps the packed path and says so (keep_decoded() is False, the cache's decoded_reads
+False).
 """
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ from typing import Callable
 import pytest
 import torch
 
-from kvbench.methods import METHODS
-from kvbench.methods.base import Method, build_method
-from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.decay import DecayCache
-from kvbench.methods.intq import IntQCodec
-from kvbench.methods.kivi import KiviCache
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
+from kvbench.methods import METHODS, has_implementation, implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.core.decay_cache import DecayCache
+from kvbench.methods.core.kivi_cache import KiviCache
+from kvbench.methods.settings import MethodSettings, build_method
+from kvbench.methods.torch.intq import IntQCodec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---- the cases: every registered method's conformance settings, and a few that reach more ------
 
-def _with_widths(method: Method) -> Method:
+def _with_widths(method: Implementation) -> Implementation:
     """adaptive with its tiny-model widths set as calibrate() would (2 layers, 2 KV heads)."""
     method.head_bits = [[2, 4], [4, 8]]
     return method
@@ -39,7 +42,12 @@ def _with_widths(method: Method) -> Method:
 @dataclasses.dataclass(frozen=True)
 class Case:
     id: str
-    build: Callable[[], Method]
+    settings: Callable[[], MethodSettings]
+    prepare: Callable[[Implementation], Implementation] = lambda method: method
+
+    def build(self, backend: str = "torch") -> Implementation:
+        """The case's method as `backend` implements it."""
+        return self.prepare(implementation(self.settings(), backend))
 
 
 def _conformance_cases() -> list[Case]:
@@ -61,8 +69,9 @@ EXTRA = [
     Case("decay-intq-evicting", lambda: build_method(
         "decay", {"base": "intq", "base_params": {"group_size": 16}, "base_bits": 4,
                   "min_bits": 2, "decay_rate": 4.0, "window": 8, "segment": 8})),
-    Case("adaptive-intq", lambda: _with_widths(build_method(
-        "adaptive", {"base": "intq", "base_params": {"group_size": 8}, "base_bits": 4}))),
+    Case("adaptive-intq", lambda: build_method(
+        "adaptive", {"base": "intq", "base_params": {"group_size": 8}, "base_bits": 4}),
+        _with_widths),
     Case("sparse_v-intq", lambda: build_method(
         "sparse_v", {"base": "intq", "base_params": {"group_size": 16}, "tau": 1e-3})),
 ]
@@ -92,7 +101,7 @@ def test_the_codec_methods_take_the_path_and_the_others_do_not():
 
 
 def test_keep_decoded_after_an_append_is_refused():
-    policy = build_method("intq", {"group_size": 16}).new_layer_cache(0)
+    policy = implementation(build_method("intq", {"group_size": 16})).new_layer_cache(0)
     policy.append(torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 3, 16))
     with pytest.raises(RuntimeError, match="before the first append"):
         policy.keep_decoded()
@@ -102,9 +111,11 @@ def test_keep_decoded_after_an_append_is_refused():
 
 def _codecs(method) -> list:
     found = [method.key_codec(), method.value_codec()]
-    if hasattr(method, "variant"):  # decay and adaptive: the base at each of their widths
-        for bits in method.widths():
-            found += [method.variant(bits).key_codec(), method.variant(bits).value_codec()]
+    settings = method.settings
+    if hasattr(settings, "variant"):  # decay and adaptive: the base at each of their widths
+        for bits in settings.widths():
+            variant = implementation(settings.variant(bits))
+            found += [variant.key_codec(), variant.value_codec()]
     return [c for c in found if c is not None]
 
 
@@ -183,13 +194,11 @@ def test_a_policy_reads_what_the_packed_path_reads(case, dtype):
 @pytest.mark.parametrize("case", OFFERING, ids=lambda c: c.id)
 def test_an_mlx_policy_reads_what_its_packed_path_reads(case):
     pytest.importorskip("mlx.core")
-    from kvbench.backends.arrays import MLXArrays
-    from kvbench.methods.mlx.base import has_mlx, on_mlx
+    from kvbench.backends.mlx_arrays import MLXArrays
 
-    method = case.build()
-    if not has_mlx(type(method)):
+    if not has_implementation(type(case.settings()), "mlx"):
         pytest.skip(f"{case.id} has no MLX implementation")
-    port = on_mlx(method)
+    port = case.build("mlx")
     packed, decoded = port.new_layer_cache(0), port.new_layer_cache(0)
     assert decoded.keep_decoded()
     arrays = MLXArrays()
@@ -229,7 +238,8 @@ def test_codec_cache_decodes_each_pack_once(axis, group, window):
     steps = 64
 
     def cache(decoded):
-        policy = CodecCache(CountingIntQ(4, group, axis), CountingIntQ(4, group, axis), window)
+        policy = CodecCache(CountingIntQ(4, group, axis), CountingIntQ(4, group, axis), window,
+                            TORCH_ARRAYS)
         if decoded:
             assert policy.keep_decoded()
         return _run(policy, steps)
@@ -248,7 +258,8 @@ def test_codec_cache_decodes_each_pack_once(axis, group, window):
 
 def test_kivi_and_decay_decode_each_pack_once():
     steps = 48
-    kivi = KiviCache(CountingIntQ(2, 8, "channel"), CountingIntQ(2, 8, "token"), 16, 8)
+    kivi = KiviCache(CountingIntQ(2, 8, "channel"), CountingIntQ(2, 8, "token"), 16, 8,
+                     TORCH_ARRAYS)
     assert kivi.keep_decoded()
     _run(kivi, steps)
     for codec in (kivi.keys.codec, kivi.values.codec):
@@ -260,7 +271,7 @@ def test_kivi_and_decay_decode_each_pack_once():
                                     "window": 8, "segment": 8})
     codecs = {bits: (CountingIntQ(bits, 16, "token"), CountingIntQ(bits, 16, "token"))
               for bits in method.widths()}
-    decay = DecayCache(method, codecs.__getitem__)
+    decay = DecayCache(method, codecs.__getitem__, TORCH_ARRAYS)
     assert decay.keep_decoded()
     _run(decay, steps)
     assert decay.tokens_requantized and decay.tokens_evicted
@@ -297,10 +308,10 @@ def _session_run(session, method, ids, decoded_reads):
     return logits, accounted, cache
 
 
-def _compare(session, case: Case, vocab: int):
+def _compare(session, case: Case, vocab: int, backend: str = "torch"):
     ids = _token_ids(PROMPT + FIRST_STEPS + CHUNK + LAST_STEPS, vocab)
-    packed_logits, packed_bytes, packed = _session_run(session, case.build(), ids, False)
-    logits, accounted, cache = _session_run(session, case.build(), ids, True)
+    packed_logits, packed_bytes, packed = _session_run(session, case.build(backend), ids, False)
+    logits, accounted, cache = _session_run(session, case.build(backend), ids, True)
     assert not packed.decoded_reads
     assert cache.decoded_reads
     assert len(logits) == len(packed_logits)
@@ -326,7 +337,8 @@ def test_the_tiny_model_gives_the_same_logits_on_both_paths(torch_session, case)
 @pytest.mark.parametrize("name, params", [("identity", {}), ("streamingllm", {"ratio": 0.5}),
                                           ("turbo3", {"block": 16})])
 def test_a_cache_without_the_path_says_so(torch_session, name, params):
-    assert not torch_session.new_cache(build_method(name, params), decoded_reads=True).decoded_reads
+    assert not torch_session.new_cache(implementation(build_method(name, params)),
+                                       decoded_reads=True).decoded_reads
     # the plain cache takes the keyword and ignores it
     assert torch_session.new_cache(None, decoded_reads=True) is not None
 
@@ -342,16 +354,14 @@ def mlx_session():
 
 @pytest.mark.parametrize("case", OFFERING, ids=lambda c: c.id)
 def test_the_tiny_mlx_model_gives_the_same_logits_on_both_paths(mlx_session, case):
-    from kvbench.methods.mlx.base import has_mlx
-
-    if not has_mlx(type(case.build())):
+    if not has_implementation(type(case.settings()), "mlx"):
         pytest.skip(f"{case.id} has no MLX implementation")
-    _compare(mlx_session, case, vocab=260)
+    _compare(mlx_session, case, vocab=260, backend="mlx")
 
 
 def test_an_mlx_cache_without_the_path_says_so(mlx_session):
     for name, params in [("identity", {}), ("turbo3", {"block": 16})]:
-        assert not mlx_session.new_cache(build_method(name, params),
+        assert not mlx_session.new_cache(implementation(build_method(name, params), "mlx"),
                                          decoded_reads=True).decoded_reads
 
 

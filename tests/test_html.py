@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.report.html import BOARDS, build_site
-from kvbench.report.plots import method_family
-from kvbench.results import load_results, save_results
+from kvbench.benchmarks import BENCHMARKS
+from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
+from kvbench.report.html import build_site
+from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.report.kit.figures import method_family
+from kvbench.report.kit.tables import md_table, ok_cases
+from kvbench.results import Metric, load_results, save_results
 from tests.plugins.browser import Browser, chromium_path
 from tests.plugins.cli_support import invoke
 from tests.plugins.suites import ROOT, SMALL_RESULTS
@@ -96,7 +100,7 @@ def test_the_page_of_one_run(tmp_path):
             # every figure and the method link open this case's details
             assert links and set(links) == {links[0]}
             assert case.id in parsed.details[links[0][1:]]
-        board = BOARDS[kind]
+        board = BENCHMARKS.get(kind).report.board  # its columns, as the benchmark declares
         marked = {case.id for (attrs, _, _), case in zip(rows, ok) if attrs.get("class") == "front"}
         assert marked == _brute_front(ok, board.compression, board.quality)
     claims = _body_rows(parsed.tables["claims"])
@@ -135,6 +139,63 @@ def test_the_command_line(tmp_path):
     refused = invoke("report", SMALL_RESULTS, SMALL_RESULTS)
     assert refused.exit_code == 2 and "--format html" in refused.output
 
+
+
+# ------------------------------------------------------------ a plug-in benchmark's own report
+
+
+class _PluginReport(BenchmarkReport):
+    """A section after the plug-in's table, and a board of two of its three metrics."""
+
+    board = Board("kv_bits", "loss", ("speed",))
+
+    def sections(self, result, out_dir=None):
+        kind = f"{PluginBench.__module__}:{PluginBench.__qualname__}"
+        rows = [[c.method_label, f"{c.metrics['loss'].value:g}"] for c in ok_cases(result, kind)]
+        return ["### Plug-in: loss per method", md_table(["method", "loss"], rows)]
+
+
+class PluginBench(Benchmark):
+    """A test-only plug-in benchmark (named `module:Class` in its cases): its report is its own."""
+
+    metrics = {"kv_bits": MetricSpec("bits", "lower"), "loss": MetricSpec("", "lower"),
+               "speed": MetricSpec("tok/s", "higher"), "other": MetricSpec("", "none")}
+    report = _PluginReport()
+
+
+def test_a_plugin_benchmark_gets_its_section_and_its_board(tmp_path):
+    run = load_results(SMALL_RESULTS)
+    kind = f"{PluginBench.__module__}:{PluginBench.__qualname__}"
+    template = next(c for c in run.cases if c.status == "ok")
+    figures = {"p-a": (4.0, 0.5, 10.0), "p-b": (2.0, 0.9, 20.0), "p-c": (3.0, 1.0, 5.0)}
+    plugin = [template.model_copy(update={
+        "id": f"plugin/{label}", "benchmark": kind, "method_label": label, "claims": [],
+        "metrics": {name: PluginBench.metrics[name].of(value) for name, value in
+                    zip(("other", "kv_bits", "loss", "speed"), (1.0, *values))}})
+        for label, values in figures.items()]
+    # a kind that cannot be looked up where the report is made: the generic report
+    missing = template.model_copy(update={"id": "gone/a", "benchmark": "not_installed_kind",
+                                          "claims": [], "metrics": {
+                                              "m": Metric(value=1.0, direction="lower")}})
+    run.cases = plugin + run.cases + [missing]
+    page, parsed = _site(tmp_path, run)
+    report = (tmp_path / "site/runs/1-small/report.md").read_text()
+    mine = report.split(f"## {kind}\n\n", 1)[1].split("\n## ", 1)[0]
+    assert "### Plug-in: loss per method\n\n| method | loss |" in mine  # after its table
+    assert "| p-b | 0.9 |" in mine
+    assert "## not_installed_kind" in report
+    # its board: the declared columns in order, its own metric left out; the front from them
+    head, *rows = parsed.tables[f"board-{kind}"]
+    assert [cell.split(" ")[0] for cell in head[1][3:-1]] == ["kv_bits", "loss", "speed"]
+    marked = {cells[1] for attrs, cells, _ in rows if attrs.get("class") == "front"}
+    assert marked == {c.method_label for c in plugin if c.id in _brute_front(
+        plugin, "kv_bits", "loss")} == {"p-a", "p-b"}
+    # after the built-in boards, before the kinds without one; the unknown kind's first metrics
+    text = page.read_text()
+    assert (text.index("id='board-proofs'") < text.index("id='board-perplexity'")
+            < text.index(f"id='board-{kind}'") < text.index("id='board-not_installed_kind'"))
+    head, *_ = parsed.tables["board-not_installed_kind"]
+    assert [cell.split(" ")[0] for cell in head[1][3:-1]] == ["m"]
 
 # ------------------------------------------------------------ in a browser
 

@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 
-from kvbench.methods import METHODS
-from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.intq import IntQ, IntQCodec
+from kvbench.methods import METHODS, implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.settings.intq import IntQ
+from kvbench.methods.torch.intq import IntQCodec
 from tests.plugins.tensors import randn
 
 
@@ -35,7 +36,7 @@ def test_registered_by_name():
 def test_error_is_within_half_a_step(bits, axis):
     # 70 is two whole groups of 32 and a partial group of 6, on either axis.
     x = randn(2, 3, 70, 70, seed=bits) * 3 + 1
-    codec = IntQ(bits=bits, group_size=32, axis=axis).codec()
+    codec = implementation(IntQ(bits=bits, group_size=32, axis=axis)).codec()
     packed = codec.encode(x)
     x_hat = codec.decode(packed)
     assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
@@ -60,7 +61,7 @@ def test_error_is_within_half_a_step(bits, axis):
 @pytest.mark.parametrize("group", [1, 8, 32, 50])
 @pytest.mark.parametrize("shape", [(1, 2, 64, 64), (2, 1, 40, 70), (1, 1, 3, 5)])
 def test_nbytes_is_the_layout_formula(shape, group, bits, axis):
-    codec = IntQ(bits=bits, group_size=group, axis=axis).codec()
+    codec = implementation(IntQ(bits=bits, group_size=group, axis=axis)).codec()
     packed = codec.encode(randn(*shape))
     # The packed form holds exactly the layout's tensors, so nbytes is what is stored.
     assert set(packed.tensors) == {"codes", "scale", "min"}
@@ -72,13 +73,14 @@ def test_nbytes_is_the_layout_formula(shape, group, bits, axis):
 def test_bits_per_value_is_bits_plus_32_over_group():
     x = randn(1, 4, 128, 128)
     for bits, group in [(2, 32), (4, 32), (4, 128), (8, 64)]:
-        codec = IntQ(bits=bits, group_size=group).codec()
+        codec = implementation(IntQ(bits=bits, group_size=group)).codec()
         assert 8 * codec.nbytes(codec.encode(x)) / x.numel() == bits + 32 / group
 
 
 def test_eight_bits_is_near_lossless():
     x = randn(1, 2, 256, 64, dtype=torch.float16)
-    x_hat = IntQ(bits=8).codec().decode(IntQ(bits=8).codec().encode(x))
+    x_hat = implementation(IntQ(bits=8)).codec().decode(
+        implementation(IntQ(bits=8)).codec().encode(x))
     x, x_hat = x.double(), x_hat.double()
     assert ((x_hat - x).pow(2).mean() / x.pow(2).mean()) < 1e-4
     assert torch.nn.functional.cosine_similarity(x, x_hat, dim=-1).min() > 0.9999
@@ -88,7 +90,7 @@ def test_more_bits_less_error():
     x = randn(1, 2, 128, 64)
     errors = []
     for bits in (2, 4, 8):
-        codec = IntQ(bits=bits).codec()
+        codec = implementation(IntQ(bits=bits)).codec()
         errors.append(float((codec.decode(codec.encode(x)) - x).pow(2).mean()))
     assert errors[0] > errors[1] > errors[2] > 0
 
@@ -96,7 +98,7 @@ def test_more_bits_less_error():
 @pytest.mark.parametrize("axis", ["token", "channel"])
 def test_constant_input_decodes_exactly(axis):
     x = torch.full((1, 2, 64, 48), -1.375, dtype=torch.float16)
-    codec = IntQ(bits=2, axis=axis).codec()
+    codec = implementation(IntQ(bits=2, axis=axis)).codec()
     packed = codec.encode(x)
     assert (packed.tensors["scale"] == 0).all()
     assert torch.equal(codec.decode(packed), x)
@@ -106,7 +108,8 @@ def test_channel_axis_groups_over_tokens():
     # Each channel constant over the tokens, different across channels: per-channel groups
     # have zero range (exact), per-token groups span the channels (lossy).
     x = randn(1, 2, 1, 64, dtype=torch.float16).expand(1, 2, 96, 64).contiguous()
-    channel, token = IntQ(axis="channel", group_size=32), IntQ(axis="token", group_size=32)
+    channel = implementation(IntQ(axis="channel", group_size=32))
+    token = implementation(IntQ(axis="token", group_size=32))
     assert channel.codec().token_block == 32 and token.codec().token_block == 1
     assert torch.equal(channel.codec().decode(channel.codec().encode(x)), x)
     assert not torch.equal(token.codec().decode(token.codec().encode(x)), x)
@@ -115,7 +118,7 @@ def test_channel_axis_groups_over_tokens():
 @pytest.mark.parametrize("axis, group", [("token", 32), ("channel", 8)])
 def test_cache_window_stays_exact(axis, group):
     window, dim, bits = 5, 64, 2
-    method = IntQ(bits=bits, group_size=group, axis=axis, window=window)
+    method = implementation(IntQ(bits=bits, group_size=group, axis=axis, window=window))
     cache = method.new_layer_cache(0)
     assert isinstance(cache, CodecCache)
     keys, values = randn(1, 2, 30, dim, seed=1), randn(1, 2, 30, dim, seed=2)
@@ -154,7 +157,7 @@ def test_invalid_config_names_the_field(field, value):
 
 
 def test_layout_names_the_layout():
-    layout = IntQ(bits=2, group_size=64, axis="channel", window=128).layout()
+    layout = implementation(IntQ(bits=2, group_size=64, axis="channel", window=128)).layout()
     for part in ("2-bit", "64", "channel", "fp16 scale+min", "newest 128 tokens", "K and V"):
         assert part in layout
 
@@ -162,7 +165,7 @@ def test_layout_names_the_layout():
 @pytest.mark.parametrize("axis,group,bits", [("token", 32, 4), ("token", 24, 2), ("channel", 8, 2),
                                              ("channel", 4, 8)])
 def test_merge_decodes_like_the_parts(axis, group, bits):
-    codec = IntQ(bits=bits, group_size=group, axis=axis).codec()
+    codec = implementation(IntQ(bits=bits, group_size=group, axis=axis)).codec()
     g = torch.Generator().manual_seed(3)
     chunks = [torch.randn(1, 2, group * n, 40, generator=g) for n in (3, 1, 2)]
     parts = [codec.encode(c) for c in chunks]
@@ -174,17 +177,17 @@ def test_merge_decodes_like_the_parts(axis, group, bits):
 
 
 def test_channel_merge_refuses_parts_that_end_mid_byte():
-    codec = IntQ(bits=2, group_size=3, axis="channel").codec()
+    codec = implementation(IntQ(bits=2, group_size=3, axis="channel")).codec()
     parts = [codec.encode(torch.randn(1, 1, 3, 8)) for _ in range(2)]  # 3 tokens x 2 bits: 6 bits
     assert codec.merge(parts) is None
 
 
 @pytest.mark.parametrize("axis", ["token", "channel"])
 def test_encoding_in_row_blocks_matches_encoding_the_pieces(axis, monkeypatch):
-    import kvbench.methods.intq as intq_module
+    import kvbench.methods.torch.intq as intq_module
 
     monkeypatch.setattr(intq_module, "ROWS_PER_BLOCK", 5)  # many blocks, a ragged last one
-    codec = IntQ(bits=4, group_size=8, axis=axis).codec()
+    codec = implementation(IntQ(bits=4, group_size=8, axis=axis)).codec()
     x = randn(1, 3, 16, 12, seed=1)
     whole = codec.encode(x)
     pieces = codec.merge([codec.encode(x[..., :8, :]), codec.encode(x[..., 8:, :])])

@@ -21,7 +21,8 @@ pytest.importorskip("triton")
 from kvbench.kernels import interpreting  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
-from kvbench.methods.base import Packed, build_method  # noqa: E402
+from kvbench.methods import build_method, implementation  # noqa: E402
+from kvbench.methods.core.contracts import Packed  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -49,10 +50,14 @@ def _draw(*shape, seed: int, dtype=torch.float32, kind: str = "gaussian") -> tor
     return x.to(dtype).to(DEVICE)
 
 
+def _method(name: str, params: dict | None = None):
+    """A method's torch implementation, from its name and settings."""
+    return implementation(build_method(name, params))
+
+
 def _pair(name: str, **params):
     """The same method run by the torch reference and by the kernels."""
-    return build_method(name, {**params, "impl": "torch"}), build_method(name, {**params,
-                                                                              "impl": "triton"})
+    return _method(name, {**params, "impl": "torch"}), _method(name, {**params, "impl": "triton"})
 
 
 def _assert_same_packed(ref: Packed, got: Packed) -> None:
@@ -139,7 +144,7 @@ def test_turbo_decode_after_merge_matches():
 # ---- impl: which path runs ----------------------------------------------------------------------
 
 def test_auto_runs_the_reference_off_cuda_and_the_kernels_on_it():
-    method = build_method("turbo3", {"block": 64})  # impl auto
+    method = _method("turbo3", {"block": 64})  # impl auto
     method.codec().encode(_draw(1, 1, 4, 64, seed=1))
     expected = "triton" if DEVICE.type == "cuda" else "torch"
     assert method.impl_log.summary() == {"encode": expected}
@@ -147,7 +152,7 @@ def test_auto_runs_the_reference_off_cuda_and_the_kernels_on_it():
 
 def test_triton_on_cpu_outside_the_interpreter_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    codec = build_method("intq", {"impl": "triton"}).codec()
+    codec = _method("intq", {"impl": "triton"}).codec()
     with pytest.raises(RuntimeError, match="CUDA tensors.*TRITON_INTERPRET=1"):
         codec.encode(torch.randn(1, 1, 4, 64))
 
@@ -163,7 +168,7 @@ def test_triton_for_a_layout_without_kernels_is_refused(name, params, reason):
     with pytest.raises(ValueError, match=f"impl 'triton': no kernel.*{reason}"):
         build_method(name, {**params, "impl": "triton"})
     # auto quietly takes the reference for the same layout
-    method = build_method(name, params)
+    method = _method(name, params)
     method.key_codec().encode(_draw(1, 1, 32, 128, seed=2))
     assert method.impl_log.summary() == {"encode": "torch"}
 
@@ -267,11 +272,11 @@ def test_fused_attention_matches_attention_over_the_decoded_cache(name, params, 
     if name is None:
         segments, dk, dv = [KVSegment(keys, values)], keys, values
     else:
-        codec = build_method(name, {**params, "impl": "triton"}).codec()
+        codec = _method(name, {**params, "impl": "triton"}).codec()
         pk, pv = codec.encode(keys), codec.encode(values)
         fmt = codec.kernel_for(DEVICE, dim)
         segments = [KVSegment(pk.tensors, pv.tensors, fmt, fmt)]
-        ref_codec = build_method(name, {**params, "impl": "torch"}).codec()
+        ref_codec = _method(name, {**params, "impl": "torch"}).codec()
         dk, dv = ref_codec.decode(pk), ref_codec.decode(pv)
     segments.append(KVSegment(tail_k, tail_v))
     all_k, all_v = torch.cat([dk, tail_k], 2), torch.cat([dv, tail_v], 2)
@@ -312,7 +317,7 @@ def test_fused_attention_reads_4d_queries_and_refuses_bad_shapes():
 
 
 def test_kivi_keys_have_no_fused_attention():
-    kivi = build_method("kivi", {"impl": "triton"})
+    kivi = _method("kivi", {"impl": "triton"})
     fmt = kivi.key_codec().kernel_for(DEVICE, 64)
     assert fmt.attention_unsupported() == "keys quantized per channel over tokens"
 
@@ -330,7 +335,7 @@ def test_a_model_decodes_through_the_fused_attention(name, params):
     ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(4)).tolist()
     logits = {}
     for impl in ("torch", "triton"):
-        method = build_method(name, {**params, "impl": impl})
+        method = _method(name, {**params, "impl": impl})
         cache = session.new_cache(method)
         session.step(ids[:30], cache)
         logits[impl] = torch.cat([session.step([t], cache)[0] for t in ids[30:]])
@@ -379,7 +384,7 @@ def test_fused_attention_at_32k_on_the_gpu(name, monkeypatch):
     query = _draw(1, 32, 128, seed=1, dtype=torch.bfloat16)
     keys = _draw(1, 8, 32768, 128, seed=2, dtype=torch.bfloat16)
     values = _draw(1, 8, 32768, 128, seed=3, dtype=torch.bfloat16)
-    codec = build_method(name, {"impl": "triton"}).codec()
+    codec = _method(name, {"impl": "triton"}).codec()
     pk, pv = codec.encode(keys), codec.encode(values)
     fmt = codec.kernel_for(DEVICE, 128)
     out = attention.decode_attention(query, [KVSegment(pk.tensors, pv.tensors, fmt, fmt)])

@@ -3,16 +3,19 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
-from kvbench.methods import METHODS
-from kvbench.methods.identity import Identity
-from kvbench.methods.kivi import Kivi, KiviCache
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.perplexity import Perplexity, PerplexityParams
+from kvbench.methods import METHODS, implementation
+from kvbench.methods.core.kivi_cache import KiviCache
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.settings.kivi import Kivi
 from tests.plugins.model_runs import cpu_context, stepped_logits
 from tests.plugins.tensors import randn
 
 
 def _raw_after(tokens, method):
-    """(raw keys, raw values) the rule leaves once `tokens` tokens have been attended."""
+    """(raw keys, raw values) the rule leaves once `tokens` tokens have been attended
+    (`method`: Kivi settings)."""
     chunk = method.residual or method.group_size
     return tokens % chunk, min(tokens, method.residual)
 
@@ -30,8 +33,9 @@ def _group_bound(rows, group, bits):
 
 def test_registered_by_name_and_has_no_single_codec():
     assert METHODS.get("kivi") is Kivi
-    method = Kivi()
-    assert (method.bits, method.group_size, method.residual) == (2, 32, 128)
+    settings = Kivi()
+    assert (settings.bits, settings.group_size, settings.residual) == (2, 32, 128)
+    method = implementation(settings)
     assert method.codec() is None
     assert method.key_codec().axis == "channel" and method.value_codec().axis == "token"
 
@@ -39,7 +43,7 @@ def test_registered_by_name_and_has_no_single_codec():
 @pytest.mark.parametrize("residual, group", [(8, 4), (12, 4), (0, 4)])
 def test_raw_tokens_follow_the_rule_one_token_at_a_time(residual, group):
     method = Kivi(bits=2, group_size=group, residual=residual)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     assert isinstance(cache, KiviCache)
     keys, values = randn(1, 2, 40, 8, seed=1), randn(1, 2, 40, 8, seed=2)
     for t in range(1, 41):
@@ -64,7 +68,7 @@ def test_raw_tokens_follow_the_rule_one_token_at_a_time(residual, group):
 @pytest.mark.parametrize("residual", [8, 0])
 def test_raw_tokens_follow_the_rule_after_a_prefill(tokens, residual):
     method = Kivi(bits=4, group_size=4, residual=residual)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     keys, values = randn(1, 2, tokens, 8, seed=3), randn(1, 2, tokens, 8, seed=4)
     cache.append(keys, values)
     assert (cache.keys.raw_tokens, cache.values.raw_tokens) == (tokens, tokens)
@@ -83,7 +87,7 @@ def test_raw_tokens_follow_the_rule_after_a_prefill(tokens, residual):
 def test_quantized_part_is_within_half_a_step(bits):
     # head_dim 20 with groups of 8 channels: values have a trailing partial group of 4.
     method = Kivi(bits=bits, group_size=8, residual=16)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     keys, values = randn(1, 2, 50, 20, seed=5) * 3 + 1, randn(1, 2, 50, 20, seed=6) * 2
     cache.append(keys, values)
     cache.end_prefill()
@@ -103,7 +107,7 @@ def test_quantized_part_is_within_half_a_step(bits):
 def test_retained_bytes_is_packed_plus_raw(bits):
     group, residual, dim, heads = 4, 8, 12, 2
     method = Kivi(bits=bits, group_size=group, residual=residual)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     keys = randn(1, heads, 37, dim, seed=7).half()
     values = randn(1, heads, 37, dim, seed=8).half()
     cache.append(keys[..., :20, :], values[..., :20, :])
@@ -124,7 +128,7 @@ def test_retained_bytes_is_packed_plus_raw(bits):
 
 @pytest.mark.parametrize("bits, group, expected", [(2, 32, 3.0), (4, 32, 5.0), (2, 64, 2.5)])
 def test_bits_per_quantized_value(bits, group, expected):
-    method = Kivi(bits=bits, group_size=group, residual=0)
+    method = implementation(Kivi(bits=bits, group_size=group, residual=0))
     x = randn(1, 2, 128, 64, seed=9)
     for codec in (method.key_codec(), method.value_codec()):
         assert 8 * codec.nbytes(codec.encode(x)) / x.numel() == expected
@@ -156,7 +160,7 @@ def test_tiny_model_is_exact_until_something_is_quantized(tiny_llama, prefill):
 def test_perplexity_on_tiny_model_compresses_well_beyond_the_residual():
     ctx = cpu_context("tiny:llama")
     params = PerplexityParams(context=1024, continuation=16)
-    out = Perplexity().run(params, Kivi(), ctx).metrics
+    out = measurement(Perplexity).run(params, implementation(Kivi()), ctx).metrics
     # 1039 tokens fed; the last step attends raw to its token on top of the rule at 1038:
     # keys 1024 quantized + 15 raw, values 910 quantized + 129 raw, 2 layers x 2 heads of 16.
     key_bytes = 16 * 1024 * 3 // 8  # 2 bits + 32 bits per group of 32 tokens

@@ -1,14 +1,15 @@
 """The ladder benchmark and the per-case peak-memory probe it stands on."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from kvbench.backends import process_memory
-from kvbench.benchmarks.ladder import Ladder, LadderParams
-from kvbench.methods.identity import Identity
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.ladder import Ladder, LadderParams
+from kvbench.methods import OnBackend, implementation
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.torch.identity import TorchIdentity
 from kvbench.models.session import TorchSession, prefill
 from tests.plugins.model_runs import cpu_context
 
@@ -33,11 +34,12 @@ def test_cpu_peak_moves_by_what_is_allocated():
     assert idle < 10 * MB
 
 
-@dataclass
-class _Ballast(Identity):
+class _Ballast(TorchIdentity):
     """identity whose first layer also holds `mb` MB that no byte count knows about."""
 
-    mb: int = 200
+    def __init__(self, mb: int = 200):
+        super().__init__(Identity(), OnBackend("torch"))
+        self.mb = mb
 
     def new_layer_cache(self, layer_idx):
         cache = super().new_layer_cache(layer_idx)
@@ -50,8 +52,10 @@ class _Ballast(Identity):
 def ladder_runs(tiny_llama):
     ctx = cpu_context(loaded=tiny_llama)
     params = LadderParams(length=300, prefill_chunk=64, decode=4, calibration=0)
-    return {name: Ladder().run(params, method, ctx)
-            for name, method in (("identity", Identity()), ("ballast", _Ballast()))}
+    ladder = measurement(Ladder)
+    return {name: ladder.run(params, method, ctx)
+            for name, method in (("identity", implementation(Identity())),
+                                 ("ballast", _Ballast()))}
 
 
 @needs_proc
@@ -88,11 +92,12 @@ def test_identity_rung_counts_the_plain_cache(ladder_runs, tiny_llama):
 def test_token_methods_hold_every_token_until_end_prefill(tiny_llama):
     """The high-water mark tells logical from physical: streamingllm keeps 10% after
     end_prefill, but its cache held the whole prompt before it."""
-    from kvbench.methods.eviction import StreamingLLM
+    from kvbench.methods.settings.eviction import StreamingLLM
 
     ctx = cpu_context(loaded=tiny_llama)
     params = LadderParams(length=256, prefill_chunk=64, decode=2, calibration=0)
-    m = {k: v.value for k, v in Ladder().run(params, StreamingLLM(ratio=0.1), ctx).metrics.items()}
+    out = measurement(Ladder).run(params, implementation(StreamingLLM(ratio=0.1)), ctx)
+    m = {k: v.value for k, v in out.metrics.items()}
     assert m["retained_kv"] < 0.12
     assert m["kv_high_water_bytes"] == 2 * 2 * 2 * 16 * 4 * 256
 
@@ -100,9 +105,10 @@ def test_token_methods_hold_every_token_until_end_prefill(tiny_llama):
 def test_chunked_prefill_gives_the_one_forward_logits(tiny_llama):
     session = TorchSession(tiny_llama, torch.device("cpu"))
     ids = list(range(3, 103))
-    whole = prefill(session, session.new_cache(Identity()), ids, Identity())[0]
+    identity = implementation(Identity())
+    whole = prefill(session, session.new_cache(identity), ids, identity)[0]
     fed = []
-    chunked = prefill(session, session.new_cache(Identity()), ids, Identity(), chunk=33,
+    chunked = prefill(session, session.new_cache(identity), ids, identity, chunk=33,
                       after_chunk=fed.append)[0]
     assert fed == [33, 66, 99, 100]
     torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-4)
@@ -114,7 +120,7 @@ def test_a_short_text_is_repeated_and_said(tiny_llama, tmp_path):
     ctx = cpu_context(loaded=tiny_llama)
     params = LadderParams(length=1500, prefill_chunk=512, decode=1, calibration=0,
                           text=str(text))
-    out = Ladder().run(params, Identity(), ctx)
+    out = measurement(Ladder).run(params, implementation(Identity()), ctx)
     assert out.info["text_repeats"] >= 2
     assert out.metrics["retained_kv_bytes"].value == 2 * 2 * 2 * 16 * 4 * 1501
 

@@ -1,17 +1,25 @@
 """`kvbench list`: whole-sentence descriptions, and one method's or benchmark's parameters (type,
-default, range, meaning) and metrics, read from the code (kvbench.describe). No model is loaded."""
+default, range, meaning) and metrics, read from the code: ranges and meanings from each field's
+declaration (kvbench.config.fields.param, shown by kvbench.config.describe). No model is
+loaded."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
 import pytest
 
-from kvbench import describe
 from kvbench.benchmarks import BENCHMARKS
+from kvbench.config import describe
+from kvbench.config.fields import Settings, declaration, param, span
 from kvbench.methods import METHODS
 from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+
+# Every built-in settings class a suite sets: (what, name, the dataclass of its parameters)
+BUILT_IN = ([("methods", name, METHODS.get(name)) for name in METHODS.names()]
+            + [("benchmarks", name, BENCHMARKS.get(name).Params) for name in BENCHMARKS.names()])
 
 
 def table_rows(output: str, title: str | None = None) -> list[list[str]]:
@@ -34,6 +42,16 @@ def table_rows(output: str, title: str | None = None) -> list[list[str]]:
 
 def first_paragraph(cls: type) -> str:
     return " ".join(describe.docstring(cls).split("\n\n")[0].split())
+
+
+def declared_range(config: type, field: dataclasses.Field) -> str:
+    """What `kvbench list` must show as a field's range: its declared Range (and rule) as text,
+    else a Literal's choices, else nothing."""
+    text = declaration(field).range_text() if declaration(field) else ""
+    tp = typing.get_type_hints(config)[field.name]
+    if not text and typing.get_origin(tp) is Literal:
+        text = "one of " + ", ".join(map(str, typing.get_args(tp)))
+    return text or describe.UNKNOWN
 
 
 # ---------------------------------------------------------------- descriptions
@@ -84,9 +102,11 @@ def test_list_one_method_shows_its_docstring_and_every_field_with_its_default():
     fields = [f for f in dataclasses.fields(cls) if f.init]
     assert list(rows) == [f.name for f in fields]
     for f in fields:
-        _, _, default, _, _ = rows[f.name]
+        _, _, default, allowed, meaning = rows[f.name]
         assert default == repr(f.default), f.name
-    # ranges from Turbo.__post_init__; meanings from the parent's docstring (a preset has none)
+        assert allowed == declared_range(cls, f), f.name
+        assert meaning == declaration(f).meaning, f.name
+    # ranges and meanings from the fields' declarations, the preset's inherited from Turbo's
     assert rows["bits"][1:4] == ["int", "3", "2, 3 or 4"]
     assert rows["outlier_fraction"][3] == "in [0, 1)"
     assert rows["window"][3] == ">= 0"
@@ -99,57 +119,72 @@ def test_list_one_method_shows_its_docstring_and_every_field_with_its_default():
 def test_token_methods_show_the_budget_they_inherit():
     rows = {row[0]: row for row in table_rows(invoke("list", "methods", "snapkv").output,
                                                "parameters of snapkv")}
-    assert rows["ratio"][1:4] == ["float | None", "None", "between 0 and 1 (exclusive)"]
-    assert rows["budget"][3] == "at least 1 token"
-    assert rows["kernel"][3] == "an odd number >= 1"
+    # the declared Range's text (kvbench.config.fields), and a rule check() enforces after it
+    assert rows["ratio"][1:4] == ["float | None", "None", "in (0, 1)"]
+    assert rows["budget"][3] == ">= 1"
+    assert rows["kernel"][3] == ">= 1; odd"
     assert rows["pooling"][3] == "one of avg, max"
+    from kvbench.methods.settings.tokens import TokenMethod
+
+    inherited = {f.name: f for f in dataclasses.fields(TokenMethod)}
+    for name in ("ratio", "budget"):
+        assert rows[name][3] == declared_range(TokenMethod, inherited[name])
+        assert rows[name][4] == declaration(inherited[name]).meaning
 
 
 @dataclass
-class Knob:
-    """A knob.
+class Knob(Settings):
+    """A knob."""
 
-    Parameters:
-        level: int = 3 — how far it turns,
-            in steps.
-        mode: "a" | "b" = "a" — which way.
-    """
-
-    level: int = 3
-    mode: Literal["a", "b"] = "a"
+    level: int = param(3, range=span(1, 9), rule="nonzero",  # the rule: what check() enforces
+                       meaning="how far it turns,\n        in steps.")  # shown on one line
+    mode: Literal["a", "b"] = param("a", meaning="which way.")
     note: str | None = None
     extra: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
-
-    def __post_init__(self):
-        self._check_level()
-        for name in ("level",):
-            if getattr(self, name) == 0:
-                raise ValueError(f"{name} must be nonzero, got {getattr(self, name)!r}")
-
-    def _check_level(self):
-        if not 1 <= self.level <= 9:
-            raise ValueError(f"level must be in 1..9, got {self.level}")
 
 
 def test_parameters_read_ranges_and_meanings_and_say_nothing_where_the_code_does_not():
     params = {p.name: p for p in describe.parameters(Knob)}
     assert params["level"] == describe.Param("level", "int", "3", "in 1..9; nonzero",
                                              "how far it turns, in steps.")
-    assert params["mode"] == describe.Param("mode", "a | b", "'a'", "-", "which way.")
+    # a Literal's choices are its range
+    assert params["mode"] == describe.Param("mode", "a | b", "'a'", "one of a, b", "which way.")
     assert params["note"] == describe.Param("note", "str | None", "None", "-", "-")
     assert params["extra"].default == "[1, 2]"
 
 
-def test_ranges_come_through_helpers_and_super():
-    # decay: check_width("base_bits", ...) and an f-string naming another field
-    decay = describe.field_ranges(METHODS.get("decay"))
-    assert decay["base_bits"] == "an int in 1..8"
-    assert decay["evict_below"] == "in [0, min_below]"
-    # am_task: super().__post_init__ -> Budget -> self.check_budget (overridden, then super)
-    assert describe.field_ranges(METHODS.get("am_task"))["ratio"] == "between 0 and 1 (exclusive)"
-    # perplexity: TextWindowParams' check_at_least(self, {...}) through super().__post_init__
-    perplexity = describe.field_ranges(BENCHMARKS.get("perplexity").Params)
+def test_ranges_come_from_declarations_and_the_ones_inherited():
+    def ranges(config: type) -> dict[str, str]:
+        return {p.name: p.range for p in describe.parameters(config)}
+
+    # decay: a declared span, and a rule naming another field (checked in check())
+    decay = ranges(METHODS.get("decay"))
+    assert decay["base_bits"] == "in 1..8"
+    assert decay["evict_below"] == ">= 0; <= min_below"
+    # am_task: ratio declared on TokenMethod, which it inherits
+    assert ranges(METHODS.get("am_task"))["ratio"] == "in (0, 1)"
+    # perplexity: offset declared on TextWindowParams, which its Params inherit
+    perplexity = ranges(BENCHMARKS.get("perplexity").Params)
     assert perplexity["offset"] == ">= 0" and perplexity["continuation"] == ">= 2"
+
+
+@pytest.mark.parametrize("what, name, config", BUILT_IN, ids=lambda x: x if isinstance(x, str)
+                         else None)
+def test_every_built_in_parameter_has_a_meaning_and_shows_its_declared_range(what, name, config):
+    fields = [f for f in dataclasses.fields(config) if f.init]
+    for f in fields:
+        assert declaration(f) is not None and declaration(f).meaning.strip(), f"{name}.{f.name}"
+    shown = {p.name: p for p in describe.parameters(config)}
+    for f in fields:
+        assert shown[f.name].range == declared_range(config, f), f"{name}.{f.name}"
+        assert shown[f.name].meaning == declaration(f).meaning, f"{name}.{f.name}"
+    # and `kvbench list` shows what describe reads
+    result = invoke("list", what, name)
+    assert result.exit_code == 0, result.output
+    rows = {row[0]: row for row in table_rows(result.output, f"parameters of {name}")}
+    assert list(rows) == [f.name for f in fields]
+    for f in fields:
+        assert rows[f.name][3:] == [shown[f.name].range, shown[f.name].meaning], f"{name}.{f.name}"
 
 
 # ---------------------------------------------------------------- one benchmark

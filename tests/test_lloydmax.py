@@ -3,12 +3,13 @@ import math
 import pytest
 import torch
 
-from kvbench.benchmarks.proofs import Proofs, ProofsParams
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.proofs import Proofs, ProofsParams
 from kvbench.data.synthetic import make_vectors
-from kvbench.methods import METHODS
-from kvbench.methods.codebooks import lloyd_max
-from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.lloydmax import LloydMax
+from kvbench.methods import METHODS, implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.settings.lloydmax import LloydMax
+from kvbench.methods.torch.codebooks import lloyd_max
 from tests.plugins.model_runs import cpu_context
 from tests.plugins.tensors import randn, round_trip
 
@@ -22,14 +23,14 @@ def test_registered_by_name():
 
 
 def test_100_bytes_per_256_dim_vector_at_3_bits():
-    codec = LloydMax().codec()
+    codec = implementation(LloydMax()).codec()
     assert codec.nbytes(codec.encode(randn(1, 2, 10, 256))) == 2 * 10 * 100
 
 
 @pytest.mark.parametrize("bits, dim", [(1, 7), (2, 130), (3, 13), (3, 64), (4, 33), (5, 100),
                                        (7, 9), (8, 64)])
 def test_nbytes_is_norm_plus_packed_codes_per_vector(bits, dim):
-    codec = LloydMax(bits=bits).codec()
+    codec = implementation(LloydMax(bits=bits)).codec()
     packed = codec.encode(randn(2, 3, 5, dim))
     assert set(packed.tensors) == {"codes", "norms"}
     assert packed.tensors["codes"].dtype == torch.uint8
@@ -71,16 +72,18 @@ def test_rotation_rescues_outlier_channels(bits):
 
 def test_rotation_is_orthogonal_and_seeded():
     dim = 64
-    q0 = LloydMax(rotate=True).codec()._rotation(dim, torch.device("cpu")).double()
-    again = LloydMax(rotate=True, rotation_seed=0).codec()._rotation(dim, torch.device("cpu"))
-    other = LloydMax(rotate=True, rotation_seed=1).codec()._rotation(dim, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    q0 = implementation(LloydMax(rotate=True)).codec().rotation_matrix(dim, cpu).double()
+    again = implementation(LloydMax(rotate=True, rotation_seed=0)).codec().rotation_matrix(dim, cpu)
+    other = implementation(LloydMax(rotate=True, rotation_seed=1)).codec().rotation_matrix(dim, cpu)
     assert torch.allclose(q0 @ q0.T, torch.eye(dim, dtype=torch.float64), atol=1e-6)
     assert torch.equal(q0.float(), again)
     assert not torch.allclose(q0.float(), other, atol=0.1)
     # The rotation's generator is its own: drawing from the global RNG does not change it.
     torch.manual_seed(123)
     torch.randn(10)
-    assert torch.equal(LloydMax(rotate=True).codec()._rotation(dim, torch.device("cpu")), again)
+    fresh = implementation(LloydMax(rotate=True)).codec()
+    assert torch.equal(fresh.rotation_matrix(dim, cpu), again)
 
 
 def test_rotation_round_trips_at_eight_bits():
@@ -109,7 +112,7 @@ def test_decode_keeps_shape_and_dtype(dtype):
 
 @pytest.mark.parametrize("rotate", [False, True])
 def test_merge_decodes_like_the_parts(rotate):
-    codec = LloydMax(bits=3, rotate=rotate).codec()
+    codec = implementation(LloydMax(bits=3, rotate=rotate)).codec()
     g = torch.Generator().manual_seed(3)
     parts = [codec.encode(torch.randn(1, 2, n, 40, generator=g)) for n in (5, 1, 3)]
     merged = codec.merge(parts)
@@ -125,7 +128,7 @@ def test_merge_decodes_like_the_parts(rotate):
 
 def test_cache_keeps_the_window_and_one_merged_block():
     window, dim = 4, 64
-    cache = LloydMax(window=window).new_layer_cache(0)
+    cache = implementation(LloydMax(window=window)).new_layer_cache(0)
     assert isinstance(cache, CodecCache)
     keys, values = randn(1, 2, 30, dim, seed=1), randn(1, 2, 30, dim, seed=2)
     for start, stop in [(0, 11), (11, 12), (12, 30)]:  # a prefill, then uneven appends
@@ -151,16 +154,17 @@ def test_invalid_config_names_the_field(field, value):
 
 
 def test_layout_names_the_layout():
-    layout = LloydMax(bits=4, window=16).layout()
+    layout = implementation(LloydMax(bits=4, window=16)).layout()
     for part in ("4-bit", "float32 norm per vector", "sqrt(D)", "no rotation", "newest 16 tokens",
                  "K and V"):
         assert part in layout
-    rotated = LloydMax(rotate=True, rotation_seed=5).codec().layout()
+    rotated = implementation(LloydMax(rotate=True, rotation_seed=5)).codec().layout()
     assert "seeded random rotation (seed 5" in rotated
 
 
 def test_proofs_reports_the_upstream_ratio():
-    out = Proofs().run(ProofsParams(dim=256, n_vectors=512), LloydMax(), cpu_context())
+    out = measurement(Proofs).run(ProofsParams(dim=256, n_vectors=512),
+                                  implementation(LloydMax()), cpu_context())
     # 512 B of 16-bit values against 4 + 96 B per vector.
     assert out.metrics["compression_ratio"].value == 5.12
     assert out.metrics["bits_per_value"].value == 3.125

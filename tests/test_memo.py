@@ -7,12 +7,13 @@ import types
 
 import torch
 
-from kvbench.benchmarks.base import RunContext
-from kvbench.benchmarks.compaction import Compaction, CompactionParams
-from kvbench.benchmarks.quality import Quality, QualityParams
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure.context import RunContext
+from kvbench.benchmarks.specs.compaction import Compaction, CompactionParams
+from kvbench.benchmarks.specs.quality import Quality, QualityParams
 from kvbench.data.text import text_tokens
 from kvbench.memo import Memo
-from kvbench.methods.base import build_method
+from kvbench.methods import build_method, implementation
 from kvbench.models import load_model
 from kvbench.models.session import TorchSession
 
@@ -85,24 +86,30 @@ def test_references_are_shared_through_the_memo_and_keyed_by_the_session():
     memo, statuses = KeyRecorder(), []
     params = QualityParams(context=24, continuation=4, greedy_tokens=3)
     for method in (build_method("identity"), build_method("intq", {"bits": 4})):
-        Quality().run(params, method, _ctx(memo, statuses.append))
+        measurement(Quality).run(params, implementation(method), _ctx(memo, statuses.append))
     assert statuses.count("reference") == 1  # the second method reused the first's
     compaction = CompactionParams(trajectory="The tower was finished in 1889.",
                                   task="When?", chat=False, max_new_tokens=3)
-    Compaction().run(compaction, build_method("identity"), _ctx(memo))
+    measurement(Compaction).run(compaction, implementation(build_method("identity")), _ctx(memo))
     session_key = ("torch", "tiny:llama", "cpu", "float32")
     names = {key[0] for key in memo.keys}
     assert names == {"text_tokens", "quality.reference", "compaction.plain_answer"}
     assert all(key[1:5] == session_key for key in memo.keys)
     # a context made outside a run has a memo of its own
-    Quality().run(params, build_method("identity"), _ctx(Memo(), statuses.append))
+    measurement(Quality).run(params, implementation(build_method("identity")),
+                             _ctx(Memo(), statuses.append))
     assert statuses.count("reference") == 2
 
 
 MODULES = [
-    "kvbench.benchmarks.base", "kvbench.benchmarks.quality", "kvbench.benchmarks.compaction",
-    "kvbench.benchmarks.parity", "kvbench.benchmarks.perplexity", "kvbench.benchmarks.proofs",
-    "kvbench.benchmarks.speed", "kvbench.data.text", "kvbench.models.tiny",
+    "kvbench.benchmarks.specs.base", "kvbench.benchmarks.measure.context",
+    "kvbench.benchmarks.specs.quality", "kvbench.benchmarks.measure.quality",
+    "kvbench.benchmarks.specs.compaction", "kvbench.benchmarks.measure.compaction",
+    "kvbench.benchmarks.specs.parity", "kvbench.benchmarks.measure.parity",
+    "kvbench.benchmarks.specs.perplexity", "kvbench.benchmarks.measure.perplexity",
+    "kvbench.benchmarks.specs.proofs", "kvbench.benchmarks.measure.proofs",
+    "kvbench.benchmarks.specs.speed", "kvbench.benchmarks.measure.speed",
+    "kvbench.data.text", "kvbench.models.tiny",
     "kvbench.models.loading", "kvbench.models.session", "kvbench.models.capture",
 ]
 
@@ -129,11 +136,13 @@ def test_running_benchmarks_leaves_no_state_in_modules():
     for backend in backends:
         ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",
                          load_model=_load, backend=backend)
-        Quality().run(QualityParams(context=24, continuation=4, greedy_tokens=3),
-                      build_method("identity"), ctx)
-        Compaction().run(CompactionParams(trajectory="The tower was finished in 1889.",
-                                          task="When?", chat=False, max_new_tokens=3),
-                         build_method("identity"), ctx)
+        identity = implementation(build_method("identity"), backend)
+        measurement(Quality).run(QualityParams(context=24, continuation=4, greedy_tokens=3),
+                                 identity, ctx)
+        measurement(Compaction).run(
+            CompactionParams(trajectory="The tower was finished in 1889.", task="When?",
+                             chat=False, max_new_tokens=3),
+            identity, ctx)
     assert _module_state(modules) == before
 
 

@@ -23,7 +23,7 @@ mx = pytest.importorskip("mlx.core")
 import torch  # noqa: E402
 
 from kvbench.backends import mlx_backend  # noqa: E402
-from kvbench.methods.base import LayerCachePolicy  # noqa: E402
+from kvbench.methods.core.contracts import LayerCachePolicy  # noqa: E402
 from kvbench.models import mlx_host  # noqa: E402
 from kvbench.models.mlx_attention import biased_attention  # noqa: E402
 from kvbench.models.mlx_host import (  # noqa: E402
@@ -213,7 +213,7 @@ def _agreement(torch_loaded, mlx_model, cache, steps=8):
 
 @torch.inference_mode()
 def _torch_perplexity(loaded, ids, context):
-    """kvbench.benchmarks.perplexity's protocol on torch with its plain cache: prefill, then
+    """kvbench.benchmarks.measure.perplexity's protocol on torch with its plain cache: prefill, then
     one-token decode, token i scored from the logits at i-1, NLL in float64."""
     from transformers import DynamicCache
 
@@ -263,13 +263,13 @@ def test_tiny_mlx_models_have_the_torch_weights(kind):
 
 
 def test_a_kvbench_method_runs_through_its_mlx_implementation(tiny):
-    from kvbench.methods.identity import Identity
-    from kvbench.methods.mlx import has_mlx
+    from kvbench.methods import has_implementation, implementation
+    from kvbench.methods.settings.identity import Identity
 
-    if not has_mlx(Identity):
+    if not has_implementation(Identity, "mlx"):
         pytest.skip("identity has no MLX implementation registered yet")
     ids = _ids()
-    cache = MLXKVBenchCache(Identity(), tiny.num_layers)
+    cache = MLXKVBenchCache(implementation(Identity(), "mlx"), tiny.num_layers)
     np.testing.assert_allclose(_decode_logits(tiny, cache, ids, 10), _mlx_lm_logits(tiny, ids),
                                atol=1e-6, rtol=0)
 
@@ -310,7 +310,7 @@ def test_positions_from_the_retained_count_would_be_caught(tiny, monkeypatch):
     ids = _ids()
     hidden, _ = _kvbench_logits(tiny, lambda: Biased(hide_prefix_after_prefill(10)), ids)
     monkeypatch.setattr(mlx_host.MLXPolicyLayer, "offset",
-                        property(lambda self: self.policy.retained_tokens if self._started else 0))
+                        property(lambda self: self.policy.retained_tokens if self.started else 0))
     wrong, _ = _kvbench_logits(tiny, lambda: DropPrefix(10), ids)
     assert np.abs(hidden - wrong).max() > 1e-3
 
@@ -369,7 +369,8 @@ def test_biased_attention_matches_torch_and_mx_fast(q_len, t_len):
 
 def _mlx_perplexity(loaded, ids, context, method, decode_chunk=1):
     """(ppl, prefill_s, decode_s, cache): the perplexity benchmark's pass on an MLX session."""
-    from kvbench.benchmarks.perplexity import PerplexityParams, _run_lockstep
+    from kvbench.benchmarks.measure.perplexity import _run_lockstep
+    from kvbench.benchmarks.specs.perplexity import PerplexityParams
     from kvbench.models.mlx_session import MLXSession
 
     session = MLXSession(loaded)

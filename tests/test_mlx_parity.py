@@ -34,18 +34,18 @@ import torch
 mx = pytest.importorskip("mlx.core")
 
 import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
-from kvbench.backends.arrays import MLXArrays  # noqa: E402
-from kvbench.methods import METHODS  # noqa: E402
-from kvbench.methods import packing as torch_packing  # noqa: E402
-from kvbench.methods.base import Packed  # noqa: E402
-from kvbench.methods.identity import Identity  # noqa: E402
-from kvbench.methods.intq import IntQ  # noqa: E402
-from kvbench.methods.kivi import Kivi, KiviCache  # noqa: E402
-from kvbench.methods.lloydmax import LloydMax  # noqa: E402
-from kvbench.methods.mlx import MLXCodecCache, MLXMethod, has_mlx, on_mlx  # noqa: E402
+from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
+from kvbench.methods import METHODS, has_implementation, implementation  # noqa: E402
+from kvbench.methods.core.codec_cache import CodecCache  # noqa: E402
+from kvbench.methods.core.contracts import Implementation, Packed  # noqa: E402
+from kvbench.methods.core.kivi_cache import KiviCache  # noqa: E402
 from kvbench.methods.mlx import packing as mlx_packing  # noqa: E402
-from kvbench.methods.mlx.kivi import MLXKiviCache  # noqa: E402
-from kvbench.methods.turbo import Turbo  # noqa: E402
+from kvbench.methods.settings.identity import Identity  # noqa: E402
+from kvbench.methods.settings.intq import IntQ  # noqa: E402
+from kvbench.methods.settings.kivi import Kivi  # noqa: E402
+from kvbench.methods.settings.lloydmax import LloydMax  # noqa: E402
+from kvbench.methods.settings.turbo import Turbo  # noqa: E402
+from kvbench.methods.torch import packing as torch_packing  # noqa: E402
 
 CODE_AGREEMENT = 0.999
 NORM32_RTOL = 1e-5
@@ -68,6 +68,20 @@ TO_MX = {torch.float32: mx.float32, torch.float16: mx.float16, torch.bfloat16: m
 
 
 # --- conversions --------------------------------------------------------------------------------
+
+def on_mlx(settings):
+    """`settings` as MLX runs it."""
+    return implementation(settings, "mlx")
+
+
+def on_torch(settings):
+    """`settings` as the torch reference runs it."""
+    return implementation(settings, "torch")
+
+
+def is_mlx_cache(cache, cls) -> bool:
+    """`cache` is a `cls` (the layer cache every backend shares) holding mx.arrays."""
+    return isinstance(cache, cls) and isinstance(cache.ops, MLXArrays)
 
 # The benchmarks' own conversions (bfloat16 through float32, which holds it exactly)
 to_mx, to_torch = MLXArrays().from_torch, MLXArrays().to_torch
@@ -125,8 +139,8 @@ def _case_id(case):
         "-given_channels" if "outlier_channels" in params else "")
 
 
-def _shapes(method):
-    block = getattr(method, "block", 1)
+def _shapes(settings):
+    block = getattr(settings, "block", 1)
     return [s for s in SHAPES if s[-1] % block == 0]
 
 
@@ -209,16 +223,18 @@ def assert_rows_close(want: torch.Tensor, got: torch.Tensor, rtol: float, mask=N
 @pytest.mark.parametrize("name", ["identity", "intq", "lloydmax", "kivi", "turbo", "turbo2",
                                   "turbo2.5", "turbo3", "turbo3.5", "turbo4"])
 def test_every_method_has_an_mlx_implementation_built_from_its_config(name):
-    method = METHODS.get(name)()
-    assert has_mlx(type(method))
-    port = on_mlx(method)
-    assert isinstance(port, MLXMethod) and port.config is method
+    settings = METHODS.get(name)()
+    method = on_torch(settings)
+    assert has_implementation(type(settings), "mlx")
+    port = on_mlx(settings)
+    assert isinstance(port, Implementation) and port.settings is settings
+    assert port.on.name == "mlx" and type(port).__module__.startswith("kvbench.methods.mlx")
     assert port.layout() == method.layout()
     cache = port.new_layer_cache(0)
     if name == "kivi":
-        assert port.codec() is None and isinstance(cache, MLXKiviCache)
+        assert port.codec() is None and is_mlx_cache(cache, KiviCache)
     else:
-        assert isinstance(cache, MLXCodecCache)
+        assert is_mlx_cache(cache, CodecCache)
         assert port.codec().layout() == method.codec().layout()
 
 
@@ -294,19 +310,18 @@ def _check_codec(tc, mc, x: torch.Tensor, exact: bool):
 @pytest.mark.parametrize("case", CODEC_CASES, ids=_case_id)
 def test_codec_parity(case):
     name, params = case
-    method = METHODS.get(name)(**params)
-    port = on_mlx(method)
-    tc, mc = method.codec(), port.codec()
+    settings = METHODS.get(name)(**params)
+    tc, mc = on_torch(settings).codec(), on_mlx(settings).codec()
     assert mc.token_block == tc.token_block
-    for shape in _shapes(method):
+    for shape in _shapes(settings):
         for seed in SEEDS:
             _check_codec(tc, mc, inputs(shape, seed), name in EXACT)
 
 
 @pytest.mark.parametrize("bits", [2, 4])
 def test_kivi_codecs_parity(bits):
-    method = Kivi(bits=bits)
-    port = on_mlx(method)
+    settings = Kivi(bits=bits)
+    method, port = on_torch(settings), on_mlx(settings)
     for tc, mc in ((method.key_codec(), port.key_codec()),
                    (method.value_codec(), port.value_codec())):
         assert (mc.axis, mc.token_block) == (tc.axis, tc.token_block)
@@ -322,16 +337,17 @@ def test_kivi_codecs_parity(bits):
                          ids=_case_id)
 def test_codec_parity_on_16_bit_inputs(case, dtype):
     name, params = case
-    method = METHODS.get(name)(**params)
+    settings = METHODS.get(name)(**params)
     for seed in SEEDS[:2]:
-        _check_codec(method.codec(), on_mlx(method).codec(), inputs(SHAPES[0], seed, dtype),
+        _check_codec(on_torch(settings).codec(), on_mlx(settings).codec(),
+                     inputs(SHAPES[0], seed, dtype),
                      name in EXACT)
 
 
 def test_a_flipped_code_is_caught():
     """The comparison is not vacuous: one code changed on the MLX side fails it."""
-    method = IntQ(bits=4)
-    tc, mc = method.codec(), on_mlx(method).codec()
+    settings = IntQ(bits=4)
+    tc, mc = on_torch(settings).codec(), on_mlx(settings).codec()
     x = inputs(SHAPES[0], 0)
     pt, pm = tc.encode(x), mc.encode(to_mx(x))
     codes = np.array(pm.tensors["codes"])
@@ -345,22 +361,22 @@ def test_merge_parity():
     """Merged parts: the same stored tensors as torch's merge, and None where torch refuses."""
     x = inputs((1, 2, 64, 64), 0)
     parts = [x[..., :32, :], x[..., 32:, :]]
-    for method in (IntQ(bits=2, axis="channel"), IntQ(bits=4), LloydMax(), Turbo(block=64),
-                   Identity(dtype="float16")):
-        tc, mc = method.codec(), on_mlx(method).codec()
-        mt = tc.merge([tc.encode(p) for p in parts]) if not isinstance(method, Identity) else (
+    for settings in (IntQ(bits=2, axis="channel"), IntQ(bits=4), LloydMax(), Turbo(block=64),
+                     Identity(dtype="float16")):
+        tc, mc = on_torch(settings).codec(), on_mlx(settings).codec()
+        mt = tc.merge([tc.encode(p) for p in parts]) if not isinstance(settings, Identity) else (
             tc.encode(x))  # torch's CastCodec does not merge; its whole encode is the same
         mm = mc.merge([mc.encode(to_mx(p)) for p in parts])
         assert_same_layout(mt, mm, tc, mc)
-        exact = type(method).name in EXACT
+        exact = type(settings).name in EXACT
         _, flipped = compare_codes(mt, mm, _code_lengths(tc, tuple(x.shape)), exact)
         want, got = tc.decode(mt), to_torch(mc.decode(mm))
         if exact:
             assert torch.equal(got, want)
         elif flipped == 0:
             assert_rows_close(want, got, ROW_RTOL)
-    method = IntQ(bits=2, axis="channel")  # a part of 20 tokens is not whole groups: no merge
-    tc, mc = method.codec(), on_mlx(method).codec()
+    settings = IntQ(bits=2, axis="channel")  # a part of 20 tokens is not whole groups: no merge
+    tc, mc = on_torch(settings).codec(), on_mlx(settings).codec()
     parts = [x[..., :20, :], x[..., 20:, :]]
     assert tc.merge([tc.encode(p) for p in parts]) is None
     assert mc.merge([mc.encode(to_mx(p)) for p in parts]) is None
@@ -381,7 +397,7 @@ def _boundary_probes(codebook) -> torch.Tensor:
 def test_codebook_buckets_match_at_the_boundaries(density, bits, dim):
     """Values exactly on a boundary go to the lower centroid on both backends (torch's float32
     path: boundaries rounded down to float32 where rounding went up, then a strict count)."""
-    from kvbench.methods.codebooks import lloyd_max
+    from kvbench.methods.torch.codebooks import lloyd_max
     from kvbench.methods.mlx.codebooks import MLXCodebook
 
     codebook = lloyd_max(density, bits, dim)
@@ -395,7 +411,7 @@ def test_codebook_buckets_match_at_the_boundaries(density, bits, dim):
 
 def test_llamacpp_codebook_buckets_match_at_the_boundaries():
     from kvbench.methods.mlx.codebooks import MLXCodebook
-    from kvbench.methods.turbo import llamacpp_codebook
+    from kvbench.methods.torch.turbo import llamacpp_codebook
 
     codebook = llamacpp_codebook()
     x = _boundary_probes(codebook)
@@ -419,7 +435,7 @@ CACHE_CASES = [
 
 def _packed_tokens(cache) -> tuple[int, ...]:
     """Tokens each stream holds packed: the same rule must pack the same tokens at each step."""
-    if isinstance(cache, (KiviCache, MLXKiviCache)):
+    if isinstance(cache, KiviCache):
         return cache.keys.packed_tokens, cache.values.packed_tokens
     return (cache._packed_tokens,)
 
@@ -433,11 +449,12 @@ def _cache_id(case):
 @pytest.mark.parametrize("case", CACHE_CASES, ids=_cache_id)
 def test_cache_policy_parity(case, dtype):
     cls, params = case
-    method = cls(**params)
+    settings = cls(**params)
     exact = cls.name in EXACT
-    torch_cache, mlx_cache = method.new_layer_cache(0), on_mlx(method).new_layer_cache(0)
-    assert isinstance(mlx_cache, MLXKiviCache if isinstance(torch_cache, KiviCache)
-                      else MLXCodecCache)
+    torch_cache, mlx_cache = on_torch(settings).new_layer_cache(0), on_mlx(
+        settings).new_layer_cache(0)
+    assert is_mlx_cache(mlx_cache, KiviCache if isinstance(torch_cache, KiviCache)
+                        else CodecCache)
     prefill, steps = 40, 30
     keys = inputs((1, 2, prefill + steps, 64), 7, dtype)
     values = inputs((1, 2, prefill + steps, 64), 8, dtype)

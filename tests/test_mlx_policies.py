@@ -1,5 +1,5 @@
-"""The MLX policy methods (sparse_v, decay, adaptive; kvbench.methods.mlx) against their torch
-references, driven by the same appends (a prefill, then one-token steps; decay also a
+"""The policy methods (sparse_v, decay, adaptive; kvbench.methods.core.wrappers) on MLX against
+their torch references, driven by the same appends (a prefill, then one-token steps; decay also a
 multi-token decode chunk) on fresh random inputs, compared after every call.
 
 What must be identical on both backends, whatever the base: seen and retained tokens, retained
@@ -29,15 +29,16 @@ import torch
 mx = pytest.importorskip("mlx.core")
 
 import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
-from kvbench.backends.arrays import MLXArrays  # noqa: E402
-from kvbench.methods.adaptive import Adaptive, AdaptiveCache  # noqa: E402
-from kvbench.methods.base import build_method  # noqa: E402
-from kvbench.methods.decay import Decay, DecayCache  # noqa: E402
-from kvbench.methods.mlx import MLXMethod, has_mlx, on_mlx  # noqa: E402
-from kvbench.methods.mlx.adaptive import MLXAdaptive, MLXAdaptiveCache  # noqa: E402
-from kvbench.methods.mlx.decay import MLXDecay, MLXDecayCache  # noqa: E402
-from kvbench.methods.mlx.sparse_v import MLXSparseV, MLXSparseVCache  # noqa: E402
-from kvbench.methods.sparse_v import SparseV, SparseVCache  # noqa: E402
+from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
+from kvbench.methods import has_implementation, implementation  # noqa: E402
+from kvbench.methods.core.adaptive_cache import AdaptiveCache  # noqa: E402
+from kvbench.methods.core.decay_cache import DecayCache  # noqa: E402
+from kvbench.methods.core.sparse_v_cache import SparseVCache  # noqa: E402
+from kvbench.methods.core.wrappers import AdaptiveMethod, DecayMethod, SparseVMethod  # noqa: E402
+from kvbench.methods.settings import build_method  # noqa: E402
+from kvbench.methods.settings.adaptive import Adaptive  # noqa: E402
+from kvbench.methods.settings.decay import Decay  # noqa: E402
+from kvbench.methods.settings.sparse_v import SparseV  # noqa: E402
 
 ROW_RTOL = 2e-3
 BAD_ROW_FRACTION = 0.01
@@ -56,6 +57,24 @@ def _one_torch_thread():
 
 # The benchmarks' own conversions (bfloat16 through float32, which holds it exactly)
 to_mx, to_torch = MLXArrays().from_torch, MLXArrays().to_torch
+
+
+def on_mlx(settings):
+    """`settings` as MLX runs it."""
+    return implementation(settings, "mlx")
+
+
+def on_torch(settings):
+    """`settings` as the torch reference runs it."""
+    return implementation(settings, "torch")
+
+
+def holds_mlx_arrays(policy) -> bool:
+    """The policy keeps mx.arrays (the cache every backend shares, on MLX's arrays); a wrapping
+    policy (sparse-V) holds none of its own: its inner policy's are asked."""
+    while not hasattr(policy, "ops"):
+        policy = policy.inner
+    return isinstance(policy.ops, MLXArrays)
 
 
 def fresh(shape, seed, dtype=torch.float32) -> torch.Tensor:
@@ -131,20 +150,21 @@ def assert_same_inputs(torch_cache, mlx_cache, exact: bool, row_rtol: float = RO
 
 # --- registration -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config, port_cls, cache_cls", [
-    (SparseV(base="turbo3", base_params={"block": 64}, tau=1e-4), MLXSparseV, MLXSparseVCache),
-    (Decay(base="intq", base_bits=4, window=8, segment=16), MLXDecay, MLXDecayCache),
-    (Adaptive(base="turbo", base_params={"block": 32}), MLXAdaptive, MLXAdaptiveCache),
+@pytest.mark.parametrize("settings, port_cls, cache_cls", [
+    (SparseV(base="turbo3", base_params={"block": 64}, tau=1e-4), SparseVMethod, SparseVCache),
+    (Decay(base="intq", base_bits=4, window=8, segment=16), DecayMethod, DecayCache),
+    (Adaptive(base="turbo", base_params={"block": 32}), AdaptiveMethod, AdaptiveCache),
 ], ids=["sparse_v", "decay", "adaptive"])
-def test_registered_and_built_from_the_torch_config(config, port_cls, cache_cls):
-    assert has_mlx(type(config))
-    port = on_mlx(config)
-    assert type(port) is port_cls and isinstance(port, MLXMethod) and port.config is config
-    assert port.layout() == config.layout()
-    assert isinstance(port.new_layer_cache(0), cache_cls)
+def test_registered_and_built_from_the_torch_config(settings, port_cls, cache_cls):
+    assert has_implementation(type(settings), "mlx")
+    port, reference = on_mlx(settings), on_torch(settings)
+    assert type(port) is port_cls and port.on.name == "mlx" and port.settings is settings
+    assert port.layout() == reference.layout()
+    cache = port.new_layer_cache(0)
+    assert isinstance(cache, cache_cls) and holds_mlx_arrays(cache)
     # the codecs are the base's MLX codecs (at base_bits), described as torch describes them
-    for mine, theirs in ((port.key_codec(), config.key_codec()),
-                         (port.value_codec(), config.value_codec())):
+    for mine, theirs in ((port.key_codec(), reference.key_codec()),
+                         (port.value_codec(), reference.value_codec())):
         assert type(mine).__module__.startswith("kvbench.methods.mlx")
         assert mine.layout() == theirs.layout()
 
@@ -162,13 +182,13 @@ SPARSE_CASES = [  # (base, base_params, attention inputs exact)
 @pytest.mark.parametrize("base, base_params, exact", SPARSE_CASES,
                          ids=[c[0] for c in SPARSE_CASES])
 def test_sparse_v_parity(base, base_params, exact):
-    method = SparseV(base=base, base_params=base_params, tau=1e-4)
-    torch_cache, mlx_cache = method.new_layer_cache(0), on_mlx(method).new_layer_cache(0)
-    assert isinstance(torch_cache, SparseVCache) and isinstance(mlx_cache, MLXSparseVCache)
+    settings = SparseV(base=base, base_params=base_params, tau=1e-4)
+    torch_cache, mlx_cache = on_torch(settings).new_layer_cache(0), on_mlx(
+        settings).new_layer_cache(0)
+    assert isinstance(torch_cache, SparseVCache) and isinstance(mlx_cache, SparseVCache)
     # the inner policy is the base's MLX one, not torch's
-    inner = type(mlx_cache.inner)
-    assert inner.__module__.startswith("kvbench.methods.mlx") and inner is not type(
-        torch_cache.inner)
+    assert type(mlx_cache.inner) is type(on_mlx(settings.base_settings).new_layer_cache(0))
+    assert holds_mlx_arrays(mlx_cache.inner) and not holds_mlx_arrays(torch_cache.inner)
     assert mlx_cache.value_skip_threshold == torch_cache.value_skip_threshold == 1e-4
     keys, values = fresh((1, 2, PREFILL + STEPS, 64), 1), fresh((1, 2, PREFILL + STEPS, 64), 2)
     g = np.random.default_rng(3)
@@ -189,14 +209,15 @@ def test_sparse_v_parity(base, base_params, exact):
 
 
 def test_sparse_v_calibrates_its_base_on_the_shared_config():
-    """Calibrating through the MLX port sets the widths on the torch config's base, so a torch
-    cache built afterwards uses them as well."""
-    method = SparseV(base="adaptive", base_params={"base": "intq", "base_bits": 4, "scale": 1.0})
-    port = on_mlx(method)
-    assert port.base.config is method._base
+    """Calibrating through the MLX port calibrates its base (the MLX implementation of the
+    settings' own base settings): a refused calibration sets no widths there."""
+    settings = SparseV(base="adaptive", base_params={"base": "intq", "base_bits": 4,
+                                                     "scale": 1.0})
+    port = on_mlx(settings)
+    assert port.base.settings is settings.base_settings and port.base.on.name == "mlx"
     with pytest.raises(ValueError, match="at least 16 tokens"):
         port.calibrate(types.SimpleNamespace(spec="tiny:llama"), list(range(10)))
-    assert method._base.head_bits is None
+    assert port.base.head_bits is None
 
 
 # --- decay --------------------------------------------------------------------------------------
@@ -222,8 +243,9 @@ def test_decay_parity(case):
     method = Decay(base=base, base_params=base_params, base_bits=base_bits, min_bits=min_bits,
                    decay_rate=4.0, window=8, segment=8 if base == "kivi" else 16)
     port = on_mlx(method)
-    torch_cache, mlx_cache = method.new_layer_cache(0), port.new_layer_cache(0)
-    assert isinstance(torch_cache, DecayCache) and isinstance(mlx_cache, MLXDecayCache)
+    torch_cache, mlx_cache = on_torch(method).new_layer_cache(0), port.new_layer_cache(0)
+    assert isinstance(torch_cache, DecayCache) and isinstance(mlx_cache, DecayCache)
+    assert holds_mlx_arrays(mlx_cache) and not holds_mlx_arrays(torch_cache)
     exact = base in EXACT
     row_rtol = ROW_RTOL * len(method.widths())
     steps = chunked_spans()
@@ -271,13 +293,13 @@ def test_decay_parity(case):
 def test_decay_uses_the_mlx_codecs_of_the_base_at_each_width():
     method = Decay(base="kivi", base_params={"group_size": 8}, base_bits=4, min_bits=2,
                    segment=16)
-    port = on_mlx(method)
+    port, reference = on_mlx(method), on_torch(method)
     assert method.widths() == [2, 4]
     for bits in method.widths():
         want = on_mlx(build_method("kivi", {"group_size": 8, "bits": bits}))
         mlx_codecs = port.codecs(bits)
         for mine, theirs, torch_codec, axis in zip(
-                mlx_codecs, (want.key_codec(), want.value_codec()), method.codecs(bits),
+                mlx_codecs, (want.key_codec(), want.value_codec()), reference.codecs(bits),
                 ("channel", "token")):
             assert type(mine) is type(theirs) and mine.layout() == theirs.layout()
             assert (mine.bits, mine.axis) == (torch_codec.bits, torch_codec.axis) == (bits, axis)
@@ -296,15 +318,16 @@ ADAPTIVE_CASES = [
 @pytest.mark.parametrize("base, base_params, base_bits, head_bits", ADAPTIVE_CASES,
                          ids=[c[0] for c in ADAPTIVE_CASES])
 def test_adaptive_parity_with_given_widths(base, base_params, base_bits, head_bits):
-    method = Adaptive(base=base, base_params=base_params, base_bits=base_bits)
-    method.head_bits = head_bits  # the calibration result, set directly
-    port = on_mlx(method)
+    settings = Adaptive(base=base, base_params=base_params, base_bits=base_bits)
+    method, port = on_torch(settings), on_mlx(settings)
+    method.head_bits = port.head_bits = head_bits  # the calibration result, set directly
     kv_heads, per_head, dim = 4, 2, 64
     total = PREFILL + STEPS
     exact = base in EXACT
     for layer, widths in enumerate(head_bits):
         torch_cache, mlx_cache = method.new_layer_cache(layer), port.new_layer_cache(layer)
-        assert isinstance(torch_cache, AdaptiveCache) and isinstance(mlx_cache, MLXAdaptiveCache)
+        assert isinstance(torch_cache, AdaptiveCache) and isinstance(mlx_cache, AdaptiveCache)
+        assert holds_mlx_arrays(mlx_cache) and not holds_mlx_arrays(torch_cache)
         keys = fresh((1, kv_heads, total, dim), 20 + layer)
         values = fresh((1, kv_heads, total, dim), 30 + layer)
         queries = fresh((1, kv_heads * per_head, total, dim), 40 + layer)
@@ -318,7 +341,8 @@ def test_adaptive_parity_with_given_widths(base, base_params, base_bits, head_bi
             assert_same_inputs(torch_cache, mlx_cache, exact)
         for g, group in enumerate(mlx_cache.groups):
             # each group's policy is the base's MLX cache at its width
-            assert type(group.policy).__module__.startswith("kvbench.methods.mlx")
+            base_cache = on_mlx(settings.variant(group.bits)).new_layer_cache(layer)
+            assert type(group.policy) is type(base_cache) and holds_mlx_arrays(group.policy)
             # a group's queries: the query heads of its KV heads, as torch selects them
             assert torch.equal(to_torch(mlx_cache._select(to_mx(queries), g, per_head)),
                                torch_cache._select(queries, g, per_head))
@@ -326,7 +350,7 @@ def test_adaptive_parity_with_given_widths(base, base_params, base_bits, head_bi
         # per width, is what the layer accounts for that width
         per_width: dict[int, int] = {}
         for head, bits in enumerate(widths):
-            alone = on_mlx(method.variant(bits)).new_layer_cache(layer)
+            alone = on_mlx(settings.variant(bits)).new_layer_cache(layer)
             for j, (start, stop) in enumerate(spans()):
                 alone.append(to_mx(keys[:, head:head + 1, start:stop].clone()),
                              to_mx(values[:, head:head + 1, start:stop].clone()))
@@ -340,9 +364,10 @@ def test_adaptive_parity_with_given_widths(base, base_params, base_bits, head_bi
 
 def test_adaptive_places_every_heads_keys_values_and_bias_as_torch():
     """_place with a bias from one group only: the others get zeros, every head in its place."""
-    method = Adaptive(base="intq", base_bits=4)
-    method.head_bits = [[8, 2, 4, 2, 8]]
-    torch_cache, mlx_cache = method.new_layer_cache(0), on_mlx(method).new_layer_cache(0)
+    settings = Adaptive(base="intq", base_bits=4)
+    method, port = on_torch(settings), on_mlx(settings)
+    method.head_bits = port.head_bits = [[8, 2, 4, 2, 8]]
+    torch_cache, mlx_cache = method.new_layer_cache(0), port.new_layer_cache(0)
     x = fresh((1, 5, 6, 16), 50)
     feed(torch_cache, mlx_cache, x, x, (0, 6), first=False)
     g = torch.Generator().manual_seed(51)
@@ -367,8 +392,9 @@ def test_adaptive_places_every_heads_keys_values_and_bias_as_torch():
 
 def test_a_differing_row_is_caught():
     """The inexact comparison is not vacuous: one row changed on the MLX side fails it."""
-    method = Decay(base="turbo3", base_params={"block": 64}, window=8, segment=16)
-    torch_cache, mlx_cache = method.new_layer_cache(0), on_mlx(method).new_layer_cache(0)
+    settings = Decay(base="turbo3", base_params={"block": 64}, window=8, segment=16)
+    torch_cache, mlx_cache = on_torch(settings).new_layer_cache(0), on_mlx(
+        settings).new_layer_cache(0)
     x = fresh((1, 2, 40, 64), 70)
     feed(torch_cache, mlx_cache, x, x, (0, 40), first=True)
     assert_same_inputs(torch_cache, mlx_cache, exact=False)

@@ -1,12 +1,17 @@
 """Model specs, tiny models, the transformers cache adapter, K/V capture and the bundled model."""
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.methods.base import LayerCachePolicy, Method, tensor_bytes
-from kvbench.methods.identity import Identity
+from kvbench.backends.torch_arrays import tensor_bytes
+from kvbench.methods import implementation
+from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.settings import MethodSettings, implements
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.torch.base import TorchMethod
 from kvbench.models import BUNDLED, describe_model, kvbench_home, load_model, prepare_bundled
 from kvbench.models.capture import capture_qkv
 from kvbench.models.hf_cache import KVBenchCache
@@ -67,14 +72,36 @@ class TestPolicy(LayerCachePolicy):
         return tensor_bytes(self.k, self.v)
 
 
-class TestMethod(Method):
+@dataclass
+class TestMethod(MethodSettings):
+    """TestPolicy's options as settings."""
+
     __test__ = False
 
-    def __init__(self, **options):
-        self.options = options
+    keep: int | None = None
+    zero_values: bool = False
+    bias: bool = False
+    retained_shift: int = 0
+    keep_after_prefill: int | None = None
 
+
+@implements(TestMethod)
+class TorchTestMethod(TorchMethod):
     def new_layer_cache(self, layer_idx):
-        return TestPolicy(**self.options)
+        return TestPolicy(**self.settings.params())
+
+
+def _cache(settings, num_layers=2):
+    """A KVBenchCache of the settings' torch implementation."""
+    return KVBenchCache(implementation(settings), num_layers)
+
+
+def _forward(model, cache, ids):
+    """`model` on `ids` through `cache`: a KVBenchCache's forward hands kvbench's attention the
+    cache; any other cache is passed as transformers' past_key_values."""
+    if isinstance(cache, KVBenchCache):
+        return cache.forward(model, ids)
+    return model(ids, past_key_values=cache, use_cache=True)
 
 
 def _ids(text=PROMPT):
@@ -83,12 +110,12 @@ def _ids(text=PROMPT):
 
 @torch.inference_mode()
 def _greedy(model, cache, ids, steps):
-    logits = model(ids, past_key_values=cache, use_cache=True).logits[:, -1]
+    logits = _forward(model, cache, ids).logits[:, -1]
     out = []
     for _ in range(steps):
         token = logits.argmax(-1, keepdim=True)
         out.append(token.item())
-        logits = model(token, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = _forward(model, cache, token).logits[:, -1]
     return out
 
 
@@ -185,7 +212,7 @@ def test_load_tiny_geometry():
 def test_identity_cache_greedy_decode_matches_dynamic_cache(spec):
     loaded = load_model(spec, "cpu")
     plain = _greedy(loaded.model, DynamicCache(config=loaded.model.config), _ids(), 12)
-    ours = _greedy(loaded.model, KVBenchCache(Identity(), loaded.num_layers), _ids(), 12)
+    ours = _greedy(loaded.model, _cache(Identity(), loaded.num_layers), _ids(), 12)
     assert ours == plain
 
 
@@ -194,9 +221,9 @@ def test_identity_cache_greedy_decode_matches_dynamic_cache(spec):
 def test_attention_reads_the_policy(spec):
     loaded = load_model(spec, "cpu")
     plain = loaded.model(_ids()).logits
-    same = loaded.model(_ids(), past_key_values=KVBenchCache(TestMethod(), 2)).logits
-    zero_values = KVBenchCache(TestMethod(zero_values=True), 2)
-    zeroed = loaded.model(_ids(), past_key_values=zero_values).logits
+    same = _cache(TestMethod()).forward(loaded.model, _ids()).logits
+    zero_values = _cache(TestMethod(zero_values=True))
+    zeroed = zero_values.forward(loaded.model, _ids()).logits
     torch.testing.assert_close(same, plain, rtol=1e-5, atol=1e-5)
     assert (zeroed - plain).abs().max() > 1e-2
 
@@ -209,15 +236,15 @@ def test_positions_continue_from_seen_tokens_when_a_policy_keeps_fewer(tiny_llam
     full = DynamicCache(config=model.config)
     model(ids, past_key_values=full)
 
-    cache = KVBenchCache(TestMethod(keep=8), 2)
+    cache = _cache(TestMethod(keep=8))
     cache.layers[0].policy.keep = None  # layer 0 keeps all prefill tokens so the mask fits
     cache.layers[1].policy.keep = None
-    model(ids[:, : n - 3], past_key_values=cache)
+    cache.forward(model, ids[:, : n - 3])
     assert cache.get_seq_length() == n - 3
     for policy in cache.policies:
         policy.keep = 8  # from now on every layer keeps only the newest 8
     for step in range(n - 3, n):
-        model(ids[:, step : step + 1], past_key_values=cache)
+        cache.forward(model, ids[:, step : step + 1])
         assert cache.get_seq_length() == step + 1
     assert cache.retained_tokens() == [8, 8]
     assert cache.get_mask_sizes(1, 0) == (9, n - 8)
@@ -235,11 +262,11 @@ def test_chunked_decode_after_eviction_matches_token_by_token(spec):
     ids = _ids()
 
     def decode(chunk):
-        cache = KVBenchCache(TestMethod(keep_after_prefill=16), 2)
-        model(ids[:, :40], past_key_values=cache)
+        cache = _cache(TestMethod(keep_after_prefill=16))
+        cache.forward(model, ids[:, :40])
         cache.end_prefill()
         steps = [ids[:, i : i + chunk] for i in range(40, 48, chunk)]
-        logits = torch.cat([model(step, past_key_values=cache).logits for step in steps], dim=1)
+        logits = torch.cat([cache.forward(model, step).logits for step in steps], dim=1)
         assert cache.retained_tokens() == [24, 24] and cache.get_seq_length() == 48
         return logits
 
@@ -247,7 +274,7 @@ def test_chunked_decode_after_eviction_matches_token_by_token(spec):
 
 
 def test_seq_length_and_accounting_through_prefill_and_decode(tiny_llama):
-    cache = KVBenchCache(Identity(), tiny_llama.num_layers)
+    cache = _cache(Identity(), tiny_llama.num_layers)
     assert cache.get_seq_length() == 0
     _greedy(tiny_llama.model, cache, _ids(), 5)
     tokens = _ids().shape[1] + 5
@@ -260,7 +287,7 @@ def test_seq_length_and_accounting_through_prefill_and_decode(tiny_llama):
 
 
 def test_end_prefill_reaches_every_layer():
-    cache = KVBenchCache(TestMethod(), 2)
+    cache = _cache(TestMethod())
     cache.end_prefill()
     assert all(policy.prefill_ended for policy in cache.policies)
 
@@ -269,7 +296,7 @@ def test_end_prefill_reaches_every_layer():
 def test_a_bias_of_the_wrong_shape_is_refused(tiny_llama):
     model = tiny_llama.model
     with pytest.raises(RuntimeError, match=r"key bias of shape \(\d+,\); it must be"):
-        model(_ids(), past_key_values=KVBenchCache(TestMethod(bias=True), 2))
+        _cache(TestMethod(bias=True)).forward(model, _ids())
 
 
 @pytest.mark.parametrize(
@@ -283,14 +310,14 @@ def test_a_bias_of_the_wrong_shape_is_refused(tiny_llama):
 def test_a_policy_keeping_nothing_or_more_than_it_saw_is_a_bug(options, message, tiny_llama):
     model = tiny_llama.model
     with pytest.raises(RuntimeError, match=message):
-        model(_ids(), past_key_values=KVBenchCache(TestMethod(**options), 2))
+        _cache(TestMethod(**options)).forward(model, _ids())
 
 
 @torch.inference_mode()
 def test_dropping_tokens_inside_a_multi_token_step_is_refused(tiny_llama):
     model = tiny_llama.model
     with pytest.raises(RuntimeError, match="layer 0: 4 keys for a 90-token step.*sized for 90"):
-        model(_ids(), past_key_values=KVBenchCache(TestMethod(keep=4), 2))
+        _cache(TestMethod(keep=4)).forward(model, _ids())
 
 
 # --- capture ----------------------------------------------------------------------------------
@@ -301,8 +328,8 @@ def test_capture_returns_what_attention_caches():
     loaded = load_model("tiny:qwen3", "cpu")
     ids = ByteTokenizer().encode(PROMPT)
     captured = capture_qkv(loaded, ids, [0, 1])
-    cache = KVBenchCache(TestMethod(), 2)
-    loaded.model(torch.tensor([ids]), past_key_values=cache)
+    cache = _cache(TestMethod())
+    cache.forward(loaded.model, torch.tensor([ids]))
     for layer in (0, 1):
         got = captured[layer]
         assert got.keys.shape == got.values.shape == (1, 2, len(ids), 16)
@@ -361,7 +388,7 @@ def test_bundled_checkpoint_is_verified_and_mlx_readable(bundled):
 def test_bundled_greedy_decode_matches_dynamic_cache(bundled):
     ids = torch.tensor([bundled.tokenizer.encode("def fibonacci(n):\n    ")])
     plain = _greedy(bundled.model, DynamicCache(config=bundled.model.config), ids, 8)
-    ours = _greedy(bundled.model, KVBenchCache(Identity(), bundled.num_layers), ids, 8)
+    ours = _greedy(bundled.model, _cache(Identity(), bundled.num_layers), ids, 8)
     assert ours == plain
 
 

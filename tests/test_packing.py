@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvbench.methods.packing import pack_bits, packed_length, unpack_bits
+from kvbench.kernels.formats import packed_length
+from kvbench.methods.torch.packing import pack_bits, unpack_bits
 
 BITS = range(1, 9)
 

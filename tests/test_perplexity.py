@@ -1,20 +1,29 @@
 """The perplexity benchmark and its offline text sources."""
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from kvbench.benchmarks.base import TextWindowParams
-from kvbench.benchmarks.parity import ParityParams
-from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
-from kvbench.benchmarks.quality import QualityParams
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.specs.base import TextWindowParams
+from kvbench.benchmarks.specs.parity import ParityParams
+from kvbench.benchmarks.specs.perplexity import Perplexity, PerplexityParams
+from kvbench.benchmarks.specs.quality import QualityParams
 from kvbench.data.text import load_text, pydoc_text, tokens_sha256
-from kvbench.methods.base import Codec, Method, Packed
-from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.identity import Identity
-from kvbench.methods.sparse_v import SparseV
+from kvbench.methods import OnBackend, implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.contracts import Codec, Implementation, Packed
+from kvbench.methods.settings.base import MethodSettings
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.settings.sparse_v import SparseV
 from kvbench.models.info import ModelInfo
 from tests.plugins.model_runs import cpu_context
+
+
+@dataclass
+class _Plain(MethodSettings):
+    """Settings with no fields, for the hand-written implementations below."""
 
 
 class TernaryCodec(Codec):
@@ -29,23 +38,28 @@ class TernaryCodec(Codec):
         return (packed.tensors["q"].float() * packed.tensors["scale"].float()).to(packed.dtype)
 
 
-class Ternary(Method):
+class Ternary(Implementation):
+    def __init__(self):
+        super().__init__(_Plain(), OnBackend("torch"))
+
     def codec(self):
         return TernaryCodec()
 
     def new_layer_cache(self, layer_idx):
-        return CodecCache(TernaryCodec(), TernaryCodec())
+        return CodecCache(TernaryCodec(), TernaryCodec(), 0, self.on.arrays)
 
 
-class Leaky(Method):
+class Leaky(Implementation):
     """Scales stored values by how many caches it has made: state leaking between runs."""
 
     def __init__(self):
+        super().__init__(_Plain(), OnBackend("torch"))
         self.made = 0
 
     def new_layer_cache(self, layer_idx):
         self.made += 1
-        return CodecCache(_Scale(1 + 0.05 * self.made), _Scale(1 + 0.05 * self.made))
+        return CodecCache(_Scale(1 + 0.05 * self.made), _Scale(1 + 0.05 * self.made), 0,
+                          self.on.arrays)
 
 
 class _Scale(Codec):
@@ -60,8 +74,13 @@ class _Scale(Codec):
 
 
 def _run(method, model="tiny:llama", repeats=1, **params):
+    """Perplexity on a tiny model; `method` is settings (run as their torch implementation) or
+    an implementation."""
     params = {"context": 48, "continuation": 16, **params}
-    return Perplexity().run(PerplexityParams(**params), method, cpu_context(model, repeats))
+    if isinstance(method, MethodSettings):
+        method = implementation(method)
+    return measurement(Perplexity).run(PerplexityParams(**params), method,
+                                       cpu_context(model, repeats))
 
 
 # --- parameters and check ---------------------------------------------------------------------
@@ -208,7 +227,8 @@ def test_plain_and_method_caches_run_in_lockstep(monkeypatch):
 def test_progress_is_reported():
     seen = []
     params = PerplexityParams(context=8, continuation=4)
-    Perplexity().run(params, Identity(), cpu_context("tiny:llama", status=seen.append))
+    measurement(Perplexity).run(params, implementation(Identity()),
+                                cpu_context("tiny:llama", status=seen.append))
     assert seen[-4:] == ["prefill", "decode 1/3", "decode 2/3", "decode 3/3"]
 
 
@@ -261,7 +281,8 @@ def test_tokens_sha256_identifies_the_sequence():
 @pytest.mark.model
 def test_bundled_identity_parity(bundled):
     ctx = cpu_context(loaded=bundled)
-    out = Perplexity().run(PerplexityParams(context=128, continuation=32), Identity(), ctx)
+    out = measurement(Perplexity).run(PerplexityParams(context=128, continuation=32),
+                                      implementation(Identity()), ctx)
     ppl, ref = out.metrics["perplexity"].value, out.metrics["ppl_reference"].value
     assert math.isclose(ppl, ref, rel_tol=1e-4)
     assert 1.5 < ref < 100  # a real model on English text, not a random one
@@ -270,12 +291,13 @@ def test_bundled_identity_parity(bundled):
 
 @pytest.mark.model
 def test_bundled_intq_two_bits_changes_perplexity_eight_bits_barely(bundled):
-    from kvbench.methods.intq import IntQ
+    from kvbench.methods.settings.intq import IntQ
 
     ctx = cpu_context(loaded=bundled)
     params = PerplexityParams(context=128, continuation=32)
-    two = Perplexity().run(params, IntQ(bits=2), ctx).metrics
-    eight = Perplexity().run(params, IntQ(bits=8), ctx).metrics
+    perplexity = measurement(Perplexity)
+    two = perplexity.run(params, implementation(IntQ(bits=2)), ctx).metrics
+    eight = perplexity.run(params, implementation(IntQ(bits=8)), ctx).metrics
     assert two["ppl_rel_delta"].value > 0.05
     assert abs(eight["ppl_rel_delta"].value) < 0.01
     # 2-bit codes + fp16 scale and min per 32 values: 3 bits per value against 16

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from kvbench.report import plots
-from kvbench.report.markdown import render_markdown, write_reports
-from kvbench.report.plots import (
+from kvbench.benchmarks.reports import proofs
+from kvbench.benchmarks.reports.proofs import rate_distortion_data, rate_distortion_png
+from kvbench.report.kit.figures import (
     FAMILY_STYLES, PlotUnavailable, family_styles, line_styles, method_family, pareto_front,
-    rate_distortion_data, rate_distortion_png,
 )
+from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.results import Metric, RunResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -90,7 +90,7 @@ def test_write_reports_links_the_png_only_when_written(small_unplotted, with_att
 def test_missing_matplotlib_is_a_note_not_a_failure(with_attn, tmp_path, monkeypatch,
                                                     without_matplotlib):
     with pytest.raises(PlotUnavailable):
-        plots.rate_distortion_png(with_attn, tmp_path / "rd.png")
+        proofs.rate_distortion_png(with_attn, tmp_path / "rd.png")
     text = write_reports(with_attn, tmp_path / "out").read_text()
     notes = [line for line in text.splitlines() if "rate-distortion plot skipped" in line]
     assert len(notes) == 1 and "matplotlib" in notes[0]

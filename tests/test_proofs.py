@@ -4,19 +4,29 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvbench.benchmarks.proofs import Proofs, ProofsParams, _cosine
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure.proofs import _cosine
+from kvbench.benchmarks.specs.proofs import Proofs, ProofsParams
+from kvbench.config.strict import build_strict
 from kvbench.data.synthetic import KINDS, make_queries, make_vectors
-from kvbench.methods.base import Method
-from kvbench.methods.identity import Identity
-from kvbench.methods.intq import IntQ
+from kvbench.methods import OnBackend, implementation
+from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.settings.base import MethodSettings
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.settings.intq import IntQ
+from kvbench.methods.torch.identity import CastCodec
 from tests.plugins.model_runs import cpu_context
 
 CTX = cpu_context(repeats=2)
 
 
 def _run(method, **params):
+    """Proofs over synthetic data; `method` is settings (run as their torch implementation) or
+    an implementation."""
     params = {"n_vectors": 512, "dim": 64, **params}
-    return Proofs().run(ProofsParams(**params), method, CTX)
+    if isinstance(method, MethodSettings):
+        method = implementation(method)
+    return measurement(Proofs).run(ProofsParams(**params), method, CTX)
 
 
 def _values(out):
@@ -105,7 +115,7 @@ def test_cosine_never_exceeds_one():
 def test_output_records_layout_shape_hash_and_timings():
     out = _run(IntQ(bits=4), data_seed=1)
     assert out.info["shape"] == [1, 1, 512, 64]
-    assert out.info["layout"] == IntQ(bits=4).layout()
+    assert out.info["layout"] == implementation(IntQ(bits=4)).layout()
     sha = out.info["data_sha256"]
     assert sha == _run(Identity(), data_seed=1).info["data_sha256"]
     assert sha != _run(Identity(), data_seed=2).info["data_sha256"]
@@ -138,18 +148,25 @@ def test_metric_table_matches_the_output():
      ("n_queries", 0), ("layers", []), ("layers", [-1])],
 )
 def test_invalid_params_name_the_field(field, value):
+    # Refused both on the strict build a suite's params go through and on plain construction.
+    with pytest.raises(ValueError, match=field):
+        build_strict(ProofsParams, {field: value})
     with pytest.raises(ValueError, match=field):
         ProofsParams(**{field: value})
 
 
+@dataclass
+class _Plain(MethodSettings):
+    """Settings with no fields, for the hand-written implementations below."""
+
+
 def test_a_method_without_codec_is_refused():
-    @dataclass
-    class NoCodec(Method):
+    class NoCodec(Implementation):
         def new_layer_cache(self, layer_idx):
             raise NotImplementedError
 
     with pytest.raises(ValueError, match="proofs needs a codec method"):
-        _run(NoCodec())
+        _run(NoCodec(_Plain(), OnBackend("torch")))
 
 
 def test_captured_needs_a_model():
@@ -166,9 +183,10 @@ def test_captured_needs_a_model():
 def test_captured_keys_and_values(bundled):
     ctx = cpu_context(loaded=bundled)
     params = ProofsParams(data="captured", layers=[0, 5], tokens=128, dtype="float32")
-    exact = _values(Proofs().run(params, Identity(), ctx))
+    proofs = measurement(Proofs)
+    exact = _values(proofs.run(params, implementation(Identity()), ctx))
     assert exact["mse"] == 0.0 and exact["cosine"] == 1.0
-    out = Proofs().run(params, IntQ(bits=4), ctx)
+    out = proofs.run(params, implementation(IntQ(bits=4)), ctx)
     assert out.info["shape"] == [1, 2 * 3, 128, 64]  # two layers of 3 KV heads
     assert 0.9 < out.metrics["cosine"].value < 1.0
     assert out.comparable["layers"] == "0,5" and out.comparable["model"] == bundled.spec
@@ -177,10 +195,11 @@ def test_captured_keys_and_values(bundled):
     assert 0 < out.metrics["attn_kl"].value < 0.1 and math.isfinite(out.metrics["ip_bias"].value)
 
 
-class _Shrink(Method):
+class _Shrink(Implementation):
     """Keys kept exactly, values scaled by 0.9, or the reverse: K and V codecs differ."""
 
     def __init__(self, shrink_keys: bool):
+        super().__init__(_Plain(), OnBackend("torch"))
         self.shrink_keys = shrink_keys
 
     def new_layer_cache(self, layer_idx):
@@ -193,7 +212,7 @@ class _Shrink(Method):
         return _ScaleCodec(1.0 if self.shrink_keys else 0.9)
 
 
-class _ScaleCodec(Identity().codec().__class__):
+class _ScaleCodec(CastCodec):
     def __init__(self, factor):
         super().__init__("float32")
         self.factor = factor

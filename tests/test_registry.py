@@ -4,17 +4,14 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from kvbench import registry as registry_module
-from kvbench.methods.base import Method
-from kvbench.registry import Registry, UnknownName
+from kvbench.config import registry as registry_module
+from kvbench.config.registry import Registry, UnknownName
+from kvbench.methods.settings.base import MethodSettings
 
 
 @dataclass
-class PluginMethod(Method):
-    """A method that lives outside kvbench."""
-
-    def new_layer_cache(self, layer_idx):
-        raise NotImplementedError
+class PluginMethod(MethodSettings):
+    """A method (its settings) that lives outside kvbench."""
 
 
 def test_registered_name_and_did_you_mean():
@@ -88,7 +85,7 @@ def test_a_path_to_something_that_is_not_a_class_is_refused():
 
 
 def test_build_method_checks_parameters_as_strictly_as_a_suite():
-    from kvbench.methods.base import build_method
+    from kvbench.methods import build_method
 
     assert build_method("intq", {"bits": 4}).bits == 4
     for params, wrong in [({"bits": "4"}, "bits"), ({"bits": True}, "bits"),
@@ -104,13 +101,13 @@ def test_build_method_checks_parameters_as_strictly_as_a_suite():
 
 def test_mlx_implementations_belong_to_their_exact_class():
     pytest.importorskip("mlx.core")
-    from kvbench.methods.intq import IntQ
-    from kvbench.methods.mlx import has_mlx, on_mlx
+    from kvbench.methods import has_implementation, implementation
+    from kvbench.methods.settings.intq import IntQ
 
     @dataclass
     class MyIntQ(IntQ):
         """A plug-in that changes the algorithm: IntQ's MLX twin would not run it."""
 
-    assert has_mlx(IntQ) and not has_mlx(MyIntQ)
-    with pytest.raises(NotImplementedError, match="no MLX implementation"):
-        on_mlx(MyIntQ())
+    assert has_implementation(IntQ, "mlx") and not has_implementation(MyIntQ, "mlx")
+    with pytest.raises(NotImplementedError, match="no mlx implementation"):
+        implementation(MyIntQ(), "mlx")

@@ -13,9 +13,9 @@ import pytest
 from kvbench.judge.gate import gate
 from kvbench.report.compare import render_compare
 from kvbench.report.markdown import render_markdown, write_reports
-from kvbench.report.plots import MATPLOTLIB_MISSING
+from kvbench.report.kit.figures import MATPLOTLIB_MISSING
 from kvbench.report.readme import inject_section, markers, render_section_table
-from kvbench.report.tables import fmt_number
+from kvbench.report.kit.tables import fmt_number
 from kvbench.results import Metric, RunResult
 from tests.plugins.suites import DATA
 
@@ -144,7 +144,8 @@ def test_compare_marks(small):
 
 
 def test_by_method_table_joins_the_headline_metrics_of_each_benchmark(small):
-    from kvbench.report.tables import method_table
+    from kvbench.report.kit.tables import method_table
+    from kvbench.report.markdown import benchmark_report
 
     template = small.cases[0]
 
@@ -157,8 +158,10 @@ def test_by_method_table_joins_the_headline_metrics_of_each_benchmark(small):
              case("perplexity", "b", ppl_rel_delta=0.25),
              case("quality", "a", kl_plain_method=0.125),
              case("quality", "c", kl_plain_method=0.75)]
-    table = method_table(cases).splitlines()
+    # each benchmark's headline metrics, as its report declares them
+    headlines = {kind: benchmark_report(kind).headline for kind in ("perplexity", "quality")}
+    table = method_table(cases, headlines).splitlines()
     assert table[0] == "| method | perplexity: ppl_rel_delta ↓ | quality: kl_plain_method ↓ |"
     assert table[2:] == ["| a | 0.5 | 0.125 |"]  # only methods in both; headline metrics only
-    assert method_table(cases[:2]) is None
+    assert method_table(cases[:2], headlines) is None
     assert "## by method" not in render_markdown(small)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.report import ladder
+from kvbench.benchmarks.reports import ladder
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.results import CaseResult, Metric
 from tests.test_report_retrieval import PNG_MAGIC, _row, run

@@ -5,12 +5,13 @@ import math
 
 import pytest
 
-from kvbench.report import retrieval
+from kvbench.benchmarks.reports import niah, ruler
+from kvbench.benchmarks.reports.niah import niah_heatmap_pngs, niah_section
+from kvbench.benchmarks.reports.ruler import RULER_PNG, ruler_plot_png, ruler_section
+from kvbench.benchmarks.reports.ruler_numbers import ruler_table
+from kvbench.judge.intervals import wilson_interval
+from kvbench.report.kit.figures import PlotUnavailable
 from kvbench.report.markdown import render_markdown, write_reports
-from kvbench.report.plots import PlotUnavailable
-from kvbench.report.retrieval import (
-    RULER_PNG, niah_heatmap_pngs, niah_section, ruler_plot_png, ruler_section, ruler_table,
-)
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -54,7 +55,7 @@ def _metric(value: float, unit: str = "", direction: str = "none") -> Metric:
 def ruler_case(label: str, task: str, length: int) -> CaseResult:
     scores = SCORES[(label, task, length)]
     mean = sum(scores) / len(scores)
-    low, high = retrieval.wilson_interval(mean, len(scores))
+    low, high = wilson_interval(mean, len(scores))
     return CaseResult(
         id=f"ruler/{label}/task={task},length={length}", benchmark="ruler",
         bench_params={"task": task, "length": length, "samples": 4, "data_seed": 0,
@@ -222,7 +223,7 @@ def test_no_section_without_ok_ruler_cases(result):
     assert ruler_section(run([c for c in result.cases if c.benchmark != "ruler"])) is None
     errored = [c.model_copy(update={"status": "error"}) for c in result.cases]
     assert ruler_section(run(errored)) is None and niah_section(run(errored)) is None
-    assert retrieval.ruler_plot_data(run(errored)) is None
+    assert ruler.ruler_plot_data(run(errored)) is None
 
 
 def test_ruler_plot_lines_by_registry_name(result, tmp_path):
@@ -268,7 +269,7 @@ def test_niah_grid_sorted_and_gaps_kept(result):
     case.info["grid"] = {"lengths": [2048, 1024], "depths": [100, 0],
                          "scores": [[10, 20], [30, None]]}
     case.model = "tiny:llama"
-    heat = retrieval.niah_heatmap_data(case)
+    heat = niah.niah_heatmap_data(case)
     assert heat.lengths == [1024, 2048] and heat.depths == [0, 100]
     assert heat.scores[1] == [20, 10] and math.isnan(heat.scores[0][0]) and heat.scores[0][1] == 30
     assert heat.title.endswith("\n(tiny:llama)")  # its own line: narrow grids cut it off
@@ -277,13 +278,13 @@ def test_niah_grid_sorted_and_gaps_kept(result):
 def test_niah_cell_text_readable_on_the_dark_ends():
     plt = pytest.importorskip("matplotlib.pyplot")
     cmap = plt.get_cmap("RdYlGn")
-    assert [retrieval._ink_on(cmap(v / 100)) for v in (0, 50, 100)] == ["white", "black", "white"]
+    assert [niah._ink_on(cmap(v / 100)) for v in (0, 50, 100)] == ["white", "black", "white"]
 
 
 def test_niah_file_names_are_safe_and_distinct(result):
     cases = [c.model_copy(update={"method_label": label}) for c, label in
              zip(result.cases[-2:] * 2, ["a/b c", "a?b c", "...", "intq-4bit"])]
-    assert retrieval.niah_file_names(cases) == ["niah_a_b_c.png", "niah_a_b_c-2.png",
+    assert niah.niah_file_names(cases) == ["niah_a_b_c.png", "niah_a_b_c-2.png",
                                                 "niah_case.png", "niah_intq-4bit.png"]
 
 

@@ -11,12 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvbench.benchmarks.answering import ChatFrame, Prompt, answer, frame
-from kvbench.benchmarks.niah import Niah, NiahParams
-from kvbench.benchmarks.ruler import Ruler, RulerParams
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure.answering import ChatFrame, Prompt, answer, frame
+from kvbench.benchmarks.specs.niah import Niah, NiahParams
+from kvbench.benchmarks.specs.ruler import Ruler, RulerParams
+from kvbench.config.fields import one_of
 from kvbench.data.ruler import TASKS
-from kvbench.methods.base import build_method
-from kvbench.run.runner import PREDICTIONS, run_suite
+from kvbench.methods import implementation
+from kvbench.methods.settings.base import build_method
+from kvbench.run.files import PREDICTIONS
+from kvbench.run.runner import run_suite
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 from tests.plugins.model_runs import cpu_context
@@ -63,7 +67,8 @@ class _ScriptedSession:
 ])
 def test_the_question_is_fed_after_compression_only_under_context(compress, script, calls):
     session = _ScriptedSession(script)
-    reply = answer(session, build_method("identity"), Prompt([1, 2], [3]), compress, 10)
+    reply = answer(session, implementation(build_method("identity")), Prompt([1, 2], [3]),
+                   compress, 10)
     assert session.calls == calls
     assert reply.text == "5,6" and reply.generated == 2  # stopped at end-of-sequence
     # 16-bit K+V of every token seen: 2 (K, V) x 2 bytes x 1 head x 2 dims x 5 tokens
@@ -72,7 +77,8 @@ def test_the_question_is_fed_after_compression_only_under_context(compress, scri
 
 def test_decoding_stops_at_tokens_to_generate_without_a_wasted_step():
     session = _ScriptedSession([9, 5, 6, 7])
-    reply = answer(session, build_method("identity"), Prompt([1], [2]), "context", 2)
+    reply = answer(session, implementation(build_method("identity")), Prompt([1], [2]),
+                   "context", 2)
     assert reply.text == "5,6"
     assert session.calls[-1] == ("step", [5])  # the second token is never fed
 
@@ -98,7 +104,7 @@ def test_the_greedy_answer_is_what_transformers_generates(bundled):
                    "\nWhat is the code?", " The code is")
     session = TorchSession(bundled, torch.device("cpu"))
     for compress in ("context", "context+question"):
-        reply = answer(session, build_method("identity"), prompt, compress, 12)
+        reply = answer(session, implementation(build_method("identity")), prompt, compress, 12)
         with torch.inference_mode():
             out = bundled.model.generate(torch.tensor([prompt.ids]), max_new_tokens=12,
                                          do_sample=False, eos_token_id=tokenizer.eos_token_id)
@@ -110,8 +116,8 @@ def _ruler(method: str, backend: str = "torch", keep=None, **params):
     ctx = cpu_context(TINY, backend=backend)
     if keep is not None:
         ctx.keep = keep
-    return Ruler().run(RulerParams(**params), build_method(method, {"bits": 4}
-                                                            if method == "intq" else {}), ctx)
+    settings = build_method(method, {"bits": 4} if method == "intq" else {})
+    return measurement(Ruler).run(RulerParams(**params), implementation(settings, backend), ctx)
 
 
 def test_a_ruler_prompt_fills_its_length_with_tokens_to_generate_counted():
@@ -151,11 +157,12 @@ def test_mlx_answers_the_same_prompts_the_same(kind):
         ctx = cpu_context(TINY, backend=backend)
         ctx.keep = kept.append
         if kind == "ruler":
-            out = Ruler().run(RulerParams(task="niah_multikey_2", length=800, samples=2),
-                              build_method("identity"), ctx)
+            out = measurement(Ruler).run(
+                RulerParams(task="niah_multikey_2", length=800, samples=2),
+                implementation(build_method("identity"), backend), ctx)
         else:
-            out = Niah().run(NiahParams(lengths=[1500, 2000], depths=[0, 100]),
-                             build_method("identity"), ctx)
+            out = measurement(Niah).run(NiahParams(lengths=[1500, 2000], depths=[0, 100]),
+                                        implementation(build_method("identity"), backend), ctx)
         outs.append((out, kept))
     (t_out, t_kept), (m_out, m_kept) = outs
     assert t_out.comparable["prompts_sha256"] == m_out.comparable["prompts_sha256"]
@@ -204,9 +211,11 @@ def test_a_run_keeps_every_prediction_beside_its_results(tmp_path):
     ("kind: ruler\n    params: {task: qa_1}", "task: qa_1", "qa_data"),
     ("kind: ruler\n    params: {task: niah_single_1, length: 9000}", "length: 9000",
      "above the 4096"),
-    ("kind: ruler\n    params: {task: needles}", "task: needles", "task must be one of"),
+    ("kind: ruler\n    params: {task: needles}", "task: needles",
+     f"task must be {one_of(*TASKS)}, got 'needles'"),
     ("kind: niah\n    params: {depths: [50, 120]}", "depths", "0 to 100"),
-    ("kind: ruler\n    params: {compress: question}", "compress", "compress must be one of"),
+    ("kind: ruler\n    params: {compress: question}", "compress",
+     "compress: must be 'context' or 'context+question'"),
 ])
 def test_bad_retrieval_settings_are_refused_at_their_line(tmp_path, body, key, message):
     path = tmp_path / "suite.yaml"
@@ -237,8 +246,8 @@ def test_the_bundled_model_finds_the_same_needle_the_same_way_on_mlx(bundled):
         ctx = cpu_context(bundled.spec, backend=backend,
                           loaded=bundled if backend == "torch" else None)
         ctx.keep = kept.append
-        out = Niah().run(NiahParams(lengths=[1024], depths=[0, 50, 100]),
-                         build_method("identity"), ctx)
+        out = measurement(Niah).run(NiahParams(lengths=[1024], depths=[0, 50, 100]),
+                                    implementation(build_method("identity"), backend), ctx)
         outs.append((out, [r["prediction"] for r in kept]))
     (t_out, t_answers), (m_out, m_answers) = outs
     assert t_out.comparable["prompts_sha256"] == m_out.comparable["prompts_sha256"]

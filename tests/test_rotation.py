@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from kvbench.methods.rotation import HaarRotation, SignedHadamard, fwht, make_rotation
+from kvbench.methods.torch.rotation import HaarRotation, SignedHadamard, fwht, make_rotation
 from tests.plugins.tensors import randn
 
 

@@ -1,10 +1,11 @@
-"""kvbench.benchmarks.ruler_scoring against NVIDIA RULER's scoring (scripts/eval/evaluate.py's
-postprocess_pred, scripts/eval/synthetic/constants.py's string_match_all / string_match_part)."""
+"""kvbench.benchmarks.measure.ruler_scoring against NVIDIA RULER's scoring
+(scripts/eval/evaluate.py's postprocess_pred, scripts/eval/synthetic/constants.py's
+string_match_all / string_match_part)."""
 import re
 
 import pytest
 
-from kvbench.benchmarks.ruler_scoring import (
+from kvbench.benchmarks.measure.ruler_scoring import (
     postprocess, sample_score, string_match_all, string_match_part,
 )
 

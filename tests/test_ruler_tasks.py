@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.data import ruler
 from kvbench.data.ruler import OFFLINE_TASKS, TASKS, RulerSample, make_sample, read_qa
+from kvbench.data.ruler import fit, qa_files
 
 DATA = Path(__file__).parent / "data" / "ruler"
 SQUAD = DATA / "squad_dev_mini.json"
@@ -104,7 +104,7 @@ def test_niah_single_noise_template_needle_and_haystack():
     assert s.answer_prefix == NIAH_A_SINGLE.format(v="number", query=query)
     assert re.fullmatch(r"[1-9]\d{6}", value) and WORD_KEY.match(query)
     adjective, noun = query.split("-", 1)
-    adjs, nouns = ruler._key_words()
+    adjs, nouns = fit.key_words()
     assert adjective in adjs and noun in nouns
     lines = haystack(s, NIAH_HEAD_SINGLE.format(v="number")).split("\n")
     needle = NEEDLE.format(v="numbers", key=query, value=value)  # the needle says "numbers"
@@ -293,12 +293,12 @@ def test_hf_rows_read_as_the_files():
         {"title": "T", "context": "Para one.", "question": "Q1?", "answers": {"text": ["a"]}},
         {"title": "T", "context": "Para one.", "question": "Q2?", "answers": {"text": []}},
         {"title": "T", "context": "Para two.", "question": "Q3?", "answers": {"text": ["b"]}}]
-    records = ruler._read_squad(ruler._squad_from_rows(squad_rows))
+    records = qa_files.read_squad(qa_files.squad_from_rows(squad_rows))
     assert [(r.query, r.outputs, len(r.more_context)) for r in records] == [
         ("Q1?", ("a",), 1), ("Q3?", ("b",), 1)]
     hotpot_rows = [{"question": "Q?", "answer": "A",
                     "context": {"title": ["X", "Y"], "sentences": [["a.", " b."], ["c."]]}}]
-    (record,) = ruler._read_hotpotqa(ruler._hotpotqa_from_rows(hotpot_rows))
+    (record,) = qa_files.read_hotpotqa(qa_files.hotpotqa_from_rows(hotpot_rows))
     assert record.docs == ("X\na. b.", "Y\nc.")
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvbench.data.text import load_text
-from kvbench.methods.base import build_method
+from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
 from kvbench.serve.app import create_app
@@ -33,6 +33,11 @@ METHODS = [
     ("am", {"ratio": 0.5}),
     ("butterfly", {"block_size": 16, "window": 8}),
 ]
+
+
+def _method(name: str, params: dict):
+    """The method a suite names, as the torch backend runs it."""
+    return implementation(build_method(name, params))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +79,7 @@ def generate(engine: Engine, prompts, max_tokens: int, together: bool) -> list[C
 
 @pytest.mark.parametrize("name,params", METHODS, ids=[m for m, _ in METHODS])
 def test_batched_decode_gives_each_request_its_own_answer(session, prompts, name, params):
-    engine = Engine(session, build_method(name, params))
+    engine = Engine(session, _method(name, params))
     engine.start()
     try:
         alone = generate(engine, prompts, 12, together=False)
@@ -94,7 +99,7 @@ def test_batched_decode_gives_each_request_its_own_answer(session, prompts, name
 def test_batched_step_logits_match_one_request_at_a_time(session, prompts, name, params):
     """Rows of different lengths (padding masked, positions per row) give each row the logits a
     batch-1 step gives, within float noise."""
-    method = build_method(name, params)
+    method = _method(name, params)
 
     def prefilled():
         caches = [session.new_cache(method) for _ in prompts]
@@ -109,16 +114,15 @@ def test_batched_step_logits_match_one_request_at_a_time(session, prompts, name,
     assert torch.allclose(batched, single, atol=1e-4, rtol=1e-4)
     # without per-row positions the rows would be rotated wrongly: the check above can fail
     caches = prefilled()
-    wrong = session.loaded.model(torch.tensor(ids), past_key_values=BatchStep(caches),
-                                 position_ids=torch.zeros(len(ids), 1, dtype=torch.long),
-                                 use_cache=True).logits[:, -1].float()
+    wrong = BatchStep(caches).forward(session.loaded.model, torch.tensor(ids),
+                                      torch.zeros(len(ids), 1, dtype=torch.long))[:, -1].float()
     assert not torch.allclose(wrong, single, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name,params", [METHODS[0], METHODS[1], METHODS[4], METHODS[5]],
                          ids=["identity", "turbo", "streamingllm", "snapkv"])
 def test_projection_is_the_accounted_bytes_of_a_real_request(session, prompts, name, params):
-    method = build_method(name, params)
+    method = _method(name, params)
     prompt, new = prompts[2], 10
     cache = session.new_cache(method)
     logits = prefill(session, cache, prompt, method)[0]
@@ -129,7 +133,7 @@ def test_projection_is_the_accounted_bytes_of_a_real_request(session, prompts, n
 
 
 def test_kv_budget_queues_requests_that_do_not_fit_and_never_errs(session, prompts):
-    method = build_method("identity", {})
+    method = _method("identity", {})
     need = Projection(method, session).bytes(len(prompts[0]), 8)
     engine = Engine(session, method, kv_budget=2 * need + need // 2)  # room for two
     most_active = []
@@ -155,7 +159,7 @@ def test_kv_budget_queues_requests_that_do_not_fit_and_never_errs(session, promp
 
 
 def test_a_request_past_the_budget_or_the_queue_timeout_gets_503(session, prompts):
-    method = build_method("identity", {})
+    method = _method("identity", {})
     need = Projection(method, session).bytes(len(prompts[0]), 40)
     engine = Engine(session, method, kv_budget=need, queue_timeout_s=0.0)
     first, second, too_big = Collect(), Collect(), Collect()
@@ -189,7 +193,7 @@ def server(session):
     """(base url, engine) of kvbench serve's app on the tiny model with identity."""
     import uvicorn
 
-    engine = Engine(session, build_method("identity", {}))
+    engine = Engine(session, _method("identity", {}))
     app = create_app(engine, "tiny:llama", "identity", session.loaded.max_context)
     port = _free_port()
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -356,8 +360,9 @@ def test_the_stress_benchmark_catches_a_cache_shared_between_sessions(tmp_path, 
     comparison with the single-user answers flags it, and passes the sound identity server.
     On the bundled model: the tiny model's random weights barely condition on their context, so
     another context's candidates look like their own."""
-    from kvbench.benchmarks.stress import Stress, StressParams
-    from kvbench.methods.identity import Identity
+    from kvbench.benchmarks import measurement
+    from kvbench.benchmarks.specs.stress import Stress, StressParams
+    from kvbench.methods.settings.identity import Identity
     from tests.plugins.kvb_testplugin import SharedCache
     from tests.plugins.model_runs import cpu_context
 
@@ -366,7 +371,8 @@ def test_the_stress_benchmark_catches_a_cache_shared_between_sessions(tmp_path, 
     params = StressParams(users=4, requests_per_user=1, prompts=4, prompt_tokens=40,
                           max_tokens=12)
     try:
-        out = Stress().run(params, SharedCache() if method == "shared" else Identity(), ctx)
+        settings = SharedCache() if method == "shared" else Identity()
+        out = measurement(Stress).run(params, implementation(settings), ctx)
     finally:
         ctx.memo.close()
     m = {name: metric.value for name, metric in out.metrics.items()}

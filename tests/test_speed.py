@@ -5,19 +5,16 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvbench.benchmarks import BENCHMARKS
-from kvbench.benchmarks.speed import (
-    Speed,
-    SpeedParams,
-    decode_chunks,
-    decoded_shape,
-    encode_chunks,
-    estimate_bytes,
-)
+from kvbench.benchmarks import BENCHMARKS, measurement
+from kvbench.benchmarks.measure.speed import decode_chunks, decoded_shape, encode_chunks
+from kvbench.benchmarks.specs.speed import Speed, SpeedParams, estimate_bytes
+from kvbench.config.strict import build_strict
 from kvbench.data.synthetic import make_vectors
-from kvbench.methods.base import Method
-from kvbench.methods.identity import Identity
-from kvbench.methods.intq import IntQ
+from kvbench.methods import OnBackend, implementation
+from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.settings.base import MethodSettings
+from kvbench.methods.settings.identity import Identity
+from kvbench.methods.settings.intq import IntQ
 from tests.plugins.model_runs import cpu_context
 
 CTX = cpu_context(repeats=3)
@@ -25,8 +22,12 @@ N, DIM = 4096, 128
 
 
 def _run(method, ctx=CTX, **params):
+    """Speed over synthetic vectors; `method` is settings (run as their torch implementation)
+    or an implementation."""
     params = {"n_vectors": N, "dim": DIM, "warmup": 0, **params}
-    return Speed().run(SpeedParams(**params), method, ctx)
+    if isinstance(method, MethodSettings):
+        method = implementation(method)
+    return measurement(Speed).run(SpeedParams(**params), method, ctx)
 
 
 def _x(n=N, dtype=torch.float16):
@@ -72,7 +73,7 @@ def test_bytes_and_ratio():
 def test_info_and_comparable():
     out = _run(IntQ(bits=2), dtype="bfloat16", data_seed=3, warmup=1)
     assert out.info["decoded_shape"] == [1, 1, N, DIM]  # the real decode output, checked
-    assert out.info["layout"] == IntQ(bits=2).layout()
+    assert out.info["layout"] == implementation(IntQ(bits=2)).layout()
     assert (out.info["n"], out.info["dim"], out.info["dtype"]) == (N, DIM, "bfloat16")
     assert out.info["torch_threads"] == torch.get_num_threads()
     assert out.comparable == {"data": "gaussian", "shape": f"{N}x{DIM}", "dtype": "bfloat16",
@@ -82,7 +83,7 @@ def test_info_and_comparable():
 @pytest.mark.parametrize("chunk", [0, 1500])
 def test_identity_round_trip_is_exact(chunk):
     x = _x()
-    codec = Identity().codec()
+    codec = implementation(Identity()).codec()
     decoded = decode_chunks(codec, encode_chunks(codec, x, chunk))
     assert decoded_shape(decoded) == list(x.shape)
     assert torch.equal(torch.cat(decoded, dim=-2), x)
@@ -92,7 +93,7 @@ def test_identity_round_trip_is_exact(chunk):
 @pytest.mark.parametrize("chunk", [0, 1500])
 def test_intq_round_trip_is_within_half_a_step(bits, chunk):
     x = _x()
-    codec = IntQ(bits=bits, group_size=32).codec()
+    codec = implementation(IntQ(bits=bits, group_size=32)).codec()
     decoded = torch.cat(decode_chunks(codec, encode_chunks(codec, x, chunk)), dim=-2)
     assert decoded.shape == x.shape and decoded.dtype == x.dtype
     groups = x.float().unflatten(-1, (DIM // 32, 32))
@@ -118,19 +119,23 @@ def test_chunk_must_hold_whole_token_groups():
 
 def test_method_without_codec_is_refused():
     @dataclass
-    class NoCodec(Method):
+    class NoCodecSettings(MethodSettings):
         name = "nocodec"
 
+    class NoCodec(Implementation):
         def new_layer_cache(self, layer_idx):
             raise NotImplementedError
 
     with pytest.raises(ValueError, match="speed needs a codec method; 'nocodec' has no codec"):
-        _run(NoCodec())
+        _run(NoCodec(NoCodecSettings(), OnBackend("torch")))
 
 
 @pytest.mark.parametrize("field, value", [("n_vectors", 0), ("dim", 0), ("chunk", -1),
                                           ("warmup", -1), ("dtype", "int8"), ("data", "x")])
 def test_bad_params_are_refused(field, value):
+    # Refused both on the strict build a suite's params go through and on plain construction.
+    with pytest.raises(ValueError, match=field):
+        build_strict(SpeedParams, {field: value})
     with pytest.raises(ValueError, match=field):
         SpeedParams(**{field: value})
 
@@ -147,10 +152,10 @@ def test_memory_estimate_refuses_what_does_not_fit():
 
 @pytest.mark.parametrize("n", [1, 7, 64])
 def test_keys_and_values_go_through_their_own_codecs(n):
-    from kvbench.methods.kivi import Kivi
+    from kvbench.methods.settings.kivi import Kivi
 
-    method = Kivi(bits=2, group_size=4, residual=8)
-    out = Speed().run(SpeedParams(n_vectors=n, dim=DIM, warmup=0), method, CTX)
+    method = implementation(Kivi(bits=2, group_size=4, residual=8))
+    out = measurement(Speed).run(SpeedParams(n_vectors=n, dim=DIM, warmup=0), method, CTX)
     keys, values = n // 2, n - n // 2
     expected = sum(codec.nbytes(codec.encode(torch.zeros(1, 1, t, DIM)))
                    for codec, t in ((method.key_codec(), keys), (method.value_codec(), values)) if t)

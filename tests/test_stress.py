@@ -22,16 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.benchmarks import load_generator as lg
-from kvbench.benchmarks.load_generator import Prompt, Reference, RequestRecord
-from kvbench.benchmarks.servers import (
-    ManagedServer, RunningServer, ServerError, ServerPool, check_loopback_url, free_port,
-    parse_server,
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure import load_generator as lg
+from kvbench.benchmarks.measure.load_generator import Prompt, Reference, RequestRecord
+from kvbench.benchmarks.measure.servers import (
+    ManagedServer, RunningServer, ServerError, ServerPool, free_port,
 )
-from kvbench.benchmarks.stress import (
-    Stress, StressParams, import_root, make_prompts, method_name, request_body,
+from kvbench.benchmarks.measure.stress import (
+    import_root, make_prompts, method_name, request_body,
 )
-from kvbench.methods.identity import Identity
+from kvbench.benchmarks.specs.server_target import check_loopback_url, parse_server
+from kvbench.benchmarks.specs.stress import Stress, StressParams
+from kvbench.methods import implementation
+from kvbench.methods.settings.identity import Identity
 from tests.plugins.cli_support import invoke
 from tests.plugins.model_runs import cpu_context
 from tests.plugins.suites import ROOT, line_of
@@ -529,7 +532,7 @@ def stress_run(url: str, users: int, api: str = "completions", **params):
     p = StressParams(users=users, requests_per_user=2, prompts=4, prompt_tokens=16,
                      max_tokens=8, api=api, server={"url": url, "logprobs": True}, **params)
     try:
-        out = Stress().run(p, Identity(), ctx)
+        out = measurement(Stress).run(p, implementation(Identity()), ctx)
     finally:
         ctx.memo.close()
     return out, kept
@@ -583,7 +586,7 @@ def test_repeats_give_samples_and_totals(fake):
     p = StressParams(users=2, requests_per_user=1, prompts=2, prompt_tokens=8, max_tokens=4,
                      server={"url": fake.url})
     try:
-        out = Stress().run(p, Identity(), ctx)
+        out = measurement(Stress).run(p, implementation(Identity()), ctx)
     finally:
         ctx.memo.close()
     assert len(out.metrics["ttft_s_p50"].samples) == 2
@@ -600,7 +603,7 @@ def test_without_logprobs_every_difference_is_flagged():
         p = StressParams(users=3, prompts=4, prompt_tokens=16, max_tokens=8,
                          server={"url": server.url})  # logprobs not asked
         try:
-            out = Stress().run(p, Identity(), ctx)
+            out = measurement(Stress).run(p, implementation(Identity()), ctx)
         finally:
             ctx.memo.close()
     assert out.info["logprobs"] is False
@@ -711,7 +714,7 @@ def test_mlx_lm_server_managed_on_loopback(tmp_path):
                           max_tokens=4, text=str(text),
                           server={"command": command, "url": "http://127.0.0.1:{port}"})
     try:
-        out = Stress().run(params, Identity(), ctx)
+        out = measurement(Stress).run(params, implementation(Identity()), ctx)
         [server] = ctx.memo.get(("stress_servers",), ServerPool).servers.values()
         pid, port = server.process.pid, int(server.url.rsplit(":", 1)[1])
     finally:
@@ -838,7 +841,7 @@ def test_the_report_has_a_table_per_method_and_warnings(stress_result):
 
 def test_the_figure_has_three_panels_one_line_per_method(stress_result, tmp_path):
     pytest.importorskip("matplotlib")
-    from kvbench.report import stress
+    from kvbench.benchmarks.reports import stress
     from kvbench.report.markdown import write_reports
     from tests.test_report_retrieval import PNG_MAGIC
 
@@ -859,7 +862,7 @@ def test_without_matplotlib_the_stress_section_says_so(stress_result, without_ma
 
 
 def test_two_settings_of_one_method_are_two_lines(stress_result):
-    from kvbench.report import stress
+    from kvbench.benchmarks.reports import stress
 
     other = stress_case("identity", 1, 5.0)
     other.bench_params["kv_budget"] = 1 << 20
@@ -875,7 +878,7 @@ def test_the_plot_draws_curves_only_and_names_them_by_method():
     """A single-level run of a method under another setting (a capacity run) gets its own table
     but no curve, and the curves are labelled by method alone when that tells them apart."""
     from tests.test_report_retrieval import run
-    from kvbench.report.stress import _short_labels, panel_lines, stress_table
+    from kvbench.benchmarks.reports.stress import _short_labels, panel_lines, stress_table
 
     capacity = stress_case("identity", 40, 12.0)
     capacity = capacity.model_copy(update={

@@ -13,8 +13,9 @@ from typing import Literal
 
 import pytest
 
-from kvbench.benchmarks.base import BENCHMARKS, Benchmark, MetricSpec
-from kvbench.methods.base import METHODS, Method
+from kvbench.benchmarks.specs.base import BENCHMARKS, Benchmark, MetricSpec
+from kvbench.config.fields import SettingError, one_of, param
+from kvbench.methods.settings.base import METHODS, MethodSettings
 from kvbench.suite.errors import SuiteError, SuiteIssue
 from kvbench.suite.loader import load_suite
 from kvbench.suite.schema import SCHEMA_FILE, schema_text, suite_json_schema
@@ -24,17 +25,11 @@ SUITES = Path(__file__).parent / "suites"
 
 
 @dataclass
-class _TestCodec(Method):
-    bits: int = 4
+class _TestCodec(MethodSettings):
+    # a declared range: refused as "bits must be 2, 4 or 8, got 0", blamed on bits
+    bits: int = param(4, range=one_of(2, 4, 8), meaning="bits per code")
     group_size: int = 32
     mode: Literal["fast", "exact"] = "fast"
-
-    def __post_init__(self):
-        if self.bits not in (2, 4, 8):
-            raise ValueError(f"bits must be 2, 4 or 8, got {self.bits}")
-
-    def new_layer_cache(self, layer_idx):
-        raise NotImplementedError
 
 
 @dataclass
@@ -59,7 +54,8 @@ class _TestLM(Benchmark):
 
     def check(self, params, model):
         if model.max_context is not None and params.context > model.max_context:
-            raise ValueError(f"context {params.context} is above the model's {model.max_context}")
+            raise SettingError("context", f"context {params.context} is above the model's"
+                                          f" {model.max_context}")
 
     def run(self, params, method, ctx):
         raise NotImplementedError
@@ -326,7 +322,8 @@ def test_json_schema_names_the_version_and_forbids_unknown_keys():
 
 # ---- the shipped methods and benchmarks ---------------------------------------------------------
 
-_SHIPPED = ("kvbench.methods.intq", "kvbench.benchmarks.proofs", "kvbench.benchmarks.perplexity")
+_SHIPPED = ("kvbench.methods.settings.intq", "kvbench.benchmarks.specs.proofs",
+            "kvbench.benchmarks.specs.perplexity")
 _real = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in _SHIPPED),
     reason="intq, proofs or perplexity not there yet",

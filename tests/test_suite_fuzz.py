@@ -1,8 +1,10 @@
 """The shipped suites, mutated by hypothesis: deleted and renamed keys, wrong types, out-of-range
 values, unknown names and metrics, broken YAML, huge matrices. A mutation that must be refused
 exits 2 with one `file:line: ` line per problem and runs nothing; one that may leave the suite
-valid exits 0 or 2. Never a traceback, never another exit code. The same holds when validate
-checks against the catalog (as without torch), which refuses all but the out-of-range values.
+valid exits 0 or 2. Never a traceback, never another exit code. The same holds without torch
+(in a child process where torch cannot be imported), where validate checks the same declarations
+and must refuse every mutant that must be refused, out-of-range values included, word for word
+as with torch.
 
 Bounded for the default run: a fixed number of examples per kind of mutation, derandomized so
 that CI sees the same inputs on every run.
@@ -23,13 +25,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
-from tests.plugins.suites import ROOT, SHIPPED_SUITES, catalog_only
+from tests.plugins.cli_support import HIDDEN, invoke, torch_free_cli, wide_consoles  # noqa: F401
+from tests.plugins.suites import ROOT, SHIPPED_SUITES
 
 EXAMPLES = 50  # per kind of mutation
 
 # A parameter value each built-in method or benchmark refuses, by parameter name (ranges are
-# checked in their __post_init__ or check()).
+# declared on their fields or checked in their check()).
 OUT_OF_RANGE: dict[str, Any] = {
     "bits": 0, "group_size": 0, "context": -1, "continuation": 0, "n_vectors": 0, "dim": 0,
     "tokens": 0, "block": 0, "ratio": 1.5, "budget": 0, "window": -1, "residual": -1, "steps": 0,
@@ -278,7 +280,7 @@ def mutants(draw, mutation: Callable) -> Mutant:
     return mutant
 
 
-def _validate(file: str, text: str):
+def _validate(file: str, text: str, invoke=invoke):
     """`kvbench validate`: exit 0 saying so, or exit 2 naming file:line for each problem."""
     result = invoke("validate", file)
     assert "Traceback" not in result.output
@@ -308,17 +310,19 @@ def _assert_refused(result, file: str, text: str) -> None:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
-def test_mutated_suite_is_refused_cleanly(mutation, data):
+def test_mutated_suite_is_refused_cleanly(mutation, data, torch_free_cli):
     mutant = data.draw(mutants(mutation))
     with tempfile.TemporaryDirectory() as folder:
         file = str(Path(folder) / "suite.yaml")
         Path(file).write_text(mutant.text, encoding="utf-8")
         validated = _validate(file, mutant.text)
         assert validated.exit_code == 2 or not mutant.invalid, mutant.what
-        with catalog_only():
-            without_torch = _validate(file, mutant.text)
-        if mutant.invalid and mutation is not out_of_range:  # ranges need the methods' code
+        without_torch = _validate(file, mutant.text, torch_free_cli.invoke)
+        assert not set(HIDDEN) & set(without_torch.imported)
+        if mutant.invalid:  # out-of-range values too: the declarations hold the ranges
             assert without_torch.exit_code == 2, mutant.what
+        assert (without_torch.exit_code, without_torch.stdout, without_torch.stderr) == (
+            validated.exit_code, validated.stdout, validated.stderr), mutant.what
         if mutant.invalid:  # `run` refuses it the same way, before anything runs
             with mock.patch("kvbench.run.runner.run_suite", side_effect=AssertionError("ran")):
                 ran = invoke("run", file, "--out", Path(folder) / "out")

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.benchmarks.divergence import kl_divergence
-from kvbench.methods.base import build_method
+from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure.divergence import kl_divergence
+from kvbench.methods import build_method, implementation
 from kvbench.models.attention import biased_attention
 from kvbench.models.hf_cache import KVBenchCache
 from tests.plugins.model_runs import cpu_context
@@ -27,18 +28,27 @@ def _ids(n=TOTAL, seed=3):
     return token_ids(n, seed)
 
 
+def _forward(model, cache, ids):
+    """The model on ids through `cache`: a KVBenchCache hands its reads to kvbench's attention
+    (KVBenchCache.forward), a DynamicCache is passed as it is."""
+    if isinstance(cache, KVBenchCache):
+        return cache.forward(model, ids)
+    return model(ids, past_key_values=cache, use_cache=True)
+
+
 @torch.inference_mode()
 def _run(model, method, ids=None, prefill=PREFILL, before_compaction=None):
-    """Prefill, end_prefill, one-token decode; (decode logits (1, steps, vocab), cache)."""
+    """Prefill, end_prefill, one-token decode; (decode logits (1, steps, vocab), cache).
+    `method`: a method's settings, run as their torch implementation (None: a DynamicCache)."""
     ids = _ids() if ids is None else ids
     cache = (DynamicCache(config=model.config) if method is None
-             else KVBenchCache(method, model.config.num_hidden_layers))
-    model(ids[:, :prefill], past_key_values=cache, use_cache=True)
+             else KVBenchCache(implementation(method), model.config.num_hidden_layers))
+    _forward(model, cache, ids[:, :prefill])
     if before_compaction is not None:
         before_compaction(cache)
     if method is not None:
         cache.end_prefill()
-    logits = [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+    logits = [_forward(model, cache, ids[:, i:i + 1]).logits
               for i in range(prefill, ids.shape[1])]
     return torch.cat(logits, dim=1), cache
 
@@ -100,11 +110,12 @@ def test_beta_changes_attention_inside_the_model_and_helps_on_the_fitted_queries
 @torch.inference_mode()
 def _zeroed_after_compaction(model, change):
     ids = _ids()
-    cache = KVBenchCache(build_method("am", {"ratio": 0.25}), model.config.num_hidden_layers)
-    model(ids[:, :PREFILL], past_key_values=cache, use_cache=True)
+    cache = KVBenchCache(implementation(build_method("am", {"ratio": 0.25})),
+                         model.config.num_hidden_layers)
+    cache.forward(model, ids[:, :PREFILL])
     cache.end_prefill()
     change(cache)
-    return torch.cat([model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+    return torch.cat([cache.forward(model, ids[:, i:i + 1]).logits
                       for i in range(PREFILL, TOTAL)], dim=1)
 
 
@@ -134,7 +145,7 @@ def test_am_task_uses_a_probe_as_its_reference_queries(tiny):
     probe = _ids(8, seed=5)
 
     def feed_probe_then_take_it_back(cache):
-        tiny(probe, past_key_values=cache, use_cache=True)
+        cache.forward(tiny, probe)
         cache.crop(-probe.shape[1])
 
     with_probe, cache = _run(tiny, build_method("am_task", {"ratio": 0.25}),
@@ -201,8 +212,8 @@ def _identity_bytes(model):
 @pytest.mark.parametrize("params, message", [
     ({}, "exactly one of ratio"),
     ({"ratio": 0.5, "budget": 3}, "exactly one of ratio"),
-    ({"ratio": 1.0}, "between 0 and 1"),
-    ({"budget": 0}, "at least 1"),
+    ({"ratio": 1.0}, r"ratio must be in \(0, 1\)"),
+    ({"budget": 0}, "budget must be >= 1"),
 ])
 def test_budgets_are_checked_on_construction(params, message):
     with pytest.raises(ValueError, match=message):
@@ -215,9 +226,9 @@ def test_a_budget_that_keeps_everything_is_refused(tiny):
 
 
 @pytest.mark.parametrize("name, params, message", [
-    ("am", {"ratio": 0.5, "score": "median"}, "score must be one of"),
+    ("am", {"ratio": 0.5, "score": "median"}, "score: Input should be 'rms', 'max' or 'mean'"),
     ("am", {"ratio": 0.5, "ridge": -1.0}, "ridge must be >= 0"),
-    ("am", {"ratio": 0.5, "queries": "self"}, "queries must be context or repeat"),
+    ("am", {"ratio": 0.5, "queries": "self"}, "queries: Input should be 'context' or 'repeat'"),
     ("snapkv", {"ratio": 0.5, "kernel": 4}, "odd"),
     ("h2o", {"ratio": 0.5, "recent": 1.0}, "recent"),
     ("streamingllm", {"ratio": 0.5, "sinks": -1}, "sinks"),
@@ -242,7 +253,7 @@ def test_mlx_runs_the_same_reduction_with_the_bias_in_its_attention(tiny, name, 
     loaded = load_mlx_model("tiny:llama")
     ids = _ids()[0].tolist()
     expected, torch_cache = _run(tiny, build_method(name, params))
-    cache = MLXKVBenchCache(build_method(name, params), loaded.num_layers)
+    cache = MLXKVBenchCache(implementation(build_method(name, params), "mlx"), loaded.num_layers)
     loaded.model(mx.array([ids[:PREFILL]]), cache=cache.layers)
     cache.end_prefill()
     steps = [loaded.model(mx.array([ids[i:i + 1]]), cache=cache.layers)[0, -1]
@@ -255,7 +266,7 @@ def test_mlx_runs_the_same_reduction_with_the_bias_in_its_attention(tiny, name, 
 
 @pytest.mark.parametrize("kept", [0, 10])
 def test_a_reduction_that_keeps_nothing_or_everything_raises(kept):
-    from kvbench.methods.token_cache import TokenCache
+    from kvbench.methods.torch.token_cache import TokenCache
 
     cache = TokenCache()
     cache.append(torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4))
@@ -288,7 +299,7 @@ def test_repeat_prefill_queries_come_from_the_prompt_fed_again_and_taken_back(ti
     assert build_method("am", {"ratio": 0.25}).reference_probe([5, 6, 7]) == []
 
     def repeat_prompt(cache):
-        tiny(_ids()[:, :PREFILL], past_key_values=cache, use_cache=True)
+        cache.forward(tiny, _ids()[:, :PREFILL])
         cache.crop(-PREFILL)
 
     repeated, cache = _run(tiny, method, before_compaction=repeat_prompt)
@@ -300,13 +311,16 @@ def test_repeat_prefill_queries_come_from_the_prompt_fed_again_and_taken_back(ti
 
 
 def test_benchmarks_feed_the_reference_probe():
-    from kvbench.benchmarks.perplexity import Perplexity, PerplexityParams
+    from kvbench.benchmarks.specs.perplexity import Perplexity, PerplexityParams
 
     ctx = cpu_context("tiny:llama")
     params = PerplexityParams(context=48, continuation=16)
-    repeat = Perplexity().run(params, build_method("am", {"ratio": 0.25, "queries": "repeat"}),
-                              ctx).metrics
-    context = Perplexity().run(params, build_method("am", {"ratio": 0.25}), ctx).metrics
+    perplexity = measurement(Perplexity)
+    repeat = perplexity.run(
+        params, implementation(build_method("am", {"ratio": 0.25, "queries": "repeat"})),
+        ctx).metrics
+    context = perplexity.run(params, implementation(build_method("am", {"ratio": 0.25})),
+                             ctx).metrics
     assert repeat["perplexity"].value != context["perplexity"].value
     assert repeat["retained_kv"].value == context["retained_kv"].value
 
@@ -316,7 +330,7 @@ def test_snapkv_keeps_what_the_official_code_keeps():
     query head choice and kvbench's per KV head one agree): the window's queries attend
     causally, their weights summed over the window on the prefix are average-pooled (kernel 5,
     zero padded), and the top budget - window prefix tokens are kept with the window."""
-    from kvbench.methods.eviction import SnapKV
+    from kvbench.methods.settings.eviction import SnapKV
 
     heads, prompt, dim, window, kernel, budget = 2, 80, 16, 32, 5, 48
     g = torch.Generator().manual_seed(7)
@@ -324,7 +338,7 @@ def test_snapkv_keeps_what_the_official_code_keeps():
     queries = torch.randn(1, heads, prompt, dim, generator=g) * 2
     method = SnapKV(budget=budget)
     assert (method.window, method.kernel, method.pooling) == (window, kernel, "avg")
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     cache.append(keys, keys.clone())
     cache.observe_queries(queries)
     cache.end_prefill()

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import kvbench.methods.tokenwise as tokenwise
-from kvbench.methods import METHODS
+import kvbench.methods.torch.tokenwise as tokenwise
+from kvbench.methods import METHODS, implementation
 from tests.plugins.tensors import randn, round_trip
 
 
@@ -12,7 +12,7 @@ from tests.plugins.tensors import randn, round_trip
     ("turbo", {"bits": 4, "qjl": True}), ("turbo", {"bits": 2, "block": 32, "outlier_fraction": 0.5}),
 ])
 def test_blocks_change_nothing(name, params, monkeypatch):
-    codec = METHODS.get(name)(**params).codec()
+    codec = implementation(METHODS.get(name)(**params)).codec()
     x = randn(1, 2, 23, 128, seed=2)
     whole = codec.encode(x)  # 23 tokens: one block at the default size
     monkeypatch.setattr(tokenwise, "TOKENS_PER_BLOCK", 5)  # five blocks, a ragged last one

@@ -1,11 +1,13 @@
 """validate, report, compare, merge and baseline save in an install without torch (`pip install kvbench`):
 each command runs in a child process where torch, transformers, mlx, mlx_lm and matplotlib (the
 optional extras) cannot be imported, and imports nothing the base dependencies do not bring. Without torch, validate checks
-against the committed catalog of built-in methods and benchmarks, through the same code as with
-the registries: the catalog must match them, and give the same cases and the same problems.
+against the real, torch-free declarations of the built-in methods and benchmarks
+(kvbench.methods.settings, kvbench.benchmarks.specs), parameter ranges included: it must give the
+same cases and the same problems as with torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,32 +20,21 @@ from pathlib import Path
 import pytest
 
 import kvbench.suite.loader as loader
-from kvbench.catalog import CATALOG_FILE, NOTE, build_catalog
 from kvbench.results import load_results
 from kvbench.suite.errors import SuiteError
-from tests.plugins.suites import ROOT, SHIPPED_SUITES, catalog_only
+from tests.plugins.cli_support import HIDDEN, HIDE, invoke, wide_consoles  # noqa: F401
+from tests.plugins.suites import ROOT, SHIPPED_SUITES, line_of
 from tests.plugins.suites import SMALL_RESULTS as RESULTS
-# Not installed by `pip install kvbench`. matplotlib (kvbench[plots]) too: `report` of a run with
-# proofs cases imports it where it is installed, and must print its note where it is not.
-HIDDEN = ("torch", "transformers", "mlx", "mlx_lm", "matplotlib")
 
-# The child: hide HIDDEN as if they were not installed, run the command line, then write the
-# top-level modules it imported (not those the interpreter started with) to $KVBENCH_IMPORTS.
-_CHILD = textwrap.dedent(f"""
-    import json, os, sys
-    started = set(sys.modules)
-
-    class Hidden:
-        def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in {HIDDEN!r}:
-                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-
-    sys.meta_path.insert(0, Hidden())
+# The child: HIDDEN cannot be imported (as if they were not installed, tests.plugins.cli_support),
+# run the command line, then write the top-level modules it imported (not those the interpreter
+# started with) to $KVBENCH_IMPORTS.
+_CHILD = HIDE + textwrap.dedent("""
     from kvbench.cli import main
     try:
         main(sys.argv[1:], prog_name="kvbench")
     finally:
-        names = sorted({{m.partition(".")[0] for m in set(sys.modules) - started}})
+        names = sorted({m.partition(".")[0] for m in set(sys.modules) - started})
         with open(os.environ["KVBENCH_IMPORTS"], "w") as out:
             json.dump(names, out)
 """)
@@ -91,12 +82,14 @@ def _kvbench(tmp_path: Path, *args) -> tuple[subprocess.CompletedProcess, list[s
 
 # ---- the commands, without torch --------------------------------------------------------------
 
-def test_validate_a_good_suite_without_torch_says_what_it_did_not_check(tmp_path):
+def test_validate_a_good_suite_without_torch_checks_it_as_with_torch(tmp_path):
     done, imported = _kvbench(tmp_path, "validate", ROOT / "suites" / "quick.yaml")
     assert done.returncode == 0, done.stderr
     cases = len(loader.load_suite(ROOT / "suites" / "quick.yaml").cases)  # with torch: the same
     assert f"valid: quick: {cases} case(s)" in done.stdout
-    assert "note: " + NOTE in done.stdout
+    # the declarations are the real ones: nothing is left unchecked, so there is no note of it
+    # (the catalog's "note: validated against the catalog ..." is gone with the catalog)
+    assert "note:" not in done.stdout
     assert not set(HIDDEN) & set(imported)
 
 
@@ -174,35 +167,110 @@ def test_base_dependencies_cover_what_the_commands_import(tmp_path, args):
     assert not unlisted, f"imported, but not from a base dependency: {unlisted}"
 
 
-# ---- the catalog ------------------------------------------------------------------------------
+# ---- the declarations, without torch and with it --------------------------------------------
 
-def test_committed_catalog_is_what_the_registries_give():
-    # After changing a built-in method or benchmark: python -m kvbench.catalog
-    committed = json.loads(CATALOG_FILE.read_text())
+# Every setting here is out of its declared range or breaks a rule across fields: what only the
+# methods' and benchmarks' own code could refuse while validation without torch had a catalog.
+RANGE_SUITE = """\
+kvbench: 1
+defaults: {model: bundled:smollm2-135m}
+methods:
+  - name: intq
+    params: {bits: 9}
+  - name: kivi
+    matrix: {bits: [2, 3]}
+  - name: kivi
+    label: kivi-residual
+    params: {group_size: 32, residual: 40}
+benchmarks:
+  - kind: proofs
+    params: {n_vectors: 0}
+  - kind: perplexity
+    params: {context: 100000}
+"""
+
+# Loads each suite named on the command line without torch and prints, per suite, its hash and
+# cases, or its issues: what _loaded() gives with torch.
+_LOAD = HIDE + textwrap.dedent("""
+    import dataclasses
+    from kvbench.suite.errors import SuiteError
+    from kvbench.suite.loader import load_suite
+
+    out = {}
+    for path in sys.argv[1:]:
+        try:
+            suite = load_suite(path)
+            out[path] = {"hash": suite.hash, "cases": [dataclasses.asdict(c) for c in suite.cases]}
+        except SuiteError as exc:
+            out[path] = {"issues": [dataclasses.asdict(i) for i in exc.issues]}
+    out["imported"] = sorted({m.partition(".")[0] for m in set(sys.modules) - started})
+    print(json.dumps(out, default=repr))
+""")
+
+
+def _loaded(path) -> dict:
+    """With torch: what _LOAD prints for one suite."""
     try:
-        built = build_catalog()
-    except ImportError:  # no MLX here: which methods run on it cannot be told, take the file's
-        built = build_catalog(has_mlx=lambda cls: committed["methods"].get(cls.name, {}).get("mlx"))
-    assert json.loads(json.dumps(built)) == committed
+        suite = loader.load_suite(path)
+        found = {"hash": suite.hash, "cases": [dataclasses.asdict(c) for c in suite.cases]}
+    except SuiteError as exc:
+        found = {"issues": [dataclasses.asdict(i) for i in exc.issues]}
+    return json.loads(json.dumps(found, default=repr))
+
+
+def _loaded_without_torch(*paths) -> dict:
+    done = subprocess.run([sys.executable, "-c", _LOAD, *map(str, paths)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    loaded = json.loads(done.stdout)
+    assert not set(HIDDEN) & set(loaded.pop("imported"))
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def shipped_without_torch() -> dict:
+    """Every shipped suite loaded without torch, in one child process."""
+    return _loaded_without_torch(*SHIPPED_SUITES)
 
 
 @pytest.mark.parametrize("path", SHIPPED_SUITES, ids=lambda p: p.name)
-def test_catalog_gives_the_same_cases_as_the_registries(path):
+def test_without_torch_validate_gives_the_same_cases_as_with_torch(path, shipped_without_torch):
     if path.name == "cuda.yaml":
         pytest.importorskip("triton", reason="its methods ask for impl triton")
-    real = loader.load_suite(path)
-    with catalog_only():  # load_suite checks against the catalog's stand-ins, as without torch
-        stand_in = loader.load_suite(path)
-    assert stand_in.cases == real.cases
-    assert (stand_in.hash, real.note, stand_in.note) == (real.hash, "", NOTE)
+    real = _loaded(path)
+    assert "cases" in real, real  # a shipped suite is valid
+    assert shipped_without_torch[str(path)] == real
 
 
-def test_catalog_finds_the_same_problems_as_the_registries(tmp_path):
-    suite = tmp_path / "bad.yaml"
-    suite.write_text(BAD_SUITE)
-    with pytest.raises(SuiteError) as real:
-        loader.load_suite(suite)
-    with catalog_only(), pytest.raises(SuiteError) as stand_in:
-        loader.load_suite(suite)
-    assert stand_in.value.issues == real.value.issues
-    assert [(i.key, i.line) for i in real.value.issues] == [(k, n) for k, n, _ in BAD_PROBLEMS]
+def test_without_torch_validate_finds_the_same_problems_as_with_torch(tmp_path):
+    bad, ranges = tmp_path / "bad.yaml", tmp_path / "ranges.yaml"
+    bad.write_text(BAD_SUITE)
+    ranges.write_text(RANGE_SUITE)
+    without_torch = _loaded_without_torch(bad, ranges)
+    real = _loaded(bad)
+    assert without_torch[str(bad)] == real
+    assert [(i["key"], i["line"]) for i in real["issues"]] == [(k, n) for k, n, _ in BAD_PROBLEMS]
+    real = _loaded(ranges)
+    assert without_torch[str(ranges)] == real
+    assert [(i["key"], i["line"]) for i in real["issues"]] == [
+        ("methods[0].params.bits", line_of(ranges, "bits: 9")),
+        ("methods[1].matrix.bits[1]", line_of(ranges, "bits: [2, 3]")),
+        ("methods[2].params.residual", line_of(ranges, "residual: 40")),
+        ("benchmarks[0].params.n_vectors", line_of(ranges, "n_vectors: 0")),
+        ("benchmarks[1].params.context", line_of(ranges, "context: 100000")),
+    ]
+
+
+def test_without_torch_validate_refuses_a_method_parameter_out_of_its_range(tmp_path):
+    suite = tmp_path / "bits9.yaml"
+    suite.write_text("kvbench: 1\nmethods:\n  - name: intq\n    params: {bits: 9}\n"
+                     "benchmarks:\n  - kind: proofs\n")
+    done, imported = _kvbench(tmp_path, "validate", suite)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "invalid suite (1 problem(s)):",
+        f"  {suite}:4: methods[0].params.bits: bits must be 2, 4 or 8, got 9",
+    ]
+    assert not set(HIDDEN) & set(imported)
+    with_torch = invoke("validate", suite)  # the same refusal, word for word
+    assert (with_torch.exit_code, with_torch.stderr) == (2, done.stderr)

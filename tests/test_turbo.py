@@ -4,11 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.methods import METHODS
-from kvbench.methods.codebooks import lloyd_max
-from kvbench.methods.codec_cache import CodecCache
-from kvbench.methods.packing import packed_length
-from kvbench.methods.turbo import Turbo, channels_by_magnitude, llamacpp_codebook
+from kvbench.kernels.formats import packed_length
+from kvbench.methods import METHODS, implementation
+from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.settings.turbo import Turbo
+from kvbench.methods.torch.codebooks import lloyd_max
+from kvbench.methods.torch.turbo import channels_by_magnitude, llamacpp_codebook
 from tests.plugins.tensors import randn, round_trip
 
 PRESETS = {  # name: (bits, outlier_fraction)
@@ -50,7 +51,7 @@ def test_bits_per_value_is_the_layout_formula(name, block):
     x = randn(2, 3, 16, 256)
     for qjl in (False, True):
         method = METHODS.get(name)(block=block, qjl=qjl)
-        codec = method.codec()
+        codec = implementation(method).codec()
         packed = codec.encode(x)
         if name in SPLIT:  # two float32 part norms, and the float32 residual norm with qjl
             expected = bits + fraction + 32 * (3 if qjl else 2) / block
@@ -66,21 +67,22 @@ def test_bits_per_value_is_the_layout_formula(name, block):
 def test_turbo3_ratio_vs_fp16():
     x = randn(1, 4, 64, 128, dtype=torch.float16)
     for block, bits_per_value, ratio in [(128, 3.125, 5.12), (32, 3.5, 4.57)]:
-        codec = Turbo(bits=3, block=block).codec()
+        codec = implementation(Turbo(bits=3, block=block)).codec()
         stored = codec.nbytes(codec.encode(x))
         assert 8 * stored / x.numel() == bits_per_value
         assert round(x.numel() * 2 / stored, 2) == ratio
 
 
 def test_stored_tensors_and_shapes():
-    codec = Turbo(bits=3, block=64, outlier_fraction=0.5, qjl=True).codec()
+    codec = implementation(Turbo(bits=3, block=64, outlier_fraction=0.5, qjl=True)).codec()
     packed = codec.encode(randn(2, 3, 5, 128))
     t = packed.tensors
     # qjl: a 2-bit MSE stage, 32 coordinates of each block at 3 bits, 32 at 2.
     assert t["codes"].shape == (2, 3, 5, 2, 8) and t["codes_high"].shape == (2, 3, 5, 2, 12)
     assert t["signs"].shape == (2, 3, 5, 2, 8)
     assert t["norm"].shape == t["rnorm"].shape == (2, 3, 5, 2)
-    assert set(Turbo().codec().encode(randn(1, 1, 2, 128)).tensors) == {"codes", "norm"}
+    plain = implementation(Turbo()).codec()
+    assert set(plain.encode(randn(1, 1, 2, 128)).tensors) == {"codes", "norm"}
 
 
 @pytest.mark.parametrize("rotation", ["hadamard", "haar"])
@@ -186,7 +188,7 @@ def test_zero_blocks_decode_to_zero():
 @pytest.mark.parametrize("kwargs", [{}, {"outlier_fraction": 0.5, "qjl": True}, {"block": 32},
                                     {**CHANNELS, "qjl": True}])
 def test_merge_decodes_like_the_parts(kwargs):
-    codec = Turbo(**kwargs).codec()
+    codec = implementation(Turbo(**kwargs)).codec()
     parts = [codec.encode(randn(2, 2, n, 128, seed=n)) for n in (5, 1, 3)]
     merged = codec.merge(parts)
     assert merged.shape == (2, 2, 9, 128)
@@ -211,7 +213,7 @@ def test_decode_keeps_dtype_and_shape():
 
 def test_head_dim_must_be_a_multiple_of_block():
     with pytest.raises(ValueError, match=r"head_dim 96 .* block 64"):
-        Turbo(block=64).codec().encode(randn(1, 1, 2, 96))
+        implementation(Turbo(block=64)).codec().encode(randn(1, 1, 2, 96))
 
 
 @pytest.mark.parametrize("field, value", [
@@ -237,8 +239,8 @@ def test_haar_allows_any_block():
 
 
 def test_layout_names_the_layout():
-    layout = Turbo(bits=3, block=32, rotation="haar", codebook="beta", qjl=True,
-                   window=64).layout()
+    layout = implementation(Turbo(bits=3, block=32, rotation="haar", codebook="beta", qjl=True,
+                                  window=64)).layout()
     for part in ("3-bit", "blocks of 32", "fp16", "norm per block", "haar", "beta", "qjl on",
                  "newest 64 tokens", "K and V"):
         assert part in layout
@@ -246,7 +248,7 @@ def test_layout_names_the_layout():
 
 def test_cache_packs_outside_the_window():
     method = METHODS.get("turbo3")(window=4)
-    cache = method.new_layer_cache(0)
+    cache = implementation(method).new_layer_cache(0)
     assert isinstance(cache, CodecCache)
     keys, values = randn(1, 2, 20, 128, seed=1), randn(1, 2, 20, 128, seed=2)
     for start, stop in [(0, 9), (9, 10), (10, 20)]:
@@ -272,7 +274,7 @@ def test_cache_packs_outside_the_window():
 ])
 def test_channel_split_bytes_are_the_hand_formula(name, qjl, block_bytes):
     x = randn(2, 3, 5, 256)  # two blocks of 128 per token
-    codec = METHODS.get(name)(qjl=qjl).codec()
+    codec = implementation(METHODS.get(name)(qjl=qjl)).codec()
     packed = codec.encode(x)
     assert codec.nbytes(packed) == 2 * 3 * 5 * 2 * block_bytes
     t = packed.tensors
@@ -293,7 +295,8 @@ def test_channel_split_bytes_are_the_hand_formula(name, qjl, block_bytes):
 
 def test_channel_split_bytes_round_up_per_part():
     # 12 outlier channels at 4 bits (6 bytes), 28 at 3 bits (84 bits -> 11 bytes), 2 fp32 norms.
-    codec = Turbo(block=40, rotation="haar", outlier_fraction=0.3, outlier_split="channels").codec()
+    codec = implementation(Turbo(block=40, rotation="haar", outlier_fraction=0.3,
+                                 outlier_split="channels")).codec()
     x = randn(1, 2, 7, 80)
     packed = codec.encode(x)
     assert codec.n_high == 12
@@ -340,7 +343,7 @@ def test_channel_split_beats_rotated_split_on_outlier_channels():
 def test_channel_split_puts_exactly_the_intended_channels_in_the_outlier_part(given):
     method = Turbo(outlier_fraction=4 / 128, outlier_split="channels", rotation="haar",
                    outlier_channels=given, norm_correction=False)
-    codec = method.codec()
+    codec = implementation(method).codec()
     outliers = list(given) if given else [0, 1, 2, 3]
     assert codec.outlier_channels.tolist() == outliers  # order kept, as upstream
     normal = [c for c in range(128) if c not in outliers]
@@ -377,7 +380,7 @@ def test_channels_by_magnitude_is_upstreams_calibration():
 def test_channel_split_seeds_each_part():
     # Outlier part rotation seed, normal part seed + 500 (upstream's offsets): changing one
     # channel set's data never touches the other part's codes, and the seed moves both.
-    codecs = [METHODS.get("turbo3.5")(seed=s).codec() for s in (0, 0, 1)]
+    codecs = [implementation(METHODS.get("turbo3.5")(seed=s)).codec() for s in (0, 0, 1)]
     x = randn(1, 2, 8, 128, seed=2)
     a, b, c = (codec.encode(x).tensors for codec in codecs)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -389,13 +392,14 @@ def test_channel_split_seeds_each_part():
 
 def test_outlier_split_is_ignored_without_outliers():
     x = randn(1, 2, 4, 128)
-    plain, split = Turbo().codec(), Turbo(outlier_split="channels").codec()
+    plain = implementation(Turbo()).codec()
+    split = implementation(Turbo(outlier_split="channels")).codec()
     assert torch.equal(plain.decode(plain.encode(x)), split.decode(split.encode(x)))
     assert plain.layout() == split.layout()
 
 
 def test_channel_split_layout_names_the_layout():
-    layout = METHODS.get("turbo3.5")(qjl=True).layout()
+    layout = implementation(METHODS.get("turbo3.5")(qjl=True)).layout()
     for part in ("channel split", "first 64 of 128 channels at 3-bit", "other 64 at 2-bit",
                  "haar", "fp32", "own", "qjl on", "fp32 residual norm", "K and V"):
         assert part in layout
@@ -432,4 +436,4 @@ def test_preset_params_build_through_the_suite_validator():
     cls = METHODS.get("turbo3.5")
     method = TypeAdapter(cls).validate_python({"outlier_channels": list(range(64, 128))})
     assert method.outlier_channels == tuple(range(64, 128))
-    assert method.codec().outlier_channels.tolist() == list(range(64, 128))
+    assert implementation(method).codec().outlier_channels.tolist() == list(range(64, 128))

@@ -6,7 +6,8 @@ Benchmarks make their data in torch, hand it to the backend (from_torch), run th
 implementation for that backend, and bring results back to torch (to_torch) for the float64
 arithmetic of their metrics, so a metric means the same on both. Timers read the clock only
 after the work is done (a device sync on torch, mx.eval of every array in the result on MLX).
-Caches hold arrays and use concat, copy, cast, take, zeros and the byte counts.
+Caches hold arrays and use concat, copy, cast, take, zeros and the byte counts; codecs
+written once (kvbench.methods.core.turbo_steps) also cast, where and the dtypes.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any, Protocol, Sequence
 
 class Arrays(Protocol):
     name: str
+    float32: Any  # the library's dtypes that codecs written once name
+    uint8: Any
 
     # ---- what a cache does to what it holds
     def concat(self, arrays: list[Any], axis: int = -2) -> Any:
@@ -28,6 +31,9 @@ class Arrays(Protocol):
         """A copy, so a kept slice does not pin the storage it was cut from."""
 
     def cast(self, x: Any, dtype: Any) -> Any: ...
+
+    def where(self, condition: Any, x: Any, y: Any) -> Any:
+        """x where condition holds, else y (either may be a number)."""
 
     def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
         """The entries of x at `indices` along `axis` (a copy)."""
@@ -50,16 +56,3 @@ class Arrays(Protocol):
 
     def reference_copy(self, array: Any) -> Any:
         """A plain copy of the same bytes: the bandwidth reference."""
-
-
-def array_backend(name: str, device: Any = None) -> Arrays:
-    """The arrays of backend `name` ("torch", on `device`, or "mlx")."""
-    if name == "torch":
-        from kvbench.backends.torch_arrays import TorchArrays
-
-        return TorchArrays(device)
-    if name == "mlx":
-        from kvbench.backends.mlx_arrays import MLXArrays
-
-        return MLXArrays()
-    raise ValueError(f"unknown backend {name!r}; use torch or mlx")

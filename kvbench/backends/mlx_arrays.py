@@ -49,6 +49,7 @@ def arrays_in(obj: Any) -> list:
 class MLXArrays(Arrays):
     name = "mlx"
     device = "cpu"  # torch data for MLX is made on the CPU
+    float32, uint8 = mx.float32, mx.uint8
 
     def concat(self, arrays: list[mx.array], axis: int = -2) -> mx.array:
         return mx.concatenate(arrays, axis=axis)
@@ -58,6 +59,9 @@ class MLXArrays(Arrays):
 
     def cast(self, x: mx.array, dtype) -> mx.array:
         return x.astype(dtype)
+
+    def where(self, condition: mx.array, x: Any, y: Any) -> mx.array:
+        return mx.where(condition, x, y)
 
     def take(self, x: mx.array, indices: Sequence[int], axis: int) -> mx.array:
         return mx.take(x, mx.array(list(indices), dtype=mx.int32), axis=axis)

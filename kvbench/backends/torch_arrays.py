@@ -25,6 +25,7 @@ def storage_bytes(*tensors: torch.Tensor | None) -> int:
 
 class TorchArrays(Arrays):
     name = "torch"
+    float32, uint8 = torch.float32, torch.uint8
 
     def __init__(self, device: torch.device | None = None):
         self.device = device
@@ -39,6 +40,9 @@ class TorchArrays(Arrays):
 
     def cast(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return x.to(dtype)
+
+    def where(self, condition: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
+        return torch.where(condition, x, y)
 
     def take(self, x: torch.Tensor, indices: Sequence[int], axis: int) -> torch.Tensor:
         key = (tuple(indices), x.device)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -70,15 +71,23 @@ def list_(what, name):
     console.print(table)
 
 
-def _show_method(name: str) -> None:
+def _described(registry: Any, name: str) -> type:
+    """The class registered as `name`, its docstring printed (an unknown name fails, saying
+    what is known)."""
     from kvbench.config import describe
-    from kvbench.methods import METHODS
 
     try:
-        cls = METHODS.get(name)
+        cls = registry.get(name)
     except LookupError as exc:
         fail(str(exc))
     console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    return cls
+
+
+def _show_method(name: str) -> None:
+    from kvbench.methods import METHODS
+
+    cls = _described(METHODS, name)
     console.print(_parameters_table(f"parameters of {name}", cls))
 
 
@@ -86,11 +95,7 @@ def _show_benchmark(name: str) -> None:
     from kvbench.config import describe
     from kvbench.benchmarks import BENCHMARKS
 
-    try:
-        cls = BENCHMARKS.get(name)
-    except LookupError as exc:
-        fail(str(exc))
-    console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    cls = _described(BENCHMARKS, name)
     console.print(escape(describe.docstring(cls.Params)), end="\n\n")
     console.print(_parameters_table(f"parameters of {name}", cls.Params))
     table = Table(title=f"metrics of {name}",

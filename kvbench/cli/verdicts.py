@@ -52,7 +52,7 @@ def summary(result, gate_report, out_dir: Path) -> None:
         console.print(f"  [red]{case.status}[/] {escape(case.id)}: "
                       f"{escape(case.error.type)}: {escape(case.error.message[:300])}")
     if gate_report is not None:
-        from kvbench.report.tables import fmt_number
+        from kvbench.report.kit.tables import fmt_number
 
         for reason in gate_report.reasons:
             console.print(f"  [yellow]gate:[/] {escape(reason)}")

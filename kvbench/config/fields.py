@@ -11,9 +11,15 @@ for `kvbench list` is the field's `rule`.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
+import types
+import typing
 from dataclasses import MISSING, dataclass
-from typing import Any
+from typing import Any, Literal
+
+from kvbench.config.registry import did_you_mean
 
 META = "kvbench"  # the key of a field's metadata that holds its Declaration
 
@@ -116,18 +122,63 @@ def declaration(field: dataclasses.Field) -> Declaration | None:
 
 
 class Settings:
-    """Base of declared settings (a dataclass subclass): every field's range is checked after
-    __init__, then check() runs the rules across fields. Both raise SettingError."""
+    """Base of declared settings (a dataclass subclass): after __init__ every field's type (bool,
+    int, float) and range (or, for a Literal field, its choices) is checked, the class's own
+    fields before inherited ones; then check() runs the rules across fields. Both raise
+    SettingError."""
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            found = declaration(field)
-            value = getattr(self, field.name)
-            if found is not None and found.range is not None and value is not None \
-                    and not found.range.holds(value):
-                raise SettingError(field.name, f"{field.name} must be {found.range}, got"
-                                               f" {value!r}")
+        for name, kind, allowed in _field_checks(type(self)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if kind is not None and not _is_a(value, kind):
+                raise SettingError(name, f"{name} must be {_KIND_TEXT[kind]}, got {value!r}")
+            if allowed is not None and not allowed.holds(value):
+                hint = did_you_mean(value, map(str, allowed.values)) \
+                    if allowed.values and isinstance(value, str) else ""
+                raise SettingError(name, f"{name} must be {allowed}, got {value!r}{hint}")
         self.check()
 
     def check(self) -> None:
         """Rules across fields; raise SettingError(field, message)."""
+
+
+_KIND_TEXT = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _is_a(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+@functools.cache
+def _field_checks(cls: type) -> tuple[tuple[str, type | None, Range | None], ...]:
+    """(field, the bool, int or float it must be or None, its range or None) for each checked
+    field of a settings class, the most derived class's own fields first (a subclass's error
+    wins over its base's, as the suite blames)."""
+    hints = typing.get_type_hints(cls)
+    depth: dict[str, int] = {}
+    for level, klass in enumerate(cls.__mro__):
+        for name in inspect.get_annotations(klass):
+            depth.setdefault(name, level)
+    checks = []
+    for field in sorted(dataclasses.fields(cls), key=lambda f: depth.get(f.name, len(depth))):
+        annotation = _optional_of(hints.get(field.name))
+        kind = annotation if annotation in _KIND_TEXT else None
+        found = declaration(field)
+        allowed = found.range if found is not None else None
+        if allowed is None and typing.get_origin(annotation) is Literal:
+            allowed = Range(values=typing.get_args(annotation))
+        if kind is not None or allowed is not None:
+            checks.append((field.name, kind, allowed))
+    return tuple(checks)
+
+
+def _optional_of(annotation: Any) -> Any:
+    """X for an X | None annotation; the annotation itself otherwise."""
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation

@@ -60,6 +60,13 @@ class Registry(Generic[T]):
         self._load_entry_points()
         return sorted(self._classes)
 
+    def in_order(self) -> list[str]:
+        """The names in the order they were registered: the built-ins in the order their
+        modules are imported, then the entry points' (`module:Class` names are never
+        registered)."""
+        self._load_entry_points()
+        return list(self._classes)
+
     def get(self, name: str) -> type[T]:
         if ":" in name:
             module_name, _, attr = name.partition(":")

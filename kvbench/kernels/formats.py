@@ -32,6 +32,14 @@ def check_bits(bits: int) -> None:
         raise ValueError(f"bits must be in 1..8, got {bits}")
 
 
+def check_packed(width: int, n: int, bits: int) -> None:
+    """Refuses packed rows of `width` bytes that do not hold exactly n codes of `bits` bits."""
+    check_bits(bits)
+    if width != packed_length(n, bits):
+        raise ValueError(f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got"
+                         f" {width}")
+
+
 def code_slots(bits: int):
     """For each code slot j of a group of 8: its first byte, its bit offset there, and whether
     it spills into the next byte."""

@@ -22,7 +22,7 @@ class OnBackend:
     """A backend as an implementation sees it (kvbench.methods.core.contracts.Backend)."""
 
     def __init__(self, name: str):
-        from kvbench.backends.arrays import array_backend
+        from kvbench.backends import array_backend
 
         self.name = name
         self.arrays = array_backend(name)

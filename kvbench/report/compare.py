@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kvbench.judge.gate import GateReport, gate
-from kvbench.report.tables import fmt_ratio, md_table, metric_cell, metric_header
+from kvbench.report.kit.tables import fmt_ratio, md_table, metric_cell, metric_header
 from kvbench.results import Metric, RunResult
 
 # Fingerprint keys worth seeing next to each other; the full fingerprint is in each report.

@@ -23,43 +23,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.benchmarks import BENCHMARKS
 from kvbench.judge.gate import fingerprint_differences
-from kvbench.report.markdown import write_reports
-from kvbench.report.plots import method_family, pareto_front
-from kvbench.report.tables import fmt_number
+from kvbench.report.kit.benchmark import Board
+from kvbench.report.kit.figures import method_family, pareto_front
+from kvbench.report.kit.tables import fmt_number
+from kvbench.report.markdown import benchmark_report, write_reports
 from kvbench.results import CaseResult, Metric, RunResult, atomic_write_text, save_results
 
 PAGE = "index.html"
 
 
-@dataclass(frozen=True)
-class Board:
-    """A leaderboard's columns: the compression axis, the quality axis, then other figures."""
-
-    compression: str | None
-    quality: str | None
-    extra: tuple[str, ...] = ()
-
-
-# Which figures a benchmark kind is ranked by; a kind not named here shows its first metrics.
-BOARDS = {
-    "proofs": Board("bits_per_value", "attn_output_error",
-                    ("compression_ratio", "cosine", "mse", "ip_rel_error")),
-    "perplexity": Board("compression_ratio", "ppl_rel_delta", ("perplexity", "kv_bytes",
-                                                               "retained_kv")),
-    "quality": Board(None, "kl_plain_method", ("top1_agreement", "top_k_overlap",
-                                               "greedy_agreement")),
-    "niah": Board("compression_ratio", "score", ("retained_kv", "score_ci_low", "score_ci_high")),
-    "ruler": Board("compression_ratio", "score", ("retained_kv", "score_ci_low",
-                                                  "score_ci_high")),
-    "ladder": Board("retained_kv_bytes", "peak_bytes", ("peak_over_loaded_bytes",
-                                                        "kv_bytes_measured")),
-    "stress": Board(None, "errors", ("token_agreement", "sessions_held", "output_tok_s",
-                                     "aggregate_vs_single")),
-    "speed": Board("compression_ratio", None, ("encode_vs_memcpy", "decode_vs_memcpy",
-                                               "encode_gb_s", "decode_gb_s")),
-    "decode_attention": Board("compression_ratio", "rel_error", ()),
-}
+# A benchmark's leaderboard shows the columns of its report's board; one without a board shows
+# its first metrics.
 _FALLBACK_COLUMNS = 6
 
 
@@ -106,8 +82,7 @@ def render_page(runs: list[Run]) -> str:
     cases = [(run, case) for run in runs for case in run.result.cases]
     anchors = {(run.index, case.id): f"c{n}" for n, (run, case) in enumerate(cases, start=1)}
     families = sorted({method_family(case.method) for _, case in cases})
-    present = list(dict.fromkeys(case.benchmark for _, case in cases))
-    kinds = [k for k in BOARDS if k in present] + [k for k in present if k not in BOARDS]
+    kinds = board_order(list(dict.fromkeys(case.benchmark for _, case in cases)))
     parts = [
         _head(runs),
         _runs_table(runs),
@@ -120,6 +95,15 @@ def render_page(runs: list[Run]) -> str:
         f"<script>{_SCRIPT}</script></body></html>\n",
     ]
     return "\n".join(part for part in parts if part)
+
+
+def board_order(present: list[str]) -> list[str]:
+    """The order of the leaderboards of the benchmark kinds `present` (in order of appearance):
+    those with a board in the order their benchmarks were registered (the built-ins' order is
+    set in kvbench.benchmarks.specs), then the others as they appear."""
+    boarded = [kind for kind in BENCHMARKS.in_order()
+               if kind in present and benchmark_report(kind).board is not None]
+    return boarded + [kind for kind in present if kind not in boarded]
 
 
 # ------------------------------------------------------------ sections
@@ -164,7 +148,7 @@ def _leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
             if case.benchmark == kind and case.status == "ok"]
     if not rows:
         return ""
-    board = BOARDS.get(kind) or _fallback_board(rows)
+    board = benchmark_report(kind).board or _fallback_board(rows)
     columns = [m for m in (board.compression, board.quality, *board.extra) if m is not None
                and any(m in case.metrics for _, case in rows)]
     front = _front(rows, board)

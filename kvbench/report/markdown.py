@@ -5,35 +5,33 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from kvbench.benchmarks import BENCHMARKS
 from kvbench.judge.claims import parse_claim
 from kvbench.judge.gate import GateReport, GateRow
-from kvbench.report.plots import (
-    MATPLOTLIB_MISSING, RATE_DISTORTION_PNG, PlotUnavailable, check_matplotlib,
-    rate_distortion_data, rate_distortion_png,
-)
-from kvbench.report.ladder import ladder_figures, ladder_section
-from kvbench.report.retrieval import niah_section, ruler_figure, ruler_section
-from kvbench.report.stress import stress_figures, stress_section
-from kvbench.report.tables import (
+from kvbench.report.kit.benchmark import BenchmarkReport
+from kvbench.report.kit.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
 from kvbench.results import RunResult, atomic_write_text
 
 STATUSES = ("ok", "error", "timeout")
 VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing"}
+GENERIC_REPORT = BenchmarkReport()  # a benchmark's table alone
 
 
 def render_markdown(result: RunResult, gate: GateReport | None = None,
                     out_dir: Path | None = None) -> str:
-    """The report; with out_dir, the rate-distortion PNG is written there as well."""
-    figure = _rate_distortion_figure(result, out_dir)
+    """The report; with out_dir, the benchmarks' figures are written there as well."""
     parts = [f"# kvbench: {result.suite.name}", _run_lines(result)]
-    for benchmark, cases in by_benchmark(result.cases).items():
+    groups = by_benchmark(result.cases)
+    reports = {benchmark: benchmark_report(benchmark) for benchmark in groups}
+    for benchmark, cases in groups.items():
         parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
-        if benchmark == "proofs" and figure:
-            parts.append(figure)
-        parts += _summary_parts(result, benchmark, out_dir)
-    across = method_table(result.cases)
+        # what the benchmark adds below its table: summaries and figures (written to out_dir
+        # when given; the same text either way)
+        parts += [part for part in reports[benchmark].sections(result, out_dir) if part]
+    across = method_table(result.cases, {benchmark: report.headline
+                                         for benchmark, report in reports.items()})
     if across:
         parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
                      f" ran it.\n\n{across}")
@@ -50,44 +48,21 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
 
 
 def write_reports(result: RunResult, out_dir: str | Path, gate: GateReport | None = None) -> Path:
-    """report.md, and beside it rate_distortion.png when the run has proofs cases to plot, and
-    the ruler, niah, ladder and stress figures when it has those cases."""
+    """report.md, and beside it the figures its benchmarks' reports draw (each benchmark's own,
+    when the run has cases of it to plot)."""
     path = Path(out_dir) / "report.md"
     atomic_write_text(path, render_markdown(result, gate, path.parent))
     return path
 
 
-def _rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | None:
-    """The line after the proofs table: the PNG's link, a note when matplotlib is missing, or
-    None when there is nothing to plot. The same with or without out_dir, so `kvbench report`
-    prints what the run wrote."""
-    if rate_distortion_data(result) is None:
-        return None
+def benchmark_report(kind: str) -> BenchmarkReport:
+    """The report of a case's benchmark, as its declaration gives it; the generic report for a
+    kind that cannot be looked up here (a plug-in not installed where the report is made)."""
     try:
-        if out_dir is None:
-            check_matplotlib()
-        else:
-            rate_distortion_png(result, out_dir / RATE_DISTORTION_PNG)
-    except PlotUnavailable:
-        return f"<sub>rate-distortion plot skipped: {MATPLOTLIB_MISSING}</sub>"
-    return (f"![rate-distortion: bits_per_value vs attn_output_error per proofs case]"
-            f"({RATE_DISTORTION_PNG})")
-
-
-def _summary_parts(result: RunResult, benchmark: str, out_dir: Path | None) -> list[str]:
-    """What follows the ruler, niah, ladder and stress tables: their summaries and figures
-    (written to out_dir when given; the same text either way)."""
-    if benchmark == "ruler":
-        parts = [ruler_section(result), ruler_figure(result, out_dir)]
-    elif benchmark == "niah":
-        parts = [niah_section(result, out_dir)]
-    elif benchmark == "ladder":
-        parts = [ladder_section(result), ladder_figures(result, out_dir)]
-    elif benchmark == "stress":
-        parts = [stress_section(result), stress_figures(result, out_dir)]
-    else:
-        return []
-    return [part for part in parts if part]
+        declared = BENCHMARKS.get(kind).report
+    except Exception:  # unknown here, or a plug-in that fails to import: the results suffice
+        return GENERIC_REPORT
+    return declared if isinstance(declared, BenchmarkReport) else GENERIC_REPORT
 
 
 def _run_lines(result: RunResult) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.report.tables import benchmark_table, by_benchmark
+from kvbench.report.kit.tables import benchmark_table, by_benchmark
 from kvbench.results import RunResult, atomic_write_text
 
 

@@ -219,8 +219,9 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
         if model_ok:  # a missing or unusable model was reported already
             try:
                 benchmark.check(params, info)
-            except SettingError as exc:
-                issues.add(bench.doc, blame(exc.fields, combo, bench), str(exc))
+            except ValueError as exc:  # a plug-in's check may raise a plain ValueError
+                fields = exc.fields if isinstance(exc, SettingError) else ()
+                issues.add(bench.doc, blame(fields, combo, bench), str(exc))
                 continue
         needed = _needs(cls, params, defaults)
         for variant in chosen:

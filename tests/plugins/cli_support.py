@@ -1,11 +1,14 @@
-"""Running the CLI for tests: in-process, or as a real process that can be signalled."""
+"""Running the CLI for tests: in-process, as a real process that can be signalled, or in a
+child process where torch and the other optional extras cannot be imported."""
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -72,3 +75,79 @@ def jsonl_lines(path: Path) -> list[dict]:
 def logged(path: Path) -> list[int]:
     """The case indices the Step benchmark appended to its log, in order."""
     return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+# Not installed by `pip install kvbench`. matplotlib (kvbench[plots]) too: `report` of a run with
+# proofs cases imports it where it is installed, and must print its note where it is not.
+HIDDEN = ("torch", "transformers", "mlx", "mlx_lm", "matplotlib")
+
+# The start of a child's code: HIDDEN cannot be imported there, as if they were not installed;
+# `started` holds the modules the interpreter started with.
+HIDE = textwrap.dedent(f"""
+    import json, os, sys
+    started = set(sys.modules)
+
+    class Hidden:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in {HIDDEN!r}:
+                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+    sys.meta_path.insert(0, Hidden())
+""")
+
+# A child that runs one command line per line of its stdin (a JSON list of arguments) through
+# CliRunner, as invoke() does here, and answers with one JSON line: the exit code, stdout, stderr
+# and the top-level modules imported so far.
+_SERVE = HIDE + textwrap.dedent("""
+    from click.testing import CliRunner
+    from kvbench import cli
+    from kvbench.cli import common as consoles
+
+    for console in (consoles.console, consoles.err):
+        console.width = 1000
+    for line in sys.stdin:
+        result = CliRunner().invoke(cli.main, json.loads(line), catch_exceptions=True)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            import traceback
+            stderr = result.stderr + "Traceback: " + "".join(
+                traceback.format_exception(result.exception))
+        else:
+            stderr = result.stderr
+        imported = sorted({m.partition(".")[0] for m in set(sys.modules) - started})
+        print(json.dumps({"exit_code": result.exit_code, "stdout": result.stdout,
+                          "stderr": stderr, "imported": imported}), flush=True)
+""")
+
+
+class TorchFreeCLI:
+    """One child process without HIDDEN, running command lines as invoke() runs them here
+    (so their output can be compared): many commands for the cost of one start."""
+
+    def __init__(self):
+        env = {**os.environ, "COLUMNS": "1000"}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE], cwd=ROOT, env=env,
+                                     text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def invoke(self, *args) -> SimpleNamespace:
+        """exit_code, stdout, stderr, output (both) and imported (top-level modules so far)."""
+        self.proc.stdin.write(json.dumps([str(a) for a in args]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the torch-free child exited ({self.proc.wait()})")
+        answer = json.loads(line)
+        return SimpleNamespace(**answer, output=answer["stdout"] + answer["stderr"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def torch_free_cli():
+    """A TorchFreeCLI for the module."""
+    child = TorchFreeCLI()
+    yield child
+    child.close()

@@ -19,7 +19,7 @@ from triton.runtime.jit import JITFunction, mangle_type
 from kvbench.kernels import triton as kernels
 from kvbench.kernels.formats import KVSegment
 from kvbench.kernels.triton import attention
-from kvbench.methods.base import build_method
+from kvbench.methods import build_method, implementation
 
 COMPILED: list[str] = []
 
@@ -50,7 +50,7 @@ def _launch_everything() -> None:
                    ("lloydmax", {}), ("turbo3", {})]
         segments = [KVSegment(x, x)]
         for name, params in methods:
-            codec = build_method(name, {**params, "impl": "triton"}).codec()
+            codec = implementation(build_method(name, {**params, "impl": "triton"})).codec()
             fmt = codec.kernel_format(128)
             packed = kernels.encode(x, fmt)
             kernels.decode(packed, fmt, tuple(x.shape), dtype)

@@ -1,9 +1,11 @@
 """Running methods inside a model or a benchmark for tests, without a suite (plain functions)."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from kvbench.benchmarks.base import RunContext
+from kvbench.benchmarks.measure.context import RunContext
 
 
 def cpu_context(model: str | None = None, repeats: int = 1, *, loaded=None,
@@ -39,17 +41,26 @@ def cpu_context(model: str | None = None, repeats: int = 1, *, loaded=None,
 @torch.inference_mode()
 def stepped_logits(model, method, ids: torch.Tensor, prefill: int):
     """Feed ids (1, T) to a transformers model: a prefill of `prefill` tokens through a
-    KVBenchCache of `method` (a plain DynamicCache for None), end_prefill, then one-token decode
-    steps. ([the prefill's logits, then each step's], the cache)."""
+    KVBenchCache of `method` (a method's settings, run as their torch implementation, or an
+    implementation; a plain DynamicCache for None), end_prefill, then one-token decode steps.
+    ([the prefill's logits, then each step's], the cache)."""
     from transformers import DynamicCache
 
+    from kvbench.methods import implementation
+    from kvbench.methods.settings.base import MethodSettings
     from kvbench.models.hf_cache import KVBenchCache
 
+    if isinstance(method, MethodSettings):
+        method = implementation(method)
     cache = (DynamicCache(config=model.config) if method is None
              else KVBenchCache(method, model.config.num_hidden_layers))
-    logits = [model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits]
+    if method is None:
+        def forward(x):
+            return model(x, past_key_values=cache, use_cache=True)
+    else:
+        forward = partial(cache.forward, model)
+    logits = [forward(ids[:, :prefill]).logits]
     if method is not None:
         cache.end_prefill()
-    logits += [model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
-               for i in range(prefill, ids.shape[1])]
+    logits += [forward(ids[:, i:i + 1]).logits for i in range(prefill, ids.shape[1])]
     return logits, cache

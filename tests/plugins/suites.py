@@ -1,9 +1,7 @@
 """Where the repository's suites are, and what tests need to point into them (plain functions)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every suite kvbench ships: suites/*.yaml, then suites/seeds/*.yaml
@@ -18,12 +16,3 @@ def line_of(path: Path, text: str, nth: int = 1) -> int:
     if len(hits) < nth:
         raise AssertionError(f"{text!r} is on {len(hits)} line(s) of {path}, not {nth}")
     return hits[nth - 1]
-
-
-@contextmanager
-def catalog_only():
-    """Suites load against the committed catalog's stand-ins, as they do without torch."""
-    from kvbench.catalog import catalog_registries
-
-    with mock.patch("kvbench.suite.loader.registries", catalog_registries):
-        yield

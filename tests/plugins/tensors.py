@@ -16,6 +16,12 @@ def token_ids(n: int, seed: int = 3) -> torch.Tensor:
 
 
 def round_trip(method, x: torch.Tensor) -> torch.Tensor:
-    """x encoded and decoded by the method's codec."""
+    """x encoded and decoded by the method's codec (`method`: a method's settings, run as their
+    torch implementation, or an implementation)."""
+    from kvbench.methods import implementation
+    from kvbench.methods.settings.base import MethodSettings
+
+    if isinstance(method, MethodSettings):
+        method = implementation(method)
     codec = method.codec()
     return codec.decode(codec.encode(x))

@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from kvbench.backends.arrays import Arrays, array_backend
+from kvbench.backends import array_backend
+from kvbench.backends.arrays import Arrays
 from kvbench.benchmarks.specs.base import TextWindowParams
 from kvbench.data.text import token_window
 from kvbench.memo import Memo
@@ -49,6 +50,14 @@ class RunContext:
             return MLXSession(self.load_model(self.model, self.device, backend="mlx"))
         return TorchSession(self.load_model(self.model, self.device), self.device)
 
+    def open_window(self, params: TextWindowParams,
+                    need: int) -> tuple[Session, list[int], list[int]]:
+        """(a session, `need` tokens of params' text from its offset, the calibration tokens
+        right after them: as many of params.calibration as the text has)."""
+        session = self.open_session()
+        window, after = token_window(self.memo, session, params.text, params.offset, need)
+        return session, window, after[: params.calibration]
+
     @functools.cached_property
     def arrays(self) -> Arrays:
         """The backend's arrays: conversions, synchronised timing, a plain copy (one per
@@ -62,11 +71,3 @@ class BenchmarkOutput:
     info: dict[str, Any] = field(default_factory=dict)
     # Must match for two runs of the case to be compared (e.g. {"tokens_sha256": ...}).
     comparable: dict[str, str] = field(default_factory=dict)
-
-
-def read_window(ctx: RunContext, session: Any, params: TextWindowParams,
-                need: int) -> tuple[list[int], list[int]]:
-    """(`need` tokens of the text from its offset, the calibration tokens right after them: as
-    many of params.calibration as the text has)."""
-    window, after = token_window(ctx.memo, session, params.text, params.offset, need)
-    return window, after[: params.calibration]

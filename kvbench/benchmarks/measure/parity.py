@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext, read_window
+from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.parity import Parity, ParityParams
 from kvbench.benchmarks.measure.divergence import kl_divergence
@@ -26,8 +26,7 @@ from kvbench.models.session import prefill
 class ParityRun(Parity):
     def run(self, params: ParityParams, method: Implementation,
             ctx: RunContext) -> BenchmarkOutput:
-        session = ctx.open_session()
-        prompt, calibration = read_window(ctx, session, params, params.context)
+        session, prompt, calibration = ctx.open_window(params, params.context)
         session.calibrate(method, calibration)
         torch.manual_seed(ctx.seed)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext, read_window
+from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.perplexity import DECODE_SEGMENT, Perplexity, PerplexityParams
 from kvbench.data.text import tokens_sha256
@@ -43,9 +43,7 @@ class _Pass:
 class PerplexityRun(Perplexity):
     def run(self, params: PerplexityParams, method: Implementation,
             ctx: RunContext) -> BenchmarkOutput:
-        session = ctx.open_session()
-        window, calibration = read_window(ctx, session, params,
-                                          params.context + params.continuation)
+        session, window, calibration = ctx.open_window(params, params.context + params.continuation)
         ctx.status("calibrate")
         session.calibrate(method, calibration)
         runs: list[tuple[_Pass, _Pass]] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext, read_window
+from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.quality import Quality, QualityParams
 from kvbench.benchmarks.measure.divergence import kl_divergence
@@ -25,9 +25,7 @@ from kvbench.models.session import Session, prefill
 class QualityRun(Quality):
     def run(self, params: QualityParams, method: Implementation,
             ctx: RunContext) -> BenchmarkOutput:
-        session = ctx.open_session()
-        window, calibration = read_window(ctx, session, params,
-                                          params.context + params.continuation)
+        session, window, calibration = ctx.open_window(params, params.context + params.continuation)
         sha = tokens_sha256(window)
 
         def reference() -> tuple[torch.Tensor, list[int]]:

@@ -48,6 +48,7 @@ from kvbench.benchmarks.measure.servers import (
 from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.methods.core.contracts import Implementation
 from kvbench.memo import Memo
+from kvbench.methods.settings.base import MethodSettings
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 KEEP_CHARS = 200  # of each text in a kept record of a differing response
@@ -109,8 +110,8 @@ class StressRun(Stress):
         import torch
 
         if target.kind == "kvbench":
-            name, method_params = method_name(method), json.dumps(
-                method.params(), sort_keys=True, default=str)
+            name, method_params = method_name(method.settings), json.dumps(
+                method.settings.params(), sort_keys=True, default=str)
             key = ("kvbench", ctx.model, name, method_params, params.kv_budget,
                    torch.get_num_threads(), str(ctx.device))
             label = f"kvbench-serve-{name}"
@@ -149,19 +150,19 @@ class StressRun(Stress):
                label: str, key: tuple) -> ManagedServer:
         import torch
 
-        log, note = Stress._log_path(ctx, label, key)
+        log, note = StressRun._log_path(ctx, label, key)
         port = free_port()
         env = {}
         if target.kind == "kvbench":
             command = kvbench_serve_command(
-                str(ctx.model), method_name(method),
-                json.dumps(method.params(), sort_keys=True, default=str), port,
+                str(ctx.model), method_name(method.settings),
+                json.dumps(method.settings.params(), sort_keys=True, default=str), port,
                 ctx.device.type, torch.get_num_threads(), params.kv_budget)
             url = f"http://127.0.0.1:{port}"
-            root = import_root(type(method))
+            root = import_root(type(method.settings))
             if root is not None:  # a module:Class method: the server imports it from there
                 env["PYTHONPATH"] = _path_join(root, os.environ.get("PYTHONPATH", ""))
-            description = f"kvbench serve {method_name(method)} on 127.0.0.1:{port}"
+            description = f"kvbench serve {method_name(method.settings)} on 127.0.0.1:{port}"
         else:
             command = [fill_port(part, port) for part in target.command]
             url = fill_port(target.url, port)
@@ -343,10 +344,10 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any) -> SingleU
     return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()))
 
 
-def method_name(method: Implementation) -> str:
+def method_name(settings: MethodSettings) -> str:
     """The name `kvbench serve --method` builds the method from: its registered name, else
-    module:Class."""
-    cls = type(method)
+    module:Class of its settings."""
+    cls = type(settings)
     return cls.__dict__.get("name") or f"{cls.__module__}:{cls.__qualname__}"
 
 

@@ -15,6 +15,7 @@ from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.config.registry import Registry
 from kvbench.data.text import check_text, parse_hf_source, resolve_text
 from kvbench.models.info import ModelInfo
+from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.results import Direction, Metric, Timing
 
 
@@ -47,6 +48,10 @@ class Benchmark:
     # each method's supports() when a suite is validated
     # (kvbench.methods.settings.base.Capabilities)
     needs: ClassVar[dict[str, tuple[str, Any]]] = {}
+    # its part of the report: the sections after its table in report.md (with their figures),
+    # its leaderboard's columns on the results page, its metrics in the by-method table; the
+    # generic one has none of them (kvbench.report.kit.benchmark)
+    report: ClassVar[BenchmarkReport] = BenchmarkReport()
 
     def resolve_paths(self, params: Any, base_dir: Path) -> Any:
         """Params with file parameters made absolute against the suite's folder."""
@@ -106,6 +111,18 @@ class TextModelBenchmark(Benchmark):
 
     def resolve_paths(self, params: TextWindowParams, base_dir: Path) -> TextWindowParams:
         return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+
+    def check(self, params: TextWindowParams, model: ModelInfo | None) -> None:
+        self.check_text_and_model(params.text, model)
+        read = self.tokens_read(params)
+        if read is not None:
+            what, total, fields = read
+            self.check_length(model, what, total, *fields)
+
+    def tokens_read(self, params: Any) -> tuple[str, int, tuple[str, ...]] | None:
+        """(how the tokens it reads through the model add up, their number, the fields to
+        blame), refused past the model's context; None: no limit."""
+        return None
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")

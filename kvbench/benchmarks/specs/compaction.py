@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.reports.compaction import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
 
@@ -39,6 +40,7 @@ class Compaction(Benchmark):
     end_prefill, so a task-guided method (am_task) or SnapKV can use its queries; without it a
     method gets its own reference probe, if it has one (am with `queries: repeat`). The plain
     cache answers the same question from the whole trajectory."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = CompactionParams
     needs = {"probe": ("trim", False)}  # the task is fed, then taken back

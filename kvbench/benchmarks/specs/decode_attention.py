@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.reports.decode_attention import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
 
@@ -47,6 +48,7 @@ class DecodeAttention(Benchmark):
     path), each timed in every repeat; their ratios, the fused kernel's read bandwidth against
     a device copy, and its error against attention over the decoded K/V. Needs the kernels:
     CUDA with triton, or TRITON_INTERPRET=1 for a correctness run on the CPU."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = DecodeAttentionParams
     backends = ("torch",)

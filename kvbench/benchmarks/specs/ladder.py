@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import at_least, param
+from kvbench.benchmarks.reports.ladder import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
 )
-from kvbench.models.info import ModelInfo
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Ladder(TextModelBenchmark):
     """Time, true peak memory and KV bytes of one context length (a rung): chunked prefill,
     then greedy decode, through the method's cache. Compare rungs across methods with claims
     like `peak_bytes / identity <= 0.51`."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = LadderParams
     metrics = {
@@ -59,6 +60,3 @@ class Ladder(TextModelBenchmark):
         "retained_kv": MetricSpec(
             "", "lower", "retained_kv_bytes / the plain cache's bytes for the tokens seen"),
     }
-
-    def check(self, params: LadderParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params.text, model)

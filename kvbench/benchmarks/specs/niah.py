@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import SettingError, at_least, one_of, param
+from kvbench.benchmarks.reports.niah import REPORT
 from kvbench.benchmarks.specs.base import register_benchmark
 from kvbench.benchmarks.specs.retrieval import RetrievalBenchmark, RetrievalParams
 from kvbench.models.info import ModelInfo
@@ -47,6 +48,7 @@ class Niah(RetrievalBenchmark):
     A grid of context lengths x needle depths, one needle per cell, answered through the
     method's cache; a heatmap per method in the report. Essay text is `essay` (pydoc by
     default) in place of Paul Graham's essays."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = NiahParams
 

@@ -8,7 +8,6 @@ from kvbench.config.fields import SettingError, at_least, param
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
 )
-from kvbench.models.info import ModelInfo
 
 
 @dataclass
@@ -48,7 +47,5 @@ class Parity(TextModelBenchmark):
             "steps", "higher", "steps before the full recompute first picks another token"),
     }
 
-    def check(self, params: ParityParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params.text, model)
-        self.check_length(model, "context + steps", params.context + params.steps,
-                          "context", "steps")
+    def tokens_read(self, params: ParityParams) -> tuple[str, int, tuple[str, ...]]:
+        return "context + steps", params.context + params.steps, ("context", "steps")

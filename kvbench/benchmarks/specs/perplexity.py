@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import at_least, param
+from kvbench.benchmarks.reports.perplexity import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
 )
-from kvbench.models.info import ModelInfo
 
 # Decode steps per timing sample: a change of load on the machine spoils one sample, not the
 # case's figure, and one pass gives enough samples for a significance test.
@@ -30,6 +30,7 @@ class PerplexityParams(TextWindowParams):
 @register_benchmark("perplexity")
 class Perplexity(TextModelBenchmark):
     """Perplexity of a continuation read through the method's cache, against the plain model."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = PerplexityParams
     needs = {"decode_chunk": ("decode_chunk", 1)}
@@ -58,8 +59,6 @@ class Perplexity(TextModelBenchmark):
             "", "lower", "mean relative squared error of decode attention outputs vs dense"),
     }
 
-    def check(self, params: PerplexityParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params.text, model)
-        self.check_length(model, f"context + continuation = {params.context} +"
-                                 f" {params.continuation}", params.context + params.continuation,
-                          "context", "continuation")
+    def tokens_read(self, params: PerplexityParams) -> tuple[str, int, tuple[str, ...]]:
+        return (f"context + continuation = {params.context} + {params.continuation}",
+                params.context + params.continuation, ("context", "continuation"))

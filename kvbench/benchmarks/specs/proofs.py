@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.reports.proofs import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
 
@@ -49,6 +50,7 @@ class ProofsParams(Settings):
 class Proofs(Benchmark):
     """Codec fidelity on synthetic or captured K/V: ratio, bits/value, MSE, cosine, inner-product
     and attention-output error, encode/decode time. Needs a method with a codec."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = ProofsParams
     # Synthetic data needs no model; check() refuses data "captured" when the suite names none.

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import at_least, param
+from kvbench.benchmarks.reports.quality import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
 )
-from kvbench.models.info import ModelInfo
 
 
 @dataclass
@@ -27,6 +27,7 @@ class QualityParams(TextWindowParams):
 class Quality(TextModelBenchmark):
     """Next-token distributions and greedy text through the method's cache, against the plain
     model: top-k overlap, KL both ways, top-1 and greedy agreement."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = QualityParams
     metrics = {
@@ -40,8 +41,7 @@ class Quality(TextModelBenchmark):
             "", "higher", "greedy tokens before the first difference / greedy_tokens"),
     }
 
-    def check(self, params: QualityParams, model: ModelInfo | None) -> None:
-        self.check_text_and_model(params.text, model)
-        self.check_length(model, "context + continuation (or greedy_tokens)",
-                          params.context + max(params.continuation, params.greedy_tokens),
-                          "context", "continuation", "greedy_tokens")
+    def tokens_read(self, params: QualityParams) -> tuple[str, int, tuple[str, ...]]:
+        return ("context + continuation (or greedy_tokens)",
+                params.context + max(params.continuation, params.greedy_tokens),
+                ("context", "continuation", "greedy_tokens"))

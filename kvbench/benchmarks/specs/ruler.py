@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.config.fields import SettingError, at_least, one_of, param
+from kvbench.benchmarks.reports.ruler import REPORT
 from kvbench.benchmarks.specs.base import register_benchmark
 from kvbench.benchmarks.specs.retrieval import RetrievalBenchmark, RetrievalParams
 from kvbench.data.ruler import TASKS
@@ -41,6 +42,7 @@ class Ruler(RetrievalBenchmark):
     SQuAD or HotpotQA), generated offline to `length` model tokens and answered through the
     method's cache, scored as NVIDIA does. Essay haystacks are the `essay` text (pydoc by
     default) in place of Paul Graham's essays; the noise haystacks are RULER's own."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = RulerParams
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from kvbench.backends.devices import DTYPE_BYTES
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.reports.speed import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
 
@@ -54,6 +55,7 @@ def physical_ram() -> int:
 class Speed(Benchmark):
     """Encode and decode throughput of a method's codec, and its ratio to a memory copy of the
     same bytes measured in the same repeat. Needs a method with a codec."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = SpeedParams
     backends = ("torch", "mlx")

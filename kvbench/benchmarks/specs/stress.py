@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kvbench.benchmarks.reports.stress import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.benchmarks.specs.server_target import ServerTarget, parse_server
 from kvbench.config.fields import Settings, SettingError, above, at_least, param
@@ -159,6 +160,7 @@ class Stress(Benchmark):
     """Concurrent users against an OpenAI-compatible server on loopback (kvbench serve with the
     case's method, or another server): throughput, TTFT/TPOT/chunk-gap/e2e percentiles, errors,
     answers against the single-user answers, sessions held. One level (users) per case."""
+    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = StressParams
     metrics = METRICS

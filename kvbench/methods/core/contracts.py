@@ -56,6 +56,14 @@ class Codec(ABC):
         return type(self).__name__
 
 
+def concat_packed(parts: list[Packed], axis: int, concat: Any) -> Packed:
+    """`parts` joined along tokens: every stored array concatenated along `axis` by `concat`
+    (torch.cat or mx.concatenate)."""
+    tensors = {name: concat([p.tensors[name] for p in parts], axis) for name in parts[0].tensors}
+    tokens = sum(p.shape[-2] for p in parts)
+    return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+
+
 def codecs_layout(keys: Codec, values: Codec) -> str:
     """One codec's layout when keys and values share it, else both, named."""
     if keys.layout() == values.layout():
@@ -148,16 +156,17 @@ class LayerCachePolicy(ABC):
         return {}
 
 
+def _forwarded(name: str) -> property:
+    """A read-only property that reads the wrapped policy's."""
+    return property(lambda self: getattr(self.inner, name))
+
+
 class WrappedPolicy(LayerCachePolicy):
     """Stores exactly what `inner` stores and forwards every call to it; a subclass changes only
     how attention reads it (sparse-V) or what arrays cross over (MLX bridging)."""
 
     def __init__(self, inner: LayerCachePolicy):
         self.inner = inner
-
-    @property
-    def observes_queries(self) -> bool:
-        return self.inner.observes_queries
 
     def append(self, keys, values, queries=None) -> None:
         self.inner.append(keys, values, queries)
@@ -177,21 +186,11 @@ class WrappedPolicy(LayerCachePolicy):
     def keep_decoded(self) -> bool:
         return self.inner.keep_decoded()
 
-    @property
-    def summary_slots(self) -> int:
-        return self.inner.summary_slots
-
-    @property
-    def seen_tokens(self) -> int:
-        return self.inner.seen_tokens
-
-    @property
-    def retained_tokens(self) -> int:
-        return self.inner.retained_tokens
-
-    @property
-    def retained_bytes(self) -> int:
-        return self.inner.retained_bytes
+    observes_queries = _forwarded("observes_queries")
+    summary_slots = _forwarded("summary_slots")
+    seen_tokens = _forwarded("seen_tokens")
+    retained_tokens = _forwarded("retained_tokens")
+    retained_bytes = _forwarded("retained_bytes")
 
     def measured_bytes(self) -> int:
         return self.inner.measured_bytes()

@@ -2,8 +2,10 @@
 than the residual, the newest tokens in full precision (kvbench.methods.settings.kivi)."""
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from kvbench.methods.core.codec_cache import DecodedChunks, check_fresh
-from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed
+from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
 
 
 class Stream:
@@ -109,3 +111,25 @@ class KiviCache(LayerCachePolicy):
 
     def measured_bytes(self) -> int:
         return self.ops.held_bytes(*self.keys.held(), *self.values.held())
+
+
+class KiviMethod(Implementation):
+    """KIVI on any backend: its key (per channel) and value (per token) intq codecs come from the
+    backend's implementation; the cache and the layout are the same everywhere."""
+
+    @abstractmethod
+    def key_codec(self) -> Codec: ...
+
+    @abstractmethod
+    def value_codec(self) -> Codec: ...
+
+    def layout(self) -> str:
+        residual = self.settings.residual
+        return (f"keys: {self.key_codec().layout()}, quantized in chunks of {residual} tokens; "
+                f"values: {self.value_codec().layout()}, once older than the newest {residual}; "
+                "the rest full precision; K and V both counted")
+
+    def new_layer_cache(self, layer_idx: int) -> KiviCache:
+        s = self.settings
+        return KiviCache(self.key_codec(), self.value_codec(), s.residual, s.group_size,
+                         self.on.arrays)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.kernels.formats import IntQFormat
 from kvbench.methods.core.codec_cache import CodecMethod
-from kvbench.methods.core.contracts import Codec, Packed
+from kvbench.methods.core.contracts import Codec, Packed, concat_packed
+from kvbench.methods.core.intq_layout import IntQLayout
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
 
 
-class MLXIntQCodec(Codec):
+class MLXIntQCodec(IntQLayout, Codec):
     """IntQCodec on mx.array: per group fp16 scale = (max - min) / (2^bits - 1), fp16 min,
     q = round((x - min) / scale) with the stored fp16 values, each row packed on its own.
 
@@ -25,12 +25,6 @@ class MLXIntQCodec(Codec):
     # decode is elementwise per stored value (unpack, multiply, add): decoding chunk by chunk
     # rounds exactly as decoding them merged (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
-
-    def __init__(self, bits: int, group_size: int, axis: str):
-        self.bits = bits
-        self.group_size = group_size
-        self.axis = axis
-        self.token_block = IntQFormat(bits, group_size, axis).token_block
 
     def encode(self, x: mx.array) -> Packed:
         rows = x if self.axis == "token" else mx.swapaxes(x, -1, -2)
@@ -73,24 +67,8 @@ class MLXIntQCodec(Codec):
         return out.astype(packed.dtype)
 
     def merge(self, parts: list[Packed]) -> Packed | None:
-        if self.axis == "token":
-            axis = -2  # rows are tokens: blocks stack
-        elif all(p.shape[-2] % self.group_size == 0 and p.shape[-2] * self.bits % 8 == 0
-                 for p in parts[:-1]):
-            axis = -1  # rows are channels: whole groups and whole bytes join end to end
-        else:
-            return None
-        tensors = {name: mx.concatenate([p.tensors[name] for p in parts], axis=axis)
-                   for name in parts[0].tensors}
-        tokens = sum(p.shape[-2] for p in parts)
-        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
-
-    def layout(self) -> str:
-        along = "channels per token" if self.axis == "token" else "tokens per channel"
-        return (
-            f"intq {self.bits}-bit, groups of {self.group_size} {along} (axis {self.axis}), "
-            f"fp16 scale+min per group"
-        )
+        axis = self.merge_axis(parts)
+        return None if axis is None else concat_packed(parts, axis, mx.concatenate)
 
 
 @implements(IntQ, backend="mlx")

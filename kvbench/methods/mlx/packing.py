@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.kernels.formats import check_bits, code_slots, packed_length
+from kvbench.kernels.formats import check_bits, check_packed, code_slots, packed_length
 
 __all__ = ["pack_bits", "unpack_bits", "packed_length"]
 
@@ -53,11 +53,7 @@ def pack_bits(indices: mx.array, bits: int, check: bool = False) -> mx.array:
 
 def unpack_bits(packed: mx.array, bits: int, n: int) -> mx.array:
     """Inverse of pack_bits: uint8 (..., ceil(n * bits / 8)) -> uint8 codes (..., n)."""
-    check_bits(bits)
-    if packed.shape[-1] != packed_length(n, bits):
-        raise ValueError(
-            f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got {packed.shape[-1]}"
-        )
+    check_packed(packed.shape[-1], n, bits)
     groups = -(-n // 8)
     grouped = _pad_last(packed, groups * bits - packed.shape[-1])
     grouped = grouped.reshape(*packed.shape[:-1], groups, bits)

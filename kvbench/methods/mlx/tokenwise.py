@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.methods.core.contracts import Codec, Packed
+from kvbench.methods.core.contracts import Codec, Packed, concat_packed
 
 
 class MLXTokenwiseCodec(Codec):
@@ -12,8 +12,4 @@ class MLXTokenwiseCodec(Codec):
     8192 tokens keep its in-place temporaries in cache, and MLX builds a lazy graph instead."""
 
     def merge(self, parts: list[Packed]) -> Packed:
-        axis = len(parts[0].shape) - 2
-        tensors = {name: mx.concatenate([p.tensors[name] for p in parts], axis=axis)
-                   for name in parts[0].tensors}
-        tokens = sum(p.shape[-2] for p in parts)
-        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+        return concat_packed(parts, len(parts[0].shape) - 2, mx.concatenate)

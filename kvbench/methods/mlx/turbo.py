@@ -6,13 +6,12 @@ torch codec rounds them, so both backends quantize against the same numbers.
 """
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import numpy as np
 
+from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.codec_cache import CodecMethod
-from kvbench.methods.core.contracts import Packed
+from kvbench.methods.core.turbo_steps import TurboSteps
 from kvbench.methods.mlx.codebooks import MLXCodebook
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.mlx.rotation import MLXRotation
@@ -42,11 +41,7 @@ class MLXPart:
         return found[0] if len(found) == 1 else mx.concatenate(found, axis=-1)
 
 
-def _norm(x: mx.array) -> mx.array:
-    return mx.linalg.norm(x, axis=-1)
-
-
-class MLXTurboCodec(MLXTokenwiseCodec):
+class MLXTurboCodec(TurboSteps, MLXTokenwiseCodec):
     """TurboCodec on mx.array (see kvbench.methods.settings.turbo.Turbo for the scheme).
 
     reference: the torch TurboCodec whose constants this codec uses. Stored tensors have the
@@ -75,61 +70,25 @@ class MLXTurboCodec(MLXTokenwiseCodec):
             self.qjl_matrix = mx.array(reference.qjl_matrix.float().numpy())
             self.qjl_matrix_t = mx.array(reference.qjl_matrix.float().T.contiguous().numpy())
 
-    def _assemble(self, parts: list[mx.array]) -> mx.array:
+    # ---- what TurboSteps takes from the backend
+    arrays = MLX_ARRAYS
+    pack, unpack = staticmethod(pack_bits), staticmethod(unpack_bits)
+    encode, decode = TurboSteps.encode_block, TurboSteps.decode_block
+
+    @staticmethod
+    def norm(x: mx.array) -> mx.array:
+        return mx.linalg.norm(x, axis=-1)
+
+    def assemble(self, parts: list[mx.array]) -> mx.array:
         if self._inverse is None:
             return parts[0]
         return mx.take(mx.concatenate(parts, axis=-1), self._inverse, axis=-1)
 
-    def encode(self, x: mx.array) -> Packed:
-        dim = x.shape[-1]
-        if dim % self.block:
-            raise ValueError(f"head_dim {dim} is not a multiple of block {self.block}")
-        blocks = x.astype(mx.float32).reshape(*x.shape[:-1], dim // self.block, self.block)
-        tensors, decoded = {}, []
-        for part in self.parts:
-            v = part.take(blocks)
-            gamma = _norm(v)
-            y = part.rotation.forward(v / mx.where(gamma == 0, 1.0, gamma)[..., None])
-            n = part.n_high
-            idx_high = part.high.quantize(y[..., :n]) if n else None
-            idx_low = part.low.quantize(y[..., n:]) if n < part.dim else None
-            c = part.centroids(idx_high, idx_low)
-            if self.norm_correction:
-                c_norm = _norm(c)
-                norm = (gamma / mx.where(c_norm == 0, 1.0, c_norm)).astype(self.norm_dtype)
-            else:
-                norm = gamma.astype(self.norm_dtype)
-            tensors[part.norm_name] = norm
-            if idx_low is not None:
-                tensors["codes"] = pack_bits(idx_low, self.mse_bits)
-            if idx_high is not None:
-                tensors["codes_high"] = pack_bits(idx_high, self.mse_bits + 1)
-            if self.qjl:
-                decoded.append(part.rotation.inverse(c) * norm.astype(mx.float32)[..., None])
-        if self.qjl:
-            # The residual of what decode will rebuild from the stored norms, in x's scale.
-            residual = blocks - self._assemble(decoded)
-            projected = residual @ self.qjl_matrix_t
-            tensors["signs"] = pack_bits((projected >= 0).astype(mx.uint8), 1)
-            tensors["rnorm"] = _norm(residual).astype(self.norm_dtype)
-        return Packed(tensors, tuple(x.shape), x.dtype)
+    def sketch(self, residual: mx.array) -> mx.array:
+        return residual @ self.qjl_matrix_t
 
-    def decode(self, packed: Packed) -> mx.array:
-        t = packed.tensors
-        decoded = []
-        for part in self.parts:
-            n, n_low = part.n_high, part.dim - part.n_high
-            idx_high = unpack_bits(t["codes_high"], self.mse_bits + 1, n) if n else None
-            idx_low = unpack_bits(t["codes"], self.mse_bits, n_low) if n_low else None
-            c = part.centroids(idx_high, idx_low)
-            norm = t[part.norm_name].astype(mx.float32)[..., None]
-            decoded.append(part.rotation.inverse(c) * norm)
-        blocks = self._assemble(decoded)
-        if self.qjl:
-            signs = unpack_bits(t["signs"], 1, self.block).astype(mx.float32) * 2 - 1
-            scale = math.sqrt(math.pi / 2) / self.block * t["rnorm"].astype(mx.float32)[..., None]
-            blocks = blocks + scale * (signs @ self.qjl_matrix)
-        return blocks.reshape(*blocks.shape[:-2], -1).astype(packed.dtype)
+    def unsketch(self, signs: mx.array) -> mx.array:
+        return signs @ self.qjl_matrix
 
     def layout(self) -> str:
         return self.reference.layout()

@@ -3,9 +3,7 @@ declare type, default, range and meaning (kvbench.config.fields.param), what its
 and the registry of methods by name.
 
 Implementations (the torch reference, MLX, fused kernels) register against a settings class with
-@implements(SettingsClass, backend) and are looked up by kvbench.methods.implementation; a
-settings class that defines new_layer_cache itself is its own torch implementation (plug-ins
-written before the split keep working).
+@implements(SettingsClass, backend) and are looked up by kvbench.methods.implementation.
 """
 from __future__ import annotations
 
@@ -83,11 +81,19 @@ class KernelSettings:
         """Why this configuration's codecs have no kernel (None: they have one)."""
         return None
 
+    def kernel_fields(self) -> tuple[str, ...]:
+        """The fields that keep this configuration from a kernel: a suite asking for one is
+        blamed at the first of them it sets, before impl."""
+        return ()
+
+    def check(self) -> None:
+        self.check_impl()
+
     def check_impl(self) -> None:
         try:
             check_impl(self.impl, self.kernel_unsupported())
         except ValueError as exc:
-            raise SettingError("impl", str(exc)) from None
+            raise SettingError((*self.kernel_fields(), "impl"), str(exc)) from None
 
 
 METHODS: Registry[MethodSettings] = Registry("method", entry_point_group="kvbench.methods")

@@ -36,11 +36,11 @@ class IntQ(KernelSettings, MethodSettings):
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need a power-of-two group_size"
                        " of at least 8 / bits")
 
-    def check(self) -> None:
-        self.check_impl()
-
     def kernel_unsupported(self) -> str | None:
         return IntQFormat(self.bits, self.group_size, self.axis).unsupported()
+
+    def kernel_fields(self) -> tuple[str, ...]:
+        return "group_size", "bits"
 
     def token_block(self) -> int:
         return IntQFormat(self.bits, self.group_size, self.axis).token_block

@@ -63,5 +63,8 @@ class Kivi(KernelSettings, MethodSettings):
                 return reason
         return None
 
+    def kernel_fields(self) -> tuple[str, ...]:
+        return "group_size", "bits"
+
     def token_block(self) -> int:
         return IntQFormat(self.bits, self.group_size, "channel").token_block  # the keys'

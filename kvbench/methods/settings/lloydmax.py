@@ -42,11 +42,11 @@ class LloydMax(KernelSettings, MethodSettings):
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need rotate false,"
                        " head_dim >= 8")
 
-    def check(self) -> None:
-        self.check_impl()
-
     def kernel_unsupported(self) -> str | None:
         return lloydmax_unsupported(self.rotate)
+
+    def kernel_fields(self) -> tuple[str, ...]:
+        return ("rotate",)
 
     def token_block(self) -> int:
         return 1

@@ -167,6 +167,10 @@ class Turbo(KernelSettings, MethodSettings):
     def kernel_unsupported(self) -> str | None:
         return turbo_unsupported(self.qjl, self.outliers, self.rotation)
 
+    def kernel_fields(self) -> tuple[str, ...]:
+        # in turbo_unsupported's order: the first of them that keeps the kernel away
+        return ("qjl",) if self.qjl else ("outlier_fraction",) if self.outliers else ("rotation",)
+
 
 # Presets: TurboQuant+'s cache types at this module's defaults (block 128, MSE path). Its README
 # disagrees with itself on their size (benchmark table: turbo3 3.0 bits and 4.6x; cache-type

@@ -2,6 +2,7 @@
 and the Triton kernels (impl), and the log of which ran."""
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import TypeVar
 
 import torch
@@ -67,6 +68,25 @@ class TorchCodec(Codec):
     def note(self, operation: str, fmt: KernelFormat | None) -> None:
         if self.impl_log is not None:
             self.impl_log.note(operation, "torch" if fmt is None else "triton")
+
+
+class KernelCodec(TorchCodec):
+    """A codec that encodes and decodes with its kernel where kernel_for picks one, else with
+    its torch reference (reference_encode, reference_decode)."""
+
+    @abstractmethod
+    def reference_encode(self, x: torch.Tensor) -> Packed: ...
+
+    @abstractmethod
+    def reference_decode(self, packed: Packed) -> torch.Tensor: ...
+
+    def encode(self, x: torch.Tensor) -> Packed:
+        packed = self.kernel_encode(x)
+        return self.reference_encode(x) if packed is None else packed
+
+    def decode(self, packed: Packed) -> torch.Tensor:
+        decoded = self.kernel_decode(packed)
+        return self.reference_decode(packed) if decoded is None else decoded
 
 
 C = TypeVar("C", bound=TorchCodec)

@@ -7,10 +7,11 @@ import torch.nn.functional as F
 
 from kvbench.kernels.formats import IntQFormat, packed_length
 from kvbench.methods.core.codec_cache import CodecMethod
-from kvbench.methods.core.contracts import Packed
+from kvbench.methods.core.contracts import Packed, concat_packed
+from kvbench.methods.core.intq_layout import IntQLayout
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
-from kvbench.methods.torch.base import TorchCodec, TorchMethod
+from kvbench.methods.torch.base import KernelCodec, TorchMethod
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rounding import divide
 
@@ -19,7 +20,7 @@ from kvbench.methods.torch.rounding import divide
 ROWS_PER_BLOCK = 8192
 
 
-class IntQCodec(TorchCodec):
+class IntQCodec(IntQLayout, KernelCodec):
     """Per group: fp16 scale = (max - min) / (2^bits - 1), fp16 min, q = round((x - min) / scale).
 
     Groups run along rows: with axis "token" a row is one token's head_dim channels, with axis
@@ -35,16 +36,7 @@ class IntQCodec(TorchCodec):
     # rounds exactly as decoding them merged (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
 
-    def __init__(self, bits: int, group_size: int, axis: str):
-        self.bits = bits
-        self.group_size = group_size
-        self.axis = axis
-        self.token_block = self.kernel_format(0).token_block
-
-    def encode(self, x: torch.Tensor) -> Packed:
-        packed = self.kernel_encode(x)
-        if packed is not None:
-            return packed
+    def reference_encode(self, x: torch.Tensor) -> Packed:
         if self.axis == "channel":
             return self._encode_channels(x)
         lead, length = x.shape[:-1], x.shape[-1]
@@ -111,10 +103,7 @@ class IntQCodec(TorchCodec):
         grouped.sub_(zero.float()[..., None]).div_(divisor[..., None]).round_().clamp_(0, levels)
         return pack_bits(work[:, :length].to(torch.uint8), self.bits), scale, zero
 
-    def decode(self, packed: Packed) -> torch.Tensor:
-        decoded = self.kernel_decode(packed)
-        if decoded is not None:
-            return decoded
+    def reference_decode(self, packed: Packed) -> torch.Tensor:
         if self.axis == "channel":
             return self._decode_channels(packed)
         length = packed.shape[-1]
@@ -156,29 +145,14 @@ class IntQCodec(TorchCodec):
         return values[:, :length]
 
     def merge(self, parts: list[Packed]) -> Packed | None:
-        if self.axis == "token":
-            dim = -2  # rows are tokens: blocks stack
-        elif all(p.shape[-2] % self.group_size == 0 and p.shape[-2] * self.bits % 8 == 0
-                 for p in parts[:-1]):
-            dim = -1  # rows are channels: whole groups and whole bytes join end to end
-        else:
-            return None
-        tensors = {name: torch.cat([p.tensors[name] for p in parts], dim) for name in parts[0].tensors}
-        tokens = sum(p.shape[-2] for p in parts)
-        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+        axis = self.merge_axis(parts)
+        return None if axis is None else concat_packed(parts, axis, torch.cat)
 
     def kernel_unsupported(self) -> str | None:
         return self.kernel_format(0).unsupported()
 
     def kernel_format(self, dim: int) -> IntQFormat:
         return IntQFormat(self.bits, self.group_size, self.axis)
-
-    def layout(self) -> str:
-        along = "channels per token" if self.axis == "token" else "tokens per channel"
-        return (
-            f"intq {self.bits}-bit, groups of {self.group_size} {along} (axis {self.axis}), "
-            f"fp16 scale+min per group"
-        )
 
 
 @implements(IntQ)

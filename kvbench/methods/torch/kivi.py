@@ -2,8 +2,7 @@
 full precision (kvbench.methods.settings.kivi)."""
 from __future__ import annotations
 
-from kvbench.backends.torch_arrays import TORCH_ARRAYS
-from kvbench.methods.core.kivi_cache import KiviCache
+from kvbench.methods.core.kivi_cache import KiviMethod
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.kivi import Kivi
 from kvbench.methods.torch.base import TorchMethod
@@ -11,7 +10,7 @@ from kvbench.methods.torch.intq import IntQCodec
 
 
 @implements(Kivi)
-class TorchKivi(TorchMethod):
+class TorchKivi(TorchMethod, KiviMethod):
     settings: Kivi
 
     def key_codec(self) -> IntQCodec:
@@ -19,16 +18,3 @@ class TorchKivi(TorchMethod):
 
     def value_codec(self) -> IntQCodec:
         return self.run_as(IntQCodec(self.settings.bits, self.settings.group_size, "token"))
-
-    def layout(self) -> str:
-        return (
-            f"keys: {self.key_codec().layout()}, quantized in chunks of {self.settings.residual} tokens; "
-            f"values: {self.value_codec().layout()}, once older than the newest {self.settings.residual}; "
-            "the rest full precision; K and V both counted"
-        )
-
-
-    def new_layer_cache(self, layer_idx: int) -> KiviCache:
-        s = self.settings
-        return KiviCache(self.key_codec(), self.value_codec(), s.residual, s.group_size,
-                         TORCH_ARRAYS)

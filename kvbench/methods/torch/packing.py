@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvbench.kernels.formats import check_bits, code_slots, packed_length
+from kvbench.kernels.formats import check_bits, check_packed, code_slots, packed_length
 
 
 def _pad_last(x: torch.Tensor, extra: int) -> torch.Tensor:
@@ -39,11 +39,7 @@ def pack_bits(indices: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """Inverse of pack_bits: uint8 (..., ceil(n * bits / 8)) -> uint8 codes (..., n)."""
-    check_bits(bits)
-    if packed.shape[-1] != packed_length(n, bits):
-        raise ValueError(
-            f"{n} codes of {bits} bits take {packed_length(n, bits)} bytes, got {packed.shape[-1]}"
-        )
+    check_packed(packed.shape[-1], n, bits)
     groups = -(-n // 8)
     grouped = _pad_last(packed, groups * bits - packed.shape[-1]).unflatten(-1, (groups, bits))
     codes = torch.empty(*grouped.shape[:-1], 8, dtype=torch.uint8, device=packed.device)

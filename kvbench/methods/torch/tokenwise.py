@@ -6,18 +6,18 @@ from abc import abstractmethod
 
 import torch
 
-from kvbench.methods.core.contracts import Packed
-from kvbench.methods.torch.base import TorchCodec
+from kvbench.methods.core.contracts import Packed, concat_packed
+from kvbench.methods.torch.base import KernelCodec
 
 # A block's float32 temporaries stay in cache and are reused; whole-tensor temporaries would each
 # be written to fresh memory, which is most of the time on large inputs.
 TOKENS_PER_BLOCK = 8192
 
 
-class TokenwiseCodec(TorchCodec):
+class TokenwiseCodec(KernelCodec):
     """Every stored tensor has tokens at axis ndim(x) - 2, counted from the front (a layout may add
-    axes after it, e.g. blocks per token then bytes). A kernel, where impl picks one, encodes and
-    decodes the whole tensor at once."""
+    axes after it, e.g. blocks per token then bytes). The torch reference goes through in blocks
+    of TOKENS_PER_BLOCK tokens; a kernel, where impl picks one, takes the whole tensor at once."""
 
     @abstractmethod
     def encode_block(self, x: torch.Tensor) -> Packed: ...
@@ -25,20 +25,14 @@ class TokenwiseCodec(TorchCodec):
     @abstractmethod
     def decode_block(self, packed: Packed) -> torch.Tensor: ...
 
-    def encode(self, x: torch.Tensor) -> Packed:
-        packed = self.kernel_encode(x)
-        if packed is not None:
-            return packed
+    def reference_encode(self, x: torch.Tensor) -> Packed:
         tokens = x.shape[-2]
         if tokens <= TOKENS_PER_BLOCK:
             return self.encode_block(x)
         starts = range(0, tokens, TOKENS_PER_BLOCK)
         return self.merge([self.encode_block(x[..., s : s + TOKENS_PER_BLOCK, :]) for s in starts])
 
-    def decode(self, packed: Packed) -> torch.Tensor:
-        decoded = self.kernel_decode(packed)
-        if decoded is not None:
-            return decoded
+    def reference_decode(self, packed: Packed) -> torch.Tensor:
         tokens = packed.shape[-2]
         if tokens <= TOKENS_PER_BLOCK:
             return self.decode_block(packed)
@@ -50,10 +44,7 @@ class TokenwiseCodec(TorchCodec):
         return out
 
     def merge(self, parts: list[Packed]) -> Packed:
-        axis = len(parts[0].shape) - 2
-        tensors = {name: torch.cat([p.tensors[name] for p in parts], axis) for name in parts[0].tensors}
-        tokens = sum(p.shape[-2] for p in parts)
-        return Packed(tensors, (*parts[0].shape[:-2], tokens, parts[0].shape[-1]), parts[0].dtype)
+        return concat_packed(parts, len(parts[0].shape) - 2, torch.cat)
 
 
 def _token_slice(packed: Packed, start: int, stop: int) -> Packed:

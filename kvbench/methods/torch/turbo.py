@@ -5,9 +5,10 @@ import math
 
 import torch
 
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.kernels.formats import CodebookFormat, turbo_unsupported
 from kvbench.methods.core.codec_cache import CodecMethod
-from kvbench.methods.core.contracts import Packed
+from kvbench.methods.core.turbo_steps import TurboSteps
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.turbo import Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4
 from kvbench.methods.torch.base import TorchMethod
@@ -62,7 +63,7 @@ class Part:
         return found[0] if len(found) == 1 else torch.cat(found, -1)
 
 
-class TurboCodec(TokenwiseCodec):
+class TurboCodec(TurboSteps, TokenwiseCodec):
     """Per block of `block` values along head_dim: norm, rotation, nearest centroid per
     coordinate, optionally a 1-bit QJL sketch of the residual. See `Turbo` for the scheme.
 
@@ -133,8 +134,12 @@ class TurboCodec(TokenwiseCodec):
             return llamacpp_codebook()
         return lloyd_max("gaussian_d" if self.codebook == "gaussian" else "beta", bits, dim)
 
-    def _assemble(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """Blocks (..., G, block) from each part's decoded channels."""
+    # ---- what TurboSteps takes from the backend
+    arrays = TORCH_ARRAYS
+    norm = staticmethod(pairwise_norm)
+    pack, unpack = staticmethod(pack_bits), staticmethod(unpack_bits)
+
+    def assemble(self, parts: list[torch.Tensor]) -> torch.Tensor:
         if len(parts) == 1 and self.parts[0].channels is None:
             return parts[0]
         out = parts[0].new_empty((*parts[0].shape[:-1], self.block))
@@ -142,55 +147,11 @@ class TurboCodec(TokenwiseCodec):
             out.index_copy_(-1, part.channels.to(out.device), values)
         return out
 
-    def encode_block(self, x: torch.Tensor) -> Packed:
-        dim = x.shape[-1]
-        if dim % self.block:
-            raise ValueError(f"head_dim {dim} is not a multiple of block {self.block}")
-        blocks = x.float().unflatten(-1, (dim // self.block, self.block))
-        tensors, decoded = {}, []
-        for part in self.parts:
-            v = part.take(blocks)
-            gamma = pairwise_norm(v)
-            y = part.rotation.forward(v / torch.where(gamma == 0, 1.0, gamma)[..., None])
-            n = part.n_high
-            idx_high = part.high.quantize(y[..., :n]) if n else None
-            idx_low = part.low.quantize(y[..., n:]) if n < part.dim else None
-            c = part.centroids(idx_high, idx_low)
-            if self.norm_correction:
-                c_norm = pairwise_norm(c)
-                norm = (gamma / torch.where(c_norm == 0, 1.0, c_norm)).to(self.norm_dtype)
-            else:
-                norm = gamma.to(self.norm_dtype)
-            tensors[part.norm_name] = norm
-            if idx_low is not None:
-                tensors["codes"] = pack_bits(idx_low, self.mse_bits)
-            if idx_high is not None:
-                tensors["codes_high"] = pack_bits(idx_high, self.mse_bits + 1)
-            if self.qjl:
-                decoded.append(part.rotation.inverse(c) * norm.float()[..., None])
-        if self.qjl:
-            # The residual of what decode will rebuild from the stored norms, in x's scale.
-            residual = blocks - self._assemble(decoded)
-            projected = residual @ self.qjl_matrix.T.to(residual.device, torch.float32)
-            tensors["signs"] = pack_bits((projected >= 0).to(torch.uint8), 1)
-            tensors["rnorm"] = pairwise_norm(residual).to(self.norm_dtype)
-        return Packed(tensors, tuple(x.shape), x.dtype)
+    def sketch(self, residual: torch.Tensor) -> torch.Tensor:
+        return residual @ self.qjl_matrix.T.to(residual.device, torch.float32)
 
-    def decode_block(self, packed: Packed) -> torch.Tensor:
-        t = packed.tensors
-        decoded = []
-        for part in self.parts:
-            n, n_low = part.n_high, part.dim - part.n_high
-            idx_high = unpack_bits(t["codes_high"], self.mse_bits + 1, n) if n else None
-            idx_low = unpack_bits(t["codes"], self.mse_bits, n_low) if n_low else None
-            c = part.centroids(idx_high, idx_low)
-            decoded.append(part.rotation.inverse(c) * t[part.norm_name].float()[..., None])
-        blocks = self._assemble(decoded)
-        if self.qjl:
-            signs = unpack_bits(t["signs"], 1, self.block).float() * 2 - 1
-            scale = math.sqrt(math.pi / 2) / self.block * t["rnorm"].float()[..., None]
-            blocks = blocks + scale * (signs @ self.qjl_matrix.to(signs.device, torch.float32))
-        return blocks.flatten(-2).to(packed.dtype)
+    def unsketch(self, signs: torch.Tensor) -> torch.Tensor:
+        return signs @ self.qjl_matrix.to(signs.device, torch.float32)
 
     def kernel_unsupported(self) -> str | None:
         return turbo_unsupported(self.qjl, self.n_high, self.rotation_kind)

@@ -1,104 +1,24 @@
-"""Figures of one run, made from its results alone: the rate-distortion plot of its proofs cases,
-and what every figure shares: one colour and marker per method family, the Pareto front, and
-deterministic PNG bytes.
-
-matplotlib is optional (the `plots` extra) and imported only when a figure is drawn, with the
-Agg backend (no display). Without it `rate_distortion_png` raises `PlotUnavailable`, which the
-report turns into a one-line note.
+"""The proofs benchmark's part of the report: the rate-distortion figure of its cases (one
+panel per data kind, a line per method family, the Pareto front) after its table, and its
+leaderboard's columns. Made from results alone; the figure needs matplotlib (without it, one
+line says so).
 """
 from __future__ import annotations
 
-import itertools
 import math
-import os
-import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any
 
+from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.report.kit.figures import (
+    PlotPath, family_styles, figure_text, method_family, pareto_front, pyplot, save_png,
+)
 from kvbench.results import RunResult
 
+BENCHMARK = "proofs"
 RATE_DISTORTION_PNG = "rate_distortion.png"
-MATPLOTLIB_MISSING = "matplotlib is not installed (pip install 'kvbench[plots]')"
 _LOG_SPAN = 10.0  # y on a log scale when its positive values span more than this factor
-
-# The built-in families' colour and marker, fixed so that a method looks the same in every
-# figure of every report; all pairs differ, as a ruler or ladder figure may hold most of them.
-FAMILY_STYLES = {
-    "identity": ("#7f7f7f", "o"),
-    "intq": ("#1f77b4", "o"),
-    "kivi": ("#ff7f0e", "s"),
-    "lloydmax": ("#2ca02c", "D"),
-    "turbo": ("#d62728", "^"),
-    "adaptive": ("#9467bd", "v"),
-    "decay": ("#8c564b", "<"),
-    "sparse_v": ("#e377c2", ">"),
-    "streamingllm": ("#bcbd22", "P"),
-    "snapkv": ("#17becf", "X"),
-    "h2o": ("#393b79", "h"),
-    "am": ("#637939", "*"),
-    "am_task": ("#ad494a", "p"),
-    "butterfly": ("#7b4173", "d"),
-}
-# Plugin families, in order of appearance in a figure.
-_OTHER_STYLES = [("#843c39", "o"), ("#3182bd", "s"), ("#e6550d", "D"), ("#31a354", "^"),
-                 ("#756bb1", "v"), ("#636363", "<"), ("#de9ed6", ">"), ("#8ca252", "P")]
-# A family's second, third, ... line in one panel (another setting of the same method).
-_LINESTYLES = ("-", (0, (5, 2)), (0, (1, 1.5)), "-.")
-
-
-class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed: the figure is skipped, the report says so."""
-
-
-def method_family(method: str) -> str:
-    """The family a case's method (CaseResult.method) is drawn in: its registry name; a preset
-    named after a built-in family (FAMILY_STYLES) and its bits (turbo3, turbo2.5) is that
-    family's; a `module:Class` method is its class name."""
-    if ":" in method:
-        return method.rpartition(":")[2]
-    preset = re.fullmatch(r"(.*[A-Za-z_])\d+(?:\.\d+)?", method)
-    if preset and preset.group(1) in FAMILY_STYLES:
-        return preset.group(1)
-    return method
-
-
-def family_styles(families: Iterable[str]) -> dict[str, tuple[str, str]]:
-    """(colour, marker) of each family: the built-ins' fixed ones, the others' in turn."""
-    styles, others = {}, itertools.cycle(_OTHER_STYLES)
-    for family in dict.fromkeys(families):
-        styles[family] = FAMILY_STYLES.get(family) or next(others)
-    return styles
-
-
-def line_styles(line_families: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """matplotlib keywords (color, marker, linestyle) of each named line from its family's
-    style; lines of one family in one figure differ by the line's dashes."""
-    colours = family_styles(line_families.values())
-    seen: dict[str, int] = {}
-    styles = {}
-    for line, family in line_families.items():
-        k = seen[family] = seen.get(family, -1) + 1
-        colour, marker = colours[family]
-        styles[line] = {"color": colour, "marker": marker,
-                        "linestyle": _LINESTYLES[k % len(_LINESTYLES)]}
-    return styles
-
-
-def pareto_front(points: list[tuple[float, float]],
-                 direction: Literal["lower", "higher"] = "lower") -> list[int]:
-    """Indices of the points no other point beats: fewer or as many x and as good a y, one of
-    them strictly (x: lower is better; y: `direction` is better). Equal points are all on the
-    front; a NaN is never on it and beats nothing. Sorted by x, then by y, best first."""
-    if direction not in ("lower", "higher"):
-        raise ValueError(f"direction must be 'lower' or 'higher', not {direction!r}")
-    sign = 1.0 if direction == "lower" else -1.0
-    finite = [(i, x, sign * y) for i, (x, y) in enumerate(points)
-              if not (math.isnan(x) or math.isnan(y))]
-    front = [(x, y, i) for i, x, y in finite
-             if not any(ox <= x and oy <= y and (ox < x or oy < y) for _, ox, oy in finite)]
-    return [i for _, _, i in sorted(front)]
 
 
 @dataclass
@@ -146,39 +66,6 @@ class RatePlot:
         return sum(s.n_points for s in self.series)
 
 
-class PlotPath(type(Path())):
-    """The written PNG's path, carrying the plotted data (`.plot`) so a caller can check it."""
-
-    plot: Any
-
-    @classmethod
-    def of(cls, path: str | Path, plot: Any) -> PlotPath:
-        out = cls(path)
-        out.plot = plot
-        return out
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display); PlotUnavailable without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
-    return plt
-
-
-def check_matplotlib() -> None:
-    """PlotUnavailable unless matplotlib imports: what a report without an output folder asks,
-    so it says what writing the figures would have."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise PlotUnavailable(MATPLOTLIB_MISSING) from exc
-    del matplotlib  # only whether it is there
-
-
 def rate_distortion_data(result: RunResult, x: str = "bits_per_value",
                          y: str = "attn_output_error") -> RatePlot | None:
     """One point per finished proofs case with finite x and y, one series per bench param `data`
@@ -187,7 +74,7 @@ def rate_distortion_data(result: RunResult, x: str = "bits_per_value",
     by_data: dict[str, dict[str, Family]] = {}
     directions = {}
     for case in result.cases:
-        if case.benchmark != "proofs" or case.status != "ok":
+        if case.benchmark != BENCHMARK or case.status != "ok":
             continue
         mx, my = case.metrics.get(x), case.metrics.get(y)
         if mx is None or my is None or not (math.isfinite(mx.value) and math.isfinite(my.value)):
@@ -243,20 +130,6 @@ def _axis_label(result: RunResult, metric: str) -> str:
     if not unit and metric in ("attn_output_error", "mse", "cosine", "ip_rel_error"):
         return f"{name} [dimensionless]"
     return name
-
-
-def save_png(fig, path: Path) -> None:
-    """Via a temp file and a rename; no Software/date metadata, so the same results give the
-    same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_value",
@@ -371,3 +244,25 @@ def _label_where_room(ax, renderer, labelled: list[tuple[str, float, float]],
                 taken.append((e.x0, e.y0, e.x1, e.y1))
                 break
             note.remove()
+
+
+def rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | None:
+    """The line after the proofs table: the PNG's link (writing it when out_dir is given), a
+    note when matplotlib is missing, or None when there is nothing to plot."""
+    return figure_text(
+        rate_distortion_data(result), out_dir,
+        lambda _, folder: rate_distortion_png(result, folder / RATE_DISTORTION_PNG),
+        f"![rate-distortion: bits_per_value vs attn_output_error per proofs case]"
+        f"({RATE_DISTORTION_PNG})", "rate-distortion plot")
+
+
+class ProofsReport(BenchmarkReport):
+    board = Board("bits_per_value", "attn_output_error",
+                  ("compression_ratio", "cosine", "mse", "ip_rel_error"))
+
+    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
+        figure = rate_distortion_figure(result, out_dir)
+        return [figure] if figure else []
+
+
+REPORT = ProofsReport()

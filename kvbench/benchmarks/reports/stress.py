@@ -2,7 +2,8 @@
 (aggregate and per-user tok/s, their ratio to the single-user pass, p99 TTFT and e2e, errors,
 token agreement with the single-user answers, responses flagged as beyond float noise, sessions
 held), a warning line for every level with flagged responses or errors, and one figure with
-three panels against users: aggregate tok/s, per-user tok/s, p99 TTFT, one line per method.
+three panels against users: aggregate tok/s, per-user tok/s, p99 TTFT, one line per method;
+and its leaderboard's columns.
 
 Made from results alone; the figure needs matplotlib (without it, one line says so).
 """
@@ -12,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.report.plots import (
-    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, pyplot, save_png,
-)
-from kvbench.report.tables import finite_metric, fmt_bytes, md_table, ok_cases
+from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.report.kit.figures import PlotPath, figure_text, pyplot, save_png, xy_lines
+from kvbench.report.kit.tables import finite_metric, fmt_bytes, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
+BENCHMARK = "stress"
 THROUGHPUT_PNG = "stress_throughput.png"
 # (metric, column, format): the columns of a method's table after `users`
 COLUMNS = (
@@ -66,7 +67,7 @@ def _setting(case: CaseResult) -> tuple:
 
 
 def stress_table(result: RunResult) -> StressTable | None:
-    cases = ok_cases(result, "stress")
+    cases = ok_cases(result, BENCHMARK)
     if not cases:
         return None
     settings: dict[str, list[tuple]] = {}
@@ -181,30 +182,19 @@ def _warnings(table: StressTable) -> list[str]:
 def stress_figures(result: RunResult, out_dir: Path | None) -> str | None:
     """The figure's link (written to out_dir when given), a note without matplotlib, or None
     when there is no stress case."""
-    table = stress_table(result)
-    if table is None:
-        return None
-    try:
-        if out_dir is None:
-            check_matplotlib()
-        else:
-            stress_throughput_png(table, out_dir / THROUGHPUT_PNG, result.suite.name)
-    except PlotUnavailable:
-        return f"<sub>stress plot skipped: {MATPLOTLIB_MISSING}</sub>"
-    return (f"![aggregate and per-user tok/s and p99 TTFT against concurrent users]"
-            f"({THROUGHPUT_PNG})")
+    return figure_text(
+        stress_table(result), out_dir,
+        lambda table, folder: stress_throughput_png(table, folder / THROUGHPUT_PNG,
+                                                    result.suite.name),
+        f"![aggregate and per-user tok/s and p99 TTFT against concurrent users]"
+        f"({THROUGHPUT_PNG})", "stress plot")
 
 
 def panel_lines(table: StressTable, metric: str) -> dict[str, tuple[list[int], list[float]]]:
     """Per line of two levels or more (a single level, such as a capacity run, is no curve):
     the levels with a finite `metric`, and its values there."""
-    lines = {}
-    for name, cases in table.lines.items():
-        points = [(n, finite_metric(cases[n], metric)) for n in sorted(cases)]
-        points = [(n, y) for n, y in points if y is not None]
-        if len(points) > 1:
-            lines[name] = ([n for n, _ in points], [y for _, y in points])
-    return lines
+    return xy_lines({name: [(n, finite_metric(cases[n], metric)) for n in sorted(cases)]
+                     for name, cases in table.lines.items()}, least=2)
 
 
 def stress_throughput_png(table: StressTable, path: Path, title: str) -> Path:
@@ -246,3 +236,15 @@ def _short_labels(table: StressTable, names: list[str]) -> dict[str, str]:
     if len(set(labels.values())) == len(names):
         return labels
     return {name: name for name in names}
+
+
+class StressReport(BenchmarkReport):
+    board = Board(None, "errors", ("token_agreement", "sessions_held", "output_tok_s",
+                                   "aggregate_vs_single"))
+
+    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
+        return [part for part in (stress_section(result), stress_figures(result, out_dir))
+                if part]
+
+
+REPORT = StressReport()

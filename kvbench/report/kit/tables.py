@@ -1,4 +1,5 @@
-"""Markdown table pieces shared by the report, the README injection and the comparison."""
+"""Markdown table pieces: what the report, the README injection, the comparison and the
+benchmarks' own report sections draw their tables with."""
 from __future__ import annotations
 
 import json
@@ -196,20 +197,13 @@ def _ordered_keys(dicts) -> list[str]:
     return list(keys)
 
 
-# The metrics that sum a benchmark up, for the one-row-per-method table across benchmarks.
-HEADLINE = {
-    "perplexity": ("ppl_rel_delta", "retained_kv"),
-    "quality": ("top_k_overlap", "kl_plain_method", "top1_agreement", "greedy_agreement"),
-    "compaction": ("retention", "answer_holds_fact"),
-}
-
-
-def method_table(cases: list[CaseResult]) -> str | None:
-    """One row per method label, the headline metrics of every benchmark that ran it once, or
+def method_table(cases: list[CaseResult], headlines: dict[str, tuple[str, ...]]) -> str | None:
+    """One row per method label, the headline metrics of every benchmark that ran it once
+    (`headlines`: benchmark -> the metrics that sum it up, as its report declares them), or
     None when fewer than two such benchmarks share a method."""
     once: dict[str, dict[str, CaseResult]] = {}  # benchmark -> label -> its only case
     for benchmark, group in by_benchmark(cases).items():
-        if benchmark not in HEADLINE:
+        if not headlines.get(benchmark):
             continue
         labels = [case.method_label for case in group]
         once[benchmark] = {c.method_label: c for c in group if labels.count(c.method_label) == 1}
@@ -217,7 +211,7 @@ def method_table(cases: list[CaseResult]) -> str | None:
               if sum(label in by_label for by_label in once.values()) >= 2]
     if not labels:
         return None
-    columns = [(b, name) for b, by_label in once.items() for name in HEADLINE[b]
+    columns = [(b, name) for b, by_label in once.items() for name in headlines[b]
                if any(name in c.metrics for c in by_label.values())]
     header = ["method"]
     for benchmark, name in columns:

@@ -1,20 +1,21 @@
 """The ladder's part of the report: each method against identity at every rung (e2e x, peak x,
 retained KV x, as seed 003 tabulates them), the absolute figures at the top rung, whether each
 method's saving is physical or only logical and why, and two figures: the ratios against context
-length, and the top rung's peak split into weights, KV and the rest."""
+length, and the top rung's peak split into weights, KV and the rest; and its leaderboard's
+columns."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.report.plots import (
-    MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, check_matplotlib, line_styles, method_family,
-    pyplot, save_png,
+from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.report.kit.figures import (
+    PlotPath, figure_text, line_styles, method_family, pyplot, save_png, xy_lines,
 )
-from kvbench.report.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
+from kvbench.report.kit.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
+BENCHMARK = "ladder"
 REFERENCE = "identity"
 RATIOS_PNG = "ladder_ratios.png"
 PEAK_SPLIT_PNG = "ladder_peak_split.png"
@@ -55,7 +56,7 @@ class LadderTable:
 
 
 def ladder_table(result: RunResult) -> LadderTable | None:
-    cases = ok_cases(result, "ladder")
+    cases = ok_cases(result, BENCHMARK)
     if not cases:
         return None
     identity = {pair_key(c, ()): c for c in cases if c.method_label == REFERENCE}
@@ -173,31 +174,22 @@ def _top_rung(table: LadderTable) -> str:
 def ladder_figures(result: RunResult, out_dir: Path | None) -> str | None:
     """The figures' links (written to out_dir when given), a note without matplotlib, or None
     when there is no ladder."""
-    table = ladder_table(result)
-    if table is None:
-        return None
-    try:
-        if out_dir is None:
-            check_matplotlib()
-        else:
-            ladder_ratios_png(table, out_dir / RATIOS_PNG, result.suite.name)
-            ladder_peak_split_png(table, out_dir / PEAK_SPLIT_PNG, result.suite.name)
-    except PlotUnavailable:
-        return f"<sub>ladder plots skipped: {MATPLOTLIB_MISSING}</sub>"
-    return (f"![e2e, peak and retained KV against identity vs context length]({RATIOS_PNG})\n\n"
-            f"![peak memory at the top rung: weights, KV and the rest]({PEAK_SPLIT_PNG})")
+    def draw(table: LadderTable, folder: Path) -> None:
+        ladder_ratios_png(table, folder / RATIOS_PNG, result.suite.name)
+        ladder_peak_split_png(table, folder / PEAK_SPLIT_PNG, result.suite.name)
+
+    return figure_text(
+        ladder_table(result), out_dir, draw,
+        f"![e2e, peak and retained KV against identity vs context length]({RATIOS_PNG})\n\n"
+        f"![peak memory at the top rung: weights, KV and the rest]({PEAK_SPLIT_PNG})",
+        "ladder plots")
 
 
 def ratio_lines(table: LadderTable, metric: str) -> dict[str, tuple[list[int], list[float]]]:
     """Per method other than identity: the rungs and its ratio there (rungs without one left
     out)."""
-    lines = {}
-    for label in table.methods[1:]:
-        points = [(n, r.ratio(metric)) for n, r in sorted(table.rungs[label].items())]
-        points = [(n, y) for n, y in points if y is not None and math.isfinite(y)]
-        if points:
-            lines[label] = ([n for n, _ in points], [y for _, y in points])
-    return lines
+    return xy_lines({label: [(n, r.ratio(metric)) for n, r in sorted(table.rungs[label].items())]
+                     for label in table.methods[1:]})
 
 
 def ladder_ratios_png(table: LadderTable, path: Path, title: str) -> Path:
@@ -266,3 +258,15 @@ def ladder_peak_split_png(table: LadderTable, path: Path, title: str) -> Path:
     finally:
         plt.close(fig)
     return PlotPath.of(path, dict(zip(labels, parts)))
+
+
+class LadderReport(BenchmarkReport):
+    board = Board("retained_kv_bytes", "peak_bytes", ("peak_over_loaded_bytes",
+                                                      "kv_bytes_measured"))
+
+    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
+        return [part for part in (ladder_section(result), ladder_figures(result, out_dir))
+                if part]
+
+
+REPORT = LadderReport()

@@ -1,0 +1,363 @@
+"""The ruler benchmark's part of the report, made from results alone (its numbers are
+kvbench.benchmarks.reports.ruler_numbers): a headline table (per method and context length, the
+mean score over the tasks it ran with a pooled 95% Wilson interval, and its paired difference
+from `identity` over the cells both ran), a per-task table per context length, the haystacks
+used, and a kvpress-style figure of the mean score against the compression ratio; and its
+leaderboard's columns.
+
+The figure needs matplotlib (the `plots` extra): without it `ruler_plot_png` raises
+PlotUnavailable and the section says so in one line. The Markdown is the same with or without
+an output folder, so `kvbench report` prints what the run wrote.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
+from kvbench.benchmarks.reports.ruler_numbers import (
+    BENCHMARK, Headline, RulerRow, RulerTable, length_of, row_name, ruler_table, samples_of,
+    task_of,
+)
+from kvbench.judge.intervals import wilson_interval
+from kvbench.report.kit.benchmark import BenchmarkReport
+from kvbench.report.kit.figures import (
+    PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
+)
+from kvbench.report.kit.tables import finite_metric, length_name, md_table
+from kvbench.results import CaseResult, RunResult
+
+RULER_PNG = "ruler_score_vs_ratio.png"
+
+
+# ---------------------------------------------------------------------------------------------
+# the section
+
+
+def _signed(value: float) -> str:
+    text = f"{value:+.1f}"
+    return "±0.0" if text in ("+0.0", "-0.0") else text.replace("-", "−")
+
+
+def _delta_cell(row: RulerRow, head: Headline) -> str:
+    if row.is_identity:
+        return "(reference)"
+    if head.delta is None:
+        return "—"
+    text = _signed(head.delta)
+    if len(head.delta_tasks) < len(head.tasks):
+        text += f" ({len(head.delta_tasks)} of {len(head.tasks)} tasks)"
+    return text
+
+
+def _headline_table(table: RulerTable) -> str:
+    header = ["method"]
+    for length in table.lengths:
+        name = length_name(length)
+        header += [f"{name}: mean over tasks [95% CI] ↑", f"{name}: Δ vs identity"]
+    header.append("compression ratio (x) ↑")
+    rows = []
+    for row in table.rows:
+        cells = [row.name]
+        for length in table.lengths:
+            head = row.headline.get(length)
+            if head is None:
+                cells += ["—", "—"]
+            else:
+                cells += [ci(head.mean, head.low, head.high), _delta_cell(row, head)]
+        cells.append(ratio_text(row.ratio))
+        rows.append(cells)
+    return md_table(header, rows, set(range(1, len(header))))
+
+
+def _covered_line(table: RulerTable) -> str:
+    def coverage(row: RulerRow) -> dict[int, list[str]]:
+        return {length: head.tasks for length, head in row.headline.items()}
+
+    def describe(cover: dict[int, list[str]]) -> str:
+        task_sets = {tuple(tasks) for tasks in cover.values()}
+        if len(task_sets) == 1:
+            tasks = next(iter(task_sets))
+            at = "every length" if len(cover) > 1 else f"length {length_name(next(iter(cover)))}"
+            return f"{len(tasks)} task{'s' if len(tasks) != 1 else ''} ({', '.join(tasks)}) at {at}"
+        return "; ".join(f"{length_name(length)}: {', '.join(tasks)}"
+                         for length, tasks in sorted(cover.items()))
+
+    covers = [coverage(row) for row in table.rows]
+    at_length: dict[int, set[tuple[str, ...]]] = {}  # the task sets run at each length
+    for cover in covers:
+        for length, tasks in cover.items():
+            at_length.setdefault(length, set()).add(tuple(tasks))
+    if all(cover == covers[0] for cover in covers):
+        covered = f"Each mean is over the same {describe(covers[0])}."
+    elif all(len(sets) == 1 for sets in at_length.values()):
+        # methods ran different lengths, but the same tasks wherever they ran
+        covered = ("Every method that ran a length covers the same tasks there: "
+                   + describe({length: list(next(iter(sets)))
+                               for length, sets in at_length.items()}) + ".")
+    else:
+        groups: dict[str, list[str]] = {}  # rows with the same coverage named together
+        for row, cover in zip(table.rows, covers):
+            groups.setdefault(describe(cover), []).append(row.name)
+        covered = "The methods ran different tasks; each mean covers: " + " · ".join(
+            f"{', '.join(names)}: {text}" for text, names in groups.items()) + "."
+    pooled = ("The interval is a 95% Wilson interval over all the samples the mean pools; "
+              "a difference that falls inside the intervals is not a difference.")
+    delta = ("Δ vs identity is paired: the mean of per-sample differences from identity's "
+             "answers to the same samples, only over the (task, length) cells identity also ran.")
+    return f"<sub>{covered} {pooled} {delta}</sub>"
+
+
+def _task_cell(case: CaseResult, with_samples: bool) -> str:
+    score = finite_metric(case, "score")
+    low, high = finite_metric(case, "score_ci_low"), finite_metric(case, "score_ci_high")
+    if (low is None or high is None) and samples_of(case):
+        low, high = wilson_interval(score, samples_of(case))
+    text = ci(score, low, high)
+    return f"{text} (n={samples_of(case)})" if with_samples else text
+
+
+def _per_task_tables(result: RunResult, table: RulerTable) -> list[str]:
+    """One table per context length any ruler case was run at, each under a `#### <length>
+    tokens` heading: rows the tasks run at that length (in the run's order), columns the
+    methods that ran there (identity first); a cell whose case did not finish shows its status,
+    a task the method did not run there "—". Under each table, its samples per cell."""
+    every = [c for c in result.cases if c.benchmark == BENCHMARK]
+    failed: dict[tuple[str, str, int], str] = {}
+    for case in every:
+        if case.status != "ok":
+            failed.setdefault((row_name(case, table.extras), task_of(case), length_of(case)),
+                              case.status)
+    names = [row.name for row in table.rows]
+    names += [name for name in dict.fromkeys(n for n, _, _ in failed) if name not in names]
+    ok = {(row.name, task_of(c), length_of(c)): c for row in table.rows for c in reversed(row.cases)}
+    ran = {*ok, *failed}  # (name, task, length) of every cell with a case
+    parts = []
+    for length in sorted({length_of(c) for c in every}):
+        tasks = list(dict.fromkeys(task_of(c) for c in every if length_of(c) == length))
+        here = [n for n in names if any((n, t, length) in ran for t in tasks)]
+        absent = [n for n in names if n not in here]
+        cases = [ok[(n, t, length)] for n in here for t in tasks if (n, t, length) in ok]
+        counts = {samples_of(c) for c in cases}
+        per_cell = len(counts) > 1
+        rows = []
+        for task in tasks:
+            cells = [task]
+            for name in here:
+                case = ok.get((name, task, length))
+                cells.append(failed.get((name, task, length), "—") if case is None
+                             else _task_cell(case, per_cell))
+            rows.append(cells)
+        header = ["task", *here]
+        notes = []
+        if per_cell:
+            notes.append("samples per cell differ: n in each cell")
+        elif counts and counts != {0}:
+            count = counts.pop()
+            notes.append(f"{count} sample{'s' if count != 1 else ''} per cell")
+        if absent:
+            notes.append(f"not run at {length_name(length)}: {', '.join(absent)}")
+        parts += [f"#### {length_name(length)} tokens",
+                  md_table(header, rows, set(range(1, len(header))))]
+        if notes:
+            parts.append(f"<sub>{'; '.join(notes)}.</sub>")
+    return parts
+
+
+def _haystack_line(table: RulerTable) -> str | None:
+    by_haystack: dict[str, list[str]] = {}
+    for row in table.rows:
+        for case in row.cases:
+            haystack = case.info.get("haystack")
+            if haystack:
+                tasks = by_haystack.setdefault(str(haystack), [])
+                if task_of(case) not in tasks:
+                    tasks.append(task_of(case))
+    if not by_haystack:
+        return None
+    return "<sub>Haystacks: " + " · ".join(
+        f"{', '.join(tasks)}: {haystack}" for haystack, tasks in by_haystack.items()) + "</sub>"
+
+
+def ruler_section(result: RunResult) -> str | None:
+    """The ruler summary below its generic table; None when the run has no ok ruler case."""
+    table = ruler_table(result)
+    if table is None:
+        return None
+    identity = ("identity's column is the full cache, the reference"
+                if any(r.is_identity for r in table.rows)
+                else "no identity case: no Δ can be given")
+    parts = [
+        "### RULER: mean score over tasks, per context length",
+        _headline_table(table),
+        _covered_line(table),
+        "### RULER: score per task and length [95% CI]",
+        f"<sub>{identity}; score 0-100, ↑ higher is better.</sub>",
+        *_per_task_tables(result, table),
+    ]
+    haystacks = _haystack_line(table)
+    if haystacks:
+        parts.append(haystacks)
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# the figure
+
+
+@dataclass
+class RulerLine:
+    """One method (registry name) in one panel: a point per label, in order of ratio."""
+
+    method: str
+    family: str  # its colour and marker (kit.figures.method_family)
+    labels: list[str] = field(default_factory=list)
+    x: list[float] = field(default_factory=list)  # compression ratio
+    y: list[float] = field(default_factory=list)  # mean score over tasks
+    low: list[float] = field(default_factory=list)
+    high: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RulerPanel:
+    length: int
+    lines: list[RulerLine]
+    identity: float | None = None  # identity's mean score: the dashed line
+    identity_ci: tuple[float, float] | None = None
+
+
+@dataclass
+class RulerPlot:
+    """What the ruler figure shows; `ruler_plot_png` returns it as `.plot` on the path."""
+
+    title: str
+    panels: list[RulerPanel]
+
+    @property
+    def n_points(self) -> int:
+        return sum(len(line.x) for panel in self.panels for line in panel.lines)
+
+
+def ruler_plot_data(result: RunResult) -> RulerPlot | None:
+    """One panel per length; in each, one line per method (registry name, and any setting that
+    splits rows), a point per label with a compression ratio; identity as its score. None when
+    there is no point to draw."""
+    table = ruler_table(result)
+    if table is None:
+        return None
+    panels = []
+    for length in table.lengths:
+        lines: dict[str, RulerLine] = {}
+        panel = RulerPanel(length, [])
+        for row in table.rows:
+            head = row.headline.get(length)
+            if head is None:
+                continue
+            if row.is_identity:
+                if panel.identity is None:
+                    panel.identity, panel.identity_ci = head.mean, (head.low, head.high)
+                continue
+            if head.ratio is None:
+                continue
+            extra = row.name[len(row.cases[0].method_label):]  # " (compress=...)" or ""
+            line = lines.setdefault(row.method + extra, RulerLine(row.method + extra,
+                                                                      method_family(row.method)))
+            line.labels.append(row.cases[0].method_label)
+            line.x.append(head.ratio)
+            line.y.append(head.mean)
+            line.low.append(head.low)
+            line.high.append(head.high)
+        for line in lines.values():
+            order = sorted(range(len(line.x)), key=lambda i: (line.x[i], line.labels[i]))
+            for name in ("labels", "x", "y", "low", "high"):
+                values = getattr(line, name)
+                setattr(line, name, [values[i] for i in order])
+        panel.lines = list(lines.values())
+        if panel.lines or panel.identity is not None:
+            panels.append(panel)
+    if not any(panel.lines for panel in panels):
+        return None
+    model = {c.model for row in table.rows for c in row.cases if c.model}
+    on = f" — {model.pop()}" if len(model) == 1 else ""
+    return RulerPlot(f"kvbench {result.suite.name}: RULER average score vs compression{on}",
+                     panels)
+
+
+def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
+    """Write the kvpress-style figure: per length, the mean RULER score over tasks against the
+    compression ratio, a line per method, identity dashed. Returns the path with the plotted
+    data as `.plot`; None when nothing can be drawn (nothing written). Raises PlotUnavailable
+    without matplotlib."""
+    plot = ruler_plot_data(result)
+    if plot is None:
+        return None
+    plt = pyplot()
+    path = Path(path)
+    count = len(plot.panels)
+    # one log x for all panels: the eviction methods crowd 1-2x and the codecs reach 20x
+    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharex=True,
+                             sharey=True, squeeze=False)
+    try:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        styles = line_styles({line.method: line.family for panel in plot.panels
+                              for line in panel.lines})
+        for panel, ax in zip(plot.panels, axes[0]):
+            if panel.identity is not None:
+                ax.axhline(panel.identity, color="black", linestyle="--", linewidth=1.2,
+                           label=f"identity ({panel.identity:.1f})", zorder=2)
+                if panel.identity_ci and all(map(math.isfinite, panel.identity_ci)):
+                    ax.axhspan(*panel.identity_ci, color="black", alpha=0.07, zorder=1,
+                               label="identity 95% CI")
+            for line in panel.lines:
+                yerr = [[y - lo for y, lo in zip(line.y, line.low)],
+                        [hi - y for y, hi in zip(line.y, line.high)]]
+                ax.errorbar(line.x, line.y, yerr=yerr, markersize=6, capsize=3, linewidth=1.4,
+                            elinewidth=1.0, label=line.method, zorder=3, **styles[line.method])
+            if not panel.lines:
+                ax.text(0.5, 0.5, "no compressed method\nscored at this length",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=9, alpha=0.7)
+            ax.set_title(f"context {length_name(panel.length)} tokens", fontsize=10)
+            ax.set_xlabel("compression ratio vs 16-bit (x, log)")
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=2))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.margins(x=0.08)  # a point at either end of the ratios stays off the frame
+            ax.set_ylim(-3, 102)  # a score of 0 sits above the axis, not on it
+            ax.grid(True, alpha=0.35)
+        axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
+        fig.suptitle(plot.title)
+        # one legend right of the panels, off the points (most methods score low, at the left)
+        handles = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label.split(" (")[0] if label.startswith("identity (")
+                                   else label, handle)
+        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=8)
+        save_png(fig, path)
+    finally:
+        plt.close(fig)
+    return PlotPath.of(path, plot)
+
+
+def ruler_figure(result: RunResult, out_dir: Path | None) -> str | None:
+    """The figure's link (writing it when out_dir is given), a note when matplotlib is missing,
+    or None when there is nothing to plot: the same text with or without out_dir."""
+    return figure_text(
+        ruler_plot_data(result), out_dir,
+        lambda _, folder: ruler_plot_png(result, folder / RULER_PNG),
+        f"![RULER: mean score over tasks vs compression ratio, per context length]({RULER_PNG})",
+        "RULER plot")
+
+
+class RulerReport(BenchmarkReport):
+    board = BOARD
+
+    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
+        return [part for part in (ruler_section(result), ruler_figure(result, out_dir)) if part]
+
+
+REPORT = RulerReport()
