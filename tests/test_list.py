@@ -13,7 +13,7 @@ import pytest
 
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.config import describe
-from kvbench.config.fields import Settings, declaration, param, span
+from kvbench.config.fields import Settings, declaration, one_of, param, span
 from kvbench.methods import METHODS
 from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
 
@@ -50,7 +50,7 @@ def declared_range(config: type, field: dataclasses.Field) -> str:
     text = declaration(field).range_text() if declaration(field) else ""
     tp = typing.get_type_hints(config)[field.name]
     if not text and typing.get_origin(tp) is Literal:
-        text = "one of " + ", ".join(map(str, typing.get_args(tp)))
+        text = str(one_of(*typing.get_args(tp)))
     return text or describe.UNKNOWN
 
 
@@ -123,7 +123,7 @@ def test_token_methods_show_the_budget_they_inherit():
     assert rows["ratio"][1:4] == ["float | None", "None", "in (0, 1)"]
     assert rows["budget"][3] == ">= 1"
     assert rows["kernel"][3] == ">= 1; odd"
-    assert rows["pooling"][3] == "one of avg, max"
+    assert rows["pooling"][3] == "avg or max"
     from kvbench.methods.settings.tokens import TokenMethod
 
     inherited = {f.name: f for f in dataclasses.fields(TokenMethod)}
@@ -148,7 +148,7 @@ def test_parameters_read_ranges_and_meanings_and_say_nothing_where_the_code_does
     assert params["level"] == describe.Param("level", "int", "3", "in 1..9; nonzero",
                                              "how far it turns, in steps.")
     # a Literal's choices are its range
-    assert params["mode"] == describe.Param("mode", "a | b", "'a'", "one of a, b", "which way.")
+    assert params["mode"] == describe.Param("mode", "a | b", "'a'", "a or b", "which way.")
     assert params["note"] == describe.Param("note", "str | None", "None", "-", "-")
     assert params["extra"].default == "[1, 2]"
 
