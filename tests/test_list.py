@@ -153,6 +153,21 @@ def test_parameters_read_ranges_and_meanings_and_say_nothing_where_the_code_does
     assert params["extra"].default == "[1, 2]"
 
 
+@dataclass
+class Unresolved(Settings):
+    """A plug-in's settings whose annotation names a type imported only for type checkers."""
+
+    level: int = param(3, range=span(1, 9), meaning="how far it turns")
+    shape: "NotImportedHere" = None  # noqa: F821
+
+
+def test_settings_with_an_unresolvable_annotation_still_build_and_check_their_ranges():
+    assert Unresolved(level=9).level == 9
+    with pytest.raises(ValueError, match=r"level must be in 1\.\.9, got 10"):
+        Unresolved(level=10)
+    assert {p.name: p.range for p in describe.parameters(Unresolved)}["level"] == "in 1..9"
+
+
 def test_ranges_come_from_declarations_and_the_ones_inherited():
     def ranges(config: type) -> dict[str, str]:
         return {p.name: p.range for p in describe.parameters(config)}

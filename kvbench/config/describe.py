@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from kvbench.config.fields import declaration, one_of
+from kvbench.config.fields import choices, declaration
 
 UNKNOWN = "-"  # what the table shows where a plug-in declares nothing
 
@@ -86,8 +86,8 @@ def parameters(config: type) -> list[Param]:
         tp = hints.get(f.name, f.type)
         found = declaration(f)
         allowed = found.range_text() if found else ""
-        if not allowed and typing.get_origin(tp) is Literal:
-            allowed = str(one_of(*typing.get_args(tp)))  # as the refusal words it
+        if not allowed and choices(tp) is not None:
+            allowed = str(choices(tp))  # as the refusal words it
         params.append(Param(f.name, readable_type(tp), default, allowed or UNKNOWN,
                             found.meaning if found else UNKNOWN))
     return params

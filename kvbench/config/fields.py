@@ -158,7 +158,10 @@ def _field_checks(cls: type) -> tuple[tuple[str, type | None, Range | None], ...
     """(field, the bool, int or float it must be or None, its range or None) for each checked
     field of a settings class, the most derived class's own fields first (a subclass's error
     wins over its base's, as the suite blames)."""
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):  # a plug-in's annotation that does not resolve: ranges only
+        hints = {}
     depth: dict[str, int] = {}
     for level, klass in enumerate(cls.__mro__):
         for name in inspect.get_annotations(klass):
@@ -168,12 +171,18 @@ def _field_checks(cls: type) -> tuple[tuple[str, type | None, Range | None], ...
         annotation = _optional_of(hints.get(field.name))
         kind = annotation if annotation in _KIND_TEXT else None
         found = declaration(field)
-        allowed = found.range if found is not None else None
-        if allowed is None and typing.get_origin(annotation) is Literal:
-            allowed = Range(values=typing.get_args(annotation))
+        allowed = (found.range if found is not None else None) or choices(annotation)
         if kind is not None or allowed is not None:
             checks.append((field.name, kind, allowed))
     return tuple(checks)
+
+
+def choices(annotation: Any) -> Range | None:
+    """The values a Literal annotation (or an optional one) allows; None for any other."""
+    annotation = _optional_of(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return Range(values=typing.get_args(annotation))
+    return None
 
 
 def _optional_of(annotation: Any) -> Any:
