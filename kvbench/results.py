@@ -73,6 +73,9 @@ class ClaimResult(_Record):
     verdict: Verdict
     source: str = ""  # where the claim was stated: "file:line"
     reference: str | None = None  # the case a "metric / LABEL" claim was judged against
+    # What `measured` is when it is not the metric (or its ratio to, or difference from, the
+    # reference's): e.g. "low bound of the 95% paired interval, 40 samples".
+    measured_as: str | None = None
 
 
 class CaseError(_Record):

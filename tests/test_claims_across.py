@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.judge.claims import parse_claim
+from kvbench.results import ClaimResult
 from kvbench.run.runner import run_suite
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
@@ -95,3 +96,9 @@ def test_an_unknown_reference_is_refused_at_its_line(tmp_path):
     assert f"bad.yaml:{line_of(path, 'identiti')}" in text
     assert "compares with method 'identiti', which benchmark 'perplexity' does not run" in text
     assert "identity" in text  # the suggestion
+
+
+def test_a_claim_recorded_before_paired_bounds_still_loads():
+    old = {"claim": "kv_bytes - identity < 0", "metric": "kv_bytes", "op": "<", "target": 0,
+           "measured": -10.0, "verdict": "held", "reference": "perplexity/identity"}
+    assert ClaimResult.model_validate(old).measured_as is None  # the difference itself

@@ -67,10 +67,12 @@ def ruler_case(label: str, task: str, length: int) -> CaseResult:
                  "empty_predictions": _metric(0, "count"),
                  "compression_ratio": _metric(RATIOS[(label, length)], "x", "higher")},
         info={"scores": scores, "haystack": HAYSTACK[task], "metric": "string_match_all",
-              "prompt_tokens": length - 100, "codec_reads": "decoded"})
+              "prompt_tokens": length - 100, "codec_reads": "decoded"},
+        comparable={"prompts_sha256": f"{task}@{length}"})  # every method draws the same
 
 
 def niah_case(label: str, method: str, ratio: float, scores: list[list[float]]) -> CaseResult:
+    """One sample a cell, recorded as before info["scores"]: the grid holds the samples."""
     mean = sum(map(sum, scores)) / sum(map(len, scores))
     return CaseResult(
         id=f"niah/{label}", benchmark="niah",
@@ -80,7 +82,8 @@ def niah_case(label: str, method: str, ratio: float, scores: list[list[float]]) 
                  "score_ci_high": _metric(90.0, "%"),
                  "compression_ratio": _metric(ratio, "x", "higher")},
         info={"grid": {"lengths": LENGTHS, "depths": DEPTHS, "scores": scores},
-              "haystack": PYDOC})
+              "haystack": PYDOC},
+        comparable={"prompts_sha256": "the grid's needles"})
 
 
 def run(cases: list[CaseResult]) -> RunResult:
@@ -368,3 +371,102 @@ def test_methods_at_fewer_lengths_with_the_same_tasks_are_said_to_cover_the_same
     assert ("Every method that ran a length covers the same tasks there: 2 tasks"
             " (niah_single_1, vt) at every length." in line)
     assert "different" not in line
+
+
+def _against_identity(section: str) -> dict[tuple[str, str], list[str]]:
+    """The pooled table of a section's "against identity" part by (method, scope)."""
+    part = section[section.index("against identity, on the same samples"):]
+    table = part[:part.index("\n\n<sub>")].splitlines()[4:]  # heading, blank, header, rule
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    return {(row[0], row[1]): row[2:] for row in rows}
+
+
+def test_ruler_against_identity_per_length_pooling_the_tasks(result):
+    section = ruler_section(result)
+    assert (section.index("### RULER: mean score") < section.index(
+        "### RULER: against identity, on the same samples") < section.index(
+        "### RULER: score per task"))
+    rows = _against_identity(section)
+    assert list(rows) == [("snapkv-0.25", "4K"), ("snapkv-0.25", "8K"), ("snapkv-0.5", "4K"),
+                          ("snapkv-0.5", "8K"), ("intq-4bit", "4K")]
+    # snapkv-0.25 at 4K: niah_single_1 100,100,100,0 -> 100,0,0,0 and vt 100,100,0,0 -> 0s:
+    # 4 losses, no win of 8 pairs: p = 2 / 2^4
+    pairs, record, delta, p, verdict = rows[("snapkv-0.25", "4K")]
+    assert (pairs, record, p, verdict) == ("8", "0 / 4", "0.125", "not separated")
+    assert delta.startswith("−50.0 [")
+    # snapkv-0.5 at 4K: one loss (niah_single_1's third sample), the rest ties; its Δ as the
+    # headline's
+    assert rows[("snapkv-0.5", "4K")][:2] == ["8", "0 / 1"]
+    assert rows[("snapkv-0.5", "4K")][2].startswith("−12.5 [")
+    assert rows[("snapkv-0.5", "4K")][3:] == ["1.000", "not separated"]
+    # intq-4bit's cwe has no identity case: its 8 pairs are niah_single_1's and vt's
+    assert rows[("intq-4bit", "4K")][:2] == ["8", "0 / 2"]
+    assert "ties dropped; worse or better when p < 0.05" in section
+    assert ("Per task and length: at most 4 pairs a cell, and the sign test separates nothing "
+            "on fewer than 6") in section
+    assert "<details>" not in section
+
+
+def test_ruler_against_identity_separates_and_shows_cells_with_pairs_enough(result):
+    cases = list(result.cases)
+    for i, case in enumerate(cases):  # vt at 4K with 8 samples: identity all, snapkv-0.25 none
+        if (case.bench_params.get("task"), case.bench_params.get("length")) == ("vt", 4096):
+            found = 100.0 if case.method_label == "identity" else 0.0
+            cases[i] = case.model_copy(update={"info": {**case.info, "scores": [found] * 8}})
+    section = ruler_section(run(cases))
+    rows = _against_identity(section)
+    # niah_single_1's 4 pairs and vt's 8 at 4K: 2 + 8 losses of 12 pairs, p = 2 / 2^10
+    assert rows[("snapkv-0.25", "4K")][:2] == ["12", "0 / 10"]
+    assert rows[("snapkv-0.25", "4K")][3:] == ["0.002", "worse"]
+    cells = section[section.index("<details><summary>Per task and length</summary>"):]
+    assert ("| snapkv-0.25 | 4K · vt | 8 | 0 / 8 | −100.0 [−100.0, −100.0] | 0.008 | worse |"
+            in cells)
+    assert "| snapkv-0.25 | 4K · niah_single_1 | 4 | 0 / 2 |" in cells
+
+
+def test_ruler_against_identity_on_other_samples_is_not_paired(result):
+    cases = [c.model_copy(update={"comparable": {"prompts_sha256": "other"}})
+             if (c.method_label, c.bench_params.get("task")) == ("snapkv-0.5", "vt") else c
+             for c in result.cases]
+    table = ruler_table(run(cases))
+    head = table.rows[2].headline[4096]
+    assert head.delta_tasks == ["niah_single_1"] and head.unpaired_tasks == ["vt"]
+    assert head.delta == pytest.approx(-25.0)  # over niah_single_1's 4 samples only
+    rows = _against_identity(ruler_section(run(cases)))
+    assert rows[("snapkv-0.5", "4K")][0] == "4 (not paired: different samples: vt)"
+    everything = [c.model_copy(update={"comparable": {"prompts_sha256": "other"}})
+                  if c.method_label == "snapkv-0.5" else c for c in result.cases]
+    rows = _against_identity(ruler_section(run(everything)))
+    assert rows[("snapkv-0.5", "8K")] == ["—"] * 4 + ["not paired: different samples"]
+
+
+def test_niah_against_identity_per_length_and_over_the_grid(result):
+    text = niah_section(result)
+    assert text.index("### NIAH: against identity") < text.index("](niah_identity.png)")
+    rows = _against_identity(text)
+    assert list(rows) == [("snapkv 0.5/ctx", "1K"), ("snapkv 0.5/ctx", "2K"),
+                          ("snapkv 0.5/ctx", "all lengths")]
+    # identity's columns 100,100,100 and 100,0,100; snapkv's 100,0,50 and 0,0,100
+    assert [row[:2] for row in rows.values()] == [["3", "0 / 2"], ["3", "0 / 1"],
+                                                 ["6", "0 / 3"]]
+    assert [row[2].split(" [")[0] for row in rows.values()] == ["−50.0", "−33.3", "−41.7"]
+    assert [row[3] for row in rows.values()] == ["0.500", "1.000", "0.250"]
+    assert "A pair is one needle (a depth's sample at a length)" in text
+
+
+def test_niah_pairs_its_flat_per_sample_scores_by_length(result):
+    identity, snap = (c.model_copy(deep=True) for c in result.cases[-2:])
+    for case, found in ((identity, 100.0), (snap, 0.0)):
+        case.bench_params["samples"] = 2
+        # by length, then depth, then sample: 1K's six needles, then 2K's
+        case.info["scores"] = [100.0] * 6 + [found] * 6
+    rows = _against_identity(niah_section(run([identity, snap])))
+    assert rows[("snapkv 0.5/ctx", "1K")][:2] == ["6", "0 / 0"]
+    assert rows[("snapkv 0.5/ctx", "2K")][:2] == ["6", "0 / 6"]
+    assert rows[("snapkv 0.5/ctx", "2K")][-1] == "worse"
+    snap.comparable["prompts_sha256"] = "other needles"
+    rows = _against_identity(niah_section(run([identity, snap])))
+    assert {row[-1] for row in rows.values()} == {"not paired: different samples"}
+    del identity.info["scores"]  # two samples a cell: the grid's means cannot be paired
+    assert "against identity" not in niah_section(run([identity, snap.model_copy(
+        update={"comparable": identity.comparable})]))

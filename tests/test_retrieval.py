@@ -193,6 +193,9 @@ def test_a_run_keeps_every_prediction_beside_its_results(tmp_path):
         assert case.status == "ok", case.error
         mine = [line for line in lines if line["case"] == case.id]
         assert len(mine) == 6  # 2 lengths x 3 depths, one needle each
+        # per sample in the order drawn (by length, then depth): the report pairs them so
+        assert case.info["scores"] == [line["score"] for line in mine]
+        assert [line["length"] for line in mine] == [1500] * 3 + [2000] * 3
         grid = case.info["grid"]
         assert grid["lengths"] == [1500, 2000] and grid["depths"] == [0, 50, 100]
         for line in mine:

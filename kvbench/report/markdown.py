@@ -88,6 +88,8 @@ def _claims_section(result: RunResult) -> str:
             ratio = parse_claim(claim.claim).relation == "/"  # against another case: no unit
             unit = "" if metric is None or ratio else metric.unit
             measured = fmt_number(claim.measured, unit)
+            if measured and claim.measured_as:  # a paired bound, not the difference of means
+                measured += f" ({claim.measured_as})"
             rows.append([case.id, claim.claim, measured or "—", VERDICT_MARKS[claim.verdict],
                          claim.source])
     if not rows:

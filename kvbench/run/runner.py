@@ -14,6 +14,7 @@ import torch
 
 from kvbench.hardware import KVBENCH_VERSION, git_sha
 from kvbench.judge.claims import judge
+from kvbench.judge.paired import paired_samples
 from kvbench.results import (
     SCHEMA_VERSION, CaseResult, ResultsFileError, RunHeader, RunResult, SuiteRecord,
     append_jsonl, case_line, header_line, read_jsonl, save_results,
@@ -191,7 +192,9 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
 
 def judge_across(result: RunResult, cases: list[Case]) -> None:
     """Adds to each finished case the verdicts of its claims against another case of the run
-    (`metric / LABEL op value`): missing when that case did not run or did not finish ok."""
+    (`metric / LABEL op value`): missing when that case did not run or did not finish ok; a
+    difference judged on the paired interval when both recorded the metric per sample on the
+    same samples."""
     records = {record.id: record for record in result.cases}
     for case in cases:
         record = records.get(case.id)
@@ -202,8 +205,11 @@ def judge_across(result: RunResult, cases: list[Case]) -> None:
                 continue
             other_id = claim.reference_id(case.id, case.benchmark, case.method_label)
             other = records.get(other_id)
-            metrics = other.metrics if other is not None and other.status == "ok" else None
-            record.claims.append(judge(claim, record.metrics, metrics, other_id))
+            done = other is not None and other.status == "ok"
+            metrics = other.metrics if done else None
+            # both cases' per-sample values on the same samples: a difference is judged paired
+            pairs = paired_samples(record, other, claim.metric) if done else None
+            record.claims.append(judge(claim, record.metrics, metrics, other_id, pairs))
 
 
 def _keep_line(path: Path, record: dict) -> None:

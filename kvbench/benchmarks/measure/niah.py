@@ -44,6 +44,8 @@ class NiahRun(Niah):
             info={
                 "grid": {"lengths": list(params.lengths), "depths": list(params.depths),
                          "scores": grid},
+                # per sample, in the order drawn: by length, then depth, then sample
+                "scores": [r["score"] for r in records],
                 "haystack": haystack_note(params.task, params.essay),
                 **common_info(replies, method, params.reads),
             },

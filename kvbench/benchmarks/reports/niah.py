@@ -1,6 +1,7 @@
 """The niah benchmark's part of the report, made from results alone: a small table (method, mean
-score over the grid [CI], compression ratio), one depth-by-length heatmap per method, and its
-leaderboard's columns.
+score over the grid [CI], compression ratio), each method against identity on the same samples
+(per length and over the grid), one depth-by-length heatmap per method, and its leaderboard's
+columns.
 
 The heatmaps need matplotlib (the `plots` extra): without it `niah_heatmap_pngs` raises
 PlotUnavailable and the section says so in one line. The Markdown is the same with or without
@@ -14,12 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
+from kvbench.judge.paired import per_sample, same_samples
 from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.report.kit.figures import PlotPath, figure_text, pyplot, save_png
-from kvbench.report.kit.tables import finite_metric, length_name, md_table, ok_cases
+from kvbench.report.kit.paired import IDENTITY, PairedScope, paired_legend, paired_table
+from kvbench.report.kit.tables import finite_metric, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "niah"
+# Bench params that do not change which samples a case draws: identity's grid pairs with a
+# method's over every other param equal.
+_UNPAIRED_PARAMS = ("compress", "reads")
 
 
 @dataclass
@@ -114,6 +120,61 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
     return written
 
 
+def _scores_by_length(case: CaseResult) -> dict[int, list[float]] | None:
+    """The case's per-sample scores at each length of its grid, in the order drawn (depth, then
+    sample); None when it recorded none."""
+    lengths = list(case.info["grid"].get("lengths", []))
+    flat = per_sample(case)
+    if flat is None and case.bench_params.get("samples") == 1:
+        # recorded before info["scores"]: with one sample a cell, the grid's columns are them
+        try:
+            flat = [float(row[k]) for k in range(len(lengths))
+                    for row in case.info["grid"]["scores"]]
+        except (IndexError, KeyError, TypeError, ValueError):
+            return None
+        if not all(map(math.isfinite, flat)):
+            return None
+    if flat is None or not lengths or len(flat) % len(lengths):
+        return None
+    size = len(flat) // len(lengths)
+    return {length: flat[k * size:(k + 1) * size] for k, length in enumerate(lengths)}
+
+
+def _shape(scores: dict[int, list[float]]) -> dict[int, int]:
+    return {length: len(values) for length, values in scores.items()}
+
+
+def _against_identity(cases: list[CaseResult]) -> list[str]:
+    """Each method against identity on the same samples, per length and over the whole grid (a
+    pair is a needle: a depth's sample at a length). [] when no method pairs with identity."""
+    references: dict[tuple, CaseResult] = {}
+    for case in cases:
+        if case.method == IDENTITY:
+            references.setdefault(pair_key(case, _UNPAIRED_PARAMS), case)
+    scopes = []
+    for case in cases:
+        reference = references.get(pair_key(case, _UNPAIRED_PARAMS))
+        if case.method == IDENTITY or reference is None:
+            continue
+        paired = same_samples(case, reference)
+        mine, theirs = _scores_by_length(case), _scores_by_length(reference)
+        if paired and (mine is None or theirs is None or _shape(mine) != _shape(theirs)):
+            continue  # no per-sample scores to pair
+        lengths = case.info["grid"].get("lengths", [])
+        per_length = [PairedScope(case.method_label, length_name(n),
+                                  [(mine[n], theirs[n])] if paired else [],
+                                  [] if paired else [length_name(n)]) for n in lengths]
+        scopes += per_length
+        if len(per_length) > 1:
+            scopes.append(PairedScope(case.method_label, "all lengths",
+                                      [pair for scope in per_length for pair in scope.pairs],
+                                      [name for scope in per_length for name in scope.unpaired]))
+    if not scopes:
+        return []
+    return ["### NIAH: against identity, on the same samples", paired_table(scopes, "length"),
+            paired_legend("one needle (a depth's sample at a length)")]
+
+
 def _ink_on(rgba: tuple[float, ...]) -> str:
     """White on the map's dark ends (deep red, deep green), black elsewhere."""
     red, green, blue = rgba[:3]
@@ -150,6 +211,7 @@ def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | 
     if notes:
         parts.append(f"<sub>{' · '.join(notes)}</sub>")
     plotted = _niah_cases(result)
+    parts += _against_identity(plotted)
     links = "\n".join(
         f"![needle in a haystack: {re.sub(r'[][]', '', case.method_label)}]({name})"
         for case, name in zip(plotted, niah_file_names(plotted)))

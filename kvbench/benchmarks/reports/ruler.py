@@ -1,9 +1,10 @@
 """The ruler benchmark's part of the report, made from results alone (its numbers are
 kvbench.benchmarks.reports.ruler_numbers): a headline table (per method and context length, the
 mean score over the tasks it ran with a pooled 95% Wilson interval, and its paired difference
-from `identity` over the cells both ran), a per-task table per context length, the haystacks
-used, and a kvpress-style figure of the mean score against the compression ratio; and its
-leaderboard's columns.
+from `identity` over the cells both ran), each method against identity on the same samples (per
+length, pooling the tasks; per task and length where a cell has pairs enough to separate), a
+per-task table per context length, the haystacks used, and a kvpress-style figure of the mean
+score against the compression ratio; and its leaderboard's columns.
 
 The figure needs matplotlib (the `plots` extra): without it `ruler_plot_png` raises
 PlotUnavailable and the section says so in one line. The Markdown is the same with or without
@@ -21,10 +22,12 @@ from kvbench.benchmarks.reports.ruler_numbers import (
     task_of,
 )
 from kvbench.judge.intervals import wilson_interval
+from kvbench.judge.paired import fewest_pairs_to_separate
 from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.report.kit.figures import (
     PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
 )
+from kvbench.report.kit.paired import PairedScope, paired_legend, paired_table, signed
 from kvbench.report.kit.tables import finite_metric, length_name, md_table
 from kvbench.results import CaseResult, RunResult
 
@@ -35,17 +38,12 @@ RULER_PNG = "ruler_score_vs_ratio.png"
 # the section
 
 
-def _signed(value: float) -> str:
-    text = f"{value:+.1f}"
-    return "±0.0" if text in ("+0.0", "-0.0") else text.replace("-", "−")
-
-
 def _delta_cell(row: RulerRow, head: Headline) -> str:
     if row.is_identity:
         return "(reference)"
     if head.delta is None:
         return "—"
-    text = _signed(head.delta)
+    text = signed(head.delta)
     if len(head.delta_tasks) < len(head.tasks):
         text += f" ({len(head.delta_tasks)} of {len(head.tasks)} tasks)"
     return text
@@ -107,6 +105,42 @@ def _covered_line(table: RulerTable) -> str:
     delta = ("Δ vs identity is paired: the mean of per-sample differences from identity's "
              "answers to the same samples, only over the (task, length) cells identity also ran.")
     return f"<sub>{covered} {pooled} {delta}</sub>"
+
+
+def _against_identity(table: RulerTable) -> list[str]:
+    """Each method against identity on the same samples: per length, pooling the tasks (a pair
+    is a task's sample); per task and length only where a cell has pairs enough for the sign
+    test to separate. [] when nothing was paired or refused as other samples."""
+    pooled, cells = [], []
+    for row in table.rows:
+        if row.is_identity:
+            continue
+        for length in table.lengths:
+            head = row.headline.get(length)
+            if head is None or not (head.pairs or head.unpaired_tasks):
+                continue
+            name = length_name(length)
+            pooled.append(PairedScope(row.name, name, [pair for _, pair in head.pairs],
+                                      head.unpaired_tasks))
+            cells += [PairedScope(row.name, f"{name} · {task}", [pair])
+                      for task, pair in head.pairs]
+            cells += [PairedScope(row.name, f"{name} · {task}", unpaired=[task])
+                      for task in head.unpaired_tasks]
+    if not pooled:
+        return []
+    parts = ["### RULER: against identity, on the same samples",
+             paired_table(pooled, "length"),
+             paired_legend("one task's sample at that length, over the tasks both ran")]
+    fewest = fewest_pairs_to_separate()
+    if any(cell.count >= fewest for cell in cells):
+        parts.append("<details><summary>Per task and length</summary>\n\n"
+                     + paired_table(cells, "length · task") + "\n\n</details>")
+    elif cells:
+        most = max(cell.count for cell in cells)
+        parts.append(f"<sub>Per task and length: at most {most} pair{'s' if most != 1 else ''}"
+                     f" a cell, and the sign test separates nothing on fewer than {fewest}: "
+                     "pooled over the tasks only.</sub>")
+    return parts
 
 
 def _task_cell(case: CaseResult, with_samples: bool) -> str:
@@ -192,6 +226,7 @@ def ruler_section(result: RunResult) -> str | None:
         "### RULER: mean score over tasks, per context length",
         _headline_table(table),
         _covered_line(table),
+        *_against_identity(table),
         "### RULER: score per task and length [95% CI]",
         f"<sub>{identity}; score 0-100, ↑ higher is better.</sub>",
         *_per_task_tables(result, table),

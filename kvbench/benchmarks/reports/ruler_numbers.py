@@ -1,7 +1,7 @@
 """ruler's numbers, made from results alone: per method and context length, the mean score over
-the tasks it ran with a pooled 95% Wilson interval, and its paired difference from `identity`
-over the cells both ran. The ruler section and figure (kvbench.benchmarks.reports.ruler) are
-drawn from them."""
+the tasks it ran with a pooled 95% Wilson interval, and its per-sample scores paired with
+`identity`'s over the cells both ran on the same samples. The ruler section and figure
+(kvbench.benchmarks.reports.ruler) are drawn from them."""
 from __future__ import annotations
 
 import math
@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.judge.intervals import wilson_interval
+from kvbench.judge.paired import paired_samples, per_sample, same_samples
+from kvbench.report.kit.paired import IDENTITY, Pair
 from kvbench.report.kit.tables import finite_metric, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "ruler"
-IDENTITY = "identity"  # the registry name of the full cache: the reference of every delta
 # Bench params that place a ruler case in the grid; any other that varies splits a method's row.
 _GRID_PARAMS = ("task", "length")
 # Bench params that do not change which samples a case draws: identity's answers pair with a
@@ -21,20 +22,10 @@ _GRID_PARAMS = ("task", "length")
 _UNPAIRED_PARAMS = ("compress", "reads")
 
 
-def _scores(case: CaseResult) -> list[float] | None:
-    scores = case.info.get("scores")
-    if not isinstance(scores, list) or not scores:
-        return None
-    try:
-        return [float(s) for s in scores]
-    except (TypeError, ValueError):
-        return None
-
-
 def samples_of(case: CaseResult) -> int:
     """How many samples the case's score is the mean of: its per-sample scores, else the
     requested count."""
-    scores = _scores(case)
+    scores = per_sample(case)
     if scores is not None:
         return len(scores)
     try:
@@ -76,16 +67,25 @@ def row_name(case: CaseResult, extras: list[str]) -> str:
 @dataclass
 class Headline:
     """One method row at one length: the mean over the tasks it ran there, pooled interval, and
-    the paired difference from identity over the tasks both ran."""
+    its per-sample scores paired with identity's over the tasks both ran on the same samples."""
 
     tasks: list[str]
     mean: float
     low: float
     high: float
     samples: int
-    delta: float | None = None  # None: identity ran none of these tasks here (or is this row)
-    delta_tasks: list[str] = field(default_factory=list)
+    pairs: list[tuple[str, Pair]] = field(default_factory=list)  # (task, its pair) in task order
+    unpaired_tasks: list[str] = field(default_factory=list)  # identity ran other samples there
     ratio: float | None = None  # mean compression_ratio of these cases
+
+    @property
+    def delta_tasks(self) -> list[str]:
+        return [task for task, _ in self.pairs]
+
+    @property
+    def delta(self) -> float | None:
+        """The mean per-sample difference from identity; None: nothing paired (or identity)."""
+        return _mean([a - b for _, (mine, theirs) in self.pairs for a, b in zip(mine, theirs)])
 
 
 @dataclass
@@ -160,13 +160,13 @@ def _headline(row: RulerRow, cases: list[CaseResult],
     head = Headline([task_of(c) for c in cases], mean, low, high, samples, ratio=_mean(ratios))
     if row.is_identity:
         return head
-    differences: list[float] = []
     for case in cases:
         ref = reference.get(pair_key(case, _UNPAIRED_PARAMS))
-        mine, theirs = _scores(case), None if ref is None else _scores(ref)
-        if mine is None or theirs is None or len(mine) != len(theirs):
-            continue  # no pairing without both per-sample lists of the same samples
-        differences += [a - b for a, b in zip(mine, theirs)]
-        head.delta_tasks.append(task_of(case))
-    head.delta = _mean(differences)
+        if ref is None:
+            continue
+        pair = paired_samples(case, ref)
+        if pair is not None:
+            head.pairs.append((task_of(case), pair))
+        elif not same_samples(case, ref):
+            head.unpaired_tasks.append(task_of(case))
     return head
