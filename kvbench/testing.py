@@ -71,6 +71,8 @@ def check_method(settings: MethodSettings, backend: str = "torch", device: str =
                        lambda: _check_no_default_device(subject, drives)))
     if model:
         checks.append(("inside the tiny model", lambda: _check_model(method, backend, device)))
+        if backend == "torch" and method.shares_prefill:
+            checks.append(("shared prefill", lambda: _check_shared_prefill(method, device)))
     for name, check in checks:
         try:
             check()
@@ -325,6 +327,41 @@ def _check_model(method: Implementation, backend: str, device: str) -> None:
     seen = {policy.seen_tokens for policy in cache.policies}
     if seen != {fed}:
         _fail(f"layers report {sorted(seen)} tokens seen after {fed} were fed")
+
+
+def _check_shared_prefill(method: Implementation, device: str) -> None:
+    """A method that declares shares_prefill, prefilled by itself, gives the plain forward's
+    logits and, after its probe and end_prefill, the attention inputs that the recorded plain
+    forward ingested gives, at every layer and after a decode step, bit for bit."""
+    from kvbench.models.session import prefill
+    from kvbench.models.shared_prefill import prefill_plain
+
+    session = _tiny_session("torch", device)
+    prompt = [(7 * i) % 200 + 4 for i in range(PROMPT)]
+    session.calibrate(method, [(11 * i) % 200 + 4 for i in range(64)])
+    recorded = prefill_plain(session, prompt)
+    caches = []
+    for prefilled in (None, recorded):
+        torch.manual_seed(0)  # methods that draw (rotations) draw alike for both caches
+        cache = session.new_cache(method)
+        logits, _, _ = prefill(session, cache, prompt, method, prefilled=prefilled)
+        caches.append((cache, logits))
+    (own, own_logits), (shared, _) = caches
+    if not torch.equal(own_logits, recorded.logits):
+        _fail("its own prefill gives other logits than the plain forward: the prompt's"
+              " keys, values or attention are not the plain model's")
+    for step in range(2):
+        for layer, (mine, theirs) in enumerate(zip(own.policies, shared.policies)):
+            for name, a, b in zip(("keys", "values", "bias"), mine.attention_inputs(),
+                                  theirs.attention_inputs()):
+                if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                    when = "a decode step" if step else "prefill"
+                    _fail(f"layer {layer}: its {name} after {when}"
+                          " differ between its own prefill and the shared one")
+        if not step:
+            token = [int(own_logits[-1].argmax())]
+            if not torch.equal(session.step(token, own)[0], session.step(token, shared)[0]):
+                _fail("a decode step after its own prefill and after the shared one differ")
 
 
 def _tiny_session(backend: str, device: str):

@@ -146,3 +146,17 @@ def test_a_wrapper_that_hides_its_probe_fails():
     with pytest.raises(ConformanceError, match="queries: repeat needs its reference probe"):
         check_method(ProbeEater(base="am", base_params={"ratio": 0.5, "queries": "repeat"}),
                      model=False)
+
+
+def test_a_method_claiming_a_shared_prefill_it_does_not_have_fails():
+    # sparse-V's prefill goes through kvbench's float32 attention, not the model's SDPA
+    @dataclass
+    class Claims(SparseV):
+        pass
+
+    @implements(Claims)
+    class TorchClaims(SparseVMethod):
+        shares_prefill = True
+
+    with pytest.raises(ConformanceError, match="shared prefill: its own prefill gives other"):
+        check_method(Claims())

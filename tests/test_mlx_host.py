@@ -128,6 +128,8 @@ class Overclaims(Keep):
 class Policy:
     """A method for MLXKVBenchCache: one `factory()` per layer."""
 
+    prefill_reads = "stored"
+
     def __init__(self, factory):
         self.factory = factory
 

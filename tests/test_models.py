@@ -1,4 +1,5 @@
 """Model specs, tiny models, the transformers cache adapter, K/V capture and the bundled model."""
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -83,12 +84,16 @@ class TestMethod(MethodSettings):
     bias: bool = False
     retained_shift: int = 0
     keep_after_prefill: int | None = None
+    # attention must read what the policy returns, the step's own tokens included
+    prefill_reads: str = dataclasses.field(default="stored", kw_only=True)
 
 
 @implements(TestMethod)
 class TorchTestMethod(TorchMethod):
     def new_layer_cache(self, layer_idx):
-        return TestPolicy(**self.settings.params())
+        options = self.settings.params()
+        del options["prefill_reads"]
+        return TestPolicy(**options)
 
 
 def _cache(settings, num_layers=2):
@@ -226,6 +231,22 @@ def test_attention_reads_the_policy(spec):
     zeroed = zero_values.forward(loaded.model, _ids()).logits
     torch.testing.assert_close(same, plain, rtol=1e-5, atol=1e-5)
     assert (zeroed - plain).abs().max() > 1e-2
+
+
+@torch.inference_mode()
+def test_exact_reads_give_a_step_its_own_keys_and_values(tiny_llama):
+    """prefill_reads exact: a policy that stores zeros for values leaves the prompt's forward the
+    plain model's, bit for bit; the next step reads the prompt as stored (zeros)."""
+    model, ids = tiny_llama.model, _ids()
+    plain_cache = DynamicCache(config=model.config)
+    plain = model(ids, past_key_values=plain_cache).logits
+    exact = _cache(TestMethod(zero_values=True, prefill_reads="exact"), num_layers=len(plain_cache))
+    stored = _cache(TestMethod(zero_values=True), num_layers=len(plain_cache))
+    assert torch.equal(exact.forward(model, ids).logits, plain)
+    assert (stored.forward(model, ids).logits - plain).abs().max() > 1e-2
+    token = ids[:, -1:]
+    after_plain = model(token, past_key_values=plain_cache).logits
+    assert (exact.forward(model, token).logits - after_plain).abs().max() > 1e-2
 
 
 @torch.inference_mode()

@@ -117,7 +117,8 @@ def test_valid_suite_fills_params_and_defaults():
     case = cases["_test_bench/_test_codec-bits2/data=outliers"]
     assert case.bench_params == {"data": "outliers", "n": 16, "context": 128}
     assert case.method == "_test_codec"
-    assert case.method_params == {"bits": 2, "group_size": 16, "mode": "fast"}
+    assert case.method_params == {"bits": 2, "group_size": 16, "mode": "fast",
+                                  "prefill_reads": "exact"}
     # device and repeats from the include, seed and model from the including file
     assert (case.device, case.seed, case.repeats, case.model) == ("cpu", 7, 2, "tiny:llama")
     assert case.timeout_s == 900

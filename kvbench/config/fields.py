@@ -108,13 +108,14 @@ class Declaration:
 
 
 def param(default: Any = MISSING, *, meaning: str, range: Range | None = None, rule: str = "",
-          factory: Any = MISSING) -> Any:
+          factory: Any = MISSING, kw_only: bool = False) -> Any:
     """A dataclass field with its declaration (see the module docstring); `factory` for a
-    mutable default."""
+    mutable default; kw_only for a base class's field that its subclasses' fields must not
+    follow positionally."""
     metadata = {META: Declaration(" ".join(meaning.split()), range, rule)}
     if factory is not MISSING:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(default_factory=factory, metadata=metadata, kw_only=kw_only)
+    return dataclasses.field(default=default, metadata=metadata, kw_only=kw_only)
 
 
 def declaration(field: dataclasses.Field) -> Declaration | None:

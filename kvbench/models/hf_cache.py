@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.models.host import CacheHost, LayerHost
 
@@ -23,6 +24,7 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
     """One layer of KVBenchCache: transformers' layer protocol over a LayerHost."""
 
     is_sliding = False
+    arrays = TORCH_ARRAYS
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache"):
         LayerHost.__init__(self, policy, layer_idx)
@@ -45,6 +47,11 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
         if read.segments is not None:
             return key_states, value_states  # placeholders: attention reads the segments
         return read.keys, read.values
+
+    def ingest(self, keys, values, queries) -> None:
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        super().ingest(keys, values, queries)
 
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' rewind: a negative count of newest tokens to forget."""

@@ -67,11 +67,20 @@ class BatchRead:
 
 class LayerHost:
     """One layer's policy as a model drives it. Adapters subclass it with their framework's layer
-    protocol and call append() from it."""
+    protocol, set `arrays` (their backend's kvbench.backends.arrays.Arrays) and call append()
+    from it.
 
-    def __init__(self, policy: LayerCachePolicy, layer_idx: int):
+    exact_step (the method's prefill_reads "exact"): attention reads the step's own keys and
+    values as the model made them, the earlier tokens as the policy stores them. Every policy
+    returns its tokens in order, the step's last, so where it does not hold them as appended
+    (holds_exactly) their stored form is replaced there."""
+
+    arrays: Any = None
+
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int, exact_step: bool = False):
         self.policy = policy
         self.layer_idx = layer_idx
+        self.exact_step = exact_step
         self.started = False  # a policy need not answer before its first append
         self.pending: AttentionRead | None = None
 
@@ -93,7 +102,7 @@ class LayerHost:
         if fused and steps == 1 and not policy.value_skip_threshold \
                 and not policy.observes_queries:
             segments = policy.attention_segments()
-            if segments is not None:
+            if segments is not None and not (self.exact_step and not policy.holds_exactly(1)):
                 tokens = sum(segment.tokens for segment in segments)
                 check_attention_inputs(policy, self.layer_idx,
                                        (*keys.shape[:-2], tokens, keys.shape[-1]), None, 1,
@@ -102,7 +111,19 @@ class LayerHost:
         out_keys, out_values, bias = policy.attention_inputs()
         check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),
                                None if bias is None else tuple(bias.shape), steps, mask_kv_length)
+        if self.exact_step and not policy.holds_exactly(steps):
+            out_keys = self.arrays.concat([out_keys[..., : out_keys.shape[-2] - steps, :], keys])
+            out_values = self.arrays.concat(
+                [out_values[..., : out_values.shape[-2] - steps, :], values])
         return AttentionRead(self.layer_idx, policy, out_keys, out_values, bias)
+
+    def ingest(self, keys: Any, values: Any, queries: Any) -> None:
+        """A prefill step whose forward ran elsewhere (kvbench.models.shared_prefill): the policy
+        gets what that step's append and attention would have handed it."""
+        self.policy.append(keys, values)
+        self.started = True
+        if self.policy.observes_queries:
+            self.policy.observe_queries(queries)
 
     def hold(self, read: AttentionRead) -> AttentionRead:
         """Keep `read` for this layer's attention, unless plain attention serves it."""
@@ -144,6 +165,8 @@ class CacheHost:
 
     def __init__(self, method: Any, num_layers: int, make_layer, decoded_reads: bool = False):
         self.layers = [make_layer(method.new_layer_cache(i), i) for i in range(num_layers)]
+        for layer in self.layers:
+            layer.exact_step = method.prefill_reads == "exact"
         self.decoded_reads = decoded_reads and any(
             [layer.policy.keep_decoded() for layer in self.layers])
 

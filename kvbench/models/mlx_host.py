@@ -25,6 +25,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.models.host import CacheHost, LayerHost
 from kvbench.models.mlx_attention import install
@@ -124,6 +125,8 @@ def _build_tiny(kind: str):
 
 class MLXPolicyLayer(LayerHost):
     """One layer of MLXKVBenchCache: mlx-lm's prompt-cache protocol over a LayerHost."""
+
+    arrays = MLX_ARRAYS
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache"):
         super().__init__(policy, layer_idx)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.shared_prefill import PrefilledPrompt, ingest
 
 
 class Session(Protocol):
@@ -167,19 +168,29 @@ class ProbeNotTakenBack(ValueError):
 def prefill(session: Session, cache: Any, ids: list[int], method: Implementation | None,
             probe: list[int] | None = None, refeed: int = 0, chunk: int = 0,
             after_chunk: Callable[[int], None] = lambda fed: None,
+            prefilled: PrefilledPrompt | None = None,
             ) -> tuple[torch.Tensor, float, float]:
     """Feed the prompt `ids` through `cache` (in forwards of `chunk` tokens, each followed by
     after_chunk(tokens fed so far), when chunk is set; with `refeed`, then take its newest
     `refeed` tokens back and feed them again), then the probe (given, else the method's
     reference_probe(ids)) and take it back, then end_prefill: the policies have read the probe's
     queries and compacted. Returns (the prompt's last logits (1, vocab), seconds of the
-    forwards, seconds of end_prefill)."""
+    forwards, seconds of end_prefill).
+    prefilled: `ids` recorded in one plain forward (kvbench.models.shared_prefill), ingested in
+    place of the forwards; only for a method that shares_prefill."""
     step = chunk or len(ids)
     forward_s = 0.0
-    for start in range(0, len(ids), step):
-        logits, seconds = session.step(ids[start : start + step], cache, last_only=True)
-        forward_s += seconds
-        after_chunk(min(start + step, len(ids)))
+    if prefilled is not None:
+        if chunk or refeed or method is None or not method.shares_prefill:
+            raise ValueError("a shared prefill is one plain forward, for a method that"
+                             " shares_prefill")
+        ingest(cache, prefilled)
+        logits, forward_s = prefilled.logits, prefilled.seconds
+    else:
+        for start in range(0, len(ids), step):
+            logits, seconds = session.step(ids[start : start + step], cache, last_only=True)
+            forward_s += seconds
+            after_chunk(min(start + step, len(ids)))
     if refeed:
         session.trim(cache, refeed)
         logits, seconds = session.step(ids[-refeed:], cache, last_only=True)

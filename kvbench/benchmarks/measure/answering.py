@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import Session, plain_kv_bytes, prefill
+from kvbench.models.shared_prefill import PrefillStore
 
 _SLOT = "\uE000kvbench-message\uE000"  # private-use marks: no chat template contains them
 
@@ -68,17 +69,19 @@ class Answer:
 
 def answer(session: Session, method: Implementation, prompt: Prompt, compress: str,
            max_new_tokens: int, reads: str = "decoded",
-           status: Callable[[str], None] = lambda text: None) -> Answer:
+           status: Callable[[str], None] = lambda text: None,
+           shared: PrefillStore | None = None) -> Answer:
     """Prefill and compress (`compress` says whether the question is in what is compressed),
     then decode greedily through the compressed cache. Under `context` the method never sees the
-    question before end_prefill: a method's probe is its own reference_probe of the context."""
+    question before end_prefill: a method's probe is its own reference_probe of the context.
+    shared: where a method that shares_prefill takes the prompt's one plain prefill from."""
     cache = session.new_cache(method, decoded_reads=reads == "decoded")
     status("prefill")
+    prefix = prompt.context if compress == "context" else prompt.ids
+    prefilled = shared.get(session, prefix) if shared and method.shares_prefill else None
+    logits, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
     if compress == "context":
-        prefill(session, cache, prompt.context, method)
         logits, _ = session.step(prompt.question, cache, last_only=True)
-    else:
-        logits, _, _ = prefill(session, cache, prompt.ids, method)
     eos = session.tokenizer.eos_token_id
     generated: list[int] = []
     while True:

@@ -17,6 +17,7 @@ from kvbench.data.text import load_text, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import Session
+from kvbench.models.shared_prefill import PrefillStore
 
 METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part"}
 CALIBRATION_TOKENS = 512  # from the end of the essay text: far from any haystack at 8k
@@ -52,13 +53,19 @@ class Reader:
         return self.ctx.memo.get(("ruler_sample", self.session.spec, source, fixed),
                                  lambda: make_sample(count_tokens=count, **kwargs))
 
+    def shared_prefill(self) -> PrefillStore | None:
+        """The run's recorded prompts, on torch (MLX sessions prefill per method)."""
+        if self.ctx.backend != "torch":
+            return None
+        return self.ctx.memo.get(("prefill_store",), PrefillStore)
+
     def answer(self, method: Implementation, sample: RulerSample, params: RetrievalParams,
                **extra: Any) -> tuple[dict[str, Any], Answer]:
         """Answer one sample; its record (with `extra`) is kept in predictions.jsonl."""
         prompt = frame(self.session.tokenizer, self.chat, sample.context, sample.question,
                        sample.answer_prefix)
         reply = answer(self.session, method, prompt, params.compress, sample.tokens_to_generate,
-                       params.reads, self.ctx.status)
+                       params.reads, self.ctx.status, self.shared_prefill())
         metric = TASKS[sample.task].metric
         record = {
             **extra, "task": sample.task, "index": sample.index,

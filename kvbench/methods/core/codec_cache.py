@@ -112,6 +112,9 @@ class CodecCache(LayerCachePolicy):
             self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
         return dropped
 
+    def holds_exactly(self, newest: int) -> bool:
+        return self._raw_k is not None and self._raw_k.shape[-2] >= newest
+
     def attention_inputs(self):
         if self._decoded is not None:
             keys, values = self._decoded
@@ -175,6 +178,10 @@ class CodecMethod(Implementation):
     @property
     def window(self) -> int:
         return self.settings.window
+
+    @property
+    def shares_prefill(self) -> bool:
+        return self.prefill_reads == "exact" or self.window >= UNBOUNDED_WINDOW
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(self.codec(), self.codec(), self.window, self.on.arrays)

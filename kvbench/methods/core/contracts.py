@@ -127,6 +127,12 @@ class LayerCachePolicy(ABC):
         policy can; returns how many it dropped. Default: none (what was compressed stays)."""
         return 0
 
+    def holds_exactly(self, newest: int) -> bool:
+        """attention_inputs() returns its `newest` newest tokens as they were appended (full
+        precision), so a read of them as the model made them (prefill_reads "exact") needs no
+        replacement. Default: not known, so they are replaced."""
+        return False
+
     def keep_decoded(self) -> bool:
         """Switch to the decoded-once read path, if this policy has one, and say whether it did.
         Call it before the first append. A policy that stores keys or values packed and decodes
@@ -183,6 +189,9 @@ class WrappedPolicy(LayerCachePolicy):
     def trim(self, n: int) -> int:
         return self.inner.trim(n)
 
+    def holds_exactly(self, newest: int) -> bool:
+        return self.inner.holds_exactly(newest)
+
     def keep_decoded(self) -> bool:
         return self.inner.keep_decoded()
 
@@ -229,6 +238,19 @@ class Implementation(ABC):
     def supports(self):
         """This configuration's capabilities (kvbench.methods.settings.base.Capabilities)."""
         return self.settings.supports()
+
+    @property
+    def prefill_reads(self) -> str:
+        """"exact" or "stored" (kvbench.methods.settings.base.MethodSettings.prefill_reads)."""
+        return self.settings.prefill_reads
+
+    @property
+    def shares_prefill(self) -> bool:
+        """Its prefill forward is the plain model's, bit for bit: its policies keep every token
+        until end_prefill, read the prompt's keys and values as the model made them, and add no
+        bias. A prompt prefilled once (kvbench.models.shared_prefill) may then be handed to its
+        cache. kvbench.testing.check_shared_prefill verifies the claim on a model."""
+        return False
 
     def reference_probe(self, prompt: list[int]) -> list[int]:
         return self.settings.reference_probe(prompt)

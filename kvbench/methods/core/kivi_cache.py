@@ -94,6 +94,9 @@ class KiviCache(LayerCachePolicy):
         self.keys.pack_oldest(raw_keys - raw_keys % self.key_chunk)
         self.values.pack_oldest(self.values.raw_tokens - self.residual)
 
+    def holds_exactly(self, newest: int) -> bool:
+        return min(self.keys.raw_tokens, self.values.raw_tokens) >= newest
+
     def attention_inputs(self):
         return self.keys.read(), self.values.read(), None
 
@@ -128,6 +131,10 @@ class KiviMethod(Implementation):
         return (f"keys: {self.key_codec().layout()}, quantized in chunks of {residual} tokens; "
                 f"values: {self.value_codec().layout()}, once older than the newest {residual}; "
                 "the rest full precision; K and V both counted")
+
+    @property
+    def shares_prefill(self) -> bool:
+        return self.prefill_reads == "exact"
 
     def new_layer_cache(self, layer_idx: int) -> KiviCache:
         s = self.settings

@@ -76,6 +76,10 @@ class DecayMethod(Implementation):
     def value_codec(self) -> Codec:
         return self._codecs[self.settings.base_bits][1]
 
+    @property
+    def shares_prefill(self) -> bool:
+        return self.prefill_reads == "exact"
+
     def new_layer_cache(self, layer_idx: int) -> DecayCache:
         return DecayCache(self.settings, self.codecs, self.on.arrays)
 
@@ -153,6 +157,10 @@ class AdaptiveMethod(Implementation):
         if not 0 <= layer_idx < len(self.head_bits):
             raise ValueError(f"layer {layer_idx}: calibrated for {len(self.head_bits)} layers")
         return self.head_bits[layer_idx]
+
+    @property
+    def shares_prefill(self) -> bool:
+        return self.prefill_reads == "exact"
 
     def new_layer_cache(self, layer_idx: int) -> AdaptiveCache:
         return AdaptiveCache(self.variants, self.bits_per_head(layer_idx),

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
-from kvbench.config.fields import Settings, SettingError
+from kvbench.config.fields import Settings, SettingError, param
 from kvbench.config.registry import Registry, UnknownName
 from kvbench.config.strict import build_strict
 from kvbench.kernels import check_impl
@@ -19,6 +19,11 @@ from kvbench.kernels import check_impl
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 BACKENDS = ("torch", "mlx")
 Impl = Literal["auto", "torch", "triton"]
+PrefillReads = Literal["exact", "stored"]
+PREFILL_READS_MEANING = (
+    "what a forward's tokens read of themselves: exact, the keys and values as the model made"
+    " them (the earlier tokens as stored); stored, as the cache stores them (a prompt attends"
+    " over its own quantized copy)")
 IMPL_MEANING = ("who encodes and decodes: the torch reference, or the Triton kernels (the same"
                 " bytes; kvbench.kernels); auto: the kernels on CUDA where triton is installed")
 
@@ -51,6 +56,11 @@ class MethodSettings(Settings):
     name: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities()
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    # transformers' QuantizedCache returns the step's own key and value states to attention and
+    # stores them quantized; KIVI's reference attends the prompt in full precision and packs it
+    # after: "exact" is the field's semantics, "stored" what kvbench did before.
+    prefill_reads: PrefillReads = param("exact", kw_only=True, meaning=PREFILL_READS_MEANING)
 
     def supports(self) -> Capabilities:
         """This configuration's capabilities (a wrapper's are its base's)."""

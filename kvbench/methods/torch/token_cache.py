@@ -45,6 +45,9 @@ class TokenCache(LayerCachePolicy):
     def attention_inputs(self):
         return self.keys, self.values, self.bias
 
+    def holds_exactly(self, newest: int) -> bool:
+        return True  # keys and values as appended; only which tokens stay is chosen
+
     def observe_queries(self, queries: torch.Tensor) -> None:
         self.observed.append(queries.float())
 
@@ -221,6 +224,8 @@ class TorchTokenMethod(TorchMethod):
     settings (and the layer index, for a cache that takes it)."""
 
     cache: type[LayerCachePolicy]
+    # Keys and values kept as the model made them, every token until end_prefill, no bias before
+    shares_prefill = True
 
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         return self.cache(self.settings)

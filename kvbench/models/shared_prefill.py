@@ -1,0 +1,130 @@
+"""A prompt prefilled once, handed to every method whose prefill forward is the plain model's
+(Implementation.shares_prefill): the methods of a run answer the same samples, and re-running
+the same forward per method was most of a RULER case's time.
+
+The prefill runs once through a recording cache: each layer keeps the keys and values the model
+made and the post-RoPE queries (a policy that observes queries gets SDPA's output, as the plain
+model's attention does, so the forward is the plain one). A method's fresh cache then ingests
+them layer by layer, as its own prefill step would have appended them and shown it the
+queries. PrefillStore keeps recorded prompts on disk for the run, newest first within a budget:
+a run's cases go method by method over the same samples, so a prompt is asked for again only
+after every other sample of its cell.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvbench.methods.core.contracts import LayerCachePolicy
+
+DISK_BUDGET = 16 << 30  # at most this, and at most half the free disk when the store opens
+
+
+@dataclass
+class PrefilledPrompt:
+    logits: torch.Tensor  # (1, vocab) float32: the prompt's last position
+    # per layer: keys, values (1, kv_heads, tokens, head_dim), queries (1, heads, tokens, dim)
+    layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    seconds: float  # the forward's
+
+
+class _Recorder(LayerCachePolicy):
+    observes_queries = True
+
+    def __init__(self):
+        self.keys = self.values = self.queries = None
+
+    def append(self, keys, values, queries=None) -> None:
+        if self.keys is not None:
+            raise RuntimeError("a recorded prefill is one forward")
+        self.keys, self.values = keys, values
+
+    def attention_inputs(self):
+        return self.keys, self.values, None
+
+    def observe_queries(self, queries) -> None:
+        self.queries = queries
+
+    @property
+    def seen_tokens(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    retained_tokens = seen_tokens
+
+    @property
+    def retained_bytes(self) -> int:
+        return 0
+
+    def measured_bytes(self) -> int:
+        return 0
+
+
+class _Recording:
+    """What CacheHost asks of a method, for recording caches."""
+
+    prefill_reads = "stored"  # the recorder stores what the model made: nothing to replace
+
+    def new_layer_cache(self, layer_idx: int) -> _Recorder:
+        return _Recorder()
+
+
+def prefill_plain(session, ids: list[int]) -> PrefilledPrompt:
+    """One forward of `ids` from an empty cache, recorded (session: a TorchSession)."""
+    cache = session.new_cache(_Recording())
+    logits, seconds = session.step(ids, cache, last_only=True)
+    layers = [(p.keys, p.values, p.queries) for p in cache.policies]
+    return PrefilledPrompt(logits, layers, seconds)
+
+
+def ingest(cache, prompt: PrefilledPrompt) -> None:
+    """Hand `prompt` to a method's fresh cache (a KVBenchCache), as its prefill step would have.
+    Copies: a policy may keep what it is given, and the next method gets the same prompt."""
+    for layer, (keys, values, queries) in zip(cache.layers, prompt.layers, strict=True):
+        layer.ingest(keys.clone(), values.clone(), queries.clone())
+
+
+class PrefillStore:
+    """Recorded prompts of one run, by model and tokens, kept on disk within a budget (the
+    oldest dropped first); made again when asked for after being dropped."""
+
+    def __init__(self, budget: int | None = None):
+        self.folder = Path(tempfile.mkdtemp(prefix="kvbench-prefill-"))
+        free = shutil.disk_usage(self.folder).free
+        self.budget = min(DISK_BUDGET, free // 2) if budget is None else budget
+        self._files: OrderedDict[str, tuple[Path, int]] = OrderedDict()
+        self.made = self.reused = 0
+
+    def get(self, session, ids: list[int]) -> PrefilledPrompt:
+        key = hashlib.sha256(repr((session.memo_key, ids)).encode()).hexdigest()
+        if key in self._files:
+            self._files.move_to_end(key)
+            self.reused += 1
+            saved = torch.load(self._files[key][0], weights_only=True)
+            return PrefilledPrompt(saved["logits"], [tuple(layer) for layer in saved["layers"]],
+                                   saved["seconds"])
+        prompt = prefill_plain(session, ids)
+        self.made += 1
+        self._keep(key, prompt)
+        return prompt
+
+    def _keep(self, key: str, prompt: PrefilledPrompt) -> None:
+        size = sum(t.numel() * t.element_size() for layer in prompt.layers for t in layer)
+        while self._files and sum(n for _, n in self._files.values()) + size > self.budget:
+            path, _ = self._files.popitem(last=False)[1]
+            path.unlink(missing_ok=True)
+        if size > self.budget:
+            return
+        path = self.folder / f"{key}.pt"
+        torch.save({"logits": prompt.logits, "layers": prompt.layers,
+                    "seconds": prompt.seconds}, path)
+        self._files[key] = (path, size)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self._files.clear()

@@ -1,0 +1,106 @@
+"""A prompt prefilled once and handed to every method that shares the plain prefill
+(kvbench.models.shared_prefill): the same answers, bit for bit, as each method's own prefill."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.benchmarks.measure.answering import Prompt, answer
+from kvbench.methods import implementation
+from kvbench.methods.settings.base import build_method
+from kvbench.models.session import TorchSession
+from kvbench.models.shared_prefill import PrefillStore
+
+# suites/ruler.yaml's methods, and a stored-reads codec, which must prefill itself
+RULER_METHODS = [
+    ("identity", {}), ("intq", {"bits": 4, "group_size": 32, "axis": "token"}),
+    ("kivi", {"bits": 2, "group_size": 32, "residual": 128}), ("turbo3", {"block": 64}),
+    ("streamingllm", {"ratio": 0.25}), ("streamingllm", {"ratio": 0.5}),
+    ("snapkv", {"ratio": 0.25}), ("snapkv", {"ratio": 0.5}), ("h2o", {"ratio": 0.25}),
+    ("h2o", {"ratio": 0.5}), ("am_task", {"ratio": 0.25}), ("am_task", {"ratio": 0.5}),
+    ("butterfly", {}), ("intq", {"bits": 2, "prefill_reads": "stored"}),
+]
+QUICK = [RULER_METHODS[i] for i in (1, 6, 8, 13)]
+
+
+@pytest.fixture(scope="module")
+def session(bundled):
+    return TorchSession(bundled, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def prompt(session):
+    tok = session.tokenizer
+    context = tok.encode("The special magic number is 7421. "
+                         + "The grass is green and the sky is blue. " * 30)
+    return Prompt(context, tok.encode(" What is the special magic number? Answer:"))
+
+
+def _same_answers(session, prompt, methods, store):
+    for name, params in methods:
+        method = implementation(build_method(name, params), "torch")
+        for compress in ("context", "all"):
+            own = answer(session, method, prompt, compress, 8)
+            shared = answer(session, method, prompt, compress, 8, shared=store)
+            assert shared == own, (name, params, compress)
+
+
+def test_shared_prefill_answers_as_each_method_alone(session, prompt):
+    store = PrefillStore()
+    try:
+        _same_answers(session, prompt, QUICK, store)
+        # one recorded forward per prompt half (context, all), reused by every other method
+        assert store.made == 2
+        sharing = sum(implementation(build_method(n, p), "torch").shares_prefill for n, p in QUICK)
+        assert store.reused == 2 * sharing - 2
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_every_ruler_method_answers_alike_through_the_shared_prefill(session, prompt):
+    store = PrefillStore()
+    try:
+        _same_answers(session, prompt, RULER_METHODS, store)
+    finally:
+        store.close()
+
+
+def test_which_methods_share_the_plain_prefill():
+    def shares(name, **params):
+        return implementation(build_method(name, params), "torch").shares_prefill
+
+    assert all(shares(n, **p) for n, p in RULER_METHODS[:12])
+    assert shares("decay") and shares("adaptive") and shares("lloydmax")
+    # stored reads attend the prompt through its own quantized copy; sparse-V's prefill runs in
+    # kvbench's float32 attention; butterfly is not verified
+    assert not shares("intq", prefill_reads="stored")
+    assert shares("identity", prefill_reads="stored")  # never packs: nothing is lossy
+    assert not shares("sparse_v") and not shares("butterfly")
+
+
+def test_the_store_drops_the_oldest_prompt_beyond_its_budget(session):
+    ids = [list(range(5, 5 + n)) for n in (20, 21, 22)]
+    sizes = []
+    store = PrefillStore(budget=1 << 40)
+    try:
+        for i in ids:
+            prompt = store.get(session, i)
+            sizes.append(sum(t.numel() * t.element_size() for layer in prompt.layers for t in layer))
+        assert (store.made, store.reused) == (3, 0)
+        again = store.get(session, ids[0])
+        assert store.reused == 1
+    finally:
+        store.close()
+    small = PrefillStore(budget=sizes[1] + sizes[2])
+    try:
+        for i in ids:
+            small.get(session, i)
+        first = small.get(session, ids[0])  # dropped for the two newer ones: made again
+        assert (small.made, small.reused) == (4, 0)
+        assert torch.equal(first.logits, again.logits)
+        assert all(torch.equal(a, b) for la, lb in zip(first.layers, again.layers)
+                   for a, b in zip(la, lb))
+    finally:
+        small.close()
+    assert not small.folder.exists()
