@@ -373,3 +373,25 @@ def test_the_bundled_model_gives_the_same_logits_on_both_paths(bundled):
     for case in (Case("intq-4bit", lambda: build_method("intq", {"bits": 4})),
                  Case("kivi", lambda: build_method("kivi", {"group_size": 32, "residual": 32}))):
         _compare(session, case, vocab=bundled.model.config.vocab_size)
+
+
+@pytest.mark.parametrize("window, decoded", [(0, False), (0, True), (5, False), (5, True)])
+def test_the_codec_cache_builds_an_exact_read_as_the_host_would(window, decoded):
+    """attention_inputs_exact (one concat) equals attention_inputs() with the step's tokens
+    replaced (what the host does for any other policy), bit for bit, for steps that fall in
+    the raw tail, in a packed chunk, or across both."""
+    g = torch.Generator().manual_seed(7)
+    cache = CodecCache(IntQCodec(4, 16, "token"), IntQCodec(4, 16, "token"),
+                       window, TORCH_ARRAYS)
+    if decoded:
+        assert cache.keep_decoded()
+    for steps in (37, 1, 3, 8, 1):
+        keys, values = (torch.randn(1, 2, steps, 16, generator=g) for _ in range(2))
+        cache.append(keys, values)
+        stored_keys, stored_values, _ = cache.attention_inputs()
+        exact_keys, exact_values, bias = cache.attention_inputs_exact(keys, values)
+        assert bias is None
+        assert torch.equal(exact_keys, torch.cat([stored_keys[..., :-steps, :], keys], dim=-2))
+        assert torch.equal(exact_values,
+                           torch.cat([stored_values[..., :-steps, :], values], dim=-2))
+        assert not torch.equal(stored_keys[..., -steps:, :], keys) or cache.holds_exactly(steps)

@@ -108,10 +108,12 @@ class LayerHost:
                                        (*keys.shape[:-2], tokens, keys.shape[-1]), None, 1,
                                        mask_kv_length)
                 return AttentionRead(self.layer_idx, policy, segments=segments)
-        out_keys, out_values, bias = policy.attention_inputs()
+        replace = self.exact_step and not policy.holds_exactly(steps)
+        read = policy.attention_inputs_exact(keys, values) if replace else None
+        out_keys, out_values, bias = read or policy.attention_inputs()
         check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),
                                None if bias is None else tuple(bias.shape), steps, mask_kv_length)
-        if self.exact_step and not policy.holds_exactly(steps):
+        if replace and read is None:
             out_keys = self.arrays.concat([out_keys[..., : out_keys.shape[-2] - steps, :], keys])
             out_values = self.arrays.concat(
                 [out_values[..., : out_values.shape[-2] - steps, :], values])

@@ -30,6 +30,21 @@ class DecodedChunks:
         return self.ops.concat([*self.chunks, raw])
 
 
+def newest_replaced(parts: list, newest) -> list:
+    """`parts` (arrays in token order) with their last newest.shape[-2] tokens replaced by
+    `newest`: views of what stays, then `newest`."""
+    kept, drop = list(parts), newest.shape[-2]
+    while drop:
+        last = kept.pop()
+        tokens = last.shape[-2]
+        if tokens > drop:
+            kept.append(last[..., : tokens - drop, :])
+            drop = 0
+        else:
+            drop -= tokens
+    return [*kept, newest]
+
+
 def check_fresh(policy: LayerCachePolicy, fresh: bool) -> None:
     if not fresh:
         raise RuntimeError(f"{type(policy).__name__}.keep_decoded() must be called before the"
@@ -116,15 +131,24 @@ class CodecCache(LayerCachePolicy):
         return self._raw_k is not None and self._raw_k.shape[-2] >= newest
 
     def attention_inputs(self):
+        keys, values = self._read_parts()
+        return self.ops.concat(keys), self.ops.concat(values), None
+
+    def attention_inputs_exact(self, keys, values):
+        stored_keys, stored_values = self._read_parts()
+        return (self.ops.concat(newest_replaced(stored_keys, keys)),
+                self.ops.concat(newest_replaced(stored_values, values)), None)
+
+    def _read_parts(self) -> tuple[list, list]:
+        """Keys and values attention reads, as parts in token order: the packed chunks decoded
+        (or kept decoded) at the raw dtype, then the raw tail."""
         if self._decoded is not None:
             keys, values = self._decoded
-            return keys.read(self._raw_k), values.read(self._raw_v), None
-        keys = [self.key_codec.decode(pk) for pk, _ in self._packed]
-        values = [self.value_codec.decode(pv) for _, pv in self._packed]
+            return [*keys.chunks, self._raw_k], [*values.chunks, self._raw_v]
         dtype, cast = self._raw_k.dtype, self.ops.cast
-        keys = self.ops.concat([cast(k, dtype) for k in keys] + [self._raw_k])
-        values = self.ops.concat([cast(v, dtype) for v in values] + [self._raw_v])
-        return keys, values, None
+        keys = [cast(self.key_codec.decode(pk), dtype) for pk, _ in self._packed]
+        values = [cast(self.value_codec.decode(pv), dtype) for _, pv in self._packed]
+        return [*keys, self._raw_k], [*values, self._raw_v]
 
     def attention_segments(self) -> list | None:
         """The packed chunks and the raw tail for the fused decode attention, when both codecs

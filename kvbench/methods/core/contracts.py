@@ -133,6 +133,12 @@ class LayerCachePolicy(ABC):
         replacement. Default: not known, so they are replaced."""
         return False
 
+    def attention_inputs_exact(self, keys, values) -> tuple[Any, Any, Any] | None:
+        """attention_inputs() with its newest tokens, the `keys` and `values` just appended,
+        read as given: for a policy that builds that in one pass. Default None: the host
+        replaces them in what attention_inputs() returned (one more copy)."""
+        return None
+
     def keep_decoded(self) -> bool:
         """Switch to the decoded-once read path, if this policy has one, and say whether it did.
         Call it before the first append. A policy that stores keys or values packed and decodes
