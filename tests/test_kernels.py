@@ -322,9 +322,13 @@ def test_kivi_keys_have_no_fused_attention():
     assert fmt.attention_unsupported() == "keys quantized per channel over tokens"
 
 
-@pytest.mark.parametrize("name,params", [("intq", {"bits": 4, "group_size": 8}),
-                                         ("turbo3", {"block": 16}), ("lloydmax", {}),
-                                         ("intq", {"bits": 4, "group_size": 8, "window": 5})])
+# Window 0 with stored reads: under exact reads (the default) the step's own token, packed at
+# once, must be read as the model made it, which the fused kernel over packed segments cannot.
+@pytest.mark.parametrize("name,params", [
+    ("intq", {"bits": 4, "group_size": 8, "prefill_reads": "stored"}),
+    ("turbo3", {"block": 16, "prefill_reads": "stored"}),
+    ("lloydmax", {"prefill_reads": "stored"}),
+    ("intq", {"bits": 4, "group_size": 8, "window": 5})])
 def test_a_model_decodes_through_the_fused_attention(name, params):
     """The transformers adapter reads the packed cache with the fused kernel at one-token steps:
     the same logits as the reference path (decode, then SDPA) within float32 rounding."""
@@ -342,6 +346,20 @@ def test_a_model_decodes_through_the_fused_attention(name, params):
         assert method.impl_log.ran["decode attention"] == {impl}
     scale = logits["torch"].abs().max()
     assert (logits["triton"] - logits["torch"]).abs().max() < 1e-5 * scale
+
+
+def test_exact_reads_of_a_packed_step_leave_the_fused_attention():
+    """Window 0 under exact reads: the step's token is packed as it is appended, so the host
+    reads it as given through SDPA rather than the fused kernel over the packed cache."""
+    from kvbench.models import load_model
+    from kvbench.models.session import TorchSession
+
+    session = TorchSession(load_model("tiny:llama", DEVICE), DEVICE)
+    method = _method("intq", {"bits": 4, "group_size": 8, "impl": "triton"})
+    cache = session.new_cache(method)
+    session.step(list(range(4, 34)), cache)
+    session.step([5], cache)
+    assert "triton" not in method.impl_log.ran.get("decode attention", set())
 
 
 def test_every_kernel_compiles_for_a_gpu():

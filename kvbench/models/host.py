@@ -76,11 +76,11 @@ class LayerHost:
     (holds_exactly) their stored form is replaced there."""
 
     arrays: Any = None
+    exact_step = False  # CacheHost sets it from the method
 
-    def __init__(self, policy: LayerCachePolicy, layer_idx: int, exact_step: bool = False):
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int):
         self.policy = policy
         self.layer_idx = layer_idx
-        self.exact_step = exact_step
         self.started = False  # a policy need not answer before its first append
         self.pending: AttentionRead | None = None
 
@@ -99,16 +99,16 @@ class LayerHost:
         policy, steps = self.policy, keys.shape[-2]
         policy.append(keys, values)
         self.started = True
+        replace = self.exact_step and not policy.holds_exactly(steps)
         if fused and steps == 1 and not policy.value_skip_threshold \
-                and not policy.observes_queries:
+                and not policy.observes_queries and not replace:
             segments = policy.attention_segments()
-            if segments is not None and not (self.exact_step and not policy.holds_exactly(1)):
+            if segments is not None:
                 tokens = sum(segment.tokens for segment in segments)
                 check_attention_inputs(policy, self.layer_idx,
                                        (*keys.shape[:-2], tokens, keys.shape[-1]), None, 1,
                                        mask_kv_length)
                 return AttentionRead(self.layer_idx, policy, segments=segments)
-        replace = self.exact_step and not policy.holds_exactly(steps)
         read = policy.attention_inputs_exact(keys, values) if replace else None
         out_keys, out_values, bias = read or policy.attention_inputs()
         check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),
