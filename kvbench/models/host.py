@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.methods.core.codec_cache import newest_replaced
 from kvbench.methods.core.contracts import LayerCachePolicy
 
 
@@ -114,9 +115,8 @@ class LayerHost:
         check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),
                                None if bias is None else tuple(bias.shape), steps, mask_kv_length)
         if replace and read is None:
-            out_keys = self.arrays.concat([out_keys[..., : out_keys.shape[-2] - steps, :], keys])
-            out_values = self.arrays.concat(
-                [out_values[..., : out_values.shape[-2] - steps, :], values])
+            out_keys = self.arrays.concat(newest_replaced([out_keys], keys))
+            out_values = self.arrays.concat(newest_replaced([out_values], values))
         return AttentionRead(self.layer_idx, policy, out_keys, out_values, bias)
 
     def ingest(self, keys: Any, values: Any, queries: Any) -> None:

@@ -255,7 +255,7 @@ class Implementation(ABC):
         """Its prefill forward is the plain model's, bit for bit: its policies keep every token
         until end_prefill, read the prompt's keys and values as the model made them, and add no
         bias. A prompt prefilled once (kvbench.models.shared_prefill) may then be handed to its
-        cache. kvbench.testing.check_shared_prefill verifies the claim on a model."""
+        cache. kvbench.testing.check_method verifies the claim on the tiny model."""
         return False
 
     def reference_probe(self, prompt: list[int]) -> list[int]:
