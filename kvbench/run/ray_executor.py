@@ -273,9 +273,10 @@ def _run_on_worker(case: Case, attempt: int, tracker, threads: int
                    ) -> tuple[str, list[dict], dict, str]:
     import ray
 
-
     global _MODELS
-    tracker.started.remote(f"{case.id}#{attempt}", ray.util.get_node_ip_address(), os.getpid())
+    # Waited for: a worker that dies at once must still be named in the driver's record.
+    ray.get(tracker.started.remote(f"{case.id}#{attempt}", ray.util.get_node_ip_address(),
+                                   os.getpid()))
     _MODELS = _MODELS or ModelCache()
     samples: list[dict] = []
     folder = Path(tempfile.mkdtemp(prefix="kvbench-case-"))
