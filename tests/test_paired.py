@@ -142,6 +142,18 @@ def test_other_samples_are_not_paired():
     assert per_sample(dropper) is None and paired_samples(dropper, identity) is None
 
 
+def test_a_case_that_stopped_sooner_pairs_on_the_samples_both_answered():
+    identity = ruler_record("identity", [100.0] * 40, prompts="40 prompts")
+    dropper = ruler_record("dropper", [0.0] * 16, prompts="16 prompts")
+    identity.info["prompt_sha256s"] = [f"p{i}" for i in range(40)]
+    dropper.info["prompt_sha256s"] = [f"p{i}" for i in range(16)]
+    assert paired_samples(dropper, identity) == ([0.0] * 16, [100.0] * 16)
+    dropper.info["prompt_sha256s"][3] = "another prompt"  # pairs up to the first that differs
+    assert paired_samples(dropper, identity) == ([0.0] * 3, [100.0] * 3)
+    dropper.info["prompt_sha256s"][0] = "another prompt"
+    assert paired_samples(dropper, identity) is None
+
+
 def judged(result: RunResult, claim: str) -> list:
     """The run's verdicts of `claim` stated on the dropper's case, as the runner judges them."""
     cases = [Case(id=record.id, benchmark="ruler", bench_params=record.bench_params,

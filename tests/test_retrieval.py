@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from kvbench.benchmarks import measurement
-from kvbench.benchmarks.measure.answering import ChatFrame, Prompt, answer, frame
+from kvbench.benchmarks.measure.answering import ChatFrame, Prompt, answer_all, frame
 from kvbench.benchmarks.specs.niah import Niah, NiahParams
 from kvbench.benchmarks.specs.ruler import Ruler, RulerParams
-from kvbench.config.fields import one_of
+from kvbench.config.fields import SettingError, one_of
 from kvbench.data.ruler import TASKS
 from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
@@ -53,6 +53,10 @@ class _ScriptedSession:
         logits[0, next(self.script)] = 1.0
         return logits, 0.0
 
+    def step_rows(self, ids, caches):
+        self.calls.append(("rows", list(ids)))
+        return torch.cat([self.step([token], cache)[0] for token, cache in zip(ids, caches)])
+
     def end_prefill(self, cache):
         self.calls.append(("end_prefill",))
         return 0.0
@@ -61,14 +65,14 @@ class _ScriptedSession:
 @pytest.mark.parametrize("compress, script, calls", [
     # 9: what the context's own logits say, never used (the question follows it)
     ("context", [9, 5, 6, EOS], [("step", [1, 2]), ("end_prefill",), ("step", [3]),
-                                 ("step", [5]), ("step", [6])]),
-    ("context+question", [5, 6, EOS], [("step", [1, 2, 3]), ("end_prefill",), ("step", [5]),
-                                       ("step", [6])]),
+                                 ("rows", [5]), ("step", [5]), ("rows", [6]), ("step", [6])]),
+    ("context+question", [5, 6, EOS], [("step", [1, 2, 3]), ("end_prefill",), ("rows", [5]),
+                                       ("step", [5]), ("rows", [6]), ("step", [6])]),
 ])
 def test_the_question_is_fed_after_compression_only_under_context(compress, script, calls):
     session = _ScriptedSession(script)
-    reply = answer(session, implementation(build_method("identity")), Prompt([1, 2], [3]),
-                   compress, 10)
+    [reply] = answer_all(session, implementation(build_method("identity")),
+                         [Prompt([1, 2], [3])], compress, [10])
     assert session.calls == calls
     assert reply.text == "5,6" and reply.generated == 2  # stopped at end-of-sequence
     # 16-bit K+V of every token seen: 2 (K, V) x 2 bytes x 1 head x 2 dims x 5 tokens
@@ -77,10 +81,22 @@ def test_the_question_is_fed_after_compression_only_under_context(compress, scri
 
 def test_decoding_stops_at_tokens_to_generate_without_a_wasted_step():
     session = _ScriptedSession([9, 5, 6, 7])
-    reply = answer(session, implementation(build_method("identity")), Prompt([1], [2]),
-                   "context", 2)
+    [reply] = answer_all(session, implementation(build_method("identity")), [Prompt([1], [2])],
+                         "context", [2])
     assert reply.text == "5,6"
     assert session.calls[-1] == ("step", [5])  # the second token is never fed
+
+
+def test_rows_decode_together_and_each_stops_on_its_own():
+    # prefills: row 0's question answers 5, row 1's 7; then each step feeds the rows still going
+    script = [9, 5, 9, 7, 6, 8, 4, EOS]
+    session = _ScriptedSession(script)
+    replies = answer_all(session, implementation(build_method("identity")),
+                         [Prompt([1], [2]), Prompt([1, 1], [2])], "context", [2, 10])
+    rows = [call for call in session.calls if call[0] == "rows"]
+    assert rows == [("rows", [5, 7]), ("rows", [8]), ("rows", [4])]
+    # row 0 stops at its budget (2 tokens, its second never fed); row 1 at end-of-sequence
+    assert [r.text for r in replies] == ["5,6", "7,8,4"]
 
 
 @pytest.mark.model
@@ -104,7 +120,8 @@ def test_the_greedy_answer_is_what_transformers_generates(bundled):
                    "\nWhat is the code?", " The code is")
     session = TorchSession(bundled, torch.device("cpu"))
     for compress in ("context", "context+question"):
-        reply = answer(session, implementation(build_method("identity")), prompt, compress, 12)
+        [reply] = answer_all(session, implementation(build_method("identity")), [prompt],
+                             compress, [12])
         with torch.inference_mode():
             out = bundled.model.generate(torch.tensor([prompt.ids]), max_new_tokens=12,
                                          do_sample=False, eos_token_id=tokenizer.eos_token_id)
@@ -130,6 +147,25 @@ def test_a_ruler_prompt_fills_its_length_with_tokens_to_generate_counted():
     assert out.metrics["score"].value == sum(out.info["scores"]) / 2
     low, high = out.metrics["score_ci_low"].value, out.metrics["score_ci_high"].value
     assert 0 <= low <= out.metrics["score"].value <= high <= 100 and high - low > 10
+
+
+@pytest.mark.parametrize("half_width, answered", [(None, 40), (10, 16), (9, 32)])
+def test_a_case_sampled_to_a_precision_stops_when_its_interval_is_narrow(half_width, answered):
+    # the tiny model finds no needle: after 16 samples the 95% Wilson interval of 0 is
+    # [0, 19.4] (half-width 9.7), after 32 [0, 10.7] (5.4); checked after each group of 16
+    kept = []
+    out = _ruler("identity", keep=kept.append, task="niah_single_2", length=1500, samples=40,
+                 half_width=half_width, min_samples=4)
+    assert len(kept) == len(out.info["scores"]) == len(out.info["prompt_sha256s"]) == answered
+    assert out.info["scores"] == [0.0] * answered
+    low, high = out.metrics["score_ci_low"].value, out.metrics["score_ci_high"].value
+    assert half_width is None or (high - low) / 2 <= half_width
+    assert out.info["stopped"].startswith(f"{answered} samples")
+
+
+def test_min_samples_above_samples_is_refused():
+    with pytest.raises(SettingError, match="min_samples 50 is above samples 40"):
+        RulerParams(samples=40, half_width=10, min_samples=50)
 
 
 def test_codec_reads_decoded_once_answer_exactly_as_packed():

@@ -14,7 +14,7 @@ from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
 from kvbench.serve.app import create_app
-from kvbench.serve.batch_cache import BatchStep
+from kvbench.models.batch_step import BatchStep
 from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
 from tests.plugins.cli_support import invoke
 
@@ -107,15 +107,14 @@ def test_batched_step_logits_match_one_request_at_a_time(session, prompts, name,
             prefill(session, cache, prompt, method)
         return caches
 
-    ids = [[p[-1]] for p in prompts]
-    single = torch.stack([session.step(i, c)[0][-1] for i, c in zip(ids, prefilled())])
-    engine = Engine(session, method)
-    batched = engine._batched_step(ids, prefilled())
+    ids = [p[-1] for p in prompts]
+    single = torch.stack([session.step([i], c)[0][-1] for i, c in zip(ids, prefilled())])
+    batched = session.step_rows(ids, prefilled())
     assert torch.allclose(batched, single, atol=1e-4, rtol=1e-4)
     # without per-row positions the rows would be rotated wrongly: the check above can fail
     caches = prefilled()
-    wrong = BatchStep(caches).forward(session.loaded.model, torch.tensor(ids),
-                                      torch.zeros(len(ids), 1, dtype=torch.long))[:, -1].float()
+    wrong = BatchStep(caches).run(session.loaded.model, torch.tensor([[i] for i in ids]),
+                                  torch.zeros(len(ids), 1, dtype=torch.long))[:, -1].float()
     assert not torch.allclose(wrong, single, atol=1e-4, rtol=1e-4)
 
 

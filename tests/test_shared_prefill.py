@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.benchmarks.measure.answering import Prompt, answer
+from kvbench.benchmarks.measure.answering import Prompt, answer_all
 from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
 from kvbench.models.session import TorchSession
@@ -40,8 +40,8 @@ def _same_answers(session, prompt, methods, store):
     for name, params in methods:
         method = implementation(build_method(name, params), "torch")
         for compress in ("context", "all"):
-            own = answer(session, method, prompt, compress, 8)
-            shared = answer(session, method, prompt, compress, 8, shared=store)
+            own = answer_all(session, method, [prompt], compress, [8])
+            shared = answer_all(session, method, [prompt], compress, [8], shared=store)
             assert shared == own, (name, params, compress)
 
 

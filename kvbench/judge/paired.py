@@ -119,9 +119,26 @@ def same_samples(case: CaseResult, other: CaseResult) -> bool:
 
 def paired_samples(case: CaseResult, other: CaseResult, metric: str = "score"
                    ) -> tuple[list[float], list[float]] | None:
-    """Both cases' per-sample values of `metric` when both recorded them for the same samples;
-    None otherwise."""
+    """Both cases' per-sample values of `metric` on the samples both answered: where both
+    recorded each sample's prompt hash (info.prompt_sha256s), the first samples, as far as the
+    hashes agree (a case sampled to a precision may stop before the other); else all of them,
+    when both ran the same prompts. None when no sample pairs."""
     mine, theirs = per_sample(case, metric), per_sample(other, metric)
-    if mine is None or theirs is None or len(mine) != len(theirs):
+    if mine is None or theirs is None:
+        return None
+    hashes, other_hashes = _prompt_hashes(case, mine), _prompt_hashes(other, theirs)
+    if hashes is not None and other_hashes is not None:
+        common = 0
+        for a, b in zip(hashes, other_hashes):
+            if a != b:
+                break
+            common += 1
+        return (mine[:common], theirs[:common]) if common else None
+    if len(mine) != len(theirs):
         return None
     return (mine, theirs) if same_samples(case, other) else None
+
+
+def _prompt_hashes(case: CaseResult, values: list[float]) -> list | None:
+    hashes = case.info.get("prompt_sha256s")
+    return hashes if isinstance(hashes, list) and len(hashes) == len(values) else None

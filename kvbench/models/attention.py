@@ -1,7 +1,7 @@
 """kvbench's attention function for transformers models: SDPA, unless the cache layer that was
 just updated holds a read plain SDPA cannot serve (kvbench.models.host.AttentionRead: a key bias,
 sparse-V, queries the policy observes, the packed cache for the fused decode attention; or a
-batched step's BatchRead).
+batched step's BatchRead, whose rows are attended one by one).
 
 Models are loaded with attn_implementation="kvbench"; the cache reaches this function as the
 forward's `kvbench_cache` keyword (KVBenchCache.forward passes it), and the read is taken from
@@ -18,7 +18,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from kvbench.models.host import BatchRead
+from kvbench.models.host import AttentionRead, BatchRead
 
 NAME = "kvbench"
 
@@ -32,45 +32,32 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if read.layer_idx != module.layer_idx:
         raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
                            f" {read.layer_idx}")
-    if isinstance(read, BatchRead):
-        return _batched_attention(module, read, query, key, value, scaling, dropout, **kwargs)
+    if isinstance(read, BatchRead):  # each row alone, as its batch-1 step (one token: no mask)
+        outs = [_attend(module, row, query[i : i + 1], row.keys, row.values, None, scaling,
+                        dropout, **kwargs) for i, row in enumerate(read.rows)]
+        outs += [torch.zeros_like(outs[0])] * read.padding
+        return torch.cat(outs), None
+    return _attend(module, read, query, key, value, attention_mask, scaling, dropout,
+                   **kwargs), None
+
+
+def _attend(module, read: AttentionRead, query, key, value, attention_mask, scaling, dropout,
+            **kwargs) -> torch.Tensor:
+    """Attention over one sequence's read, (batch, queries, heads, dim) as SDPA returns it."""
     if read.segments is not None:  # one newest query over the packed cache: no mask needed
         from kvbench.kernels.triton.attention import decode_attention
 
-        out = decode_attention(query, read.segments, scaling=scaling)
-        return out.transpose(1, 2).contiguous(), None
+        return decode_attention(query, read.segments, scaling=scaling).transpose(1, 2).contiguous()
     sparse = None
     if read.bias is None and not read.skip_below:
         out = sdpa_attention_forward(module, query, key, value, attention_mask,
-                                     dropout=dropout, scaling=scaling, **kwargs)
+                                     dropout=dropout, scaling=scaling, **kwargs)[0]
     else:
         out, sparse = biased_attention(query, key, value, attention_mask, read.bias, scaling,
                                        read.skip_below)
-        out = (out.transpose(1, 2).contiguous(), None)
+        out = out.transpose(1, 2).contiguous()
     read.attended(query, sparse)
     return out
-
-
-def _batched_attention(module, read: BatchRead, query, key, value, scaling, dropout, **kwargs):
-    """A batched one-token step: the padding mask replaces the model's; each row's policy gets
-    what a batch-1 step would give it (sparse-V on its own keys, its queries)."""
-    if read.bias is None:
-        out = sdpa_attention_forward(module, query, key, value, read.visible,
-                                     dropout=dropout, scaling=scaling, **kwargs)[0]
-    else:
-        out = biased_attention(query, key, value, read.visible, read.bias,
-                               scaling)[0].transpose(1, 2)
-    for row, row_read in enumerate(read.rows):
-        sparse = None
-        if row_read.skip_below:  # its skip statistics must not count the padding
-            length = read.lengths[row]
-            row_bias = None if read.bias is None else read.bias[row : row + 1, :, :length]
-            out_row, sparse = biased_attention(
-                query[row : row + 1], key[row : row + 1, :, :length],
-                value[row : row + 1, :, :length], None, row_bias, scaling, row_read.skip_below)
-            out[row] = out_row[0].transpose(0, 1)
-        row_read.attended(query[row : row + 1], sparse)
-    return out.contiguous(), None
 
 
 def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

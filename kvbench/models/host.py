@@ -1,7 +1,7 @@
 """One host for a method's layer policies, whatever drives them: it appends each step's keys and
 values to the layer's policy, checks what the policy hands attention, and says what that layer's
 attention must read (an AttentionRead). transformers (kvbench.models.hf_cache), mlx-lm
-(kvbench.models.mlx_host), the server's batched step (kvbench.serve.batch_cache) and the
+(kvbench.models.mlx_host), the batched decode step (kvbench.models.batch_step) and the
 conformance kit (kvbench.testing) are thin adapters over it.
 
 A read that plain attention cannot serve (a key bias, sparse-V, queries the policy observes, or
@@ -56,14 +56,12 @@ class AttentionRead:
 
 @dataclass
 class BatchRead:
-    """One layer of a batched one-token step (kvbench.serve.batch_cache): each row's read, the
-    rows' keys padded to the longest; which keys each row sees and each row's key bias."""
+    """One layer of a batched one-token step (kvbench.models.batch_step): each row's read, which
+    attention serves row by row as a batch-1 step's, then `padding` rows nobody reads."""
 
     layer_idx: int
     rows: list[AttentionRead]
-    visible: Any  # bool (rows, 1, 1, keys): False for a row's padding (None: no padding)
-    bias: Any  # (rows, kv_heads, keys), or None when no row has one
-    lengths: list[int]  # keys each row really has
+    padding: int = 0
 
 
 class LayerHost:

@@ -47,6 +47,11 @@ class MLXSession:
             lambda: (mlx_logits(self.loaded.model, x, cache, last_only), cache_arrays(cache)))
         return _to_torch(logits[0]), seconds
 
+    def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
+        """Row by row: mlx-lm's caches have no batched step here."""
+        return torch.cat([self.step([token], cache, last_only=True)[0]
+                          for token, cache in zip(ids, caches, strict=True)])
+
     def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
         logits = self.loaded.model(mx.array([ids]))[0, -last:, :]
         return _to_torch(logits)

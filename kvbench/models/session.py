@@ -34,6 +34,10 @@ class Session(Protocol):
     def step(self, ids: list[int], cache: Any, last_only: bool = False) -> tuple[torch.Tensor, float]:
         """(logits (len(ids) or 1, vocab), seconds) of feeding `ids` through `cache`."""
 
+    def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
+        """Logits (rows, vocab) of feeding ids[i] through caches[i] (a method's caches), each
+        row's the same bits whatever rows share the step; within float rounding of step()'s."""
+
     def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
         """Logits (last, vocab) at the last `last` positions of one forward over `ids` without a
         cache."""
@@ -92,6 +96,13 @@ class TorchSession:
                                             logits_to_keep=keep)
         logits, seconds = self._timed(lambda: run().logits, self.device)
         return logits[0].float().cpu(), seconds
+
+    @torch.inference_mode()
+    def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
+        """One batched forward (kvbench.models.batch_step), a single row included."""
+        from kvbench.models.batch_step import BatchStep
+
+        return BatchStep(caches).forward(self.loaded.model, ids).cpu()
 
     @torch.inference_mode()
     def full_logits(self, ids: list[int], last: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ A single engine thread owns the model. Between decode steps it admits queued req
 while the KV budget and the batch size allow), prefills each alone through its own cache of the
 method (kvbench.models.session.prefill: probe and end_prefill included, as every benchmark does),
 then runs one batched forward for the next token of every active request
-(kvbench.serve.batch_cache). A request whose client went away is dropped at the next step and its
+(kvbench.models.batch_step). A request whose client went away is dropped at the next step and its
 cache freed. Events go back to whoever submitted the request through its `emit` callback (the
 HTTP layer bridges them onto its event loop).
 
@@ -28,7 +28,6 @@ import torch
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
-from kvbench.serve.batch_cache import BatchStep
 
 
 @dataclass
@@ -256,13 +255,9 @@ class Engine:
 
     def _decode_step(self) -> None:
         rows = list(self._active)
-        ids = [[r.generated[-1]] for r in rows]
-        try:
-            if len(rows) == 1:  # a batch of one is a plain step: bit for bit the benchmarks'
-                logits = self.session.step(ids[0], rows[0].cache)[0]
-            else:
-                caches = [r.cache for r in rows]
-                logits = self._batched_step(ids, caches)
+        try:  # a request's tokens are the same whichever requests share its steps
+            logits = self.session.step_rows([r.generated[-1] for r in rows],
+                                            [r.cache for r in rows])
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
             self._log(f"decode step of {len(rows)} requests failed: {exc!r}")
             for request in rows:
@@ -273,14 +268,6 @@ class Engine:
         self.totals.decode_rows += len(rows)
         for row, request in enumerate(rows):
             self._next_token(request, logits[row])
-
-    @torch.inference_mode()
-    def _batched_step(self, ids: list[list[int]], caches: list) -> torch.Tensor:
-        session = self.session
-        x = torch.tensor(ids, device=session.device)
-        positions = BatchStep.positions(caches).to(session.device)
-        logits = BatchStep(caches).forward(session.loaded.model, x, positions)
-        return logits[:, -1].float().cpu()
 
     def _next_token(self, request: Request, logits: torch.Tensor) -> None:
         token = self._sample(request, logits)

@@ -4,7 +4,8 @@ A prompt is framed by the model's chat template (RULER's scripts/data/template.p
 per model family) and cut in two: the context, which `compress: context` prefills and
 compresses before the question is seen, and the question with the template's close and the
 answer prefix. The answer is decoded greedily through the same cache, one token per step, until
-the model's end-of-sequence token or the task's tokens_to_generate.
+the model's end-of-sequence token or the task's tokens_to_generate; the prompts of a group are
+decoded together, one batched forward per step (kvbench.models.batch_step).
 """
 from __future__ import annotations
 
@@ -67,32 +68,48 @@ class Answer:
     decoded_reads: bool  # the codec's decoded-once path ran (RetrievalParams.reads)
 
 
-def answer(session: Session, method: Implementation, prompt: Prompt, compress: str,
-           max_new_tokens: int, reads: str = "decoded",
-           status: Callable[[str], None] = lambda text: None,
-           shared: PrefillStore | None = None) -> Answer:
-    """Prefill and compress (`compress` says whether the question is in what is compressed),
-    then decode greedily through the compressed cache. Under `context` the method never sees the
-    question before end_prefill: a method's probe is its own reference_probe of the context.
-    shared: where a method that shares_prefill takes the prompt's one plain prefill from."""
-    cache = session.new_cache(method, decoded_reads=reads == "decoded")
-    status("prefill")
-    prefix = prompt.context if compress == "context" else prompt.ids
-    prefilled = shared.get(session, prefix) if shared and method.shares_prefill else None
-    logits, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
-    if compress == "context":
-        logits, _ = session.step(prompt.question, cache, last_only=True)
+def answer_all(session: Session, method: Implementation, prompts: list[Prompt], compress: str,
+               max_new_tokens: list[int], reads: str = "decoded",
+               status: Callable[[str], None] = lambda text: None,
+               shared: PrefillStore | None = None) -> list[Answer]:
+    """Prefill and compress each prompt through its own cache (`compress` says whether the
+    question is in what is compressed), then decode greedily through the compressed caches
+    together: one batched forward per step for the rows still answering (session.step_rows),
+    each stopping at end-of-sequence or its own max_new_tokens. Under `context` the method never
+    sees the question before end_prefill: a method's probe is its own reference_probe of the
+    context. shared: where a method that shares_prefill takes each prompt's plain prefill from."""
+    caches, logits = [], []
+    for number, prompt in enumerate(prompts, 1):
+        status(f"prefill {number}/{len(prompts)}")
+        cache = session.new_cache(method, decoded_reads=reads == "decoded")
+        prefix = prompt.context if compress == "context" else prompt.ids
+        prefilled = shared.get(session, prefix) if shared and method.shares_prefill else None
+        last, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
+        if compress == "context":
+            last, _ = session.step(prompt.question, cache, last_only=True)
+        caches.append(cache)
+        logits.append(last[-1])
     eos = session.tokenizer.eos_token_id
-    generated: list[int] = []
-    while True:
-        token = int(logits[-1].argmax())
-        if token == eos:
-            break
-        generated.append(token)
-        if len(generated) == max_new_tokens:
-            break
-        status(f"decode {len(generated)}/{max_new_tokens}")
-        logits, _ = session.step([token], cache, last_only=True)
+    generated: list[list[int]] = [[] for _ in prompts]
+    rows = list(range(len(prompts)))
+    while rows:
+        answering = []
+        for row, row_logits in zip(rows, logits, strict=True):
+            token = int(row_logits.argmax())
+            if token != eos:
+                generated[row].append(token)
+                if len(generated[row]) < max_new_tokens[row]:
+                    answering.append(row)
+        rows = answering
+        if rows:
+            status(f"decode {max(len(generated[row]) for row in rows)}/{max(max_new_tokens)}"
+                   f" ({len(rows)} answering)")
+            logits = session.step_rows([generated[row][-1] for row in rows],
+                                       [caches[row] for row in rows])
+    return [_answer(session, cache, tokens) for cache, tokens in zip(caches, generated)]
+
+
+def _answer(session: Session, cache: Any, generated: list[int]) -> Answer:
     bytes_16bit, bytes_plain = plain_kv_bytes(session, cache)
     return Answer(
         text=session.tokenizer.decode(generated, skip_special_tokens=True),

@@ -21,24 +21,21 @@ from kvbench.methods.core.contracts import Implementation
 class NiahRun(Niah):
     def run(self, params: NiahParams, method: Implementation, ctx: RunContext) -> BenchmarkOutput:
         reader = Reader.open(ctx, method, params.essay)
-        grid = [[0.0] * len(params.lengths) for _ in params.depths]
-        records, replies = [], []
+        samples, extras = [], []
         index = 0  # one index per needle: every cell draws its own key, value and haystack
-        for col, length in enumerate(params.lengths):
-            for row, depth in enumerate(params.depths):
-                cell = []
+        for length in params.lengths:
+            for depth in params.depths:
                 for _ in range(params.samples):
                     ctx.status(f"length {length}, depth {depth:g}%: prompt")
-                    sample = reader.sample((params.essay,), task=params.task, index=index,
-                                           length=length, seed=params.data_seed,
-                                           essay=reader.essay, depth=float(depth))
+                    samples.append(reader.sample((params.essay,), task=params.task, index=index,
+                                                 length=length, seed=params.data_seed,
+                                                 essay=reader.essay, depth=float(depth)))
+                    extras.append({"length": length, "depth": depth})
                     index += 1
-                    record, reply = reader.answer(method, sample, params, length=length,
-                                                  depth=depth)
-                    records.append(record)
-                    replies.append(reply)
-                    cell.append(record["score"])
-                grid[row][col] = statistics.fmean(cell)
+        records, replies = reader.answer(method, samples, params, extras)
+        grid = [[statistics.fmean(r["score"] for r in records
+                                  if r["length"] == length and r["depth"] == depth)
+                 for length in params.lengths] for depth in params.depths]
         return BenchmarkOutput(
             metrics=score_metrics([r["score"] for r in records], replies),
             info={

@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from kvbench.benchmarks.measure.answering import Answer, ChatFrame, answer, frame
+from kvbench.benchmarks.measure.answering import Answer, ChatFrame, answer_all, frame
 from kvbench.benchmarks.measure.context import RunContext
 from kvbench.benchmarks.specs.retrieval import RETRIEVAL_METRICS, RetrievalParams
 from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
@@ -21,6 +21,10 @@ from kvbench.models.shared_prefill import PrefillStore
 
 METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part"}
 CALIBRATION_TOKENS = 512  # from the end of the essay text: far from any haystack at 8k
+# Samples decoded together: one-token steps are bound by reading the weights, which a batched
+# step reads once for all its rows; the rows' caches are held at once, hence the budget.
+MAX_ROWS = 16
+DECODE_KV_BUDGET = 2 << 30  # bytes of plain K+V (the prompts' tokens at the model's dtype)
 
 @dataclass
 class Reader:
@@ -59,23 +63,56 @@ class Reader:
             return None
         return self.ctx.memo.get(("prefill_store",), PrefillStore)
 
-    def answer(self, method: Implementation, sample: RulerSample, params: RetrievalParams,
-               **extra: Any) -> tuple[dict[str, Any], Answer]:
-        """Answer one sample; its record (with `extra`) is kept in predictions.jsonl."""
-        prompt = frame(self.session.tokenizer, self.chat, sample.context, sample.question,
-                       sample.answer_prefix)
-        reply = answer(self.session, method, prompt, params.compress, sample.tokens_to_generate,
-                       params.reads, self.ctx.status, self.shared_prefill())
-        metric = TASKS[sample.task].metric
-        record = {
-            **extra, "task": sample.task, "index": sample.index,
-            "prompt_sha256": tokens_sha256(prompt.ids), "prompt_tokens": len(prompt.ids),
-            "depths": list(sample.depths), "prediction": reply.text,
-            "references": list(sample.references), "metric": METRIC_NAMES[metric],
-            "score": sample_score(postprocess(reply.text), sample.references, metric),
-        }
-        self.ctx.keep(record)
-        return record, reply
+    def answer(self, method: Implementation, samples: list[RulerSample], params: RetrievalParams,
+               extras: list[dict[str, Any]] | None = None,
+               enough: Callable[[list[float]], bool] = lambda scores: False,
+               ) -> tuple[list[dict], list[Answer]]:
+        """Answer the samples, decoded together in groups that fit DECODE_KV_BUDGET; each record
+        (with its `extras`) is kept in predictions.jsonl as its group finishes. After each
+        group, enough(the scores so far) may end the case before the rest."""
+        prompts = [frame(self.session.tokenizer, self.chat, sample.context, sample.question,
+                         sample.answer_prefix) for sample in samples]
+        extras = extras or [{} for _ in samples]
+        records, replies = [], []
+        for group in self._groups([len(prompt.ids) for prompt in prompts]):
+            where = f"samples {group[0] + 1}-{group[-1] + 1}/{len(samples)}: "
+            answers = answer_all(self.session, method, [prompts[i] for i in group],
+                                 params.compress, [samples[i].tokens_to_generate for i in group],
+                                 params.reads, lambda text: self.ctx.status(where + text),
+                                 self.shared_prefill())
+            for i, reply in zip(group, answers, strict=True):
+                sample, metric = samples[i], TASKS[samples[i].task].metric
+                record = {
+                    **extras[i], "task": sample.task, "index": sample.index,
+                    "prompt_sha256": tokens_sha256(prompts[i].ids),
+                    "prompt_tokens": len(prompts[i].ids), "depths": list(sample.depths),
+                    "prediction": reply.text, "references": list(sample.references),
+                    "metric": METRIC_NAMES[metric],
+                    "score": sample_score(postprocess(reply.text), sample.references, metric),
+                }
+                self.ctx.keep(record)
+                records.append(record)
+                replies.append(reply)
+            if enough([r["score"] for r in records]):
+                break
+        return records, replies
+
+    def _groups(self, prompt_tokens: list[int]) -> list[list[int]]:
+        """Consecutive samples decoded together: at most MAX_ROWS, their prompts' plain K+V (at
+        the model's dtype) within DECODE_KV_BUDGET."""
+        s = self.session
+        per_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * s.kv_element_size
+        groups: list[list[int]] = []
+        longest = 0
+        for index, tokens in enumerate(prompt_tokens):
+            longest = max(longest, tokens)
+            group = groups[-1] if groups else []
+            if not group or len(group) == MAX_ROWS or \
+                    (len(group) + 1) * longest * per_token > DECODE_KV_BUDGET:
+                groups.append([])
+                longest = tokens
+            groups[-1].append(index)
+        return groups
 
 
 def score_metrics(scores: list[float], replies: list[Answer]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ references and score go to predictions.jsonl beside results.json.
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import measures
@@ -18,6 +19,7 @@ from kvbench.benchmarks.measure.retrieval import (
     METRIC_NAMES, Reader, common_info, haystack_note, prompts_digest, score_metrics,
 )
 from kvbench.data.ruler import TASKS, read_qa
+from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
 
 @measures(Ruler)
@@ -29,16 +31,16 @@ class RulerRun(Ruler):
         if spec.needs_qa:
             qa_records = ctx.memo.get(("qa", params.qa_data, spec.needs_qa),
                                       lambda: read_qa(params.qa_data, spec.needs_qa))
-        records, replies = [], []
+        samples = []
         for index in range(params.samples):
             ctx.status(f"sample {index + 1}/{params.samples}: prompt")
-            sample = reader.sample(
+            samples.append(reader.sample(
                 (params.essay, params.qa_data), task=params.task, index=index,
                 length=params.length, seed=params.data_seed,
-                essay=reader.essay if spec.needs_essay else None, qa_records=qa_records)
-            record, reply = reader.answer(method, sample, params)
-            records.append(record)
-            replies.append(reply)
+                essay=reader.essay if spec.needs_essay else None, qa_records=qa_records))
+        records, replies = reader.answer(method, samples, params,
+                                         enough=precise_enough(params.half_width,
+                                                               params.min_samples))
         scores = [r["score"] for r in records]
         return BenchmarkOutput(
             metrics=score_metrics(scores, replies),
@@ -48,8 +50,31 @@ class RulerRun(Ruler):
                 "haystack": haystack_note(params.task, params.essay),
                 "tokens_to_generate": spec.tokens_to_generate,
                 "prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in records),
+                "prompt_sha256s": [r["prompt_sha256"] for r in records],
+                "stopped": stopped(len(records), params),
                 **common_info(replies, method, params.reads),
             },
             comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
                         "model_dtype": reader.session.dtype},
         )
+
+
+def precise_enough(half_width: float | None, min_samples: int) -> Callable[[list[float]], bool]:
+    """Whether the scores so far are enough: at least min_samples, and the 95% Wilson interval
+    of their mean within half_width points either side (never, without a half_width)."""
+    def enough(scores: list[float]) -> bool:
+        if half_width is None or len(scores) < min_samples:
+            return False
+        low, high = wilson_interval(statistics.fmean(scores), len(scores))
+        return (high - low) / 2 <= half_width
+
+    return enough
+
+
+def stopped(answered: int, params: RulerParams) -> str:
+    if params.half_width is None:
+        return f"{answered} samples, as asked"
+    if answered < params.samples:
+        return f"{answered} samples: the interval reached ±{params.half_width:g} points"
+    return (f"{answered} samples, the most asked: the interval did not reach"
+            f" ±{params.half_width:g} points")

@@ -153,8 +153,10 @@ def ruler_table(result: RunResult) -> RulerTable | None:
 
 def _headline(row: RulerRow, cases: list[CaseResult],
               reference: dict[tuple, CaseResult]) -> Headline:
-    mean = sum(finite_metric(c, "score") for c in cases) / len(cases)
     samples = sum(samples_of(c) for c in cases)
+    # weighted by samples: cases sampled to a precision answered different numbers of them
+    mean = (sum(finite_metric(c, "score") * samples_of(c) for c in cases) / samples if samples
+            else sum(finite_metric(c, "score") for c in cases) / len(cases))
     low, high = wilson_interval(mean, samples) if samples else (math.nan, math.nan)
     ratios = [r for r in (finite_metric(c, "compression_ratio") for c in cases) if r is not None]
     head = Headline([task_of(c) for c in cases], mean, low, high, samples, ratio=_mean(ratios))

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.config.fields import SettingError, at_least, one_of, param
+from kvbench.config.fields import SettingError, at_least, between, one_of, param
 from kvbench.benchmarks.reports.ruler import REPORT
 from kvbench.benchmarks.specs.base import register_benchmark
 from kvbench.benchmarks.specs.retrieval import RetrievalBenchmark, RetrievalParams
@@ -28,10 +28,24 @@ class RulerParams(RetrievalParams):
                       meaning="one of RULER's tasks (kvbench.data.ruler.TASKS)")
     length: int = param(1024, range=at_least(256), meaning="model tokens of the whole prompt,"
                         " the task's tokens_to_generate included")
-    samples: int = param(10, range=at_least(1), meaning="prompts per case")
+    samples: int = param(10, range=at_least(1), meaning="prompts per case; with half_width,"
+                         " the most")
+    half_width: float | None = param(
+        None, range=between(0, 50, low_open=True), meaning="sample to a precision: a case"
+        " stops once its score's 95% Wilson interval reaches at most this many points either"
+        " side of the mean, checked after each group of samples decoded together (up to 16);"
+        " None: always `samples`")
+    min_samples: int = param(16, range=at_least(1), meaning="with half_width: the fewest"
+                             " prompts a case answers before it may stop")
     qa_data: str | None = param(None, meaning="qa_1: SQuAD v2 dev JSON; qa_2: HotpotQA dev"
                                 " distractor JSON (a file, or a cached hf: source); other tasks"
                                 " ignore it")
+
+    def check(self) -> None:
+        super().check()
+        if self.half_width is not None and self.min_samples > self.samples:
+            raise SettingError(("min_samples", "samples"), f"min_samples {self.min_samples} is"
+                               f" above samples {self.samples}, the most a case answers")
 
 
 @register_benchmark("ruler")

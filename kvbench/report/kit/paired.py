@@ -70,8 +70,9 @@ def paired_table(scopes: list[PairedScope], scope_header: str) -> str:
 def paired_legend(pairs_are: str) -> str:
     """What the table's columns mean; `pairs_are`: what one pair is in this benchmark."""
     return (f"<sub>A pair is {pairs_are}, answered by the method and by identity on the same "
-            "prompts in the same order (their prompts_sha256 match; where identity ran other "
-            f"prompts: {NOT_PAIRED}). wins / losses: samples the method scored above / below "
+            "prompts in the same order (each sample's prompt hash matches; where one case stopped "
+            "sooner, sampled to a precision, its samples pair with identity's first ones; where "
+            f"identity ran other prompts: {NOT_PAIRED}). wins / losses: samples the method scored above / below "
             "identity. p: exact two-sided sign test over the pairs that differ, ties dropped; "
             f"worse or better when p < {SEPARATION_LEVEL:g}, else not separated. Δ: the mean "
             f"per-sample difference in points, with a {LEVEL:.0%} paired bootstrap interval "

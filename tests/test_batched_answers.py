@@ -1,0 +1,76 @@
+"""The samples of a retrieval case decoded together (kvbench.models.batch_step through
+session.step_rows) answer as each decoded alone: every shipped method on the bundled model, both
+compress settings, prompts of different lengths stopping at different steps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.benchmarks.measure.answering import Prompt, answer_all
+from kvbench.methods import implementation
+from kvbench.methods.settings.base import build_method
+from kvbench.models.session import TorchSession
+from kvbench.models.shared_prefill import PrefillStore
+
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
+
+# every method kvbench ships, at settings for the bundled model's 300-600-token prompts
+EVERY_METHOD = [
+    ("identity", {}), ("intq", {"bits": 4}), ("intq", {"bits": 2, "prefill_reads": "stored"}),
+    ("kivi", {"bits": 2, "group_size": 32, "residual": 128}), ("lloydmax", {}),
+    ("turbo", {"bits": 3, "block": 64}), ("turbo2", {"block": 64}), ("turbo2.5", {"block": 64}),
+    ("turbo3", {"block": 64}), ("turbo3.5", {"block": 64}), ("turbo4", {"block": 64}),
+    ("adaptive", {"base_params": {"block": 64}}), ("decay", {"base_params": {"block": 64}}),
+    ("sparse_v", {}),
+    ("streamingllm", {"ratio": 0.25}), ("snapkv", {"ratio": 0.25}), ("h2o", {"ratio": 0.25}),
+    ("am", {"ratio": 0.25}), ("am_task", {"ratio": 0.25}), ("butterfly", {}),
+]
+# a codec and a running eviction that watches the queries (the slow test takes every method)
+QUICK = [EVERY_METHOD[i] for i in (1, 16)]
+
+
+@pytest.fixture(scope="module")
+def session(bundled):
+    return TorchSession(bundled, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def prompts(session):
+    """Needles of different lengths: the rows answer in different numbers of steps."""
+    tok = session.tokenizer
+    filler = "The grass is green and the sky is blue. The river runs to the sea. "
+    made = []
+    for i, repeats in enumerate((18, 27, 36)):
+        context = tok.encode(f"<|im_start|>user\nThe special magic number for item{i} is"
+                             f" {4172 + 981 * i}. " + filler * repeats)
+        made.append(Prompt(context, tok.encode(
+            f" What is the special magic number for item{i}?<|im_end|>\n<|im_start|>assistant\n"
+            "The special magic number is")))
+    return made
+
+
+def _answers_alike(session, prompts, methods):
+    store = PrefillStore()
+    calibration = session.tokenizer.encode("A calibration text about rivers and seas. " * 20)
+    try:
+        for name, params in methods:
+            method = implementation(build_method(name, params), "torch")
+            session.calibrate(method, calibration)
+            for compress in ("context", "context+question"):
+                budgets = [24, 6, 16]  # one row stops on its budget before the others
+                alone = [answer_all(session, method, [p], compress, [n], shared=store)[0]
+                         for p, n in zip(prompts, budgets)]
+                together = answer_all(session, method, prompts, compress, budgets, shared=store)
+                assert together == alone, (name, params, compress)
+                assert [a.generated for a in alone] != [budgets[0]] * 3  # rows ended apart
+    finally:
+        store.close()
+
+
+def test_samples_decoded_together_answer_as_alone(session, prompts):
+    _answers_alike(session, prompts, QUICK)
+
+
+@pytest.mark.slow
+def test_every_shipped_method_answers_alike_decoded_together(session, prompts):
+    _answers_alike(session, prompts, EVERY_METHOD)
