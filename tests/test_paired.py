@@ -12,6 +12,7 @@ from kvbench.judge.paired import (
     compare_paired, differences, fewest_pairs_to_separate, paired_interval, paired_samples,
     per_sample, sign_test_p,
 )
+from kvbench.report.html import build_site
 from kvbench.report.kit.tables import fmt_number
 from kvbench.report.markdown import render_markdown
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
@@ -165,7 +166,7 @@ def judged(result: RunResult, claim: str) -> list:
     return result.cases[1].claims
 
 
-def test_a_difference_claim_is_judged_on_the_paired_bound():
+def test_a_difference_claim_is_judged_on_the_paired_bound(tmp_path):
     # The means differ by 75 points: "not worse by more than 80" would hold on them.
     result = needle_run(SHIPPED_SAMPLES)
     [claim] = judged(result, "score - identity >= -80")
@@ -175,6 +176,8 @@ def test_a_difference_claim_is_judged_on_the_paired_bound():
     assert claim.measured_as == "low bound of the 95% paired interval, 40 samples"
     assert (f"| {fmt_number(low, '%')} (low bound of the 95% paired interval, 40 samples) "
             "| ❌ failed |") in render_markdown(result)
+    page = build_site([("needles.json", result)], tmp_path / "site").read_text()
+    assert "(low bound of the 95% paired interval, 40 samples)" in page  # the HTML says it too
     [claim] = judged(needle_run(SHIPPED_SAMPLES), "score - identity < -50")
     assert (claim.measured, claim.verdict) == (high, "held")
     assert claim.measured_as.startswith("high bound")

@@ -215,6 +215,8 @@ def _claims(runs: list[Run], anchors: dict) -> str:
             for claim in case.claims:
                 held += claim.verdict == "held"
                 measured = "-" if claim.measured is None else fmt_number(claim.measured)
+                if claim.measured is not None and claim.measured_as:  # a paired bound
+                    measured += f" ({claim.measured_as})"
                 rows.append(_row([
                     _e(f"#{run.index}"),
                     f"<a href='#{anchors[(run.index, case.id)]}'>{_e(case.id)}</a>",
