@@ -295,3 +295,12 @@ class Implementation(ABC):
         if window:
             parts.append(f"newest {window} tokens full precision")
         return "; ".join([*parts, "K and V both counted"])
+
+
+class SharesExactPrefill(Implementation):
+    """A method whose policies keep every token whole until end_prefill: under exact reads its
+    prefill forward is the plain model's (kivi, decay, adaptive)."""
+
+    @property
+    def shares_prefill(self) -> bool:
+        return self.prefill_reads == "exact"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from kvbench.methods.core.codec_cache import DecodedChunks, check_fresh
-from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
+from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, SharesExactPrefill
 
 
 class Stream:
@@ -116,7 +116,7 @@ class KiviCache(LayerCachePolicy):
         return self.ops.held_bytes(*self.keys.held(), *self.values.held())
 
 
-class KiviMethod(Implementation):
+class KiviMethod(SharesExactPrefill):
     """KIVI on any backend: its key (per channel) and value (per token) intq codecs come from the
     backend's implementation; the cache and the layout are the same everywhere."""
 
@@ -131,10 +131,6 @@ class KiviMethod(Implementation):
         return (f"keys: {self.key_codec().layout()}, quantized in chunks of {residual} tokens; "
                 f"values: {self.value_codec().layout()}, once older than the newest {residual}; "
                 "the rest full precision; K and V both counted")
-
-    @property
-    def shares_prefill(self) -> bool:
-        return self.prefill_reads == "exact"
 
     def new_layer_cache(self, layer_idx: int) -> KiviCache:
         s = self.settings

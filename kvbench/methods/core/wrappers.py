@@ -7,7 +7,9 @@ from collections import Counter
 from typing import Any
 
 from kvbench.methods.core.adaptive_cache import AdaptiveCache
-from kvbench.methods.core.contracts import Codec, Implementation, codecs_layout
+from kvbench.methods.core.contracts import (
+    Codec, Implementation, SharesExactPrefill, codecs_layout,
+)
 from kvbench.methods.core.decay_cache import DecayCache
 from kvbench.methods.core.sparse_v_cache import SparseVCache
 from kvbench.methods.settings.adaptive import MIN_CALIBRATION_TOKENS, Adaptive
@@ -54,7 +56,7 @@ class SparseVMethod(Implementation):
 
 
 @on_every_backend(Decay)
-class DecayMethod(Implementation):
+class DecayMethod(SharesExactPrefill):
     """Temporal decay: segments stored by the base's key and value codecs at each width in
     settings.widths(); the schedule is the settings'."""
 
@@ -75,10 +77,6 @@ class DecayMethod(Implementation):
 
     def value_codec(self) -> Codec:
         return self._codecs[self.settings.base_bits][1]
-
-    @property
-    def shares_prefill(self) -> bool:
-        return self.prefill_reads == "exact"
 
     def new_layer_cache(self, layer_idx: int) -> DecayCache:
         return DecayCache(self.settings, self.codecs, self.on.arrays)
@@ -107,7 +105,7 @@ def kv_head_entropy(query_entropy, kv_heads: int):
 
 
 @on_every_backend(Adaptive)
-class AdaptiveMethod(Implementation):
+class AdaptiveMethod(SharesExactPrefill):
     """Adaptive bits: each KV head stored by the base's cache at its own width (the base's
     implementation at every width in settings.widths()), the widths set by calibrate()."""
 
@@ -157,10 +155,6 @@ class AdaptiveMethod(Implementation):
         if not 0 <= layer_idx < len(self.head_bits):
             raise ValueError(f"layer {layer_idx}: calibrated for {len(self.head_bits)} layers")
         return self.head_bits[layer_idx]
-
-    @property
-    def shares_prefill(self) -> bool:
-        return self.prefill_reads == "exact"
 
     def new_layer_cache(self, layer_idx: int) -> AdaptiveCache:
         return AdaptiveCache(self.variants, self.bits_per_head(layer_idx),
