@@ -270,8 +270,11 @@ def test_shipped_retrieval_suites_load():
     ruler = load_suite(root / "ruler.yaml")
     tasks = {c.bench_params["task"] for c in ruler.cases}
     assert tasks == {name for name in TASKS if not TASKS[name].needs_qa}
-    assert {c.bench_params["length"] for c in ruler.cases} == {1024, 2048, 4096, 8192}
-    assert any(c.benchmark == "niah" for c in load_suite(root / "niah.yaml").cases)
+    assert {c.bench_params["length"] for c in ruler.cases} == {1024, 2048, 4096}
+    # the paired test's shipped sample count (tests/test_paired.py) at every length
+    assert {c.bench_params["samples"] for c in ruler.cases} == {40}
+    niah = load_suite(root / "niah.yaml").cases
+    assert niah and all(c.bench_params["samples"] >= 5 for c in niah)
 
 
 @pytest.mark.slow
