@@ -40,6 +40,14 @@ def bundled():
     return load_model("bundled:smollm2-135m", "cpu")
 
 
+@pytest.fixture(scope="session")
+def bundled_session(bundled):
+    """The bundled model as benchmarks drive it: a TorchSession on the CPU."""
+    from kvbench.models.session import TorchSession
+
+    return TorchSession(bundled, torch.device("cpu"))
+
+
 @pytest.fixture(scope="module")
 def tiny_llama():
     """The tiny:llama test model on the CPU as a LoadedModel (`.model` is the transformers

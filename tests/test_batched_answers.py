@@ -4,12 +4,10 @@ compress settings, prompts of different lengths stopping at different steps."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
 from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
-from kvbench.models.session import TorchSession
 from kvbench.models.shared_prefill import PrefillStore
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
@@ -30,8 +28,8 @@ QUICK = [EVERY_METHOD[i] for i in (1, 16)]
 
 
 @pytest.fixture(scope="module")
-def session(bundled):
-    return TorchSession(bundled, torch.device("cpu"))
+def session(bundled_session):
+    return bundled_session  # shorter in the tests below
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import torch
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
 from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
-from kvbench.models.session import TorchSession
 from kvbench.models.shared_prefill import PrefillStore
 
 # suites/ruler.yaml's methods, and a stored-reads codec, which must prefill itself
@@ -24,8 +23,8 @@ QUICK = [RULER_METHODS[i] for i in (1, 6, 8, 13)]
 
 
 @pytest.fixture(scope="module")
-def session(bundled):
-    return TorchSession(bundled, torch.device("cpu"))
+def session(bundled_session):
+    return bundled_session  # shorter in the tests below
 
 
 @pytest.fixture(scope="module")
