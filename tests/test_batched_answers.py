@@ -28,14 +28,9 @@ QUICK = [EVERY_METHOD[i] for i in (1, 16)]
 
 
 @pytest.fixture(scope="module")
-def session(bundled_session):
-    return bundled_session  # shorter in the tests below
-
-
-@pytest.fixture(scope="module")
-def prompts(session):
+def prompts(bundled_session):
     """Needles of different lengths: the rows answer in different numbers of steps."""
-    tok = session.tokenizer
+    tok = bundled_session.tokenizer
     filler = "The grass is green and the sky is blue. The river runs to the sea. "
     made = []
     for i, repeats in enumerate((18, 27, 36)):
@@ -65,10 +60,10 @@ def _answers_alike(session, prompts, methods):
         store.close()
 
 
-def test_samples_decoded_together_answer_as_alone(session, prompts):
-    _answers_alike(session, prompts, QUICK)
+def test_samples_decoded_together_answer_as_alone(bundled_session, prompts):
+    _answers_alike(bundled_session, prompts, QUICK)
 
 
 @pytest.mark.slow
-def test_every_shipped_method_answers_alike_decoded_together(session, prompts):
-    _answers_alike(session, prompts, EVERY_METHOD)
+def test_every_shipped_method_answers_alike_decoded_together(bundled_session, prompts):
+    _answers_alike(bundled_session, prompts, EVERY_METHOD)

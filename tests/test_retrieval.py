@@ -294,3 +294,18 @@ def test_the_bundled_model_finds_the_same_needle_the_same_way_on_mlx(bundled):
     (t_out, t_answers), (m_out, m_answers) = outs
     assert t_out.comparable["prompts_sha256"] == m_out.comparable["prompts_sha256"]
     assert t_answers == m_answers
+
+
+def test_samples_are_grouped_within_the_row_and_memory_budgets():
+    from kvbench.benchmarks.measure import retrieval
+
+    # 1 layer, 1 head of 512 at 2 bytes: 2 KiB of K+V a token
+    session = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=512, kv_element_size=2)
+    reader = retrieval.Reader(ctx=None, session=session, chat=None, essay="")
+    per_token = 2 << 10
+    long = retrieval.DECODE_KV_BUDGET // per_token // 3  # three rows this long fit, not four
+    groups = reader.decode_groups([10, long, 10, 10, 10] + [10] * 40)
+    assert groups[0] == [0, 1, 2]  # a fourth row would be held as long as the longest
+    assert [len(g) for g in groups[1:]] == [16, 16, 10]
+    assert sum(groups, []) == list(range(45))
+    assert reader.decode_groups([]) == []

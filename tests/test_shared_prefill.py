@@ -23,13 +23,8 @@ QUICK = [RULER_METHODS[i] for i in (1, 6, 8, 13)]
 
 
 @pytest.fixture(scope="module")
-def session(bundled_session):
-    return bundled_session  # shorter in the tests below
-
-
-@pytest.fixture(scope="module")
-def prompt(session):
-    tok = session.tokenizer
+def prompt(bundled_session):
+    tok = bundled_session.tokenizer
     context = tok.encode("The special magic number is 7421. "
                          + "The grass is green and the sky is blue. " * 30)
     return Prompt(context, tok.encode(" What is the special magic number? Answer:"))
@@ -44,10 +39,10 @@ def _same_answers(session, prompt, methods, store):
             assert shared == own, (name, params, compress)
 
 
-def test_shared_prefill_answers_as_each_method_alone(session, prompt):
+def test_shared_prefill_answers_as_each_method_alone(bundled_session, prompt):
     store = PrefillStore()
     try:
-        _same_answers(session, prompt, QUICK, store)
+        _same_answers(bundled_session, prompt, QUICK, store)
         # one recorded forward per prompt half (context, all), reused by every other method
         assert store.made == 2
         sharing = sum(implementation(build_method(n, p), "torch").shares_prefill for n, p in QUICK)
@@ -57,10 +52,10 @@ def test_shared_prefill_answers_as_each_method_alone(session, prompt):
 
 
 @pytest.mark.slow
-def test_every_ruler_method_answers_alike_through_the_shared_prefill(session, prompt):
+def test_every_ruler_method_answers_alike_through_the_shared_prefill(bundled_session, prompt):
     store = PrefillStore()
     try:
-        _same_answers(session, prompt, RULER_METHODS, store)
+        _same_answers(bundled_session, prompt, RULER_METHODS, store)
     finally:
         store.close()
 
@@ -78,24 +73,24 @@ def test_which_methods_share_the_plain_prefill():
     assert not shares("sparse_v") and not shares("butterfly")
 
 
-def test_the_store_drops_the_oldest_prompt_beyond_its_budget(session):
+def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):
     ids = [list(range(5, 5 + n)) for n in (20, 21, 22)]
     sizes = []
     store = PrefillStore(budget=1 << 40)
     try:
         for i in ids:
-            prompt = store.get(session, i)
+            prompt = store.get(bundled_session, i)
             sizes.append(sum(t.numel() * t.element_size() for layer in prompt.layers for t in layer))
         assert (store.made, store.reused) == (3, 0)
-        again = store.get(session, ids[0])
+        again = store.get(bundled_session, ids[0])
         assert store.reused == 1
     finally:
         store.close()
     small = PrefillStore(budget=sizes[1] + sizes[2])
     try:
         for i in ids:
-            small.get(session, i)
-        first = small.get(session, ids[0])  # dropped for the two newer ones: made again
+            small.get(bundled_session, i)
+        first = small.get(bundled_session, ids[0])  # dropped for the two newer ones: made again
         assert (small.made, small.reused) == (4, 0)
         assert torch.equal(first.logits, again.logits)
         assert all(torch.equal(a, b) for la, lb in zip(first.layers, again.layers)

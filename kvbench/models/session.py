@@ -163,13 +163,18 @@ class CalibrationStats:
         return self._attention_entropy
 
 
+def kv_bytes_per_layer_token(session: Session, element_size: int) -> int:
+    """K and V of one token in one layer, at `element_size` bytes a value."""
+    return 2 * session.num_kv_heads * session.head_dim * element_size
+
+
 def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
     """(K and V of every token the cache's layers have seen at 16 bits, the same at the model's
     dtype): what the ratios against 16-bit and against the plain cache stand on. Counted from
     the tokens seen, so a method that evicts is credited with what it dropped."""
     seen = sum(policy.seen_tokens for policy in cache.policies)
-    bytes_16bit = 2 * 2 * session.num_kv_heads * session.head_dim * seen
-    return bytes_16bit, bytes_16bit // 2 * session.kv_element_size
+    return (kv_bytes_per_layer_token(session, 2) * seen,
+            kv_bytes_per_layer_token(session, session.kv_element_size) * seen)
 
 
 class ProbeNotTakenBack(ValueError):

@@ -16,7 +16,7 @@ from kvbench.data.ruler import TASKS, RulerSample, make_sample
 from kvbench.data.text import load_text, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import Session
+from kvbench.models.session import Session, kv_bytes_per_layer_token
 from kvbench.models.shared_prefill import PrefillStore
 
 METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part"}
@@ -74,7 +74,7 @@ class Reader:
                          sample.answer_prefix) for sample in samples]
         extras = extras or [{} for _ in samples]
         records, replies = [], []
-        for group in self._groups([len(prompt.ids) for prompt in prompts]):
+        for group in self.decode_groups([len(prompt.ids) for prompt in prompts]):
             where = f"samples {group[0] + 1}-{group[-1] + 1}/{len(samples)}: "
             answers = answer_all(self.session, method, [prompts[i] for i in group],
                                  params.compress, [samples[i].tokens_to_generate for i in group],
@@ -97,22 +97,21 @@ class Reader:
                 break
         return records, replies
 
-    def _groups(self, prompt_tokens: list[int]) -> list[list[int]]:
+    def decode_groups(self, prompt_tokens: list[int]) -> list[list[int]]:
         """Consecutive samples decoded together: at most MAX_ROWS, their prompts' plain K+V (at
-        the model's dtype) within DECODE_KV_BUDGET."""
+        the model's dtype, every row as long as the group's longest) within DECODE_KV_BUDGET."""
         s = self.session
-        per_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * s.kv_element_size
-        groups: list[list[int]] = []
-        longest = 0
+        per_token = s.num_layers * kv_bytes_per_layer_token(s, s.kv_element_size)
+        groups: list[list[int]] = [[]]
         for index, tokens in enumerate(prompt_tokens):
-            longest = max(longest, tokens)
-            group = groups[-1] if groups else []
-            if not group or len(group) == MAX_ROWS or \
-                    (len(group) + 1) * longest * per_token > DECODE_KV_BUDGET:
-                groups.append([])
-                longest = tokens
-            groups[-1].append(index)
-        return groups
+            group = groups[-1]
+            longest = max([prompt_tokens[i] for i in group] + [tokens])
+            if group and (len(group) == MAX_ROWS
+                          or (len(group) + 1) * longest * per_token > DECODE_KV_BUDGET):
+                group = []
+                groups.append(group)
+            group.append(index)
+        return groups if groups[0] else []
 
 
 def score_metrics(scores: list[float], replies: list[Answer]) -> dict[str, Any]:
