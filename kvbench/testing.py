@@ -71,8 +71,9 @@ def check_method(settings: MethodSettings, backend: str = "torch", device: str =
                        lambda: _check_no_default_device(subject, drives)))
     if model:
         checks.append(("inside the tiny model", lambda: _check_model(method, backend, device)))
-        if backend == "torch" and method.shares_prefill:
-            checks.append(("shared prefill", lambda: _check_shared_prefill(method, device)))
+        if method.shares_prefill:
+            checks.append(("shared prefill",
+                           lambda: _check_shared_prefill(method, backend, device, arrays)))
     for name, check in checks:
         try:
             check()
@@ -329,14 +330,14 @@ def _check_model(method: Implementation, backend: str, device: str) -> None:
         _fail(f"layers report {sorted(seen)} tokens seen after {fed} were fed")
 
 
-def _check_shared_prefill(method: Implementation, device: str) -> None:
+def _check_shared_prefill(method: Implementation, backend: str, device: str, arrays) -> None:
     """A method that declares shares_prefill, prefilled by itself, gives the plain forward's
     logits and, after its probe and end_prefill, the attention inputs that the recorded plain
     forward ingested gives, at every layer and after a decode step, bit for bit."""
     from kvbench.models.session import prefill
     from kvbench.models.shared_prefill import prefill_plain
 
-    session = _tiny_session("torch", device)
+    session = _tiny_session(backend, device)
     prompt = [(7 * i) % 200 + 4 for i in range(PROMPT)]
     session.calibrate(method, [(11 * i) % 200 + 4 for i in range(64)])
     recorded = prefill_plain(session, prompt)
@@ -354,7 +355,8 @@ def _check_shared_prefill(method: Implementation, device: str) -> None:
         for layer, (mine, theirs) in enumerate(zip(own.policies, shared.policies)):
             for name, a, b in zip(("keys", "values", "bias"), mine.attention_inputs(),
                                   theirs.attention_inputs()):
-                if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                if (a is None) != (b is None) or (
+                        a is not None and not torch.equal(arrays.to_torch(a), arrays.to_torch(b))):
                     when = "a decode step" if step else "prefill"
                     _fail(f"layer {layer}: its {name} after {when}"
                           " differ between its own prefill and the shared one")

@@ -48,6 +48,27 @@ def bundled_session(bundled):
     return TorchSession(bundled, torch.device("cpu"))
 
 
+@pytest.fixture(scope="session")
+def bundled_mlx_session():
+    """The bundled model on MLX (mlx-lm) as benchmarks drive it; skips without the mlx extra.
+    MLX's reference BLAS makes it slow here: for slow tests."""
+    pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
+    from kvbench.models.mlx_host import load_mlx_model
+    from kvbench.models.mlx_session import MLXSession
+
+    return MLXSession(load_mlx_model("bundled:smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mlx_session():
+    """tiny:llama on MLX as benchmarks drive it; skips without the mlx extra."""
+    pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
+    from kvbench.models.mlx_host import load_mlx_model
+    from kvbench.models.mlx_session import MLXSession
+
+    return MLXSession(load_mlx_model("tiny:llama"))
+
+
 @pytest.fixture(scope="module")
 def tiny_llama():
     """The tiny:llama test model on the CPU as a LoadedModel (`.model` is the transformers

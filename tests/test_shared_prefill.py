@@ -1,14 +1,17 @@
 """A prompt prefilled once and handed to every method that shares the plain prefill
-(kvbench.models.shared_prefill): the same answers, bit for bit, as each method's own prefill."""
+(kvbench.models.shared_prefill): the same answers, bit for bit, as each method's own prefill,
+on torch and on MLX."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
-from kvbench.methods import implementation
+from kvbench.methods import has_implementation, implementation
 from kvbench.methods.settings.base import build_method
 from kvbench.models.shared_prefill import PrefillStore
+
+pytestmark = pytest.mark.model
 
 # suites/ruler.yaml's methods, and a stored-reads codec, which must prefill itself
 RULER_METHODS = [
@@ -22,40 +25,50 @@ RULER_METHODS = [
 QUICK = [RULER_METHODS[i] for i in (1, 6, 8, 13)]
 
 
-@pytest.fixture(scope="module")
-def prompt(bundled_session):
-    tok = bundled_session.tokenizer
-    context = tok.encode("The special magic number is 7421. "
-                         + "The grass is green and the sky is blue. " * 30)
-    return Prompt(context, tok.encode(" What is the special magic number? Answer:"))
+def _prompt(tokenizer) -> Prompt:
+    context = tokenizer.encode("The special magic number is 7421. "
+                               + "The grass is green and the sky is blue. " * 30)
+    return Prompt(context, tokenizer.encode(" What is the special magic number? Answer:"))
 
 
-def _same_answers(session, prompt, methods, store):
-    for name, params in methods:
-        method = implementation(build_method(name, params), "torch")
+def _on(backend, methods):
+    """The methods that run on `backend`, built for it."""
+    built = [build_method(name, params) for name, params in methods]
+    return [implementation(s, backend) for s in built if has_implementation(type(s), backend)]
+
+
+def _same_answers(session, methods, store):
+    prompt = _prompt(session.tokenizer)
+    for method in methods:
         for compress in ("context", "all"):
             own = answer_all(session, method, [prompt], compress, [8])
             shared = answer_all(session, method, [prompt], compress, [8], shared=store)
-            assert shared == own, (name, params, compress)
+            assert shared == own, (method.name, method.settings, compress)
 
 
-def test_shared_prefill_answers_as_each_method_alone(bundled_session, prompt):
+# MLX on the bundled model is slow here (a reference BLAS): the quick test takes the tiny model
+@pytest.mark.parametrize("session_fixture", ["bundled_session", "tiny_mlx_session"])
+def test_shared_prefill_answers_as_each_method_alone(request, session_fixture):
+    session = request.getfixturevalue(session_fixture)
+    methods = _on(session.memo_key[0], QUICK)
+    assert len(methods) == len(QUICK)  # every quick method runs on both backends
     store = PrefillStore()
     try:
-        _same_answers(bundled_session, prompt, QUICK, store)
+        _same_answers(session, methods, store)
         # one recorded forward per prompt half (context, all), reused by every other method
         assert store.made == 2
-        sharing = sum(implementation(build_method(n, p), "torch").shares_prefill for n, p in QUICK)
-        assert store.reused == 2 * sharing - 2
+        assert store.reused == 2 * sum(m.shares_prefill for m in methods) - 2
     finally:
         store.close()
 
 
 @pytest.mark.slow
-def test_every_ruler_method_answers_alike_through_the_shared_prefill(bundled_session, prompt):
+@pytest.mark.parametrize("session_fixture", ["bundled_session", "bundled_mlx_session"])
+def test_every_ruler_method_answers_alike_through_the_shared_prefill(request, session_fixture):
+    session = request.getfixturevalue(session_fixture)
     store = PrefillStore()
     try:
-        _same_answers(bundled_session, prompt, RULER_METHODS, store)
+        _same_answers(session, _on(session.memo_key[0], RULER_METHODS), store)
     finally:
         store.close()
 
@@ -71,6 +84,14 @@ def test_which_methods_share_the_plain_prefill():
     assert not shares("intq", prefill_reads="stored")
     assert shares("identity", prefill_reads="stored")  # never packs: nothing is lossy
     assert not shares("sparse_v") and not shares("butterfly")
+
+
+def test_a_method_shares_the_plain_prefill_on_mlx_as_on_torch():
+    pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
+    on_mlx = _on("mlx", RULER_METHODS)
+    assert {m.name for m in on_mlx} >= {"identity", "intq", "kivi", "h2o", "am_task", "butterfly"}
+    for method in on_mlx:
+        assert method.shares_prefill == implementation(method.settings, "torch").shares_prefill
 
 
 def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):

@@ -6,9 +6,10 @@ The prefill runs once through a recording cache: each layer keeps the keys and v
 made and the post-RoPE queries (a policy that observes queries gets SDPA's output, as the plain
 model's attention does, so the forward is the plain one). A method's fresh cache then ingests
 them layer by layer, as its own prefill step would have appended them and shown it the
-queries. PrefillStore keeps recorded prompts on disk for the run, newest first within a budget:
-a run's cases go method by method over the same samples, so a prompt is asked for again only
-after every other sample of its cell.
+queries. It works alike on torch (transformers) and MLX (mlx-lm): the cache host is shared.
+PrefillStore keeps recorded prompts on disk for the run, newest first within a budget: a run's
+cases go method by method over the same samples, so a prompt is asked for again only after every
+other sample of its cell.
 """
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from kvbench.backends.arrays import Arrays
 from kvbench.methods.core.contracts import LayerCachePolicy
 
 DISK_BUDGET = 16 << 30  # at most this, and at most half the free disk when the store opens
@@ -29,9 +32,11 @@ DISK_BUDGET = 16 << 30  # at most this, and at most half the free disk when the 
 @dataclass
 class PrefilledPrompt:
     logits: torch.Tensor  # (1, vocab) float32: the prompt's last position
-    # per layer: keys, values (1, kv_heads, tokens, head_dim), queries (1, heads, tokens, dim)
-    layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    # per layer: keys, values (1, kv_heads, tokens, head_dim), queries (1, heads, tokens, dim),
+    # as the session's backend holds them
+    layers: list[tuple[Any, Any, Any]]
     seconds: float  # the forward's
+    arrays: Arrays  # the backend's array operations (kvbench.backends.arrays)
 
 
 class _Recorder(LayerCachePolicy):
@@ -75,18 +80,20 @@ class _Recording:
 
 
 def prefill_plain(session, ids: list[int]) -> PrefilledPrompt:
-    """One forward of `ids` from an empty cache, recorded (session: a TorchSession)."""
+    """One forward of `ids` from an empty cache, recorded (session: a TorchSession or an
+    MLXSession)."""
     cache = session.new_cache(_Recording())
     logits, seconds = session.step(ids, cache, last_only=True)
     layers = [(p.keys, p.values, p.queries) for p in cache.policies]
-    return PrefilledPrompt(logits, layers, seconds)
+    return PrefilledPrompt(logits, layers, seconds, cache.layers[0].arrays)
 
 
 def ingest(cache, prompt: PrefilledPrompt) -> None:
-    """Hand `prompt` to a method's fresh cache (a KVBenchCache), as its prefill step would have.
-    Copies: a policy may keep what it is given, and the next method gets the same prompt."""
-    for layer, (keys, values, queries) in zip(cache.layers, prompt.layers, strict=True):
-        layer.ingest(keys.clone(), values.clone(), queries.clone())
+    """Hand `prompt` to a method's fresh cache (a KVBenchCache or MLXKVBenchCache), as its
+    prefill step would have. Copies: a policy may keep what it is given, and the next method
+    gets the same prompt."""
+    for layer, recorded in zip(cache.layers, prompt.layers, strict=True):
+        layer.ingest(*(prompt.arrays.copy(a) for a in recorded))
 
 
 class PrefillStore:
@@ -97,7 +104,7 @@ class PrefillStore:
         self.folder = Path(tempfile.mkdtemp(prefix="kvbench-prefill-"))
         free = shutil.disk_usage(self.folder).free
         self.budget = min(DISK_BUDGET, free // 2) if budget is None else budget
-        self._files: OrderedDict[str, tuple[Path, int]] = OrderedDict()
+        self._files: OrderedDict[str, tuple[Path, int, Arrays]] = OrderedDict()
         self.made = self.reused = 0
 
     def get(self, session, ids: list[int]) -> PrefilledPrompt:
@@ -105,25 +112,31 @@ class PrefillStore:
         if key in self._files:
             self._files.move_to_end(key)
             self.reused += 1
-            saved = torch.load(self._files[key][0], weights_only=True)
-            return PrefilledPrompt(saved["logits"], [tuple(layer) for layer in saved["layers"]],
-                                   saved["seconds"])
+            path, _, arrays = self._files[key]
+            saved = torch.load(path, weights_only=True)
+            layers = [tuple(t if arrays.name == "torch" else arrays.from_torch(t) for t in layer)
+                      for layer in saved["layers"]]
+            return PrefilledPrompt(saved["logits"], layers, saved["seconds"], arrays)
         prompt = prefill_plain(session, ids)
         self.made += 1
         self._keep(key, prompt)
         return prompt
 
     def _keep(self, key: str, prompt: PrefilledPrompt) -> None:
-        size = sum(t.numel() * t.element_size() for layer in prompt.layers for t in layer)
-        while self._files and sum(n for _, n in self._files.values()) + size > self.budget:
-            path, _ = self._files.popitem(last=False)[1]
+        arrays = prompt.arrays
+        size = arrays.nbytes(*(a for layer in prompt.layers for a in layer))
+        while self._files and sum(n for _, n, _ in self._files.values()) + size > self.budget:
+            path = self._files.popitem(last=False)[1][0]
             path.unlink(missing_ok=True)
         if size > self.budget:
             return
         path = self.folder / f"{key}.pt"
-        torch.save({"logits": prompt.logits, "layers": prompt.layers,
-                    "seconds": prompt.seconds}, path)
-        self._files[key] = (path, size)
+        # torch tensors as they are (torch.load puts them back on their device), MLX arrays as
+        # torch tensors (an exact round trip, bfloat16 included)
+        layers = [[a if arrays.name == "torch" else arrays.to_torch(a) for a in layer]
+                  for layer in prompt.layers]
+        torch.save({"logits": prompt.logits, "layers": layers, "seconds": prompt.seconds}, path)
+        self._files[key] = (path, size, arrays)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -57,10 +57,8 @@ class Reader:
         return self.ctx.memo.get(("ruler_sample", self.session.spec, source, fixed),
                                  lambda: make_sample(count_tokens=count, **kwargs))
 
-    def shared_prefill(self) -> PrefillStore | None:
-        """The run's recorded prompts, on torch (MLX sessions prefill per method)."""
-        if self.ctx.backend != "torch":
-            return None
+    def shared_prefill(self) -> PrefillStore:
+        """The run's recorded prompts (kvbench.models.shared_prefill)."""
         return self.ctx.memo.get(("prefill_store",), PrefillStore)
 
     def answer(self, method: Implementation, samples: list[RulerSample], params: RetrievalParams,

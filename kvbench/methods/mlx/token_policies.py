@@ -43,5 +43,10 @@ class MLXTokenMethod(Implementation):
                         Butterfly: butterfly.TorchButterfly}[type(settings)]
         self.reference = torch_method(settings, None)
 
+    @property
+    def shares_prefill(self) -> bool:
+        # the bridge hands the policy the model's keys and values exactly (lossless copies)
+        return self.reference.shares_prefill
+
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         return TorchPolicyOnMLX(self.reference.new_layer_cache(layer_idx))
