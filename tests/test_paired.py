@@ -20,7 +20,7 @@ from kvbench.run.runner import judge_across
 from kvbench.suite.case import Case
 
 SHIPPED_SAMPLES = 40  # per RULER task at 1K in the shipped suites
-TODAY_SAMPLES = 2  # per cell in the committed reports/ruler run
+TODAY_SAMPLES = 2  # per cell in the RULER run of 8638e4f, the README's 2K/4K figures
 
 
 @pytest.mark.parametrize("wins, losses, p", [
@@ -193,3 +193,25 @@ def test_without_the_same_samples_a_claim_is_judged_on_the_means():
     assert (ratio.measured, ratio.verdict, ratio.measured_as) == (0.25, "held", None)
     [equal] = judged(needle_run(SHIPPED_SAMPLES), "score - identity == -75")
     assert (equal.measured, equal.verdict, equal.measured_as) == (-75, "held", None)
+
+
+def test_the_committed_ruler_report_separates_every_method_from_identity_per_length():
+    """reports/ruler: every (method, length) mean within ±15 points, and each method against
+    identity at each length with a verdict and its p."""
+    import re
+
+    from tests.plugins.suites import ROOT
+
+    text = (ROOT / "reports/ruler/report.md").read_text()
+    means = text.split("### RULER: mean score over tasks, per context length")[1].split("<sub>")[0]
+    rows = [line for line in means.splitlines()
+            if line.startswith("| ") and not line.startswith(("| method", "| ---"))]
+    assert len(rows) >= 13
+    for low, high in (map(float, m) for row in rows
+                      for m in re.findall(r"\[([\d.]+)–([\d.]+)\]", row)):
+        assert (high - low) / 2 < 15, rows
+    against = text.split("### RULER: against identity, on the same samples")[1].split("<sub>")[0]
+    verdicts = re.findall(r"^\| (\S+) \| (\d+K) \| \d+ \| .* \| ([<\d. ]+) \| "
+                          r"(worse|not separated|better) \|$", against, re.M)
+    methods = {row.split("|")[1].strip() for row in rows} - {"identity"}
+    assert {method for method, *_ in verdicts} == methods
