@@ -1,6 +1,7 @@
 """Shared fixtures. Shared plain helpers live in tests/plugins (import them from there):
 - tests.plugins.tensors: randn, token_ids, round_trip (seeded inputs, codec round trips)
-- tests.plugins.model_runs: cpu_context (a RunContext), stepped_logits (prefill, then decode)
+- tests.plugins.model_runs: cpu_context (a RunContext), stepped_logits (prefill, then decode),
+  methods_on (the methods a backend runs), mlx_session
 - tests.plugins.suites: ROOT, SHIPPED_SUITES, SMALL_RESULTS, line_of
 - tests.plugins.cli_support: invoke, kvbench_process and the CLI's console fixture
 
@@ -53,20 +54,18 @@ def bundled_mlx_session():
     """The bundled model on MLX (mlx-lm) as benchmarks drive it; skips without the mlx extra.
     MLX's reference BLAS makes it slow here: for slow tests."""
     pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
-    from kvbench.models.mlx_host import load_mlx_model
-    from kvbench.models.mlx_session import MLXSession
+    from tests.plugins.model_runs import mlx_session
 
-    return MLXSession(load_mlx_model("bundled:smollm2-135m"))
+    return mlx_session("bundled:smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def tiny_mlx_session():
     """tiny:llama on MLX as benchmarks drive it; skips without the mlx extra."""
     pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
-    from kvbench.models.mlx_host import load_mlx_model
-    from kvbench.models.mlx_session import MLXSession
+    from tests.plugins.model_runs import mlx_session
 
-    return MLXSession(load_mlx_model("tiny:llama"))
+    return mlx_session("tiny:llama")
 
 
 @pytest.fixture(scope="module")

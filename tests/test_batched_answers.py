@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
-from kvbench.methods import has_implementation, implementation
-from kvbench.methods.settings.base import build_method
 from kvbench.models.shared_prefill import PrefillStore
+from tests.plugins.model_runs import methods_on
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -44,10 +43,8 @@ def _answers_alike(session, methods):
     backend, prompts = session.memo_key[0], _prompts(session.tokenizer)
     store = PrefillStore()
     calibration = session.tokenizer.encode("A calibration text about rivers and seas. " * 20)
-    settings = [build_method(name, params) for name, params in methods]
     try:
-        for method in [implementation(s, backend) for s in settings
-                       if has_implementation(type(s), backend)]:
+        for method in methods_on(backend, methods):
             session.calibrate(method, calibration)
             for compress in ("context", "context+question"):
                 budgets = [24, 2, 16]  # one row stops on its budget before the others

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
-from kvbench.methods import has_implementation, implementation
+from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
 from kvbench.models.shared_prefill import PrefillStore
+from tests.plugins.model_runs import methods_on
 
 pytestmark = pytest.mark.model
 
@@ -31,12 +32,6 @@ def _prompt(tokenizer) -> Prompt:
     return Prompt(context, tokenizer.encode(" What is the special magic number? Answer:"))
 
 
-def _on(backend, methods):
-    """The methods that run on `backend`, built for it."""
-    built = [build_method(name, params) for name, params in methods]
-    return [implementation(s, backend) for s in built if has_implementation(type(s), backend)]
-
-
 def _same_answers(session, methods, store):
     prompt = _prompt(session.tokenizer)
     for method in methods:
@@ -50,7 +45,7 @@ def _same_answers(session, methods, store):
 @pytest.mark.parametrize("session_fixture", ["bundled_session", "tiny_mlx_session"])
 def test_shared_prefill_answers_as_each_method_alone(request, session_fixture):
     session = request.getfixturevalue(session_fixture)
-    methods = _on(session.memo_key[0], QUICK)
+    methods = methods_on(session.memo_key[0], QUICK)
     assert len(methods) == len(QUICK)  # every quick method runs on both backends
     store = PrefillStore()
     try:
@@ -68,7 +63,7 @@ def test_every_ruler_method_answers_alike_through_the_shared_prefill(request, se
     session = request.getfixturevalue(session_fixture)
     store = PrefillStore()
     try:
-        _same_answers(session, _on(session.memo_key[0], RULER_METHODS), store)
+        _same_answers(session, methods_on(session.memo_key[0], RULER_METHODS), store)
     finally:
         store.close()
 
@@ -88,7 +83,7 @@ def test_which_methods_share_the_plain_prefill():
 
 def test_a_method_shares_the_plain_prefill_on_mlx_as_on_torch():
     pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
-    on_mlx = _on("mlx", RULER_METHODS)
+    on_mlx = methods_on("mlx", RULER_METHODS)
     assert {m.name for m in on_mlx} >= {"identity", "intq", "kivi", "h2o", "am_task", "butterfly"}
     for method in on_mlx:
         assert method.shares_prefill == implementation(method.settings, "torch").shares_prefill

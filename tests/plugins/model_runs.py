@@ -64,3 +64,20 @@ def stepped_logits(model, method, ids: torch.Tensor, prefill: int):
         cache.end_prefill()
     logits += [forward(ids[:, i:i + 1]).logits for i in range(prefill, ids.shape[1])]
     return logits, cache
+
+
+def methods_on(backend: str, methods: list[tuple[str, dict]]) -> list:
+    """The (name, params) methods that have an implementation on `backend`, built for it."""
+    from kvbench.methods import has_implementation, implementation
+    from kvbench.methods.settings.base import build_method
+
+    built = [build_method(name, params) for name, params in methods]
+    return [implementation(s, backend) for s in built if has_implementation(type(s), backend)]
+
+
+def mlx_session(spec: str):
+    """An MLXSession of the model `spec` names; the caller has checked that MLX imports."""
+    from kvbench.models.mlx_host import load_mlx_model
+    from kvbench.models.mlx_session import MLXSession
+
+    return MLXSession(load_mlx_model(spec))
