@@ -3,13 +3,18 @@
 on torch and on MLX."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
 from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
-from kvbench.models.shared_prefill import PrefillStore
+from kvbench.models.shared_prefill import PREFIX, PrefillStore, remove_orphaned_stores
 from tests.plugins.model_runs import methods_on
 
 pytestmark = pytest.mark.model
@@ -114,3 +119,17 @@ def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):
     finally:
         small.close()
     assert not small.folder.exists()
+
+
+def test_a_store_left_by_a_killed_process_is_removed_and_no_other(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    host = socket.gethostname()
+    names = {"orphan": f"{PREFIX}{host}-{gone}-abc", "mine": f"{PREFIX}{host}-{os.getpid()}-abc",
+             "other host": f"{PREFIX}elsewhere-{gone}-abc", "unnamed": f"{PREFIX}abc_12"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "prompt.pt").write_bytes(b"x")
+    assert remove_orphaned_stores(tmp_path) == [tmp_path / names["orphan"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        name for what, name in names.items() if what != "orphan")

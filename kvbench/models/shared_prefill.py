@@ -14,7 +14,9 @@ other sample of its cell.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import socket
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from kvbench.backends.arrays import Arrays
 from kvbench.methods.core.contracts import LayerCachePolicy
 
 DISK_BUDGET = 16 << 30  # at most this, and at most half the free disk when the store opens
+PREFIX = "kvbench-prefill-"  # then host-pid-: a store whose process is gone is removed
 
 
 @dataclass
@@ -101,7 +104,8 @@ class PrefillStore:
     oldest dropped first); made again when asked for after being dropped."""
 
     def __init__(self, budget: int | None = None):
-        self.folder = Path(tempfile.mkdtemp(prefix="kvbench-prefill-"))
+        remove_orphaned_stores(Path(tempfile.gettempdir()))
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_owner()}-"))
         free = shutil.disk_usage(self.folder).free
         self.budget = min(DISK_BUDGET, free // 2) if budget is None else budget
         self._files: OrderedDict[str, tuple[Path, int, Arrays]] = OrderedDict()
@@ -141,3 +145,31 @@ class PrefillStore:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         self._files.clear()
+
+
+def remove_orphaned_stores(folder: Path) -> list[Path]:
+    """Removes the stores in `folder` made on this host by a process that is gone: a killed run
+    (a case's timeout under --isolate, an out-of-memory kill, a session's end) cannot close its
+    own, and each may hold up to DISK_BUDGET. Returns what it removed."""
+    removed = []
+    host = socket.gethostname()
+    for path in folder.glob(f"{PREFIX}*-*-*"):
+        owner_host, pid, _ = path.name[len(PREFIX):].rsplit("-", 2)
+        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
