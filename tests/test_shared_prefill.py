@@ -14,7 +14,8 @@ import torch
 from kvbench.benchmarks.measure.answering import Prompt, answer_all
 from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
-from kvbench.models.shared_prefill import PREFIX, PrefillStore, remove_orphaned_stores
+from kvbench.models.shared_prefill import (PREFIX, PrefillStore, prefill_plain,
+                                          remove_orphaned_stores)
 from tests.plugins.model_runs import methods_on
 
 pytestmark = pytest.mark.model
@@ -119,6 +120,27 @@ def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):
     finally:
         small.close()
     assert not small.folder.exists()
+
+
+def test_a_case_whose_prompts_do_not_fit_keeps_its_first_ones(bundled_session):
+    first, second, later = ([list(range(5 + k, 25 + k + n)) for n in range(3)] for k in (0, 50, 99))
+    size = sum(t.numel() * t.element_size() for layer in
+               prefill_plain(bundled_session, first[2]).layers for t in layer)
+    store = PrefillStore(budget=2 * size)  # two of a case's three prompts
+    try:
+        for prompts in (first, second):
+            store.expect(bundled_session, prompts)
+            for method in range(3):  # each method asks for the case's prompts in order
+                for ids in prompts:
+                    store.get(bundled_session, ids)
+        # each case: three made by its first method, two reused by each later one, one made again
+        assert (store.made, store.reused) == (2 * (3 + 2), 2 * 4)
+        store.expect(bundled_session, later)
+        store.get(bundled_session, later[0])
+        store.get(bundled_session, later[0])  # the other case's prompts made room for it
+        assert (store.made, store.reused) == (11, 9)
+    finally:
+        store.close()
 
 
 def test_a_store_left_by_a_killed_process_is_removed_and_no_other(tmp_path):

@@ -7,9 +7,10 @@ made and the post-RoPE queries (a policy that observes queries gets SDPA's outpu
 model's attention does, so the forward is the plain one). A method's fresh cache then ingests
 them layer by layer, as its own prefill step would have appended them and shown it the
 queries. It works alike on torch (transformers) and MLX (mlx-lm): the cache host is shared.
-PrefillStore keeps recorded prompts on disk for the run, newest first within a budget: a run's
-cases go method by method over the same samples, so a prompt is asked for again only after every
-other sample of its cell.
+PrefillStore keeps recorded prompts on disk for the run, within a budget. A run's cases go method
+by method over the same samples, so a prompt is asked for again only after every other sample of
+its case: when a case's prompts do not all fit, the first ones are kept and the rest made again
+(dropping the oldest, as a plain LRU would, keeps only prompts no one asks for next).
 """
 from __future__ import annotations
 
@@ -109,10 +110,16 @@ class PrefillStore:
         free = shutil.disk_usage(self.folder).free
         self.budget = min(DISK_BUDGET, free // 2) if budget is None else budget
         self._files: OrderedDict[str, tuple[Path, int, Arrays]] = OrderedDict()
+        self._expected: set[str] = set()
         self.made = self.reused = 0
 
+    def expect(self, session, prompts: list[list[int]]) -> None:
+        """The prompts the case now running will ask for: stored only while they fit, and never
+        dropped for one another; any other is dropped first (oldest first)."""
+        self._expected = {_key(session, ids) for ids in prompts}
+
     def get(self, session, ids: list[int]) -> PrefilledPrompt:
-        key = hashlib.sha256(repr((session.memo_key, ids)).encode()).hexdigest()
+        key = _key(session, ids)
         if key in self._files:
             self._files.move_to_end(key)
             self.reused += 1
@@ -129,11 +136,13 @@ class PrefillStore:
     def _keep(self, key: str, prompt: PrefilledPrompt) -> None:
         arrays = prompt.arrays
         size = arrays.nbytes(*(a for layer in prompt.layers for a in layer))
-        while self._files and sum(n for _, n, _ in self._files.values()) + size > self.budget:
-            path = self._files.popitem(last=False)[1][0]
-            path.unlink(missing_ok=True)
         if size > self.budget:
             return
+        while sum(n for _, n, _ in self._files.values()) + size > self.budget:
+            other = next((k for k in self._files if k not in self._expected), None)
+            if other is None:  # full of this case's earlier prompts: keep those
+                return
+            self._files.pop(other)[0].unlink(missing_ok=True)
         path = self.folder / f"{key}.pt"
         # torch tensors as they are (torch.load puts them back on their device), MLX arrays as
         # torch tensors (an exact round trip, bfloat16 included)
@@ -145,6 +154,10 @@ class PrefillStore:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         self._files.clear()
+
+
+def _key(session, ids: list[int]) -> str:
+    return hashlib.sha256(repr((session.memo_key, ids)).encode()).hexdigest()
 
 
 def remove_orphaned_stores(folder: Path) -> list[Path]:

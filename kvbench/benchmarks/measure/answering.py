@@ -45,6 +45,10 @@ class Prompt:
     def ids(self) -> list[int]:
         return self.context + self.question
 
+    def compressed(self, compress: str) -> list[int]:
+        """What is prefilled and compressed before the rest is fed (`compress` as RetrievalParams)."""
+        return self.context if compress == "context" else self.ids
+
 
 def frame(tokenizer: Any, chat: ChatFrame, context: str, question: str,
           answer_prefix: str) -> Prompt:
@@ -82,7 +86,7 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
     for number, prompt in enumerate(prompts, 1):
         status(f"prefill {number}/{len(prompts)}")
         cache = session.new_cache(method, decoded_reads=reads == "decoded")
-        prefix = prompt.context if compress == "context" else prompt.ids
+        prefix = prompt.compressed(compress)
         prefilled = shared.get(session, prefix) if shared and method.shares_prefill else None
         last, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
         if compress == "context":

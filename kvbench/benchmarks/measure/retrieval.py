@@ -71,6 +71,9 @@ class Reader:
         prompts = [frame(self.session.tokenizer, self.chat, sample.context, sample.question,
                          sample.answer_prefix) for sample in samples]
         extras = extras or [{} for _ in samples]
+        if method.shares_prefill:
+            self.shared_prefill().expect(self.session, [p.compressed(params.compress)
+                                                        for p in prompts])
         records, replies = [], []
         for group in self.decode_groups([len(prompt.ids) for prompt in prompts]):
             where = f"samples {group[0] + 1}-{group[-1] + 1}/{len(samples)}: "
