@@ -200,3 +200,44 @@ def test_a_merged_run_gates_against_a_whole_baseline(tmp_path):
     gated = invoke("compare", tmp_path / "whole/results.json", tmp_path / "m/results.json",
                    "--gate")
     assert gated.exit_code == 0, gated.output
+
+
+def test_parts_run_apart_merge_into_the_whole_run(tmp_path):
+    suite = _write_suite(tmp_path)
+    assert invoke("run", suite, "--out", tmp_path / "whole").exit_code == 0
+    whole = load_json(tmp_path / "whole/results.json")
+    # one part as two shards (knob2's claims against knob1 stay in it), the other whole
+    tied = _shards(tmp_path, suite, 2, "--methods", "Nop-knob1,Nop-knob2")
+    alone = invoke("run", suite, "--out", tmp_path / "knob3", "--methods", "Nop-knob3")
+    assert alone.exit_code == 0, alone.output
+    merged = invoke("merge", tied[1], tmp_path / "knob3", tied[0], "--out", tmp_path / "m")
+    assert merged.exit_code == 0, merged.output
+    result = load_json(tmp_path / "m/results.json")
+    assert sorted(_deterministic(result)) == sorted(_deterministic(whole))
+    # part by part, as given, each in the suite's order
+    assert result["planned"] == [i for i in whole["planned"] if "knob3" not in i] + [
+        i for i in whole["planned"] if "knob3" in i]
+    assert [c["id"] for c in result["cases"]] == result["planned"]
+    # a missing shard is named with its part
+    partial = invoke("merge", tmp_path / "knob3", tied[0], "--out", tmp_path / "p")
+    assert partial.exit_code == 3
+    flat = "".join(partial.output.split())  # as wrapped to the terminal's width
+    assert f"missingshard(s):2/2(thepartof{tied[0] / 'results.json'})" in flat
+
+
+def test_parts_of_different_commits_merge_when_allowed_and_keep_their_commits(tmp_path):
+    suite = _write_suite(tmp_path)
+    outs = [tmp_path / label for label in ("knob1", "knob3")]
+    for out, label in zip(outs, ("Nop-knob1", "Nop-knob3")):
+        assert invoke("run", suite, "--out", out, "--methods", label).exit_code == 0
+    run = load_json(outs[1] / "results.json")
+    run["git_sha"] = "f" * 40
+    (outs[1] / "results.json").write_text(json.dumps(run))
+    refused = invoke("merge", *outs, "--out", tmp_path / "m")
+    assert refused.exit_code == 2 and "git commit" in refused.output
+    merged = invoke("merge", *outs, "--out", tmp_path / "m", "--allow-mixed")
+    assert merged.exit_code == 0, merged.output
+    commits = {c["id"]: c["info"]["git_sha"]
+               for c in load_json(tmp_path / "m/results.json")["cases"]}
+    assert {commits[c["id"]] for c in run["cases"]} == {"f" * 40}
+    assert len(set(commits.values())) == 2 and len(commits) == 10

@@ -1,4 +1,4 @@
-"""`kvbench merge RUN... --out DIR`: the shards of one run joined into one."""
+"""`kvbench merge RUN... --out DIR`: the shards and parts of one suite's run joined into one."""
 from __future__ import annotations
 
 import sys
@@ -16,17 +16,20 @@ from kvbench.cli.verdicts import exit_code, summary
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the merged results.json, results.jsonl and report.md.")
 @click.option("--allow-mixed", is_flag=True,
-              help="Join shards that ran on different machines (each case keeps its machine "
-                   "key in info.machine).")
+              help="Join runs made on different machines or at different commits (each case "
+                   "keeps its machine key in info.machine and its commit in info.git_sha).")
 def merge(inputs, out_dir, allow_mixed):
-    """Join the shards of one run (`kvbench run SUITE --shard I/N`) into one.
+    """Join the shards and parts of one suite's run into one.
 
-    Each RUN is a shard's output folder or its results.json (an interrupted shard's
-    results.jsonl also works). Refused (exit 2): shards of different suites, kvbench versions,
-    commits, settings or machines (see --allow-mixed), and a case in two shards. Shards or
-    cases that are missing are listed and the rest is merged (exit 3); `kvbench run SUITE --out
-    DIR --resume` then runs only what is missing. Otherwise it exits as `kvbench run` would
-    for the merged run's claims. Needs no torch.
+    Each RUN is an output folder or its results.json (an interrupted run's results.jsonl also
+    works): a shard (`kvbench run SUITE --shard I/N`), or a whole run of a part of the suite
+    (`--only`, or shards merged before). Runs that planned the same cases are the shards of one
+    part; parts plan different cases. A suite longer than a session runs a part a session, each
+    merged here with the others. Refused (exit 2): runs of different suites, kvbench versions,
+    commits, settings or machines (see --allow-mixed), parts whose cases overlap, and a case in
+    two runs. Shards or cases that are missing are listed and the rest is merged (exit 3);
+    `kvbench run SUITE --out DIR --resume` then runs only what is missing. Otherwise it exits as
+    `kvbench run` would for the merged run's claims. Needs no torch.
     """
     from kvbench.report.markdown import write_reports
     from kvbench.run.files import JSON, JSONL
