@@ -90,8 +90,8 @@ def merge_runs(runs: list[tuple[str, RunResult]], allow_mixed: bool = False) -> 
     for key, _, value in _MIXED:  # where runs differ, each case keeps its own
         if len({value(run) for _, run in runs}) > 1:
             for _, run in runs:
-                for case in run.cases:
-                    case.info[key] = value(run)
+                for case in run.cases:  # a merged input's cases may know theirs already
+                    case.info.setdefault(key, value(run))
     first = runs[0][1]
     settings = {**first.settings, "shard": None, "merged_from": [
         {"path": path, "shard": run.settings.get("shard"), "machine": run.machine.get("key"),
