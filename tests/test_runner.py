@@ -188,7 +188,7 @@ def test_resume_after_only_the_claims_changed_judges_them_again(tmp_path, monkey
     (tmp_path / "cases.log").unlink()
     result = invoke("run", suite, "--out", out, "--resume")
     assert result.exit_code == 1, result.output  # i = 3 and 4 fail value <= 2
-    assert "only the suite's claims changed" in result.output
+    assert "only the suite's claims or timeouts changed" in result.output
     assert not (tmp_path / "cases.log").exists()  # nothing ran
     cases = load_results(out / "results.json").cases
     verdicts = [[c.verdict for c in case.claims] for case in cases]
@@ -197,6 +197,35 @@ def test_resume_after_only_the_claims_changed_judges_them_again(tmp_path, monkey
     # resumed again: the same verdicts, nothing run
     assert invoke("run", suite, "--out", out, "--resume").exit_code == 1
     assert not (tmp_path / "cases.log").exists()
+
+
+def test_resume_after_a_timeout_changed_runs_again_only_the_cases_it_stopped(tmp_path,
+                                                                             monkeypatch):
+    suite = tmp_path / "steps.yaml"
+    suite.write_text((SUITES / "steps.yaml").read_text().replace(
+        "  repeats: 1\n", "  repeats: 1\n  timeout_s: 1\n").replace(
+        "      i: [0, 1, 2, 3, 4]", "      i: [0, 1]\n      sleep_s: [0.0, 3.0]").replace(
+        "params: {log: cases.log, sleep_s: 0.0}", "params: {log: cases.log}"))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert invoke("run", suite, "--out", out).exit_code == 3  # two cases time out
+    statuses = {c.id: c.status for c in load_results(out / "results.json").cases}
+    assert sorted(statuses.values()) == ["ok", "ok", "timeout", "timeout"]
+    (tmp_path / "cases.log").unlink()
+    # the same timeout: a stopped case would stop again, so nothing runs
+    assert invoke("run", suite, "--out", out, "--resume").exit_code == 3
+    assert not (tmp_path / "cases.log").exists()
+    suite.write_text(suite.read_text().replace("timeout_s: 1\n", "timeout_s: 30\n"))
+    result = invoke("run", suite, "--out", out, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "2 case(s) stopped by the old timeout run again" in result.output
+    assert logged(tmp_path / "cases.log") == [0, 1]  # the two 3-second cases, once each
+    cases = load_results(out / "results.json").cases
+    assert [c.status for c in cases] == ["ok"] * 4
+    assert sorted(c.id for c in cases) == sorted(statuses)
+    lines = jsonl_lines(out / "results.jsonl")  # one record a case
+    assert sorted(line["case"]["id"] for line in lines[1:]) == sorted(statuses)
+    assert load_results(out / "results.json").suite.hash == load_suite(suite).hash
 
 
 def test_resume_without_an_earlier_run_runs_everything(tmp_path, monkeypatch):

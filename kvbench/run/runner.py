@@ -17,7 +17,7 @@ from kvbench.judge.claims import judge
 from kvbench.judge.paired import paired_samples
 from kvbench.results import (
     SCHEMA_VERSION, CaseResult, ResultsFileError, RunHeader, RunResult, SuiteRecord,
-    append_jsonl, case_line, header_line, read_jsonl, save_results,
+    append_jsonl, case_line, header_line, read_jsonl, save_jsonl, save_results,
 )
 from kvbench.run.case import DEFAULT_THREADS, Progress, Silent, judge_own
 from kvbench.run.executors import ChildProcesses, Executor, InProcess
@@ -63,7 +63,7 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
     if changed:
         raise ResumeError(f"{path} was run with other settings ({'; '.join(changed)}); resume "
                           "with the same --device, --backend and --repeats, or use another --out")
-    cases = jsonl.cases
+    cases, stopped = jsonl.cases, []
     if header.suite.hash != suite.hash:
         if _measured_part(header.suite.resolved) != _measured_part(suite.resolved):
             raise ResumeError(
@@ -71,15 +71,18 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
                 f"(hash {header.suite.hash[:12]} != {suite.hash[:12]}); run without --resume "
                 "or with another --out"
             )
-        # Claims judge measurements; they do not change them: judge the finished cases again.
-        progress.notice(f"{path}: only the suite's claims changed since this run started; every"
-                        " finished case's claims are judged again")
+        # Claims judge measurements and timeouts end them; neither changes what a case measures:
+        # judge the finished cases again, and run again those a changed timeout stopped.
+        progress.notice(f"{path}: only the suite's claims or timeouts changed since this run "
+                        "started; every finished case's claims are judged again")
+        retimed = _timeouts(header.suite.resolved) != _timeouts(suite.resolved)
         header = header.model_copy(update={"suite": SuiteRecord(
             name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved)})
         claims = {case.id: case.claims for case in suite.cases}
         for record in cases:
             if record.status == "ok":
                 record.claims = judge_own(claims.get(record.id, []), record.metrics)
+        stopped = [record.id for record in cases if record.status == "timeout"] if retimed else []
     if jsonl.torn_tail:
         # A kill mid-write cut the last line: drop it so the next append starts clean.
         size = path.stat().st_size
@@ -89,15 +92,28 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
         what = f"case {cut.group(1)!r}" if cut else "a case"
         progress.notice(f"{path}: the last line was cut mid-write ({what}); it is dropped and "
                         "that case runs again")
+    if stopped:
+        cases = [record for record in cases if record.id not in stopped]
+        save_jsonl(path, RunResult(**header.model_dump(), cases=cases))
+        progress.notice(f"{len(stopped)} case(s) stopped by the old timeout run again: "
+                        + ", ".join(stopped))
     return header, cases
 
 
 def _measured_part(resolved: dict[str, Any]) -> str:
-    """A resolved suite without its claims, as canonical JSON: what decides the measurements."""
+    """A resolved suite without its claims and timeouts, as canonical JSON: what decides the
+    measurements."""
     plain = json.loads(json.dumps(resolved, default=str))
+    plain.get("defaults", {}).pop("timeout_s", None)
     for entry in plain.get("methods", []) + plain.get("benchmarks", []):
         entry.pop("claims", None)
+        entry.pop("timeout_s", None)
     return json.dumps(plain, sort_keys=True)
+
+
+def _timeouts(resolved: dict[str, Any]) -> list:
+    return [resolved.get("defaults", {}).get("timeout_s")] + [
+        entry.get("timeout_s") for entry in resolved.get("benchmarks", [])]
 
 
 def run_suite(
