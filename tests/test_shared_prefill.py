@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,6 +142,23 @@ def test_a_case_whose_prompts_do_not_fit_keeps_its_first_ones(bundled_session):
         assert (store.made, store.reused) == (11, 9)
     finally:
         store.close()
+
+
+def test_a_store_nobody_closed_is_removed_when_collected_or_at_exit(tmp_path):
+    store = PrefillStore()
+    folder = store.folder
+    assert folder.is_dir()
+    del store
+    assert not folder.exists()
+    made = ("from kvbench.models.shared_prefill import PrefillStore\n"
+            "store = PrefillStore()\nprint(store.folder, flush=True)\n")
+    exits, killed = (subprocess.run([sys.executable, "-c", made + end], capture_output=True,
+                                    text=True, check=True).stdout.strip()
+                     for end in ("", "import os; os._exit(0)"))  # as a kill: no cleanup
+    assert exits and not os.path.exists(exits)
+    assert os.path.isdir(killed)
+    remove_orphaned_stores(Path(killed).parent)
+    assert not os.path.exists(killed)
 
 
 def test_a_store_left_by_a_killed_process_is_removed_and_no_other(tmp_path):

@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import tempfile
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,8 @@ class PrefillStore:
     def __init__(self, budget: int | None = None):
         remove_orphaned_stores(Path(tempfile.gettempdir()))
         self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_owner()}-"))
+        # removed on close(), when collected, or at exit: a store nobody closed is not left
+        self._remove = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         free = shutil.disk_usage(self.folder).free
         self.budget = min(DISK_BUDGET, free // 2) if budget is None else budget
         self._files: OrderedDict[str, tuple[Path, int, Arrays]] = OrderedDict()
@@ -152,7 +155,7 @@ class PrefillStore:
         self._files[key] = (path, size, arrays)
 
     def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self._remove()
         self._files.clear()
 
 
