@@ -144,7 +144,7 @@ def test_a_case_whose_prompts_do_not_fit_keeps_its_first_ones(bundled_session):
         store.close()
 
 
-def test_a_store_nobody_closed_is_removed_when_collected_or_at_exit(tmp_path):
+def test_a_store_nobody_closed_is_removed_when_collected_or_at_exit():
     store = PrefillStore()
     folder = store.folder
     assert folder.is_dir()
