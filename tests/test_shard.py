@@ -137,7 +137,8 @@ def test_a_missing_shard_is_reported_and_resume_runs_only_its_cases(tmp_path):
     (lambda run, other: run["machine"].update(key="linux-x86_64-nvidia-h100"),
      "machine 'linux-x86_64-cpu'"),
     (lambda run, other: run.update(kvbench_version="0.0.1"), "kvbench version"),
-    (lambda run, other: run["suite"].update(hash="0" * 64), "suite 'steps (hash "),
+    (lambda run, other: run["suite"]["resolved"]["defaults"].update(seed=99),
+     "suite 'steps (hash, timeouts aside, "),
     (lambda run, other: run["settings"].update(repeats=5), "settings"),
     (lambda run, other: run["settings"].update(shard="2/3"), "shards of different splits"),
     (lambda run, other: run["settings"].update(shard="1/2"), "shard 1/2 is given 2 times"),
@@ -154,6 +155,18 @@ def test_merge_refuses_runs_that_are_not_one_run(tmp_path, change, message):
     assert merged.exit_code == 2
     assert message in merged.output
     assert not (tmp_path / "m/results.json").exists()
+
+
+def test_shards_whose_suites_differ_only_in_timeouts_merge(tmp_path):
+    suite = _write_suite(tmp_path)
+    first, second = _shards(tmp_path, suite, 2)
+    run = load_json(second / "results.json")
+    run["suite"]["resolved"]["defaults"]["timeout_s"] = 7200.0  # raised, then resumed
+    run["suite"]["hash"] = "0" * 64
+    (second / "results.json").write_text(json.dumps(run))
+    merged = invoke("merge", first, second, "--out", tmp_path / "m")
+    assert merged.exit_code == 0, merged.output
+    assert len(load_json(tmp_path / "m/results.json")["cases"]) == 15
 
 
 def test_mixed_machines_merge_when_allowed(tmp_path):

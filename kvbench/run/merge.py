@@ -6,10 +6,11 @@ session, joined here. The cases go part by part, in the order the parts' first r
 each part in the suite's order; a claim against a case of another part was judged missing where
 it ran (split parts as shards split a suite: tied cases together).
 
-Refused (MergeRefused): runs of different suites (by hash), schema or kvbench versions, git
-commits, settings (device, backend, repeats) or machines (machine key) unless allow_mixed (each
-case then keeps its machine and commit in info); parts whose case selections overlap; a case in
-two runs; shards of different splits (1/2 with 1/3) or one shard twice. Reported and merged
+Refused (MergeRefused): runs of different suites (by hash, timeouts aside: a timeout ends a case,
+it does not change what it measures), schema or kvbench versions, git commits, settings (device,
+backend, repeats) or machines (machine key) unless allow_mixed (each case then keeps its machine
+and commit in info); parts whose case selections overlap; a case in two runs; shards of
+different splits (1/2 with 1/3) or one shard twice. Reported and merged
 anyway: shards not given, and cases planned that no run finished (an interrupted shard's
 results.jsonl can be merged, and resumed later).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from kvbench.results import RunResult, atomic_write_text, save_jsonl, save_results
 from kvbench.run.files import FILES, JSON, JSONL, PREDICTIONS
 from kvbench.run.shard import parse_shard
+from kvbench.suite.versions import TIMEOUTS, digest_without
 
 
 class MergeRefused(ValueError):
@@ -42,7 +44,8 @@ class Merged:
 
 
 _SAME = (
-    ("suite", lambda run: f"{run.suite.name} (hash {run.suite.hash[:12]})"),
+    ("suite", lambda run: f"{run.suite.name} (hash, timeouts aside, "
+                          f"{digest_without(run.suite.resolved, TIMEOUTS)[:12]})"),
     ("schema version", lambda run: run.schema_version),
     ("kvbench version", lambda run: run.kvbench_version),
     ("settings", lambda run: {k: v for k, v in run.settings.items()

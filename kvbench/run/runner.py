@@ -26,6 +26,7 @@ from kvbench.run.files import (
 )
 from kvbench.run.shard import Shard, select_shard
 from kvbench.suite.case import Case, LoadedSuite
+from kvbench.suite.versions import CLAIMS, TIMEOUTS, timeouts, without
 
 @dataclass
 class RunOutcome:
@@ -65,7 +66,9 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
                           "with the same --device, --backend and --repeats, or use another --out")
     cases, stopped = jsonl.cases, []
     if header.suite.hash != suite.hash:
-        if _measured_part(header.suite.resolved) != _measured_part(suite.resolved):
+        measured = [without(resolved, CLAIMS, TIMEOUTS)
+                    for resolved in (header.suite.resolved, suite.resolved)]
+        if measured[0] != measured[1]:
             raise ResumeError(
                 f"{path} was written by a different version of suite {suite.name!r} "
                 f"(hash {header.suite.hash[:12]} != {suite.hash[:12]}); run without --resume "
@@ -75,7 +78,7 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
         # judge the finished cases again, and run again those a changed timeout stopped.
         progress.notice(f"{path}: only the suite's claims or timeouts changed since this run "
                         "started; every finished case's claims are judged again")
-        retimed = _timeouts(header.suite.resolved) != _timeouts(suite.resolved)
+        retimed = timeouts(header.suite.resolved) != timeouts(suite.resolved)
         header = header.model_copy(update={"suite": SuiteRecord(
             name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved)})
         claims = {case.id: case.claims for case in suite.cases}
@@ -98,22 +101,6 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
         progress.notice(f"{len(stopped)} case(s) stopped by the old timeout run again: "
                         + ", ".join(stopped))
     return header, cases
-
-
-def _measured_part(resolved: dict[str, Any]) -> str:
-    """A resolved suite without its claims and timeouts, as canonical JSON: what decides the
-    measurements."""
-    plain = json.loads(json.dumps(resolved, default=str))
-    plain.get("defaults", {}).pop("timeout_s", None)
-    for entry in plain.get("methods", []) + plain.get("benchmarks", []):
-        entry.pop("claims", None)
-        entry.pop("timeout_s", None)
-    return json.dumps(plain, sort_keys=True)
-
-
-def _timeouts(resolved: dict[str, Any]) -> list:
-    return [resolved.get("defaults", {}).get("timeout_s")] + [
-        entry.get("timeout_s") for entry in resolved.get("benchmarks", [])]
 
 
 def run_suite(
