@@ -10,9 +10,9 @@ Refused (MergeRefused): runs of different suites (by hash, timeouts aside: a tim
 it does not change what it measures), schema or kvbench versions, git commits, settings (device,
 backend, repeats) or machines (machine key) unless allow_mixed (each case then keeps its machine
 and commit in info); parts whose case selections overlap; a case in two runs; shards of
-different splits (1/2 with 1/3) or one shard twice. Reported and merged
-anyway: shards not given, and cases planned that no run finished (an interrupted shard's
-results.jsonl can be merged, and resumed later).
+different splits (1/2 with 1/3) or one shard twice. Reported and merged anyway: shards not given,
+and cases planned that no run finished (an interrupted shard's results.jsonl can be merged, and
+resumed later).
 """
 from __future__ import annotations
 
