@@ -4,6 +4,8 @@ claims a run judges — a method that drops the needle separated from identity a
 sample count, and not at two samples a cell."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvbench.benchmarks.reports.ruler import ruler_section
@@ -18,6 +20,7 @@ from kvbench.report.markdown import render_markdown
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
 from kvbench.run.runner import judge_across
 from kvbench.suite.case import Case
+from tests.plugins.suites import ROOT
 
 SHIPPED_SAMPLES = 40  # per RULER task at 1K in the shipped suites
 TODAY_SAMPLES = 2  # per cell in the RULER run of 8638e4f, the README's 2K/4K figures
@@ -198,10 +201,6 @@ def test_without_the_same_samples_a_claim_is_judged_on_the_means():
 def test_the_committed_ruler_report_separates_every_method_from_identity_per_length():
     """reports/ruler: every (method, length) mean within ±15 points, and every method with a
     verdict against identity and its p."""
-    import re
-
-    from tests.plugins.suites import ROOT
-
     text = (ROOT / "reports/ruler/report.md").read_text()
     means = text.split("### RULER: mean score over tasks, per context length")[1].split("<sub>")[0]
     rows = [line for line in means.splitlines()

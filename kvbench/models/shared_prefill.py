@@ -103,7 +103,8 @@ def ingest(cache, prompt: PrefilledPrompt) -> None:
 
 class PrefillStore:
     """Recorded prompts of one run, by model and tokens, kept on disk within a budget (the
-    oldest dropped first); made again when asked for after being dropped."""
+    running case's prompts kept over any other, see expect); made again when asked for after
+    being dropped or not kept."""
 
     def __init__(self, budget: int | None = None):
         remove_orphaned_stores(Path(tempfile.gettempdir()))

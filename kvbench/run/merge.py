@@ -161,7 +161,7 @@ def _differences(runs: list[tuple[str, RunResult]], checks) -> list[str]:
             if value(run) == value(first):
                 continue
             hint = (" (--allow-mixed joins runs of different machines or commits)"
-                    if what in ("machine", "git commit") else "")
+                    if what in {label for _, label, _ in _MIXED} else "")
             problems.append(f"{what} {value(first)!r} in {first_path}, {value(run)!r} in "
                             f"{path}{hint}")
     return problems
