@@ -1,4 +1,4 @@
-"""Faults lose nothing: a run interrupted (SIGINT) or killed (SIGKILL) mid-case, a results.jsonl
+"""Faults lose nothing: a run interrupted (SIGINT, SIGTERM) or killed (SIGKILL) mid-case, a results.jsonl
 cut mid-line or corrupt, two runs into one folder, a full disk, a broken baseline.
 
 Real processes are stopped while a case is blocked (the test plugin's KVB_BLOCK_AT), never
@@ -57,8 +57,10 @@ def _resume(tmp_path: Path, out: Path) -> str:
     return output
 
 
-def test_sigint_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_path, reference):
-    out, output, code = _stop_mid_case(tmp_path, lambda p: p.send_signal(signal.SIGINT))
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_stop_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_path, reference,
+                                                                          stop):
+    out, output, code = _stop_mid_case(tmp_path, lambda p: p.send_signal(stop))
     assert code == 130, output
     assert "interrupted" in output and f"--out {out} --resume" in output
     lines = jsonl_lines(out / "results.jsonl")

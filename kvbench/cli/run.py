@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -165,6 +167,7 @@ def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, rep
     if shard is not None:
         default_dir = default_dir / f"shard-{shard.index}-of-{shard.count}"
     out_dir = Path(out_dir or default_dir)
+    _interrupt_on_sigterm()
     try:
         with hold_out_dir(out_dir):
             outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
@@ -194,3 +197,10 @@ def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, rep
         sys.exit(EXIT_INTERRUPTED)
     summary(result, gate_report, out_dir)
     sys.exit(exit_code(result, gate_report))
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (a cancelled CI job, `timeout`) stops a run as Ctrl-C does: the finished cases
+    are judged and written to results.json and the report, not only to results.jsonl."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
