@@ -1,10 +1,14 @@
 """The ladder benchmark and the per-case peak-memory probe it stands on."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 from kvbench.backends import process_memory
+from kvbench.backends.torch_backend import reset_peak_memory
 from kvbench.benchmarks import measurement
 from kvbench.benchmarks.specs.ladder import Ladder, LadderParams
 from kvbench.methods import OnBackend, implementation
@@ -32,6 +36,38 @@ def test_cpu_peak_moves_by_what_is_allocated():
     idle = process_memory.high_water() - start
     assert 190 * MB < grew < 215 * MB
     assert idle < 10 * MB
+
+
+@needs_proc
+def test_what_only_a_reference_cycle_holds_is_not_counted_as_loaded():
+    """An earlier case's cache kept alive only by a cycle is freed before `loaded` is read, as
+    the automatic collector may not have run yet (it had not on CUDA: a 5.6 GiB cache)."""
+    gc.disable()  # the collector must not run on its own between the two readings
+    try:
+        start = reset_peak_memory(torch.device("cpu"))
+        cycle = [torch.ones(200 * MB // 4)]
+        cycle.append(cycle)
+        del cycle
+        loaded = reset_peak_memory(torch.device("cpu"))
+    finally:
+        gc.enable()
+    assert loaded - start < 20 * MB
+
+
+def test_on_cuda_what_only_a_reference_cycle_holds_is_not_counted_as_loaded(monkeypatch):
+    """The CUDA branch, with the allocator's counters faked: it collects first as well."""
+    cycle = [torch.ones(4)]
+    cycle.append(cycle)
+    alive = weakref.ref(cycle[0])
+    del cycle
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *args: int(alive() is not None))
+    gc.disable()
+    try:
+        assert reset_peak_memory(torch.device("cuda")) == 0
+    finally:
+        gc.enable()
 
 
 class _Ballast(TorchIdentity):
