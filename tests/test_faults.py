@@ -68,6 +68,8 @@ def test_a_stop_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_p
     interrupted = json.loads((out / "results.json").read_text())
     assert interrupted["interrupted"] is True
     assert [c["id"] for c in interrupted["cases"]] == STEP_IDS[:2]
+    report = (out / "report.md").read_text()
+    assert "**interrupted**" in report and "2 cases" in report
 
     output = _resume(tmp_path, out)
     assert "resuming: 2 finished case(s) kept, 3 to run" in output

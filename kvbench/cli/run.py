@@ -190,6 +190,7 @@ def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, rep
     except OSError as exc:  # the folder itself: not creatable, not writable
         fail(f"cannot use {out_dir}: {exc}")
     except KeyboardInterrupt:
+        _report_what_finished(out_dir)
         err.print(
             f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / JSONL}. "
             f"Continue with:\n  kvbench run {suite_path} --out {out_dir} --resume"
@@ -204,3 +205,15 @@ def _interrupt_on_sigterm() -> None:
     are judged and written to results.json and the report, not only to results.jsonl."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _report_what_finished(out_dir: Path) -> None:
+    """report.md and its figures for the cases an interrupted run finished (results.json)."""
+    from kvbench.report.markdown import write_reports
+    from kvbench.results import load_results
+    from kvbench.run.files import JSON
+
+    try:
+        write_reports(load_results(out_dir / JSON), out_dir)
+    except (OSError, ValueError) as exc:  # results.jsonl still holds every finished case
+        err.print(f"no report written for the finished cases: {exc}")
