@@ -855,6 +855,20 @@ def test_the_figure_has_three_panels_one_line_per_method(stress_result, tmp_path
     assert plot["per_user_tok_s"]["leaky"] == ([1, 4], [10.0, 7.0])
 
 
+def test_one_level_per_method_draws_no_figure(tmp_path):
+    """An interrupted run (on CUDA: one level of each method) has no curve; the report is still
+    written, without the figure."""
+    pytest.importorskip("matplotlib")
+    from kvbench.benchmarks.reports import stress
+    from kvbench.report.markdown import write_reports
+    from tests.test_report_retrieval import run
+
+    report = write_reports(run([stress_case("identity", 1, 10.0), stress_case("intq", 1, 9.0)]),
+                           tmp_path).read_text()
+    assert "**intq**" in report and stress.THROUGHPUT_PNG not in report
+    assert not (tmp_path / stress.THROUGHPUT_PNG).exists()
+
+
 def test_without_matplotlib_the_stress_section_says_so(stress_result, without_matplotlib):
     from kvbench.report.markdown import render_markdown
 

@@ -181,9 +181,12 @@ def _warnings(table: StressTable) -> list[str]:
 
 def stress_figures(result: RunResult, out_dir: Path | None) -> str | None:
     """The figure's link (written to out_dir when given), a note without matplotlib, or None
-    when there is no stress case."""
+    when no method has two levels or more (nothing to draw a curve of)."""
+    table = stress_table(result)
+    if table is not None and not any(panel_lines(table, metric) for metric, _, _ in PANELS):
+        table = None
     return figure_text(
-        stress_table(result), out_dir,
+        table, out_dir,
         lambda table, folder: stress_throughput_png(table, folder / THROUGHPUT_PNG,
                                                     result.suite.name),
         f"![aggregate and per-user tok/s and p99 TTFT against concurrent users]"
