@@ -129,6 +129,24 @@ def test_two_machines_side_by_side_and_what_is_not_comparable(tmp_path):
     assert all("machine" not in why for why in refused.values())
 
 
+def test_a_cpu_run_and_a_gpu_run_are_side_by_side_whatever_their_cpu_threads(tmp_path):
+    first = load_results(SMALL_RESULTS)
+    second = first.model_copy(deep=True)
+    second.machine["key"] = "linux-x86_64-nvidia-h200"
+    ok = [c for c in second.cases if c.status == "ok"]
+    for case in first.cases:
+        case.threads = 1
+    for case in second.cases:
+        case.threads = None
+    for case in ok[1:]:
+        case.device = "cuda"
+    _, parsed = _site(tmp_path, first, second)
+    compared = {r[1][0] for r in _body_rows(parsed.tables["comparison"])}
+    refused = {r[1][0]: r[1][2] for r in _body_rows(parsed.tables["not-comparable"])}
+    assert {c.id for c in ok[1:]} <= compared
+    assert "threads: 1 -> None" in refused[ok[0].id]  # both on the CPU: threads still differ
+
+
 def test_the_command_line(tmp_path):
     made = invoke("report", SMALL_RESULTS, SMALL_RESULTS, "--format", "html", "--out",
                   tmp_path / "site")
