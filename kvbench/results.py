@@ -95,6 +95,7 @@ class CaseResult(_Record):
     device: str = "cpu"
     backend: str = "torch"
     threads: int | None = None  # the suite's torch thread setting; None: torch's default
+    model_dtype: str = "float32"
     seed: int = 0
     status: Status
     metrics: dict[str, Metric] = Field(default_factory=dict)
@@ -113,14 +114,19 @@ class CaseResult(_Record):
 
 def defining_parts(case: CaseResult) -> dict[str, Any]:
     """What defines a case: two results may be compared only if all of it is equal. The
-    machine is checked per run (its key), the code is what a gate judges, so neither is here."""
-    return _portable({
+    machine is checked per run (its key), the code is what a gate judges, so neither is here.
+    A float32 model is left out, as every record before model_dtype was: their fingerprints
+    hold."""
+    parts = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": case.benchmark, "bench_params": case.bench_params,
         "method": case.method, "method_params": case.method_params,
         "backend": case.backend, "model": case.model, "threads": case.threads,
         "data": case.comparable,
-    })
+    }
+    if case.model_dtype != "float32":
+        parts["model_dtype"] = case.model_dtype
+    return _portable(parts)
 
 
 def _portable(value: Any) -> Any:

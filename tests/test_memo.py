@@ -69,12 +69,12 @@ class KeyRecorder(Memo):
         return super().get(key, make)
 
 
-def _load(spec, device, backend="torch"):
+def _load(spec, device, backend="torch", dtype="float32"):
     if backend == "mlx":
         from kvbench.models.mlx_host import load_mlx_model
 
         return load_mlx_model(spec)
-    return load_model(spec, device)
+    return load_model(spec, device, dtype=dtype)
 
 
 def _ctx(memo, status=lambda message: None):

@@ -23,6 +23,10 @@ from kvbench.cli.common import fail
 @click.option("--allow-remote", is_flag=True, help="Allow a --host that is not loopback.")
 @click.option("--device", default="cpu", show_default=True,
               type=click.Choice(["auto", "cpu", "cuda", "mps"]))
+@click.option("--model-dtype", default="float32", show_default=True,
+              type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="The model's weights and activations (a cache stores in it unless its method"
+                   " says otherwise).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--kv-budget", type=click.IntRange(min=1), metavar="BYTES",
               help="Admit a request only while the method's accounted KV bytes of the active"
@@ -33,8 +37,8 @@ from kvbench.cli.common import fail
               help="Most requests decoded together in one batched forward.")
 @click.option("--calibration", default=512, show_default=True, type=click.IntRange(min=0),
               help="Tokens of offline text handed to methods that calibrate themselves.")
-def serve(model, method_name, params_json, host, port, allow_remote, device, threads, kv_budget,
-          queue_timeout, max_batch, calibration):
+def serve(model, method_name, params_json, host, port, allow_remote, device, model_dtype, threads,
+          kv_budget, queue_timeout, max_batch, calibration):
     """Serve a model over an OpenAI-compatible HTTP API with a kvbench method as every request's
     KV cache, decoding all active requests as one batch (continuous batching).
 
@@ -59,7 +63,7 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, thr
         fail(str(exc))
     try:
         run_server(model, method_name, params, host, port, device, threads, kv_budget,
-                   queue_timeout, max_batch, calibration,
+                   queue_timeout, max_batch, calibration, model_dtype=model_dtype,
                    log=lambda message: print(f"kvbench serve: {message}", file=sys.stderr,
                                              flush=True))
     except ValueError as exc:  # a bad method, parameter or model spec

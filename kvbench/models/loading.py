@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvbench.backends.torch_backend import DTYPES
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
 from kvbench.models.info import TINY_MAX_CONTEXT, describe_model, resolve_spec
@@ -28,9 +29,11 @@ class LoadedModel:
 
 
 def load_model(
-    spec: str, device: torch.device | str = "cpu", log: Callable[[str], None] | None = None
+    spec: str, device: torch.device | str = "cpu", log: Callable[[str], None] | None = None,
+    dtype: str = "float32",
 ) -> LoadedModel:
-    """Load the model a spec names, float32 in eval mode, on `device`."""
+    """Load the model a spec names, in eval mode, on `device`, its weights in `dtype`
+    (float32, bfloat16 or float16)."""
     log = log or _stderr
     kind, target = resolve_spec(spec)
     if kind == "tiny":
@@ -43,15 +46,16 @@ def load_model(
         max_context = describe_model(spec).max_context
     config = model.config.get_text_config()
     heads = config.num_attention_heads
+    torch_dtype = DTYPES[dtype]
     return LoadedModel(
         spec=spec,
-        model=model.to(device),
+        model=model.to(device=device, dtype=torch_dtype),
         tokenizer=tokenizer,
         num_layers=config.num_hidden_layers,
         num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         max_context=max_context,
-        dtype=torch.float32,
+        dtype=torch_dtype,
     )
 
 

@@ -298,8 +298,8 @@ def _case_details(cases: list[tuple[Run, CaseResult]], anchors: dict) -> str:
             ("method", f"{_e(case.method)} ({_e(case.method_label)})"),
             ("method parameters",
              f"<code>{_e(json.dumps(case.method_params, default=str))}</code>"),
-            ("model", _e(case.model or "-")), ("backend, device", _e(f"{case.backend}, "
-                                                                     f"{case.device}")),
+            ("model", _e(f"{case.model or '-'} ({case.model_dtype})")),
+            ("backend, device", _e(f"{case.backend}, {case.device}")),
             ("seed, threads", _e(f"{case.seed}, {case.threads or 'default'}")),
             ("suite", f"{_e(r.suite.name)} <code>{_e(r.suite.hash[:12])}</code>"),
             ("git sha", f"<code>{_e(r.git_sha or '-')}</code>"),

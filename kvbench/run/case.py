@@ -97,8 +97,9 @@ class ModelCache:
     def __init__(self):
         self._loaded = {}
 
-    def __call__(self, spec: str, device: torch.device, backend: str = "torch"):
-        key = (spec, str(device), backend)
+    def __call__(self, spec: str, device: torch.device, backend: str = "torch",
+                 dtype: str = "float32"):
+        key = (spec, str(device), backend, dtype)
         if key not in self._loaded:
             if backend == "mlx":
                 from kvbench.models.mlx_host import load_mlx_model
@@ -107,7 +108,7 @@ class ModelCache:
             else:
                 from kvbench.models import load_model
 
-                self._loaded[key] = load_model(spec, device)
+                self._loaded[key] = load_model(spec, device, dtype=dtype)
         return self._loaded[key]
 
 
@@ -150,6 +151,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
             method = implementation(build_method(case.method, case.method_params), case.backend)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
+                model_dtype=case.model_dtype,
                 load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
                 keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
                 files_dir=files_dir,

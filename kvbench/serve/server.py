@@ -23,7 +23,8 @@ def check_host(host: str, allow_remote: bool) -> None:
 
 def serve(model: str, method_name: str, method_params: dict[str, Any], host: str, port: int,
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
-          max_batch: int, calibration: int, log: Callable[[str], None]) -> None:
+          max_batch: int, calibration: int, log: Callable[[str], None],
+          model_dtype: str = "float32") -> None:
     import torch
     import uvicorn
 
@@ -41,7 +42,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     if threads:
         torch.set_num_threads(threads)
     torch_device = resolve_device(device)
-    loaded = load_model(model, torch_device, log=log)
+    loaded = load_model(model, torch_device, log=log, dtype=model_dtype)
     session = TorchSession(loaded, torch_device)
     if calibration:  # methods that set themselves from statistics; free for those that do not
         session.calibrate(method, text_tokens(Memo(), session, "pydoc")[:calibration])
@@ -50,7 +51,8 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     label = method_name if not method_params else f"{method_name}{method_params}"
     app = create_app(engine, model, label, loaded.max_context)
     engine.start()
-    log(f"serving on http://{host}:{port} (model {model}, method {label}, device {torch_device},"
+    log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
+        f" {torch_device},"
         f" KV budget {kv_budget or 'none'})")
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -24,6 +24,7 @@ class Case:
     timeout_s: float | None
     backend: str = "torch"
     threads: int | None = None  # torch CPU threads; None: torch's default
+    model_dtype: str = "float32"
     claims: list[Claim] = field(default_factory=list)
 
     def record(self) -> CaseResult:
@@ -32,7 +33,7 @@ class Case:
             id=self.id, benchmark=self.benchmark, bench_params=self.bench_params,
             method=self.method, method_label=self.method_label, method_params=self.method_params,
             model=self.model, device=self.device, backend=self.backend, threads=self.threads,
-            seed=self.seed, status="ok",
+            model_dtype=self.model_dtype, seed=self.seed, status="ok",
         )
 
 

@@ -239,6 +239,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 timeout_s=_first(entry.timeout_s, defaults.timeout_s),
                 backend=defaults.backend,
                 threads=defaults.threads,
+                model_dtype=defaults.model_dtype,
                 claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
                 + [c.value for c, pattern, _ in claims
                    if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],

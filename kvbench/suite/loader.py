@@ -55,11 +55,14 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
     cases = expand_cases(methods, benchmarks, settings, default_model, issues)
     issues.raise_if_any()
 
+    defaults_written = settings.model_dump()
+    if defaults_written["model_dtype"] == "float32":  # as before model_dtype: runs still resume
+        del defaults_written["model_dtype"]
     resolved = {
         "kvbench": SCHEMA_VERSION,
         "name": top.name or Path(shown).stem,
         "description": top.description,
-        "defaults": settings.model_dump(),
+        "defaults": defaults_written,
         "gate": {"default": default_tol.model_dump(),
                  "metrics": {k: v.model_dump() for k, v in tolerances.items()},
                  "absolute_timings": absolute_timings},

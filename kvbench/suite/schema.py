@@ -72,9 +72,20 @@ class Defaults(_Strict):
     seed: int = 0
     repeats: int = Field(1, ge=1)
     timeout_s: float | None = Field(900, gt=0, description="per case; null: no limit")
+    model_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="the torch model's weights and activations (a method's cache "
+                               "stores in this dtype unless its own dtype says otherwise)")
     threads: int | None = Field(
         None, ge=1, description="torch CPU threads for every case; null: torch's default. One "
                                 "thread keeps timings steady on a shared machine")
+
+
+    @model_validator(mode="after")
+    def _model_dtype_on_torch(self) -> "Defaults":
+        if self.backend == "mlx" and self.model_dtype != "float32":
+            raise ValueError("model_dtype applies to torch models; on mlx the model runs as"
+                             " mlx-lm loads it (leave model_dtype out)")
+        return self
 
 
 class MethodEntry(_Strict):

@@ -19,20 +19,20 @@ def cpu_context(model: str | None = None, repeats: int = 1, *, loaded=None,
     if loaded is not None:
         model = model or loaded.spec
 
-        def load(spec, device, backend="torch"):
+        def load(spec, device, backend="torch", dtype="float32"):
             return loaded
     elif model is None:
         def load(spec, device, *args, **kwargs):
             return None
     else:
-        def load(spec, device, backend="torch"):
+        def load(spec, device, backend="torch", dtype="float32"):
             if backend == "mlx":
                 from kvbench.models.mlx_host import load_mlx_model
 
                 return load_mlx_model(spec)
             from kvbench.models import load_model
 
-            return load_model(spec, device)
+            return load_model(spec, device, dtype=dtype)
     extra = {} if status is None else {"status": status}
     return RunContext(device=torch.device("cpu"), seed=0, repeats=repeats, model=model,
                       load_model=load, backend=backend, **extra)

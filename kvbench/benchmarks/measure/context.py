@@ -24,8 +24,9 @@ class RunContext:
     device: torch.device
     seed: int
     repeats: int
-    model: str | None  # the suite's model spec; load it with load_model
-    # (spec, device, backend="torch") -> LoadedModel, or MLXLoaded on mlx; cached by the runner
+    model: str | None  # the suite's model spec; load it with loaded_model()
+    # (spec, device, backend="torch", dtype="float32") -> LoadedModel, or MLXLoaded on mlx;
+    # cached by the runner
     load_model: Callable[..., Any]
     status: Callable[[str], None] = lambda message: None  # progress text for the current case
     backend: str = "torch"
@@ -38,6 +39,11 @@ class RunContext:
     # A folder beside the run's results for files a case keeps (a server's log): made on first
     # use by whoever writes there; None outside a run.
     files_dir: Path | None = None
+    model_dtype: str = "float32"  # the torch model's dtype
+
+    def loaded_model(self) -> Any:
+        """The suite's model on torch, in model_dtype (loaded once per run by the runner)."""
+        return self.load_model(self.model, self.device, dtype=self.model_dtype)
 
     def open_session(self) -> Session:
         """The suite's model on the case's backend, as a session (loaded once per run by the
@@ -48,7 +54,7 @@ class RunContext:
             from kvbench.models.mlx_session import MLXSession
 
             return MLXSession(self.load_model(self.model, self.device, backend="mlx"))
-        return TorchSession(self.load_model(self.model, self.device), self.device)
+        return TorchSession(self.loaded_model(), self.device)
 
     def open_window(self, params: TextWindowParams,
                     need: int) -> tuple[Session, list[int], list[int]]:

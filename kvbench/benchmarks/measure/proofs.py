@@ -125,7 +125,7 @@ class ProofsRun(Proofs):
 
         if ctx.model is None:
             raise ValueError("data: captured needs a model; set the suite's model")
-        loaded = ctx.load_model(ctx.model, ctx.device)
+        loaded = ctx.loaded_model()
         token_ids = text_tokens(ctx.memo, TorchSession(loaded, ctx.device), "pydoc")
         if len(token_ids) < params.tokens:
             raise ValueError(f"tokens: the text has only {len(token_ids)} tokens")

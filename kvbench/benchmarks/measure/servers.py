@@ -45,11 +45,13 @@ def fill_port(text: str, port: int) -> str:
 
 
 def kvbench_serve_command(model: str, method: str, params_json: str, port: int, device: str,
-                          threads: int, kv_budget: int) -> list[str]:
+                          threads: int, kv_budget: int, model_dtype: str = "float32"
+                          ) -> list[str]:
     """`kvbench serve` as this interpreter runs it (the same environment as the run)."""
     command = [sys.executable, "-m", "kvbench.cli", "serve", "--model", model,
                "--method", method, "--params", params_json, "--host", "127.0.0.1",
-               "--port", str(port), "--device", device, "--threads", str(threads)]
+               "--port", str(port), "--device", device, "--threads", str(threads),
+               "--model-dtype", model_dtype]
     if kv_budget:
         command += ["--kv-budget", str(kv_budget)]
     return command

@@ -112,7 +112,7 @@ class StressRun(Stress):
         if target.kind == "kvbench":
             name, method_params = method_name(method.settings), json.dumps(
                 method.settings.params(), sort_keys=True, default=str)
-            key = ("kvbench", ctx.model, name, method_params, params.kv_budget,
+            key = ("kvbench", ctx.model, ctx.model_dtype, name, method_params, params.kv_budget,
                    torch.get_num_threads(), str(ctx.device))
             label = f"kvbench-serve-{name}"
         else:
@@ -157,7 +157,7 @@ class StressRun(Stress):
             command = kvbench_serve_command(
                 str(ctx.model), method_name(method.settings),
                 json.dumps(method.settings.params(), sort_keys=True, default=str), port,
-                ctx.device.type, torch.get_num_threads(), params.kv_budget)
+                ctx.device.type, torch.get_num_threads(), params.kv_budget, ctx.model_dtype)
             url = f"http://127.0.0.1:{port}"
             root = import_root(type(method.settings))
             if root is not None:  # a module:Class method: the server imports it from there

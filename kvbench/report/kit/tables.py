@@ -160,6 +160,8 @@ def benchmark_table(cases: list[CaseResult]) -> str:
 def _settings(case: CaseResult) -> dict[str, str]:
     shown = {k: fmt_param(v) for k, v in case.bench_params.items()}
     shown.update({k: v for k, v in (("model", case.model), ("device", case.device)) if v})
+    if case.model_dtype != "float32":
+        shown["model_dtype"] = case.model_dtype
     shown["seed"] = str(case.seed)
     return shown
 
