@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# suites/cuda-e2e.yaml on a GPU machine that reaches no package registry, within one command of
+# suites/cuda-e2e.yaml (or SUITE) on a GPU machine that reaches no package registry, within one command of
 # at most 10 minutes; a later call on the same machine continues the run (--resume).
 #
 #   ci/cuda_e2e.sh [--check | --pack | kvbench run options, e.g. --device cpu --limit 3]
@@ -14,7 +14,9 @@
 # Environment:
 #   OUT        where the run comes back: run.log, env.txt, results.json(l), report.md and a
 #              tarball of the whole run folder (default: runs/cuda-e2e-out)
-#   RUN        the run folder (default: /tmp/kvbench-cuda-e2e, outside the checkout)
+#   SUITE      the suite (default: suites/cuda-e2e.yaml; suites/cuda-e2e-bf16.yaml for bfloat16)
+#   RUN        the run folder (default: /tmp/kvbench-<suite name>, outside the checkout); to
+#              continue a committed run elsewhere, copy its results.jsonl there first
 #   BUDGET_S   seconds the run may take; then it is stopped as Ctrl-C stops it, finished cases
 #              kept and reported (default: 420)
 #   WHEELS     a folder of wheels installed first with --no-index (default: .whl, if present)
@@ -29,7 +31,8 @@ OUT=${OUT:-runs/cuda-e2e-out}
 BUDGET_S=${BUDGET_S:-420}
 WHEELS=${WHEELS:-.whl}
 GGUF_DIR=${GGUF_DIR:-.gguf}
-RUN=${RUN:-/tmp/kvbench-cuda-e2e}
+SUITE=${SUITE:-suites/cuda-e2e.yaml}
+RUN=${RUN:-/tmp/kvbench-$(basename "$SUITE" .yaml)}
 SITE=${SITE:-/tmp/kvbench-site}
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf  # kvbench.models.info's bundled smollm2-135m
 export PYTHONUNBUFFERED=1
@@ -90,9 +93,9 @@ fi
 kvbench models prepare smollm2-135m 2>&1 | tee -a "$OUT/run.log" | tail -2 \
   || { log "model preparation failed"; exit 1; }
 
-log "running suites/cuda-e2e.yaml for at most ${BUDGET_S}s: $*"
+log "running $SUITE for at most ${BUDGET_S}s: $*"
 start=$(date +%s)
-timeout --kill-after=60 "$BUDGET_S" $PYTHON -m kvbench.cli run suites/cuda-e2e.yaml \
+timeout --kill-after=60 "$BUDGET_S" $PYTHON -m kvbench.cli run "$SUITE" \
   --out "$RUN" --resume "$@" >>"$OUT/run.log" 2>&1
 code=$?
 log "kvbench run exited $code after $(( $(date +%s) - start ))s"
