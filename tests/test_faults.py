@@ -1,5 +1,5 @@
-"""Faults lose nothing: a run interrupted (SIGINT, SIGTERM) or killed (SIGKILL) mid-case, a results.jsonl
-cut mid-line or corrupt, two runs into one folder, a full disk, a broken baseline.
+"""Faults lose nothing: a run interrupted (SIGINT, SIGTERM) or killed (SIGKILL) mid-case, a
+results.jsonl cut mid-line or corrupt, two runs into one folder, a full disk, a broken baseline.
 
 Real processes are stopped while a case is blocked (the test plugin's KVB_BLOCK_AT), never
 after a sleep, so no test depends on timing luck.
