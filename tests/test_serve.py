@@ -244,6 +244,28 @@ def stream(url: str, body: dict) -> list[dict]:
     return [json.loads(c) for c in chunks[:-1]]
 
 
+def test_health_says_what_ran_the_codecs(session):
+    """/health's impl is the method's ImplLog, as a run's info.impl: what the stress benchmark
+    records per case (kernels or torch, fused attention or decoded reads)."""
+    from fastapi.testclient import TestClient
+
+    from kvbench.benchmarks.measure.servers import kvbench_server_impl
+
+    engine = Engine(session, _method("intq", {"bits": 4}))
+    app = create_app(engine, "tiny:llama", "intq", session.loaded.max_context)
+    engine.start()
+    try:
+        with TestClient(app) as client:
+            assert client.get("/health").json()["impl"] == {}  # nothing encoded yet
+            body = {"prompt": "The cache", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+            assert client.post("/v1/completions", json=body).status_code == 200
+            impl = client.get("/health").json()["impl"]
+    finally:
+        engine.stop()
+    assert impl == engine.method.impl_log.summary() and impl["encode"] == "torch"
+    assert kvbench_server_impl("http://127.0.0.1:9") == {}  # nothing there: nothing said
+
+
 def test_completion_stream_and_whole_agree_and_fill_usage(server):
     url, _ = server
     body = {"model": "tiny:llama", "prompt": "The cache", "max_tokens": 6, "temperature": 0,

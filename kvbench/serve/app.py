@@ -89,7 +89,8 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_id, "method": method_label}
+        return {"status": "ok", "model": model_id, "method": method_label,
+                "impl": engine.impl()}
 
     @app.get("/v1/models")
     async def models():

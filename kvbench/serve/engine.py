@@ -106,6 +106,13 @@ class Engine:
 
     # -- the submitting side (any thread) ---------------------------------------------------
 
+    def impl(self) -> dict[str, str]:
+        """Which implementation ran each of the method's codec operations so far (its ImplLog:
+        encode, decode, decode attention), as a run's info.impl says it; {} for a method
+        without kernels."""
+        log = getattr(self.method, "impl_log", None)
+        return log.summary() if log is not None else {}
+
     def start(self) -> None:
         self._thread.start()
 

@@ -57,6 +57,20 @@ def kvbench_serve_command(model: str, method: str, params_json: str, port: int, 
     return command
 
 
+def kvbench_server_impl(url: str) -> dict[str, str]:
+    """What ran a kvbench server's codec operations so far (its /health `impl`, as a run's
+    info.impl); {} when it does not say."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=10.0, trust_env=False) as client:
+            answer = client.get(url + "/health").json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    impl = answer.get("impl") if isinstance(answer, dict) else None
+    return impl if isinstance(impl, dict) else {}
+
+
 def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
     try:
         text = path.read_text(errors="replace")

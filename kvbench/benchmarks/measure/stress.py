@@ -43,7 +43,7 @@ from kvbench.benchmarks.measure.load_generator import (
 )
 from kvbench.benchmarks.measure.servers import (
     ExternalServer, ManagedServer, RunningServer, ServerPool, fill_port, free_port,
-    kvbench_serve_command,
+    kvbench_serve_command, kvbench_server_impl,
 )
 from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.methods.core.contracts import Implementation
@@ -91,6 +91,9 @@ class StressRun(Stress):
                                 requests_per_user=params.requests_per_user))
         metrics, summary = self._figures(passes, reference, tokenizer, params, ctx)
         info.update(summary)
+        impl = kvbench_server_impl(server.url) if target.kind == "kvbench" else {}
+        if impl:  # what the server's codecs ran: kernels or torch, fused attention or decoded
+            info["impl"] = impl
         info.update({
             "single_user_tok_s": reference.output_tok_s,
             "kv_budget": params.kv_budget,
