@@ -110,7 +110,7 @@ class Engine:
         """Which implementation ran each of the method's codec operations so far (its ImplLog:
         encode, decode, decode attention), as a run's info.impl says it; {} for a method
         without kernels."""
-        log = getattr(self.method, "impl_log", None)
+        log = self.method.impl_log
         return log.summary() if log is not None else {}
 
     def start(self) -> None:
