@@ -7,7 +7,7 @@ once instead of the whole packed cache at every read.
 Bit-identity rests on the codecs that declare themselves chunk separable
 (kvbench.methods.core.contracts.Codec.chunk_separable): decode(merge(parts)) equals the
 concatenation of decode(part). The first test checks that claim for every codec that makes it; a
-policy whose codecs do not make it (turbo's rotations and QJL, lloydmax with rotation: matrix
+policy whose codecs do not make it (turbo's Haar rotation and QJL, lloydmax with rotation: matrix
 products) keeps the packed path and says so (keep_decoded() is False, the cache's decoded_reads
 False).
 """
@@ -88,14 +88,19 @@ OFFERING = [case for case in CASES if _offers(case)]
 def test_the_codec_methods_take_the_path_and_the_others_do_not():
     taken = {case.id for case in OFFERING}
     for expected in ("intq{'group_size': 16}", "kivi{}", "lloydmax{}", "identity{'dtype': "
-                     "'float16'}", "decay-intq-evicting", "adaptive-intq", "sparse_v-intq"):
+                     "'float16'}", "decay-intq-evicting", "adaptive-intq", "sparse_v-intq",
+                     "turbo3{'block': 16}",
+                     "decay{'base_params': {'block': 16}, 'window': 8, 'segment': 8}"):
         assert expected in taken
     # no packing (identity "auto"), token eviction and compaction, block summaries: nothing to
-    # decode; turbo and rotated lloydmax: matrix products in decode, not chunk separable
+    # decode; turbo with Haar or QJL and rotated lloydmax: matrix products in decode, not chunk
+    # separable
     for refused in ("identity{}", "streamingllm{'ratio': 0.5}", "snapkv{'ratio': 0.5, 'window': 8}",
                     "h2o{'ratio': 0.5}", "am{'ratio': 0.5}", "butterfly{'block_size': 8, 'window': 8}",
-                    "turbo3{'block': 16}", "lloydmax{'rotate': True, 'window': 8}",
-                    "sparse_v{}", "decay{'base_params': {'block': 16}, 'window': 8, 'segment': 8}"):
+                    "turbo3{'block': 16, 'bits': 4, 'qjl': True, 'window': 8}",
+                    "turbo3{'block': 16, 'rotation': 'haar', 'codebook': 'beta'}",
+                    "lloydmax{'rotate': True, 'window': 8}",
+                    "sparse_v{}"):
         assert refused in {case.id for case in CASES}
         assert refused not in taken
 
@@ -191,14 +196,24 @@ def test_a_policy_reads_what_the_packed_path_reads(case, dtype):
     _drive((packed, decoded), lambda x: x, lambda x: x, dtype)
 
 
+def _mlx_port_offering(case: Case) -> Implementation:
+    """The case's MLX port, which offers the decoded-once path unless one of its codecs decodes
+    by matrix products (then the test skips, saying so)."""
+    if not has_implementation(type(case.settings()), "mlx"):
+        pytest.skip(f"{case.id} has no MLX implementation")
+    port = case.build("mlx")
+    if not port.new_layer_cache(0).keep_decoded():
+        assert not all(codec.chunk_separable for codec in _codecs(port))
+        pytest.skip(f"{case.id}: its MLX codec decodes by matrix products (not chunk separable)")
+    return port
+
+
 @pytest.mark.parametrize("case", OFFERING, ids=lambda c: c.id)
 def test_an_mlx_policy_reads_what_its_packed_path_reads(case):
     pytest.importorskip("mlx.core")
     from kvbench.backends.mlx_arrays import MLXArrays
 
-    if not has_implementation(type(case.settings()), "mlx"):
-        pytest.skip(f"{case.id} has no MLX implementation")
-    port = case.build("mlx")
+    port = _mlx_port_offering(case)
     packed, decoded = port.new_layer_cache(0), port.new_layer_cache(0)
     assert decoded.keep_decoded()
     arrays = MLXArrays()
@@ -335,7 +350,7 @@ def test_the_tiny_model_gives_the_same_logits_on_both_paths(torch_session, case)
 
 
 @pytest.mark.parametrize("name, params", [("identity", {}), ("streamingllm", {"ratio": 0.5}),
-                                          ("turbo3", {"block": 16})])
+                                          ("turbo3", {"block": 16, "qjl": True})])
 def test_a_cache_without_the_path_says_so(torch_session, name, params):
     assert not torch_session.new_cache(implementation(build_method(name, params)),
                                        decoded_reads=True).decoded_reads
@@ -354,8 +369,7 @@ def mlx_session():
 
 @pytest.mark.parametrize("case", OFFERING, ids=lambda c: c.id)
 def test_the_tiny_mlx_model_gives_the_same_logits_on_both_paths(mlx_session, case):
-    if not has_implementation(type(case.settings()), "mlx"):
-        pytest.skip(f"{case.id} has no MLX implementation")
+    _mlx_port_offering(case)
     _compare(mlx_session, case, vocab=260, backend="mlx")
 
 
@@ -371,7 +385,8 @@ def test_the_bundled_model_gives_the_same_logits_on_both_paths(bundled):
 
     session = TorchSession(bundled, torch.device("cpu"))
     for case in (Case("intq-4bit", lambda: build_method("intq", {"bits": 4})),
-                 Case("kivi", lambda: build_method("kivi", {"group_size": 32, "residual": 32}))):
+                 Case("kivi", lambda: build_method("kivi", {"group_size": 32, "residual": 32})),
+                 Case("turbo3", lambda: build_method("turbo3", {"block": 64}))):
         _compare(session, case, vocab=bundled.model.config.vocab_size)
 
 

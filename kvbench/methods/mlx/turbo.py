@@ -49,9 +49,9 @@ class MLXTurboCodec(TurboSteps, MLXTokenwiseCodec):
     rnorm, as its configuration asks), so the byte counts are the same.
     """
 
-    # As the torch TurboCodec: decode's rotation and QJL products are matrix multiplies, not
-    # chunk separable (kvbench.methods.core.contracts.Codec.chunk_separable); the packed path
-    # stays.
+    # Decode applies the rotation (and QJL) as matrix products, whose rounding can change with
+    # the rows decoded at once: not chunk separable (kvbench.methods.core.contracts.Codec
+    # .chunk_separable), unlike the torch codec's butterflies; the packed path stays.
     chunk_separable = False
 
     def __init__(self, reference):

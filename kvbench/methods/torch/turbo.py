@@ -80,13 +80,15 @@ class TurboCodec(TurboSteps, TokenwiseCodec):
     norms' dtype. b is bits, or bits - 1 with qjl.
     """
 
-    # Not chunk separable (kvbench.methods.core.contracts.Codec.chunk_separable): decode multiplies by
-    # the inverse rotation (and the QJL matrix), matrix products whose kernel, and so whose
-    # rounding, may change with the rows decoded at once (the CPU BLAS switches kernels
-    # below 4 rows), so a chunk decoded alone can differ in the last bit from the same chunk
-    # decoded inside the merged block; its caches keep the packed read path. (The Hadamard
-    # rotation is now butterflies, row by row, but the MLX twin still decodes by products.)
-    chunk_separable = False
+    @property
+    def chunk_separable(self) -> bool:
+        """With the Hadamard rotation and no QJL, decode is elementwise (unpack, codebook lookup,
+        butterflies row by row, times the norm), so a chunk decodes alone as inside the merged
+        block (kvbench.methods.core.contracts.Codec.chunk_separable). The Haar rotation and the
+        QJL matrix are matrix products, whose kernel, and so whose rounding, can change with the
+        rows decoded at once (the CPU BLAS switches kernels below 4 rows). The MLX twin decodes
+        by products either way."""
+        return self.rotation_kind == "hadamard" and not self.qjl
 
     def __init__(self, bits: int, block: int, rotation: str, codebook: str, norm_correction: bool,
                  outlier_fraction: float, qjl: bool, seed: int, outlier_split: str = "rotated",
