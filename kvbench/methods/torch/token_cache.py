@@ -211,12 +211,13 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     _, kv_heads, total, dim = keys.shape
     n = queries.shape[-2]
     q = queries.float().reshape(kv_heads, -1, n, dim)
-    logits = q @ keys[0].float().unsqueeze(1).transpose(-1, -2) * scaling
+    # in place: at a 2k prompt each (H, groups, n, T) temporary is 150 MB, written per layer
+    logits = (q @ keys[0].float().unsqueeze(1).transpose(-1, -2)).mul_(scaling)
     if not causal:
         return logits.softmax(-1)
     positions = torch.arange(total, device=keys.device)
-    visible = positions[total - n:].unsqueeze(1) >= positions.unsqueeze(0)
-    return logits.masked_fill(~visible, -math.inf).softmax(-1)
+    hidden = positions[total - n:].unsqueeze(1) < positions.unsqueeze(0)
+    return logits.masked_fill_(hidden, -math.inf).softmax(-1)
 
 
 class TorchTokenMethod(TorchMethod):
