@@ -352,3 +352,25 @@ def test_snapkv_keeps_what_the_official_code_keeps():
     want = torch.cat([keys[..., : prompt - window, :].gather(
         2, top[0].unsqueeze(0).unsqueeze(-1).expand(-1, -1, -1, dim)), keys[..., -window:, :]], 2)
     assert torch.equal(cache.attention_inputs()[0], want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n, total", [(37, 37), (1, 90), (5, 64)])
+def test_attention_weights_are_the_masked_softmax_bit_for_bit(causal, n, total):
+    """The scorers' weights (computed in place for speed) equal softmax(q k^T * scaling) with
+    each query's later keys masked, each query head reading its group's KV head."""
+    from kvbench.methods.torch.token_cache import attention_weights
+
+    g = torch.Generator().manual_seed(n + total)
+    queries = torch.randn(1, 6, n, 16, generator=g) * 3
+    keys = torch.randn(1, 2, total, 16, generator=g) * 3
+    scaling = 16 ** -0.5
+    logits = queries.reshape(2, 3, n, 16) @ keys[0].unsqueeze(1).transpose(-1, -2) * scaling
+    if causal:
+        later = torch.arange(total) > torch.arange(total - n, total).unsqueeze(1)
+        logits = logits.masked_fill(later, float("-inf"))
+    weights = attention_weights(queries, keys, scaling, causal=causal)
+    assert weights.shape == (2, 3, n, total)
+    assert torch.equal(weights, logits.softmax(-1))
+    if causal and n > 1:
+        assert weights[0, 0, 0, total - n + 1:].eq(0).all()  # the first query sees no later key
