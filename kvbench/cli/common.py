@@ -12,8 +12,8 @@ from rich.markup import escape
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CRASHED, EXIT_BASELINE = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 
-console = Console()
-err = Console(stderr=True)
+console = Console(emoji=False)  # ids like tiny:llama: are text, not :emoji: codes
+err = Console(stderr=True, emoji=False)
 
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:

@@ -48,10 +48,10 @@ class _Common(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2 ** 63, lt=2 ** 64)  # what torch's generator takes
     n: int = 1
     stop: str | list[str] | None = None
     ignore_eos: bool = False
@@ -77,7 +77,9 @@ class ChatBody(_Common):
 
 
 def create_app(engine: Engine, model_id: str, method_label: str, max_context: int | None,
-               default_max_tokens: int = 16) -> FastAPI:
+               default_max_tokens: int = 16,
+               max_body_bytes: int | None = None) -> FastAPI:
+    """The app over `engine`; max_body_bytes: bodies above it get 413 (None: no limit)."""
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None)
     tokenizer = engine.session.tokenizer
     vocab = engine.session.loaded.model.get_input_embeddings().num_embeddings
@@ -86,6 +88,11 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
         return exc.response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):  # a bug: still an OpenAI error object
+        engine.log(f"{request.method} {request.url.path} failed: {exc!r}")
+        return APIError(500, f"the server failed: {exc}", kind="server_error").response()
 
     @app.get("/health")
     async def health():
@@ -104,16 +111,18 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        body = _parse(await http.body(), CompletionBody)
+        body = _parse(await _body(http, max_body_bytes), CompletionBody)
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        prompt = _prompt_ids(body.prompt, tokenizer, vocab)
+        # off the event loop: a long prompt must not hold up /health and the streams
+        prompt = await asyncio.to_thread(_prompt_ids, body.prompt, tokenizer, vocab)
         return await _serve(http, body, prompt, body.max_tokens, body.logprobs or 0, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
-        body = _parse(await http.body(), ChatBody)
-        prompt = _chat_ids([m.model_dump() for m in body.messages], tokenizer)
+        body = _parse(await _body(http, max_body_bytes), ChatBody)
+        prompt = await asyncio.to_thread(_chat_ids, [m.model_dump() for m in body.messages],
+                                         tokenizer)
         logprobs = (body.top_logprobs or 1) if body.logprobs else 0
         return await _serve(http, body, prompt, body.max_completion_tokens or body.max_tokens,
                             logprobs, chat=True)
@@ -290,6 +299,24 @@ class _Reply:
         return self.tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
 
 
+async def _body(http: HTTPRequest, limit: int | None) -> bytes:
+    """The request's body; 413 as soon as it is known to be above `limit` bytes (by its
+    Content-Length, or while it arrives)."""
+    if limit is None:
+        return await http.body()
+    too_big = APIError(413, f"the body is above the server's limit of {limit} bytes"
+                       " (kvbench serve --max-body)")
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    body = bytearray()
+    async for chunk in http.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    return bytes(body)
+
+
 def _parse(raw: bytes, model: type[BaseModel]):
     try:
         data = json.loads(raw)
@@ -297,6 +324,10 @@ def _parse(raw: bytes, model: type[BaseModel]):
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object")
+    try:  # JSON may escape a lone surrogate (\ud800): no tokenizer can take it
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"the body holds a lone surrogate, not Unicode text: {exc}") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

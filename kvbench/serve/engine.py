@@ -29,6 +29,10 @@ from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
 
+# Temperatures below this sample greedily, as vLLM's (its sampling_params._SAMPLING_EPS): below
+# it, logits / temperature overflow float32 and softmax has nothing to sample from.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class Token:
@@ -96,7 +100,7 @@ class Engine:
         self.eos = getattr(session.tokenizer, "eos_token_id", None)
         self.projection = Projection(method, session)
         self.totals = Totals()
-        self._log = log
+        self.log = log
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache not yet freed
@@ -112,6 +116,14 @@ class Engine:
         without kernels."""
         log = self.method.impl_log
         return log.summary() if log is not None else {}
+
+    def check(self, tokens: list[int]) -> None:
+        """Prefill `tokens` and take one decode step through a fresh cache of the method, as a
+        request would: a method that cannot run on this model (a block wider than its head_dim)
+        raises here, before the server starts, rather than on every request."""
+        cache = self.session.new_cache(self.method)
+        logits = prefill(self.session, cache, tokens, self.method)[0]
+        self.session.step_rows([int(logits[-1].argmax())], [cache])
 
     def start(self) -> None:
         self._thread.start()
@@ -166,7 +178,7 @@ class Engine:
             try:
                 self._step()
             except Exception as exc:  # noqa: BLE001 - a bug must not leave clients waiting
-                self._log(f"engine step failed: {exc!r}")
+                self.log(f"engine step failed: {exc!r}")
                 self._fail_all(Failed(500, f"the engine failed: {exc}"))
         self._fail_all(Failed(503, "the server is shutting down"))
 
@@ -250,7 +262,7 @@ class Engine:
                 request.generator = torch.Generator().manual_seed(request.seed)
             logits = prefill(self.session, request.cache, request.prompt, self.method)[0]
         except Exception as exc:  # noqa: BLE001
-            self._log(f"request {request.id}: prefill failed: {exc!r}")
+            self.log(f"request {request.id}: prefill failed: {exc!r}")
             request.cache = None
             self.totals.count("error")
             request.emit(Failed(500, f"prefill failed: {exc}"))
@@ -266,7 +278,7 @@ class Engine:
             logits = self.session.step_rows([r.generated[-1] for r in rows],
                                             [r.cache for r in rows])
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
-            self._log(f"decode step of {len(rows)} requests failed: {exc!r}")
+            self.log(f"decode step of {len(rows)} requests failed: {exc!r}")
             for request in rows:
                 request.emit(Failed(500, f"decode failed: {exc}"))
                 self._release(request, "error")
@@ -277,7 +289,13 @@ class Engine:
             self._next_token(request, logits[row])
 
     def _next_token(self, request: Request, logits: torch.Tensor) -> None:
-        token = self._sample(request, logits)
+        try:
+            token = self._sample(request, logits)
+        except Exception as exc:  # noqa: BLE001 - a request's own failure ends it alone
+            self.log(f"request {request.id}: sampling failed: {exc!r}")
+            request.emit(Failed(500, f"sampling failed: {exc}"))
+            self._release(request, "error")
+            return
         request.generated.append(token.id)
         self.totals.generated_tokens += 1
         request.emit(token)
@@ -288,7 +306,7 @@ class Engine:
 
     def _sample(self, request: Request, logits: torch.Tensor) -> Token:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        if request.temperature <= 0:
+        if request.temperature < GREEDY_BELOW:
             token = int(torch.argmax(logits))
         else:
             probs = torch.softmax(logits.float() / request.temperature, dim=-1)

@@ -6,6 +6,9 @@ import ipaddress
 from typing import Any, Callable
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Start-up check's prompt: past the full-precision windows of the shipped defaults (decay's 128),
+# so the method's codec encodes and decodes before the first request does.
+CHECK_TOKENS = 256
 
 
 def check_host(host: str, allow_remote: bool) -> None:
@@ -24,7 +27,8 @@ def check_host(host: str, allow_remote: bool) -> None:
 def serve(model: str, method_name: str, method_params: dict[str, Any], host: str, port: int,
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
           max_batch: int, calibration: int, log: Callable[[str], None],
-          model_dtype: str = "float32") -> None:
+          model_dtype: str = "float32", max_body_bytes: int | None = None) -> None:
+    """ValueError, before serving, for a method, parameter or model spec that cannot run."""
     import torch
     import uvicorn
 
@@ -44,12 +48,17 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     torch_device = resolve_device(device)
     loaded = load_model(model, torch_device, log=log, dtype=model_dtype)
     session = TorchSession(loaded, torch_device)
+    text = text_tokens(Memo(), session, "pydoc")
     if calibration:  # methods that set themselves from statistics; free for those that do not
-        session.calibrate(method, text_tokens(Memo(), session, "pydoc")[:calibration])
+        session.calibrate(method, text[:calibration])
     engine = Engine(session, method, kv_budget=kv_budget, queue_timeout_s=queue_timeout_s,
                     max_batch=max_batch, log=log)
     label = method_name if not method_params else f"{method_name}{method_params}"
-    app = create_app(engine, model, label, loaded.max_context)
+    try:
+        engine.check(text[:min(CHECK_TOKENS, (loaded.max_context or CHECK_TOKENS + 1) - 1)])
+    except Exception as exc:  # noqa: BLE001 - whatever the method raises, said at start-up
+        raise ValueError(f"--method {label} cannot run on {model}: {exc}") from None
+    app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes)
     engine.start()
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"

@@ -1,0 +1,212 @@
+"""A real `kvbench serve` process under hostile input: one request's failure ends that request
+alone, bad bodies get OpenAI error objects with the right status, and a method that cannot run
+on the model stops the server at start-up."""
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from kvbench.methods import build_method, implementation
+from kvbench.models.session import TorchSession
+from kvbench.serve.engine import Engine, Failed, Finished, Token
+from tests.plugins.cli_support import kvbench_process, wait_until
+
+MAX_BODY = 1 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _serve(tmp_path, *args):
+    """(process, url) of `kvbench serve --model tiny:llama ARGS` once /health answers."""
+    port = _free_port()
+    proc = kvbench_process(["serve", "--model", "tiny:llama", "--port", port, "--threads", 1,
+                            "--calibration", 0, *args], tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _healthy(url), proc, "/health", timeout=120)
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url = _serve(tmp_path_factory.mktemp("serve"), "--max-body", MAX_BODY)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def _tokens(url: str, body: dict) -> list[int]:
+    reply = httpx.post(url + "/v1/completions", json={**body, "return_token_ids": True},
+                       timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["token_ids"]
+
+
+def _post(url: str, content: str | bytes, path: str = "/v1/completions") -> httpx.Response:
+    return httpx.post(url + path, content=content, timeout=120,
+                      headers={"content-type": "application/json"})
+
+
+def test_an_unsamplable_temperature_is_greedy_and_fails_no_other_request(server):
+    """Before: a temperature of 1e-45 overflowed softmax outside the engine's try blocks, and
+    every request in flight got 500. Now it samples greedily (as vLLM below 1e-5) and the
+    long request beside it gets its single-user answer."""
+    long_body = {"prompt": "The cache holds", "max_tokens": 300, "temperature": 0,
+                 "ignore_eos": True}
+    alone = _tokens(server, long_body)
+    beside: dict = {}
+    thread = threading.Thread(target=lambda: beside.update(tokens=_tokens(server, long_body)))
+    thread.start()
+    time.sleep(0.2)
+    tiny = {"prompt": "a", "max_tokens": 2, "temperature": 1e-45, "ignore_eos": True}
+    assert _tokens(server, tiny) == _tokens(server, {**tiny, "temperature": 0})
+    thread.join(120)
+    assert beside["tokens"] == alone
+
+
+@pytest.mark.parametrize("content, status, words", [
+    ('{"prompt": "abc \\ud800"}', 400, "lone surrogate"),
+    ('{"prompt": "x", "temperature": Infinity}', 400, "temperature"),
+    ('{"prompt": "x", "temperature": NaN}', 400, "temperature"),
+    (json.dumps({"prompt": "x", "seed": 2 ** 70}), 400, "seed"),
+    (json.dumps({"prompt": "x" * (MAX_BODY + 1)}), 413, "limit"),
+])
+def test_a_bad_body_gets_an_error_object_and_the_server_keeps_serving(server, content, status,
+                                                                      words):
+    reply = _post(server, content)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert words in error["message"] and error["code"] == status
+    assert _tokens(server, {"prompt": "y", "max_tokens": 2}) != []
+
+
+def test_a_lone_surrogate_in_a_chat_message_is_refused(server):
+    reply = _post(server, '{"messages": [{"role": "user", "content": "hi \\udfff"}]}',
+                  "/v1/chat/completions")
+    assert reply.status_code == 400 and "lone surrogate" in reply.json()["error"]["message"]
+
+
+def test_a_body_sent_in_chunks_is_cut_off_at_the_limit(server):
+    """No Content-Length: the body is counted as it arrives."""
+    def chunks():
+        yield b'{"prompt": "'
+        for _ in range(MAX_BODY // 65536 + 2):
+            yield b"x" * 65536
+        yield b'"}'
+
+    reply = httpx.post(server + "/v1/completions", content=chunks(), timeout=120,
+                       headers={"content-type": "application/json"})
+    assert reply.status_code == 413
+
+
+def test_a_method_that_cannot_run_on_the_model_stops_the_server_at_start_up(tmp_path):
+    """Before: turbo3 (block 128) on a head_dim-16 model passed /health, then answered every
+    request 500."""
+    proc = kvbench_process(["serve", "--model", "tiny:llama", "--method", "turbo3", "--port",
+                            _free_port(), "--calibration", 0], tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "--method turbo3 cannot run on tiny:llama" in output
+    assert "not a multiple of block 128" in output and "serving on" not in output
+
+
+class FailingSample(Engine):
+    """Sampling raises for the request whose prompt starts with token `poison`."""
+
+    poison = 7
+
+    def _sample(self, request, logits):
+        if request.prompt[0] == self.poison and len(request.generated) == 3:
+            raise RuntimeError("this request cannot be sampled")
+        return super()._sample(request, logits)
+
+
+def test_a_request_whose_sampling_fails_ends_alone(tiny_llama):
+    session = TorchSession(tiny_llama, torch.device("cpu"))
+    engine = FailingSample(session, implementation(build_method("identity", {})))
+    ids = session.tokenizer.encode("The cache holds the keys")
+    events: dict[str, list] = {"poisoned": [], "alone": [], "beside": []}
+    done = {name: threading.Event() for name in events}
+
+    def collect(name):
+        def emit(event):
+            events[name].append(event)
+            if isinstance(event, (Finished, Failed)):
+                done[name].set()
+        return emit
+
+    from kvbench.serve.engine import Request
+
+    engine.start()
+    try:
+        engine.submit(Request(ids, 20, collect("alone"), ignore_eos=True))
+        done["alone"].wait(60)
+        engine.submit(Request(ids, 20, collect("beside"), ignore_eos=True))
+        engine.submit(Request([FailingSample.poison, *ids], 20, collect("poisoned"),
+                              ignore_eos=True))
+        assert done["beside"].wait(60) and done["poisoned"].wait(60)
+    finally:
+        engine.stop()
+    failure = events["poisoned"][-1]
+    assert isinstance(failure, Failed) and "cannot be sampled" in failure.message
+    assert len([e for e in events["poisoned"] if isinstance(e, Token)]) == 3
+    tokens = {name: [e.id for e in events[name] if isinstance(e, Token)]
+              for name in ("alone", "beside")}
+    assert tokens["beside"] == tokens["alone"] and len(tokens["alone"]) == 20
+    assert isinstance(events["beside"][-1], Finished)
+    assert engine.totals.finished == {"length": 2, "error": 1}
+
+
+@pytest.mark.model
+def test_a_huge_prompt_is_tokenised_off_the_event_loop(tmp_path):
+    """Before: the bundled model's tokenizer ran on the event loop, so a prompt of megabytes
+    held up /health (and every stream) until it was tokenised. Now /health answers throughout,
+    and the prompt still gets its 400."""
+    proc, url = _serve_bundled(tmp_path)
+    try:
+        latencies, answered = [], threading.Event()
+
+        def poll():
+            while not answered.is_set():
+                start = time.monotonic()
+                httpx.get(url + "/health", timeout=120)
+                latencies.append(time.monotonic() - start)
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        start = time.monotonic()
+        reply = httpx.post(url + "/v1/completions", timeout=300,
+                           json={"prompt": "hello world, this is a prompt. " * 150_000})
+        took = time.monotonic() - start
+        answered.set()
+        poller.join(120)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert reply.status_code == 400 and "above the model's context" in reply.text
+    assert took > 1.0  # long enough that a blocked loop would show
+    assert len(latencies) >= 5 and max(latencies) < took / 4
+
+
+def _serve_bundled(tmp_path):
+    port = _free_port()
+    proc = kvbench_process(["serve", "--port", port, "--threads", 1, "--calibration", 0],
+                           tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _healthy(url), proc, "/health", timeout=300)
+    return proc, url
