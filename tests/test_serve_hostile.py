@@ -118,7 +118,10 @@ def test_a_method_that_cannot_run_on_the_model_stops_the_server_at_start_up(tmp_
     request 500."""
     proc = kvbench_process(["serve", "--model", "tiny:llama", "--method", "turbo3", "--port",
                             _free_port(), "--calibration", 0], tmp_path)
-    output, _ = proc.communicate(timeout=120)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # had it started serving
     assert proc.returncode == 2
     assert "--method turbo3 cannot run on tiny:llama" in output
     assert "not a multiple of block 128" in output and "serving on" not in output
@@ -210,3 +213,61 @@ def _serve_bundled(tmp_path):
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: _healthy(url), proc, "/health", timeout=300)
     return proc, url
+
+
+class Timeline:
+    """Every request's events in the order the engine emitted them."""
+
+    def __init__(self):
+        self.events: list[tuple[str, object]] = []
+        self.done: dict[str, threading.Event] = {}
+
+    def emit(self, name: str):
+        self.done[name] = threading.Event()
+
+        def emit(event):
+            self.events.append((name, event))
+            if isinstance(event, (Finished, Failed)):
+                self.done[name].set()
+        return emit
+
+    def tokens(self, name: str) -> list[int]:
+        return [e.id for n, e in self.events if n == name and isinstance(e, Token)]
+
+
+@pytest.mark.parametrize("chunk", [256, 10_000])
+def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(tiny_llama, chunk):
+    """With chunks of 256 tokens, a 3000-token prompt arriving mid-stream lets the stream take a
+    step after each of its 12 chunks but the last (with one chunk of 10,000, none): the longest
+    pause of the stream is one chunk. Both answers are the ones each gets alone."""
+    from kvbench.serve.engine import Request
+
+    session = TorchSession(tiny_llama, torch.device("cpu"))
+    engine = Engine(session, implementation(build_method("intq", {"bits": 4, "group_size": 16})),
+                    prefill_chunk=chunk)
+    short = session.tokenizer.encode("The cache holds the keys")
+    long = (session.tokenizer.encode("and the values of every token, " * 120) * 2)[:3000]
+    alone, together = Timeline(), Timeline()
+    engine.start()
+    try:
+        for name, prompt in (("stream", short), ("long", long)):
+            engine.submit(Request(prompt, 60, alone.emit(name), ignore_eos=True))
+            assert alone.done[name].wait(120)
+        engine.submit(Request(short, 60, together.emit("stream"), ignore_eos=True))
+        while len(together.tokens("stream")) < 3:
+            time.sleep(0.001)
+        at_submit = len(together.tokens("stream"))
+        engine.submit(Request(long, 60, together.emit("long"), ignore_eos=True))
+        assert together.done["stream"].wait(120) and together.done["long"].wait(120)
+    finally:
+        engine.stop()
+    for name in ("stream", "long"):
+        assert together.tokens(name) == alone.tokens(name) and len(alone.tokens(name)) == 60
+    first_long = next(i for i, (n, e) in enumerate(together.events) if n == "long")
+    before = [i for i, (n, _) in enumerate(together.events[:first_long]) if n == "stream"]
+    # stream tokens that came after the long prompt was submitted and before its first token
+    during = len(before) - at_submit
+    if chunk == 256:
+        assert during >= len(range(0, 3000, 256)) - 1
+    else:  # the step under way at the submission, and the one before the prompt was admitted
+        assert during <= 2

@@ -4,7 +4,11 @@ A single engine thread owns the model. Between decode steps it admits queued req
 while the KV budget and the batch size allow), prefills each alone through its own cache of the
 method (kvbench.models.session.prefill: probe and end_prefill included, as every benchmark does),
 then runs one batched forward for the next token of every active request
-(kvbench.models.batch_step). A request whose client went away is dropped at the next step and its
+(kvbench.models.batch_step). A prompt is prefilled in forwards of at most `prefill_chunk` tokens
+with a decode step of the active requests after each, as vLLM's chunked prefill: a long prompt
+delays the other streams by one chunk at a time, not by its whole prefill. (Chunks attend to the
+earlier chunks as the cache stores them; the boundaries are fixed by the prompt alone, so a
+request's answer does not depend on what else is served.) A request whose client went away is dropped at the next step and its
 cache freed. Events go back to whoever submitted the request through its `emit` callback (the
 HTTP layer bridges them onto its event loop).
 
@@ -50,6 +54,10 @@ class Finished:
     completion_tokens: int
 
 
+class Abandoned(Exception):
+    """The client of the request being prefilled went away: stop its prefill."""
+
+
 @dataclass
 class Failed:
     status: int  # the HTTP status the request gets (503: no room in time; 500: the engine failed)
@@ -93,10 +101,11 @@ class Totals:
 
 class Engine:
     def __init__(self, session: TorchSession, method: Implementation, kv_budget: int | None = None,
-                 queue_timeout_s: float = 600.0, max_batch: int = 32,
+                 queue_timeout_s: float = 600.0, max_batch: int = 32, prefill_chunk: int = 512,
                  log: Callable[[str], None] = lambda message: None):
         self.session, self.method = session, method
         self.kv_budget, self.queue_timeout_s, self.max_batch = kv_budget, queue_timeout_s, max_batch
+        self.prefill_chunk = prefill_chunk
         self.eos = getattr(session.tokenizer, "eos_token_id", None)
         self.projection = Projection(method, session)
         self.totals = Totals()
@@ -254,13 +263,27 @@ class Engine:
         request.emit(failure)
 
     def _start(self, request: Request) -> None:
-        """Prefill the request alone through its own cache, then emit its first token."""
+        """Prefill the request alone through its own cache, chunk by chunk with a decode step of
+        the active requests after each, then emit its first token."""
+        def between_chunks(fed: int) -> None:
+            if fed < len(request.prompt):
+                self._drop_cancelled()
+                if request.cancelled:
+                    raise Abandoned
+                if self._active:
+                    self._decode_step()
+
         try:
             request.cache = self.session.new_cache(self.method)
             self._caches.add(request.cache)
             if request.seed is not None:
                 request.generator = torch.Generator().manual_seed(request.seed)
-            logits = prefill(self.session, request.cache, request.prompt, self.method)[0]
+            logits = prefill(self.session, request.cache, request.prompt, self.method,
+                             chunk=self.prefill_chunk, after_chunk=between_chunks)[0]
+        except Abandoned:
+            request.cache = None
+            self.totals.count("cancelled")
+            return
         except Exception as exc:  # noqa: BLE001
             self.log(f"request {request.id}: prefill failed: {exc!r}")
             request.cache = None

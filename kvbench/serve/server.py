@@ -27,7 +27,8 @@ def check_host(host: str, allow_remote: bool) -> None:
 def serve(model: str, method_name: str, method_params: dict[str, Any], host: str, port: int,
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
           max_batch: int, calibration: int, log: Callable[[str], None],
-          model_dtype: str = "float32", max_body_bytes: int | None = None) -> None:
+          model_dtype: str = "float32", prefill_chunk: int = 512,
+          max_body_bytes: int | None = None) -> None:
     """ValueError, before serving, for a method, parameter or model spec that cannot run."""
     import torch
     import uvicorn
@@ -52,7 +53,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     if calibration:  # methods that set themselves from statistics; free for those that do not
         session.calibrate(method, text[:calibration])
     engine = Engine(session, method, kv_budget=kv_budget, queue_timeout_s=queue_timeout_s,
-                    max_batch=max_batch, log=log)
+                    max_batch=max_batch, prefill_chunk=prefill_chunk, log=log)
     label = method_name if not method_params else f"{method_name}{method_params}"
     try:
         engine.check(text[:min(CHECK_TOKENS, (loaded.max_context or CHECK_TOKENS + 1) - 1)])
