@@ -789,11 +789,12 @@ def _metric(value, unit="", direction="none", timing=None):
 
 
 def stress_case(label: str, users: int, tok_s: float, flagged: int = 0, errors: int = 0,
-                status: str = "ok"):
+                status: str = "ok", long_ttft: float = math.nan):
     from kvbench.results import CaseResult
 
     values = {"output_tok_s": tok_s, "per_user_tok_s": tok_s / users,
               "aggregate_vs_single": tok_s / 10, "ttft_s_p99": 0.1 * users,
+              "chunk_gap_s_p99": 0.01 * users, "long_prompt_ttft_s": long_ttft,
               "e2e_s_p99": 1.0 + users, "errors": errors,
               "token_agreement": 1.0 - flagged / 10, "responses_differing": 2 * flagged,
               "responses_flagged": flagged,
@@ -830,13 +831,24 @@ def test_the_report_has_a_table_per_method_and_warnings(stress_result):
     identity = text[text.index("**identity**"):]
     rows = [line for line in identity.splitlines()[4:7]]
     assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "4"]  # sorted by users
-    assert _row(identity, "4")[:4] == ["4", "30.0", "7.50", "3.00"]
+    assert _row(identity, "4")[:6] == ["4", "30.0", "7.50", "3.00", "0.400", "0.040"]
     leaky = text[text.index("**leaky**"):]
-    assert _row(leaky, "4")[7:11] == ["0.700", "6", "3", "4"]
+    assert _row(leaky, "4")[8:12] == ["0.700", "6", "3", "4"]
+    assert "long-prompt" not in text  # no level had a long-prompt user
     assert "**leaky** at 4 users: 3 response(s) differ" in text
     assert "**identity** at 2 users: 2 failed request(s): 2× HTTP 503: full" in text
     assert ("all lines: requests_per_user=2 · prompts=8 · prompt_tokens=64 · max_tokens=32 ·"
             " api=completions · text=pydoc · tie_margin=0.05 · server: kvbench serve") in text
+
+
+def test_a_long_prompt_user_gets_its_column_where_a_level_had_one():
+    from kvbench.report.markdown import render_markdown
+    from tests.test_report_retrieval import _row, run
+
+    text = render_markdown(run([stress_case("identity", 1, 10.0),
+                                stress_case("identity", 4, 30.0, long_ttft=12.5)]))
+    assert "long-prompt TTFT s" in text and "*long-prompt user*" in text
+    assert _row(text, "4")[-1] == "12.50" and _row(text, "1")[-1] == "—"
 
 
 def test_the_figure_has_three_panels_one_line_per_method(stress_result, tmp_path):
@@ -904,3 +916,45 @@ def test_the_plot_draws_curves_only_and_names_them_by_method():
     lines = panel_lines(table, "output_tok_s")
     assert len(lines) == 2 and all(x == [1, 4] for x, _ in lines.values())
     assert sorted(_short_labels(table, list(lines)).values()) == ["identity", "leaky"]
+
+
+def test_a_long_prompt_user_joins_the_level_mid_stream(fake):
+    """One more request, sent long_prompt_after_s into the level: counted in requests, timed
+    as long_prompt_ttft_s, kept out of the others' latencies and of the answer checks (it has
+    no single-user answer)."""
+    out, kept = stress_run(fake.url, users=2, long_prompt_tokens=40, long_prompt_after_s=0.05)
+    m = {name: metric.value for name, metric in out.metrics.items()}
+    assert m["requests"] == 5 and m["errors"] == 0
+    assert m["responses_differing"] == 0 and not kept
+    assert m["output_tokens"] == 4 * 8  # the four users' requests only
+    assert 0 < m["long_prompt_ttft_s"] < 5
+    assert out.info["requests_summary"]["sent"] == 5
+    # the warm-up (1), the single-user pass (4 prompts), 2 users x 2 requests, the long one
+    assert fake.fake.requests == 1 + 4 + 4 + 1
+    plain, _ = stress_run(fake.url, users=2)
+    assert math.isnan(plain.metrics["long_prompt_ttft_s"].value)
+    assert plain.metrics["requests"].value == 4
+
+
+def test_the_long_prompt_user_is_sent_after_its_delay():
+    with FakeServer(Fake(token_s=0.06)) as server:  # 4 tokens: the others stream 0.24 s
+        level = lg.run_level(server.url, "/v1/completions", prompts("a", "b"), users=2,
+                             requests_per_user=1, body=body, request_timeout_s=10,
+                             level_timeout_s=10, long=(Prompt(-1, "long", [9] * 40), 0.1))
+    first_sent = min(r.t_sent for r in level.records)
+    assert level.long is not None and level.long.ok and level.long.user == -1
+    assert level.long.t_sent - first_sent >= 0.1
+    assert len(level.records) == 2 and all(r.prompt in (0, 1) for r in level.records)
+    assert server.fake.most_in_flight == 3  # it joined while the others streamed
+
+
+def test_a_failed_long_prompt_is_an_error_of_the_level(monkeypatch, fake):
+    from kvbench.benchmarks.measure import stress
+
+    real = stress.make_long_prompt
+    monkeypatch.setattr(stress, "make_long_prompt",
+                        lambda *a: Prompt(-1, "FAIL " + real(*a).text, real(*a).ids))
+    out, _ = stress_run(fake.url, users=2, long_prompt_tokens=40, long_prompt_after_s=0.0)
+    assert out.metrics["errors"].value == 1 and out.metrics["requests"].value == 5
+    assert math.isnan(out.metrics["long_prompt_ttft_s"].value)
+    assert any(reason.startswith("long prompt: HTTP 500") for reason in out.info["failures"])

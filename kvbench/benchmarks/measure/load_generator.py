@@ -70,12 +70,13 @@ class Prompt:
 
 @dataclass
 class Level:
-    """A finished level: its records (every planned request, sent or not) and whether its
-    time ran out."""
+    """A finished level: its records (every planned request, sent or not), the long-prompt
+    user's request (None without one) and whether its time ran out."""
 
     users: int
     records: list[RequestRecord]
     timed_out: bool = False
+    long: RequestRecord | None = None
 
 
 # ---- the HTTP side -----------------------------------------------------------------------------
@@ -84,20 +85,32 @@ RequestBody = Callable[[Prompt], dict[str, Any]]
 
 
 def run_level(url: str, path: str, prompts: list[Prompt], users: int, requests_per_user: int,
-              body: RequestBody, request_timeout_s: float, level_timeout_s: float) -> Level:
+              body: RequestBody, request_timeout_s: float, level_timeout_s: float,
+              long: tuple[Prompt, float] | None = None) -> Level:
     """Run one level (see the module docstring). User u's j-th request uses prompt
     (u * requests_per_user + j) % len(prompts). `body` makes a request's JSON from its prompt;
-    `path` is /v1/completions or /v1/chat/completions."""
+    `path` is /v1/completions or /v1/chat/completions. long: (a prompt, seconds): one more
+    user sends that prompt once, that long after the level starts (its record is Level.long,
+    user -1, prompt -1)."""
     check_loopback_url(url)
     plans = [[RequestRecord(u, j, (u * requests_per_user + j) % len(prompts))
               for j in range(requests_per_user)] for u in range(users)]
-    timed_out = asyncio.run(_level(url.rstrip("/") + path, plans, prompts, body,
+    delays = [0.0] * users
+    long_record = None
+    if long is not None:
+        long_record = RequestRecord(-1, 0, -1)
+        plans.append([long_record])
+        delays.append(long[1])
+        prompts = [*prompts, long[0]]  # prompt -1: the last
+    timed_out = asyncio.run(_level(url.rstrip("/") + path, plans, delays, prompts, body,
                                    request_timeout_s, level_timeout_s))
-    return Level(users, [r for plan in plans for r in plan], timed_out)
+    records = [r for plan in plans for r in plan if r is not long_record]
+    return Level(users, records, timed_out, long_record)
 
 
-async def _level(endpoint: str, plans: list[list[RequestRecord]], prompts: list[Prompt],
-                 body: RequestBody, request_timeout_s: float, level_timeout_s: float) -> bool:
+async def _level(endpoint: str, plans: list[list[RequestRecord]], delays: list[float],
+                 prompts: list[Prompt], body: RequestBody, request_timeout_s: float,
+                 level_timeout_s: float) -> bool:
     import httpx
 
     limits = httpx.Limits(max_connections=len(plans) + 2,
@@ -106,7 +119,8 @@ async def _level(endpoint: str, plans: list[list[RequestRecord]], prompts: list[
     async with httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s), limits=limits,
                                  trust_env=False) as client:
         tasks = [asyncio.create_task(_user(client, endpoint, plan, prompts, body,
-                                           request_timeout_s)) for plan in plans]
+                                           request_timeout_s, delay))
+                 for plan, delay in zip(plans, delays)]
         done, pending = await asyncio.wait(tasks, timeout=level_timeout_s)
         for task in pending:
             task.cancel()
@@ -122,7 +136,9 @@ async def _level(endpoint: str, plans: list[list[RequestRecord]], prompts: list[
 
 
 async def _user(client, endpoint: str, plan: list[RequestRecord], prompts: list[Prompt],
-                body: RequestBody, request_timeout_s: float) -> None:
+                body: RequestBody, request_timeout_s: float, delay: float = 0.0) -> None:
+    if delay:
+        await asyncio.sleep(delay)
     for record in plan:
         try:
             await asyncio.wait_for(_request(client, endpoint, body(prompts[record.prompt]),

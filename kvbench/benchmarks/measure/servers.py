@@ -45,15 +45,18 @@ def fill_port(text: str, port: int) -> str:
 
 
 def kvbench_serve_command(model: str, method: str, params_json: str, port: int, device: str,
-                          threads: int, kv_budget: int, model_dtype: str = "float32"
-                          ) -> list[str]:
-    """`kvbench serve` as this interpreter runs it (the same environment as the run)."""
+                          threads: int, kv_budget: int, model_dtype: str = "float32",
+                          prefill_chunk: int = 0) -> list[str]:
+    """`kvbench serve` as this interpreter runs it (the same environment as the run); 0 for
+    kv_budget or prefill_chunk leaves kvbench serve's default."""
     command = [sys.executable, "-m", "kvbench.cli", "serve", "--model", model,
                "--method", method, "--params", params_json, "--host", "127.0.0.1",
                "--port", str(port), "--device", device, "--threads", str(threads),
                "--model-dtype", model_dtype]
     if kv_budget:
         command += ["--kv-budget", str(kv_budget)]
+    if prefill_chunk:
+        command += ["--prefill-chunk", str(prefill_chunk)]
     return command
 
 

@@ -84,11 +84,18 @@ class StressRun(Stress):
             ("stress_reference", key, prompts_sha, params.api, params.max_tokens,
              params.ignore_eos, params.request_timeout_s),
             lambda: reference_pass(level, prompts, tokenizer))
+        long = None
+        if params.long_prompt_tokens:
+            long = (ctx.memo.get(("stress_long_prompt", ctx.model, params.text, params.offset,
+                                  params.long_prompt_tokens, ctx.seed),
+                                 lambda: make_long_prompt(ctx.memo, tokenizer, ctx.model, params,
+                                                          ctx.seed)),
+                    params.long_prompt_after_s)
         passes = []
         for repeat in range(ctx.repeats):
             ctx.status(f"{params.users} users, repeat {repeat + 1}/{ctx.repeats}")
             passes.append(level(users=params.users,
-                                requests_per_user=params.requests_per_user))
+                                requests_per_user=params.requests_per_user, long=long))
         metrics, summary = self._figures(passes, reference, tokenizer, params, ctx)
         info.update(summary)
         impl = kvbench_server_impl(server.url) if target.kind == "kvbench" else {}
@@ -116,7 +123,7 @@ class StressRun(Stress):
             name, method_params = method_name(method.settings), json.dumps(
                 method.settings.params(), sort_keys=True, default=str)
             key = ("kvbench", ctx.model, ctx.model_dtype, name, method_params, params.kv_budget,
-                   torch.get_num_threads(), str(ctx.device))
+                   torch.get_num_threads(), str(ctx.device), params.prefill_chunk)
             label = f"kvbench-serve-{name}"
         else:
             key = (target.kind, target.command, target.url)
@@ -160,7 +167,8 @@ class StressRun(Stress):
             command = kvbench_serve_command(
                 str(ctx.model), method_name(method.settings),
                 json.dumps(method.settings.params(), sort_keys=True, default=str), port,
-                ctx.device.type, torch.get_num_threads(), params.kv_budget, ctx.model_dtype)
+                ctx.device.type, torch.get_num_threads(), params.kv_budget, ctx.model_dtype,
+                params.prefill_chunk)
             url = f"http://127.0.0.1:{port}"
             root = import_root(type(method.settings))
             if root is not None:  # a module:Class method: the server imports it from there
@@ -191,6 +199,16 @@ class StressRun(Stress):
             figures = level_figures(records, level.users)
             figures["aggregate_vs_single"] = figures["output_tok_s"] / reference.output_tok_s
             figures["per_user_vs_single"] = figures["per_user_tok_s"] / reference.output_tok_s
+            long = level.long
+            figures["long_prompt_ttft_s"] = (long.t_first - long.t_sent if long and long.ok
+                                             else math.nan)
+            if long is not None:  # a request of the level: its failure is an error
+                figures["requests"] += 1
+                figures["errors"] += not long.ok
+                sent += long.sent
+                if not long.ok:
+                    reason = "long prompt: " + (long.error.splitlines()[0] or "failed")
+                    failures[reason] = failures.get(reason, 0) + 1
             per_pass.append(figures)
             timed_out |= level.timed_out
             for record in records:
@@ -292,6 +310,20 @@ def make_prompts(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
         ids = list(tokens[start : start + params.prompt_tokens])
         prompts.append(Prompt(index, tokenizer.decode(ids), ids))
     return prompts
+
+
+def make_long_prompt(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
+                     seed: int) -> Prompt:
+    """The long-prompt user's prompt: a window of `long_prompt_tokens` tokens of the text from
+    `params.offset` on, at an offset drawn with `seed`."""
+    tokens = text_tokens(memo, _TokenizerOnly(tokenizer, spec), params.text)
+    starts = len(tokens) - params.long_prompt_tokens - params.offset + 1
+    if starts < 1:
+        raise ValueError(f"text {params.text!r} has {len(tokens)} tokens: too few for a long"
+                         f" prompt of {params.long_prompt_tokens} from offset {params.offset}")
+    start = params.offset + Random(seed).randrange(starts)
+    ids = list(tokens[start : start + params.long_prompt_tokens])
+    return Prompt(-1, tokenizer.decode(ids), ids)
 
 
 def request_body(params: StressParams, target: ServerTarget, model: str | None,

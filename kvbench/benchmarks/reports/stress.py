@@ -26,6 +26,7 @@ COLUMNS = (
     ("per_user_tok_s", "per-user tok/s ↑", "{:.2f}"),
     ("aggregate_vs_single", "aggregate × single ↑", "{:.2f}"),
     ("ttft_s_p99", "p99 TTFT s ↓", "{:.3f}"),
+    ("chunk_gap_s_p99", "p99 chunk gap s ↓", "{:.3f}"),
     ("e2e_s_p99", "p99 e2e s ↓", "{:.2f}"),
     ("errors", "errors ↓", "{:.0f}"),
     ("token_agreement", "token agreement ↑", "{:.3f}"),
@@ -33,6 +34,8 @@ COLUMNS = (
     ("responses_flagged", "flagged ↓", "{:.0f}"),
     ("sessions_held", "sessions held ↑", "{:g}"),
 )
+# shown where some level had a long-prompt user
+LONG_PROMPT_COLUMN = ("long_prompt_ttft_s", "long-prompt TTFT s ↓", "{:.2f}")
 # (metric, panel title, y label) of the figure's panels
 PANELS = (
     ("output_tok_s", "aggregate output tok/s", "tok/s (higher is better)"),
@@ -139,16 +142,23 @@ def stress_section(result: RunResult) -> str | None:
         parts.append("KV budgets (kvbench serve --kv-budget): " + ", ".join(
             "none" if not b else fmt_bytes(b) for b in sorted(b or 0 for b in budgets))
             + "; *sessions held* is the most requests streaming at once, seen by the client.")
+    columns = COLUMNS
+    if any(finite_metric(case, LONG_PROMPT_COLUMN[0]) is not None for case in cases):
+        columns += (LONG_PROMPT_COLUMN,)
+        parts.append("A *long-prompt user* (`long_prompt_tokens`) sends one more request"
+                     " `long_prompt_after_s` into the level; its prefill shows in the others'"
+                     " chunk gaps (`prefill_chunk`: kvbench serve's tokens per prefill"
+                     " forward).")
     for name, cases in table.lines.items():
         rows = []
         for users in sorted(cases):
             case = cases[users]
             cells = [str(users)]
-            for metric, _, form in COLUMNS:
+            for metric, _, form in columns:
                 v = finite_metric(case, metric)
                 cells.append("—" if v is None else form.format(v))
             rows.append(cells)
-        header = ["users"] + [column for _, column, _ in COLUMNS]
+        header = ["users"] + [column for _, column, _ in columns]
         parts.append(f"**{name}**\n\n" + md_table(header, rows,
                                                    right=set(range(len(header)))))
     warnings = _warnings(table)

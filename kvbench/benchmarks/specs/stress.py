@@ -71,6 +71,19 @@ class StressParams(Settings):
     ignore_eos: bool = param(True, meaning="ask kvbench servers (ignore_eos, a vLLM-style"
                              " extension) for exactly max_tokens tokens; other servers are not"
                              " sent it")
+    long_prompt_tokens: int = param(0, range=at_least(0), meaning="0, or a long-prompt user:"
+                                    " one more request at the level, a window of this many"
+                                    " tokens of the text, sent long_prompt_after_s after the"
+                                    " others start (mid-stream). Its prefill shows in the other"
+                                    " users' chunk gaps; it is not in the latencies, throughput"
+                                    " or answer checks (long_prompt_ttft_s is its own), and its"
+                                    " failure counts in errors")
+    long_prompt_after_s: float = param(1.0, range=at_least(0), meaning="seconds after the level"
+                                       " starts that the long-prompt user sends its request")
+    prefill_chunk: int = param(0, range=at_least(0), meaning="`kvbench serve --prefill-chunk`:"
+                               " prompt tokens per prefill forward, the others' decode steps"
+                               " between (0: its default, 512). A chunk as long as the prompt"
+                               " prefills it in one forward, as before chunked prefill")
 
     def check(self) -> None:
         if self.text.startswith("hf:"):
@@ -82,9 +95,10 @@ class StressParams(Settings):
             target = parse_server(self.server)  # loopback only
         except ValueError as exc:
             raise SettingError("server", str(exc)) from None
-        if self.kv_budget and target.kind != "kvbench":
-            raise SettingError("kv_budget", "kv_budget is passed to kvbench serve: it needs"
-                                            " server: kvbench")
+        for name in ("kv_budget", "prefill_chunk"):
+            if getattr(self, name) and target.kind != "kvbench":
+                raise SettingError(name, f"{name} is passed to kvbench serve: it needs"
+                                         " server: kvbench")
 
     @property
     def target(self) -> ServerTarget:
@@ -117,13 +131,17 @@ METRICS = {
                          " pooled over requests (a chunk may carry more than one token on some"
                          " servers)"),
     **percentile_metrics("e2e_s", "end-to-end latency: request sent to its response finished"),
+    "long_prompt_ttft_s": MetricSpec(
+        "s", "lower", "the long-prompt user's time to first token (long_prompt_tokens); NaN"
+        " without one or when it failed; the median over repeats", timing="absolute"),
     "wall_s": MetricSpec("s", "lower", "the level's wall time: its first request sent to its"
                          " last response finished (failed ones included)", timing="absolute"),
     "requests": MetricSpec("", "none", "requests planned at the level (users x"
                            " requests_per_user, times the repeats)"),
     "errors": MetricSpec(
         "", "lower", "failed requests: a non-200 status, an exception, a timeout, a stream with"
-        " no token, or not sent before level_timeout_s (info.failures says why)"),
+        " no token, or not sent before level_timeout_s (info.failures says why); the"
+        " long-prompt user's request included"),
     "output_tokens": MetricSpec("tok", "none", "output tokens of the successful requests"),
     "token_agreement": MetricSpec(
         "", "higher", "the mean over successful responses of (their common prefix with the"
@@ -174,3 +192,7 @@ class Stress(Benchmark):
         self.check_length(model, "prompt_tokens + max_tokens",
                           params.prompt_tokens + params.max_tokens, "prompt_tokens",
                           "max_tokens")
+        if params.long_prompt_tokens:
+            self.check_length(model, "long_prompt_tokens + max_tokens",
+                              params.long_prompt_tokens + params.max_tokens,
+                              "long_prompt_tokens", "max_tokens")
