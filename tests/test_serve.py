@@ -157,7 +157,9 @@ def test_kv_budget_queues_requests_that_do_not_fit_and_never_errs(session, promp
     assert engine.totals.finished == {"length": 5}
 
 
-def test_a_request_past_the_budget_or_the_queue_timeout_gets_503(session, prompts):
+def test_a_request_past_the_queue_timeout_gets_503_and_one_past_the_budget_400(session, prompts):
+    """503 with Retry-After for no room in time; 400 for a request that can never fit (a 503
+    would have the OpenAI SDK retry it three times)."""
     method = _method("identity", {})
     need = Projection(method, session).bytes(len(prompts[0]), 40)
     engine = Engine(session, method, kv_budget=need, queue_timeout_s=0.0)
@@ -173,8 +175,9 @@ def test_a_request_past_the_budget_or_the_queue_timeout_gets_503(session, prompt
         engine.stop()
     assert isinstance(first.end, Finished)
     assert isinstance(second.end, Failed) and second.end.status == 503
-    assert "queue timeout" in second.end.message
-    assert isinstance(too_big.end, Failed) and too_big.end.status == 503
+    assert "queue timeout" in second.end.message and second.end.retry_after_s > 0
+    assert isinstance(too_big.end, Failed) and too_big.end.status == 400
+    assert too_big.end.retry_after_s is None
     assert "above the whole KV budget" in too_big.end.message
 
 

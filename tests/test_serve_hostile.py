@@ -271,3 +271,13 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(tiny_llama, c
         assert during >= len(range(0, 3000, 256)) - 1
     else:  # the step under way at the submission, and the one before the prompt was admitted
         assert during <= 2
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.5, [1.0, 0, 0]), (0.6, [0.625, 0.375, 0]),
+                                         (1.0, [0.5, 0.3, 0.2])])
+def test_top_p_keeps_the_fewest_likeliest_tokens_that_reach_it(top_p, kept):
+    from kvbench.serve.engine import nucleus
+
+    probs = torch.tensor([0.3, 0.5, 0.2])  # in no order: the likeliest is the second
+    got = nucleus(probs, top_p)
+    assert torch.allclose(got, torch.tensor([kept[1], kept[0], kept[2]]))

@@ -214,14 +214,26 @@ def test_level_figures_count_only_successes_in_tokens_and_latencies():
     assert f["e2e_s_p99"] == pytest.approx(2.0 + 0.98 * 0.5)
     # chunk gaps pooled: 0.5 x4, 0.3, 0.4, 0.3, 0.3, 0.5, 0.5 -> median 0.5
     assert f["chunk_gap_s_p50"] == pytest.approx(0.5)
+    assert f["chunk_gap_s_max"] == pytest.approx(0.5)
     assert f["sessions_held"] == 2
+
+
+def test_the_largest_chunk_gap_shows_a_stall_the_p99_hides():
+    """A long prefill in one forward stalls every stream once: 4 gaps of 70 s among 500 of
+    0.3 s are under the p99, and are the largest gap."""
+    records = [rec(u, 0.0, 0.1, 200.0, 126,
+                   chunks=[0.1 + 0.3 * i + (70.0 if i >= 60 else 0.0) for i in range(126)])
+               for u in range(4)]
+    f = lg.level_figures(records, users=4)
+    assert f["chunk_gap_s_p99"] == pytest.approx(0.3)
+    assert f["chunk_gap_s_max"] == pytest.approx(70.3)
 
 
 def test_no_success_gives_nan_latencies_and_zero_throughput():
     records = [rec(0, 0.0, None, 1.0, 0, error="timeout: ..."),
                rec(1, 0.0, None, 2.0, 0, error="HTTP 503: busy")]
     f = lg.level_figures(records, users=2)
-    for name in ("ttft_s_p50", "tpot_s_p99", "chunk_gap_s_p90", "e2e_s_p99"):
+    for name in ("ttft_s_p50", "tpot_s_p99", "chunk_gap_s_p90", "chunk_gap_s_max", "e2e_s_p99"):
         assert math.isnan(f[name])
     assert f["output_tok_s"] == 0 and f["errors"] == 2 and f["sessions_held"] == 0
 
@@ -794,7 +806,8 @@ def stress_case(label: str, users: int, tok_s: float, flagged: int = 0, errors: 
 
     values = {"output_tok_s": tok_s, "per_user_tok_s": tok_s / users,
               "aggregate_vs_single": tok_s / 10, "ttft_s_p99": 0.1 * users,
-              "chunk_gap_s_p99": 0.01 * users, "long_prompt_ttft_s": long_ttft,
+              "chunk_gap_s_p99": 0.01 * users, "chunk_gap_s_max": 0.0125 * users,
+              "long_prompt_ttft_s": long_ttft,
               "e2e_s_p99": 1.0 + users, "errors": errors,
               "token_agreement": 1.0 - flagged / 10, "responses_differing": 2 * flagged,
               "responses_flagged": flagged,
@@ -848,7 +861,7 @@ def test_a_long_prompt_user_gets_its_column_where_a_level_had_one():
     text = render_markdown(run([stress_case("identity", 1, 10.0),
                                 stress_case("identity", 4, 30.0, long_ttft=12.5)]))
     assert "long-prompt TTFT s" in text and "*long-prompt user*" in text
-    assert _row(text, "4")[-1] == "12.50" and _row(text, "1")[-1] == "—"
+    assert _row(text, "4")[-2:] == ["0.05", "12.50"] and _row(text, "1")[-1] == "—"
 
 
 def test_the_figure_has_three_panels_one_line_per_method(stress_result, tmp_path):

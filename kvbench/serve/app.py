@@ -24,6 +24,7 @@ from sse_starlette import EventSourceResponse
 from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
 
 MAX_LOGPROBS = 5
+MAX_STOPS = 4  # OpenAI's limit on stop sequences
 _DISCONNECT_POLL_S = 0.5
 
 
@@ -39,32 +40,48 @@ class APIError(Exception):
                             status_code=self.status)
 
 
-class StreamOptions(BaseModel):
+# Every field a request may set; any other is refused with 400 (never ignored). A field sent as
+# null counts as not sent, as OpenAI and vLLM take it. The README's "API surface" table lists them.
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (guidellm asks for it)
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class _Common(_Strict):
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> -100 .. 100
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: int | None = Field(None, ge=-2 ** 63, lt=2 ** 64)  # what torch's generator takes
     n: int = 1
-    stop: str | list[str] | None = None
+    stop: str | list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)  # vLLM's
+    user: str | None = None  # an end-user id for the provider's records: kvbench keeps none
     ignore_eos: bool = False
     return_token_ids: bool = False
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
 class CompletionBody(_Common):
     prompt: str | list[int] | list[str]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    best_of: int = 1
 
 
-class Message(BaseModel):
+class Message(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
 
@@ -99,10 +116,20 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         return {"status": "ok", "model": model_id, "method": method_label,
                 "impl": engine.impl()}
 
+    def model_card() -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "kvbench",
+                "max_model_len": max_context}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
-                                            "owned_by": "kvbench", "max_model_len": max_context}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_id:
+            raise APIError(404, f"model {name!r} does not exist; this server has {model_id!r}",
+                           kind="not_found_error", param="model")
+        return model_card()
 
     @app.get("/metrics")
     async def metrics():
@@ -112,30 +139,43 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
         body = _parse(await _body(http, max_body_bytes), CompletionBody)
-        if body.echo:
-            raise APIError(400, "echo is not supported", param="echo")
+        if body.best_of != 1:
+            raise APIError(400, "only best_of = 1 is supported", param="best_of")
+        if body.echo and body.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported (the prompt's logprobs are"
+                           " not computed)", param="echo")
         # off the event loop: a long prompt must not hold up /health and the streams
         prompt = await asyncio.to_thread(_prompt_ids, body.prompt, tokenizer, vocab)
-        return await _serve(http, body, prompt, body.max_tokens, body.logprobs or 0, chat=False)
+        echo = tokenizer.decode(prompt) if body.echo else ""
+        return await _serve(http, body, prompt, body.max_tokens, body.logprobs, chat=False,
+                            echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
         body = _parse(await _body(http, max_body_bytes), ChatBody)
         prompt = await asyncio.to_thread(_chat_ids, [m.model_dump() for m in body.messages],
                                          tokenizer)
-        logprobs = (body.top_logprobs or 1) if body.logprobs else 0
-        return await _serve(http, body, prompt, body.max_completion_tokens or body.max_tokens,
-                            logprobs, chat=True)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        if max_tokens is None and max_context is not None:  # as OpenAI: until the context ends
+            max_tokens = max_context - len(prompt)
+        return await _serve(http, body, prompt, max_tokens, logprobs, chat=True)
 
     async def _serve(http: HTTPRequest, body: _Common, prompt: list[int], max_tokens: int | None,
-                     logprobs: int, chat: bool):
+                     logprobs: int | None, chat: bool, echo: str = ""):
         if body.model is not None and body.model != model_id:
             raise APIError(404, f"model {body.model!r} does not exist; this server has"
                            f" {model_id!r}", kind="not_found_error", param="model")
         if body.n != 1:
             raise APIError(400, "only n = 1 is supported", param="n")
-        if body.stop:
-            raise APIError(400, "stop sequences are not supported", param="stop")
+        if len(body.stops) > MAX_STOPS or not all(body.stops):
+            raise APIError(400, f"stop: at most {MAX_STOPS} sequences, none empty", param="stop")
+        if any(not 0 <= i < vocab for i in [*body.stop_token_ids, *body.logit_bias]):
+            raise APIError(400, "stop_token_ids and logit_bias keys must be token ids within the"
+                           " vocabulary", param="logit_bias")
+        if any(not -100 <= bias <= 100 for bias in body.logit_bias.values()):
+            raise APIError(400, "logit_bias values must be within [-100, 100]",
+                           param="logit_bias")
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
         if max_tokens <= 0:
             raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}",
@@ -149,9 +189,14 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         events: asyncio.Queue = asyncio.Queue()
         request = Request(prompt, max_tokens,
                           lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
-                          temperature=body.temperature, logprobs=logprobs,
-                          ignore_eos=body.ignore_eos, seed=body.seed)
-        reply = _Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt))
+                          temperature=body.temperature, top_p=body.top_p,
+                          presence_penalty=body.presence_penalty,
+                          frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
+                          logprobs=logprobs, ignore_eos=body.ignore_eos, seed=body.seed)
+        options = body.stream_options or StreamOptions()
+        reply = _Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt),
+                       body.stops, set(body.stop_token_ids), echo,
+                       options.continuous_usage_stats)
         engine.submit(request)
         try:
             first = await _next_event(http, events)
@@ -162,25 +207,34 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
             engine.cancel(request)
             return Response(status_code=499)
         if isinstance(first, Failed):
-            return APIError(first.status, first.message,
-                            kind="server_error" if first.status >= 500 else "invalid_request_error"
-                            ).response()
+            return _failure(first)
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return EventSourceResponse(_stream(engine, request, events, first, reply,
-                                               include_usage), sep="\n", ping=15)
+                                               options.include_usage), sep="\n", ping=15)
         event = first
         while not isinstance(event, (Finished, Failed)):
-            reply.tokens.append(event)  # decoded once, at the end
+            reply.add(event)
+            if reply.stopped:
+                engine.cancel(request, outcome="stop")
+                event = reply.finished()
+                break
             event = await _next_event(http, events)
             if event is None:
                 engine.cancel(request)
                 return Response(status_code=499)
         if isinstance(event, Failed):
-            return APIError(event.status, event.message, kind="server_error").response()
+            return _failure(event)
         return reply.whole(event)
 
     return app
+
+
+def _failure(failed: Failed) -> JSONResponse:
+    kind = "server_error" if failed.status >= 500 else "invalid_request_error"
+    response = APIError(failed.status, failed.message, kind=kind).response()
+    if failed.retry_after_s is not None:
+        response.headers["Retry-After"] = str(failed.retry_after_s)
+    return response
 
 
 async def _next_event(http: HTTPRequest, events: asyncio.Queue):
@@ -197,11 +251,19 @@ async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first
                   reply: "_Reply", include_usage: bool):
     event = first
     try:
+        if reply.echo:
+            yield {"data": json.dumps(reply.echo_chunk())}
         while True:
             if isinstance(event, Token):
-                yield {"data": json.dumps(reply.chunk(event))}
+                chunk, carries = reply.chunk(event)
+                if carries or not reply.stopped:
+                    yield {"data": json.dumps(chunk)}
+                if reply.stopped:
+                    engine.cancel(request, outcome="stop")
+                    event = reply.finished()
+                    continue
             elif isinstance(event, Finished):
-                yield {"data": json.dumps(reply.last_chunk(event.reason))}
+                yield {"data": json.dumps(reply.last_chunk(event))}
                 if include_usage:
                     yield {"data": json.dumps(reply.usage_chunk(event))}
                 yield {"data": "[DONE]"}
@@ -217,26 +279,64 @@ async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first
 
 
 class _Reply:
-    """Builds one request's OpenAI-shaped response, whole or chunk by chunk."""
+    """Builds one request's OpenAI-shaped response, whole or chunk by chunk. With stop strings
+    the text ends before the first one (the tail that could begin one is held back while
+    streaming); a stop token id ends it before that token."""
 
     def __init__(self, tokenizer, chat: bool, model_id: str, with_token_ids: bool,
-                 prompt_tokens: int):
+                 prompt_tokens: int, stops: list[str], stop_ids: set[int], echo: str = "",
+                 usage_in_chunks: bool = False):
         self.tokenizer, self.chat, self.model_id = tokenizer, chat, model_id
         self.with_token_ids, self.prompt_tokens = with_token_ids, prompt_tokens
+        self.stops, self.stop_ids, self.echo = stops, stop_ids, echo
+        self.usage_in_chunks = usage_in_chunks
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.tokens: list[Token] = []
+        self.tokens: list[Token] = []  # kept in the reply
+        self.generated = 0  # tokens the engine generated (usage), a stop token included
         self.text = ""  # the text sent so far
+        self.stopped = False  # a stop string or stop token ended the reply
+        self.streaming = False  # set by chunk(): a stream decodes at every token
 
     def add(self, token: Token) -> str:
         """Record `token`; return the new text it completes (held back while it ends inside a
-        multi-byte character)."""
+        multi-byte character or could be the start of a stop string)."""
+        self.generated += 1
+        if token.id in self.stop_ids:
+            self.stopped = True
+            return self._flush()
         self.tokens.append(token)
+        if not self.stops and not self.streaming:
+            return ""  # whole replies decode once, at the end
         text = self._decoded()
-        if text.endswith("\ufffd"):
+        if self.stops:
+            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
+            if cut >= 0:
+                self.stopped = True
+                text = text[:cut]
+            else:
+                text = text[:len(text) - max(map(len, self.stops)) + 1]
+        if text.endswith("\ufffd") and not self.stopped:
             return ""
         delta, self.text = text[len(self.text):], text
         return delta
+
+    def _flush(self) -> str:
+        """What is held back, once the reply has ended."""
+        text = self._final_text()
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+    def _final_text(self) -> str:
+        text = self._decoded()
+        if self.stops:
+            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
+            text = text if cut < 0 else text[:cut]
+        return text
+
+    def finished(self) -> Finished:
+        """The end of a reply that a stop string or stop token ended."""
+        return Finished("stop", self.prompt_tokens, self.generated)
 
     def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
         if not tokens or tokens[0].logprob is None:
@@ -275,13 +375,28 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                 "choices": choices, **extra}
 
-    def chunk(self, token: Token) -> dict[str, Any]:
-        return self._envelope([self._choice(self.add(token), [token], None)])
+    def _running_usage(self) -> dict[str, Any]:
+        if not self.usage_in_chunks:
+            return {}
+        return {"usage": self.usage(Finished("", self.prompt_tokens, self.generated))}
 
-    def last_chunk(self, reason: str) -> dict[str, Any]:
-        """The finish reason, with any text held back at the end (a cut multi-byte character)."""
-        rest = self._decoded()[len(self.text):]
-        return self._envelope([self._choice(rest, [], reason)])
+    def echo_chunk(self) -> dict[str, Any]:
+        return self._envelope([self._choice(self.echo, [], None)])
+
+    def chunk(self, token: Token) -> tuple[dict[str, Any], bool]:
+        """The chunk of `token` and whether it carries anything (text or a kept token): the
+        token that completed a stop string is kept, a stop token id is not."""
+        self.streaming = True
+        delta = self.add(token)
+        kept = [token] if self.tokens and self.tokens[-1] is token else []
+        chunk = self._envelope([self._choice(delta, kept, None)], **self._running_usage())
+        return chunk, bool(delta or kept)
+
+    def last_chunk(self, finished: Finished) -> dict[str, Any]:
+        """The finish reason, with any text held back at the end (a cut multi-byte character,
+        the tail that could have begun a stop string)."""
+        return self._envelope([self._choice(self._flush(), [], finished.reason)],
+                              **self._running_usage())
 
     def usage(self, finished: Finished) -> dict[str, int]:
         return {"prompt_tokens": finished.prompt_tokens,
@@ -292,7 +407,8 @@ class _Reply:
         return self._envelope([], usage=self.usage(finished))
 
     def whole(self, finished: Finished) -> dict[str, Any]:
-        choice = self._choice(self._decoded(), self.tokens, finished.reason, whole=True)
+        choice = self._choice(self.echo + self._final_text(), self.tokens, finished.reason,
+                              whole=True)
         return self._envelope([choice], whole=True, usage=self.usage(finished))
 
     def _decoded(self) -> str:
@@ -324,6 +440,7 @@ def _parse(raw: bytes, model: type[BaseModel]):
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object")
+    data = {key: value for key, value in data.items() if value is not None}  # null: not sent
     try:  # JSON may escape a lone surrogate (\ud800): no tokenizer can take it
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -333,7 +450,10 @@ def _parse(raw: bytes, model: type[BaseModel]):
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise APIError(400, f"{where}: {first['msg']}", param=where or None) from None
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = "not supported by kvbench serve (README: the API surface)"
+        raise APIError(400, f"{where}: {message}", param=where or None) from None
 
 
 def _prompt_ids(prompt: str | list[int] | list[str], tokenizer, vocab: int) -> list[int]:

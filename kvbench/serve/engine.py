@@ -36,6 +36,7 @@ from kvbench.serve.admission import Projection
 # Temperatures below this sample greedily, as vLLM's (its sampling_params._SAMPLING_EPS): below
 # it, logits / temperature overflow float32 and softmax has nothing to sample from.
 GREEDY_BELOW = 1e-5
+RETRY_AFTER_S = 5  # a 503 for no room in time: the requests ahead will have moved on
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Abandoned(Exception):
 class Failed:
     status: int  # the HTTP status the request gets (503: no room in time; 500: the engine failed)
     message: str
+    retry_after_s: int | None = None  # a 503 that may succeed later says when to try again
 
 
 Event = Token | Finished | Failed
@@ -73,7 +75,11 @@ class Request:
     max_tokens: int
     emit: Callable[[Event], None]
     temperature: float = 0.0
-    logprobs: int = 0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     ignore_eos: bool = False
     seed: int | None = None
     id: int = field(default_factory=itertools.count().__next__)
@@ -82,6 +88,7 @@ class Request:
     cache: Any = None
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
+    cancel_outcome: str = "cancelled"  # how totals count it: "cancelled", or "stop" (a stop string)
     generator: torch.Generator | None = None
 
 
@@ -149,10 +156,12 @@ class Engine:
             self._waiting.append(request)
             self._lock.notify()
 
-    def cancel(self, request: Request) -> None:
-        """The client went away: drop it at the next step and free its cache."""
+    def cancel(self, request: Request, outcome: str = "cancelled") -> None:
+        """The client went away (or the reply hit a stop string: outcome "stop"): drop it at
+        the next step and free its cache."""
         with self._lock:
-            request.cancelled = True
+            if not request.cancelled:
+                request.cancelled, request.cancel_outcome = True, outcome
             self._lock.notify()
 
     def state(self) -> dict[str, int]:
@@ -211,9 +220,9 @@ class Engine:
         with self._lock:
             for request in [r for r in self._waiting if r.cancelled]:
                 self._waiting.remove(request)
-                self.totals.count("cancelled")
+                self.totals.count(request.cancel_outcome)
             for request in [r for r in self._active if r.cancelled]:
-                self._release(request, "cancelled")
+                self._release(request, request.cancel_outcome)
 
     def _admit(self) -> None:
         """Start queued requests in order while they fit; past the queue timeout, 503."""
@@ -226,14 +235,14 @@ class Engine:
                 full = len(self._active) >= self.max_batch
             try:
                 need = self._reservation(request)
-            except ValueError as exc:
-                self._reject(request, Failed(503, str(exc)))
+            except ValueError as exc:  # it can never fit: asking again will not help
+                self._reject(request, Failed(400, str(exc)))
                 continue
             if full or (self.kv_budget is not None and held + need > self.kv_budget):
                 if time.monotonic() - request.queued_at > self.queue_timeout_s:
                     self._reject(request, Failed(503, (
                         f"no room (batch of {self.max_batch}, KV budget {self.kv_budget}) within"
-                        f" the queue timeout of {self.queue_timeout_s:g} s")))
+                        f" the queue timeout of {self.queue_timeout_s:g} s"), RETRY_AFTER_S))
                     continue
                 return  # FIFO: nothing behind it jumps the queue
             with self._lock:
@@ -328,13 +337,25 @@ class Engine:
             self._finish(request, "stop")
 
     def _sample(self, request: Request, logits: torch.Tensor) -> Token:
+        """The next token: the logits with the request's logit_bias and its presence and
+        frequency penalties on the tokens generated so far (OpenAI's definitions), then greedy
+        below GREEDY_BELOW, else sampled at its temperature within its top_p. Logprobs are the
+        model's own, before any of these."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)
+        scores = logits.float().clone()
+        for token_id, bias in request.logit_bias.items():
+            scores[token_id] += bias
+        if request.generated and (request.presence_penalty or request.frequency_penalty):
+            counts = torch.bincount(torch.tensor(request.generated), minlength=len(scores))
+            scores -= request.frequency_penalty * counts + request.presence_penalty * (counts > 0)
         if request.temperature < GREEDY_BELOW:
-            token = int(torch.argmax(logits))
+            token = int(torch.argmax(scores))
         else:
-            probs = torch.softmax(logits.float() / request.temperature, dim=-1)
+            probs = torch.softmax(scores / request.temperature, dim=-1)
+            if request.top_p < 1:
+                probs = nucleus(probs, request.top_p)
             token = int(torch.multinomial(probs, 1, generator=request.generator))
-        if not request.logprobs:
+        if request.logprobs is None:
             return Token(token)
         top = torch.topk(logprobs, request.logprobs)
         return Token(token, float(logprobs[token]),
@@ -350,3 +371,13 @@ class Engine:
                 self._active.remove(request)
             request.cache, request.reserved = None, 0
         self.totals.count(outcome)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`probs` kept on the fewest most likely tokens whose mass reaches top_p (the most likely
+    always), renormalised."""
+    ordered, order = torch.sort(probs, descending=True)
+    before = torch.cumsum(ordered, 0) - ordered  # the mass of the likelier tokens
+    kept = torch.zeros_like(probs).scatter(0, order, (before < top_p).to(probs.dtype))
+    kept = probs * kept
+    return kept / kept.sum()

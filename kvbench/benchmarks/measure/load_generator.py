@@ -326,6 +326,9 @@ def level_figures(records: list[RequestRecord], users: int) -> dict[str, float]:
     for name, values in series.items():
         for q, value in percentiles(values).items():
             out[f"{name}_p{q}"] = value
+    # a stall of every stream at once (a long prefill) is a handful of gaps among hundreds:
+    # under the p99 when fewer than 1 in 100, so the largest is its own figure
+    out["chunk_gap_s_max"] = max(series["chunk_gap_s"], default=math.nan)
     return out
 
 

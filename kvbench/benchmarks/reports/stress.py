@@ -35,7 +35,8 @@ COLUMNS = (
     ("sessions_held", "sessions held ↑", "{:g}"),
 )
 # shown where some level had a long-prompt user
-LONG_PROMPT_COLUMN = ("long_prompt_ttft_s", "long-prompt TTFT s ↓", "{:.2f}")
+LONG_PROMPT_COLUMNS = (("chunk_gap_s_max", "max chunk gap s ↓", "{:.2f}"),
+                       ("long_prompt_ttft_s", "long-prompt TTFT s ↓", "{:.2f}"))
 # (metric, panel title, y label) of the figure's panels
 PANELS = (
     ("output_tok_s", "aggregate output tok/s", "tok/s (higher is better)"),
@@ -143,12 +144,13 @@ def stress_section(result: RunResult) -> str | None:
             "none" if not b else fmt_bytes(b) for b in sorted(b or 0 for b in budgets))
             + "; *sessions held* is the most requests streaming at once, seen by the client.")
     columns = COLUMNS
-    if any(finite_metric(case, LONG_PROMPT_COLUMN[0]) is not None for case in cases):
-        columns += (LONG_PROMPT_COLUMN,)
+    if any(finite_metric(case, "long_prompt_ttft_s") is not None for case in cases):
+        columns += LONG_PROMPT_COLUMNS
         parts.append("A *long-prompt user* (`long_prompt_tokens`) sends one more request"
                      " `long_prompt_after_s` into the level; its prefill shows in the others'"
                      " chunk gaps (`prefill_chunk`: kvbench serve's tokens per prefill"
-                     " forward).")
+                     " forward), in the largest above all: a prefill in one forward stalls"
+                     " every stream once, a few gaps among hundreds, under the p99.")
     for name, cases in table.lines.items():
         rows = []
         for users in sorted(cases):

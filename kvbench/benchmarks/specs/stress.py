@@ -130,6 +130,10 @@ METRICS = {
     **percentile_metrics("chunk_gap_s", "the gap between consecutive token-carrying stream chunks,"
                          " pooled over requests (a chunk may carry more than one token on some"
                          " servers)"),
+    "chunk_gap_s_max": MetricSpec(
+        "s", "lower", "the largest gap between consecutive token-carrying stream chunks of a"
+        " successful request: a stall of every stream at once (a long prompt prefilled in one"
+        " forward) is a few gaps among hundreds, below the p99", timing="absolute"),
     **percentile_metrics("e2e_s", "end-to-end latency: request sent to its response finished"),
     "long_prompt_ttft_s": MetricSpec(
         "s", "lower", "the long-prompt user's time to first token (long_prompt_tokens); NaN"
