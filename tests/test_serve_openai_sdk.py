@@ -163,3 +163,16 @@ def test_a_request_that_can_never_fit_is_400_and_not_retried(tmp_path):
         proc.wait(30)
     assert busy.status_code == 503 and int(busy.headers["retry-after"]) > 0
     assert "queue timeout" in json.loads(busy.text)["error"]["message"]
+
+
+def test_chat_content_as_text_parts_is_the_same_message(client):
+    """guidellm sends a user message as a list of text parts; other part types are refused."""
+    def reply(content):
+        return client.chat.completions.create(
+            model="tiny:llama", messages=[{"role": "user", "content": content}], max_tokens=6,
+            temperature=0, extra_body={"ignore_eos": True}).choices[0].message.content
+
+    assert reply([{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]) == \
+        reply("hi there")
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        reply([{"type": "image_url", "image_url": {"url": "data:,"}}])

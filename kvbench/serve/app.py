@@ -81,9 +81,20 @@ class CompletionBody(_Common):
     best_of: int = 1
 
 
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: str | list[TextPart]  # a string, or text parts (as guidellm sends)
+
+    def as_text(self) -> dict[str, str]:
+        content = self.content
+        if not isinstance(content, str):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content}
 
 
 class ChatBody(_Common):
@@ -153,7 +164,7 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
         body = _parse(await _body(http, max_body_bytes), ChatBody)
-        prompt = await asyncio.to_thread(_chat_ids, [m.model_dump() for m in body.messages],
+        prompt = await asyncio.to_thread(_chat_ids, [m.as_text() for m in body.messages],
                                          tokenizer)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens or body.max_tokens
