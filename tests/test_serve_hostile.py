@@ -281,3 +281,45 @@ def test_top_p_keeps_the_fewest_likeliest_tokens_that_reach_it(top_p, kept):
     probs = torch.tensor([0.3, 0.5, 0.2])  # in no order: the likeliest is the second
     got = nucleus(probs, top_p)
     assert torch.allclose(got, torch.tensor([kept[1], kept[0], kept[2]]))
+
+
+def _stall_during_a_long_prompt(tmp_path, chunk: int) -> tuple[float, int]:
+    """A real server with --prefill-chunk `chunk`: a stream is running when a 3000-token prompt
+    arrives; (the stream's largest gap between chunks, and how many chunks it received, while
+    that prompt waited for its first token)."""
+    proc, url = _serve(tmp_path, "--prefill-chunk", chunk)
+    arrivals: list[float] = []
+    try:
+        body = {"prompt": "The cache holds", "max_tokens": 1500, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+
+        def stream():
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        arrivals.append(time.monotonic())
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        while len(arrivals) < 5:
+            time.sleep(0.001)
+        sent = time.monotonic()
+        long = {"prompt": "and the values " * 200, "max_tokens": 1, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=120) as r:
+            first = next(time.monotonic() for line in r.iter_lines() if line.startswith("data: {"))
+        streamer.join(120)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    during = [t for t in arrivals if sent <= t <= first]
+    gaps = [b - a for a, b in zip(during, during[1:])] + [first - during[-1]]
+    return max(gaps), len(during)
+
+
+def test_a_real_server_prefills_a_long_prompt_between_the_steps_of_a_stream(tmp_path):
+    """Over HTTP: in chunks of 256 the running stream takes a step after each chunk of a
+    3000-token prompt, and its longest pause is a fraction of the pause one forward makes."""
+    chunked_gap, chunked_steps = _stall_during_a_long_prompt(tmp_path, 256)
+    whole_gap, _ = _stall_during_a_long_prompt(tmp_path, 10_000)
+    assert chunked_steps >= len(range(0, 3000, 256)) - 1
+    assert chunked_gap < whole_gap / 3
