@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP face of the engine (FastAPI; SSE streams by sse-starlette).
+"""The OpenAI-compatible HTTP face of the engine (FastAPI; SSE streams by sse-starlette): the
+bodies it accepts are kvbench.serve.bodies', the replies it builds kvbench.serve.reply's.
 
 /v1/completions and /v1/chat/completions (stream or not, `usage` filled in), /v1/models,
 /health and /metrics (Prometheus). Two vLLM-style extensions serve benchmarks: `ignore_eos`
@@ -10,21 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-import uuid
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 
+from kvbench.serve.bodies import MAX_STOPS, ChatBody, CommonBody, CompletionBody, StreamOptions
 from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
+from kvbench.serve.reply import Reply
 
-MAX_LOGPROBS = 5
-MAX_STOPS = 4  # OpenAI's limit on stop sequences
 _DISCONNECT_POLL_S = 0.5
 
 
@@ -38,70 +37,6 @@ class APIError(Exception):
         return JSONResponse({"error": {"message": self.message, "type": self.kind,
                                        "param": self.param, "code": self.status}},
                             status_code=self.status)
-
-
-# Every field a request may set; any other is refused with 400 (never ignored). A field sent as
-# null counts as not sent, as OpenAI and vLLM take it. The README's "API surface" table lists them.
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (guidellm asks for it)
-
-
-class _Common(_Strict):
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> -100 .. 100
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    seed: int | None = Field(None, ge=-2 ** 63, lt=2 ** 64)  # what torch's generator takes
-    n: int = 1
-    stop: str | list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)  # vLLM's
-    user: str | None = None  # an end-user id for the provider's records: kvbench keeps none
-    ignore_eos: bool = False
-    return_token_ids: bool = False
-
-    @property
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-
-class CompletionBody(_Common):
-    prompt: str | list[int] | list[str]
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
-    best_of: int = 1
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class Message(_Strict):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]  # a string, or text parts (as guidellm sends)
-
-    def as_text(self) -> dict[str, str]:
-        content = self.content
-        if not isinstance(content, str):
-            content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content}
-
-
-class ChatBody(_Common):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 def create_app(engine: Engine, model_id: str, method_label: str, max_context: int | None,
@@ -172,7 +107,7 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
             max_tokens = max_context - len(prompt)
         return await _serve(http, body, prompt, max_tokens, logprobs, chat=True)
 
-    async def _serve(http: HTTPRequest, body: _Common, prompt: list[int], max_tokens: int | None,
+    async def _serve(http: HTTPRequest, body: CommonBody, prompt: list[int], max_tokens: int | None,
                      logprobs: int | None, chat: bool, echo: str = ""):
         if body.model is not None and body.model != model_id:
             raise APIError(404, f"model {body.model!r} does not exist; this server has"
@@ -205,7 +140,7 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
                           frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                           logprobs=logprobs, ignore_eos=body.ignore_eos, seed=body.seed)
         options = body.stream_options or StreamOptions()
-        reply = _Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt),
+        reply = Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt),
                        body.stops, set(body.stop_token_ids), echo,
                        options.continuous_usage_stats)
         engine.submit(request)
@@ -259,7 +194,7 @@ async def _next_event(http: HTTPRequest, events: asyncio.Queue):
 
 
 async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first,
-                  reply: "_Reply", include_usage: bool):
+                  reply: "Reply", include_usage: bool):
     event = first
     try:
         if reply.echo:
@@ -287,143 +222,6 @@ async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first
             event = await events.get()
     finally:  # normal end, or the client went away (the generator is cancelled or closed)
         engine.cancel(request)
-
-
-class _Reply:
-    """Builds one request's OpenAI-shaped response, whole or chunk by chunk. With stop strings
-    the text ends before the first one (the tail that could begin one is held back while
-    streaming); a stop token id ends it before that token."""
-
-    def __init__(self, tokenizer, chat: bool, model_id: str, with_token_ids: bool,
-                 prompt_tokens: int, stops: list[str], stop_ids: set[int], echo: str = "",
-                 usage_in_chunks: bool = False):
-        self.tokenizer, self.chat, self.model_id = tokenizer, chat, model_id
-        self.with_token_ids, self.prompt_tokens = with_token_ids, prompt_tokens
-        self.stops, self.stop_ids, self.echo = stops, stop_ids, echo
-        self.usage_in_chunks = usage_in_chunks
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.tokens: list[Token] = []  # kept in the reply
-        self.generated = 0  # tokens the engine generated (usage), a stop token included
-        self.text = ""  # the text sent so far
-        self.stopped = False  # a stop string or stop token ended the reply
-        self.streaming = False  # set by chunk(): a stream decodes at every token
-
-    def add(self, token: Token) -> str:
-        """Record `token`; return the new text it completes (held back while it ends inside a
-        multi-byte character or could be the start of a stop string)."""
-        self.generated += 1
-        if token.id in self.stop_ids:
-            self.stopped = True
-            return self._flush()
-        self.tokens.append(token)
-        if not self.stops and not self.streaming:
-            return ""  # whole replies decode once, at the end
-        text = self._decoded()
-        if self.stops:
-            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
-            if cut >= 0:
-                self.stopped = True
-                text = text[:cut]
-            else:
-                text = text[:len(text) - max(map(len, self.stops)) + 1]
-        if text.endswith("\ufffd") and not self.stopped:
-            return ""
-        delta, self.text = text[len(self.text):], text
-        return delta
-
-    def _flush(self) -> str:
-        """What is held back, once the reply has ended."""
-        text = self._final_text()
-        delta, self.text = text[len(self.text):], text
-        return delta
-
-    def _final_text(self) -> str:
-        text = self._decoded()
-        if self.stops:
-            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
-            text = text if cut < 0 else text[:cut]
-        return text
-
-    def finished(self) -> Finished:
-        """The end of a reply that a stop string or stop token ended."""
-        return Finished("stop", self.prompt_tokens, self.generated)
-
-    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
-        if not tokens or tokens[0].logprob is None:
-            return None
-        piece = lambda i: self.tokenizer.decode([i])  # noqa: E731
-        if self.chat:
-            return {"content": [{"token": piece(t.id), "logprob": t.logprob,
-                                 "top_logprobs": [{"token": piece(i), "logprob": lp}
-                                                  for i, lp in t.top]} for t in tokens]}
-        tops = []
-        for t in tokens:  # keyed by text: of two tokens that decode alike, the likelier stays
-            top: dict[str, float] = {}
-            for i, lp in t.top:
-                top.setdefault(piece(i), lp)
-            tops.append(top)
-        return {"tokens": [piece(t.id) for t in tokens],
-                "token_logprobs": [t.logprob for t in tokens], "top_logprobs": tops}
-
-    def _choice(self, text: str, tokens: list[Token], finish: str | None,
-                whole: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                  "logprobs": self._logprobs(tokens)}
-        if self.chat:
-            choice["message" if whole else "delta"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        if self.with_token_ids:
-            choice["token_ids"] = [t.id for t in tokens]
-        return choice
-
-    def _envelope(self, choices: list, whole: bool = False, **extra) -> dict[str, Any]:
-        if self.chat:
-            kind = "chat.completion" if whole else "chat.completion.chunk"
-        else:
-            kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
-                "choices": choices, **extra}
-
-    def _running_usage(self) -> dict[str, Any]:
-        if not self.usage_in_chunks:
-            return {}
-        return {"usage": self.usage(Finished("", self.prompt_tokens, self.generated))}
-
-    def echo_chunk(self) -> dict[str, Any]:
-        return self._envelope([self._choice(self.echo, [], None)])
-
-    def chunk(self, token: Token) -> tuple[dict[str, Any], bool]:
-        """The chunk of `token` and whether it carries anything (text or a kept token): the
-        token that completed a stop string is kept, a stop token id is not."""
-        self.streaming = True
-        delta = self.add(token)
-        kept = [token] if self.tokens and self.tokens[-1] is token else []
-        chunk = self._envelope([self._choice(delta, kept, None)], **self._running_usage())
-        return chunk, bool(delta or kept)
-
-    def last_chunk(self, finished: Finished) -> dict[str, Any]:
-        """The finish reason, with any text held back at the end (a cut multi-byte character,
-        the tail that could have begun a stop string)."""
-        return self._envelope([self._choice(self._flush(), [], finished.reason)],
-                              **self._running_usage())
-
-    def usage(self, finished: Finished) -> dict[str, int]:
-        return {"prompt_tokens": finished.prompt_tokens,
-                "completion_tokens": finished.completion_tokens,
-                "total_tokens": finished.prompt_tokens + finished.completion_tokens}
-
-    def usage_chunk(self, finished: Finished) -> dict[str, Any]:
-        return self._envelope([], usage=self.usage(finished))
-
-    def whole(self, finished: Finished) -> dict[str, Any]:
-        choice = self._choice(self.echo + self._final_text(), self.tokens, finished.reason,
-                              whole=True)
-        return self._envelope([choice], whole=True, usage=self.usage(finished))
-
-    def _decoded(self) -> str:
-        return self.tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
 
 
 async def _body(http: HTTPRequest, limit: int | None) -> bytes:

@@ -1,0 +1,146 @@
+"""One request's OpenAI-shaped response, whole or as stream chunks: text decoded from the tokens,
+stop strings and stop token ids, echo, logprobs, usage."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from kvbench.serve.engine import Finished, Token
+
+
+class Reply:
+    """Builds one request's OpenAI-shaped response, whole or chunk by chunk. With stop strings
+    the text ends before the first one (the tail that could begin one is held back while
+    streaming); a stop token id ends it before that token."""
+
+    def __init__(self, tokenizer, chat: bool, model_id: str, with_token_ids: bool,
+                 prompt_tokens: int, stops: list[str], stop_ids: set[int], echo: str = "",
+                 usage_in_chunks: bool = False):
+        self.tokenizer, self.chat, self.model_id = tokenizer, chat, model_id
+        self.with_token_ids, self.prompt_tokens = with_token_ids, prompt_tokens
+        self.stops, self.stop_ids, self.echo = stops, stop_ids, echo
+        self.usage_in_chunks = usage_in_chunks
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.tokens: list[Token] = []  # kept in the reply
+        self.generated = 0  # tokens the engine generated (usage), a stop token included
+        self.text = ""  # the text sent so far
+        self.stopped = False  # a stop string or stop token ended the reply
+        self.streaming = False  # set by chunk(): a stream decodes at every token
+
+    def add(self, token: Token) -> str:
+        """Record `token`; return the new text it completes (held back while it ends inside a
+        multi-byte character or could be the start of a stop string)."""
+        self.generated += 1
+        if token.id in self.stop_ids:
+            self.stopped = True
+            return self._flush()
+        self.tokens.append(token)
+        if not self.stops and not self.streaming:
+            return ""  # whole replies decode once, at the end
+        text = self._decoded()
+        if self.stops:
+            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
+            if cut >= 0:
+                self.stopped = True
+                text = text[:cut]
+            else:
+                text = text[:len(text) - max(map(len, self.stops)) + 1]
+        if text.endswith("\ufffd") and not self.stopped:
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+    def _flush(self) -> str:
+        """What is held back, once the reply has ended."""
+        text = self._final_text()
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+    def _final_text(self) -> str:
+        text = self._decoded()
+        if self.stops:
+            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
+            text = text if cut < 0 else text[:cut]
+        return text
+
+    def finished(self) -> Finished:
+        """The end of a reply that a stop string or stop token ended."""
+        return Finished("stop", self.prompt_tokens, self.generated)
+
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        if not tokens or tokens[0].logprob is None:
+            return None
+        piece = lambda i: self.tokenizer.decode([i])  # noqa: E731
+        if self.chat:
+            return {"content": [{"token": piece(t.id), "logprob": t.logprob,
+                                 "top_logprobs": [{"token": piece(i), "logprob": lp}
+                                                  for i, lp in t.top]} for t in tokens]}
+        tops = []
+        for t in tokens:  # keyed by text: of two tokens that decode alike, the likelier stays
+            top: dict[str, float] = {}
+            for i, lp in t.top:
+                top.setdefault(piece(i), lp)
+            tops.append(top)
+        return {"tokens": [piece(t.id) for t in tokens],
+                "token_logprobs": [t.logprob for t in tokens], "top_logprobs": tops}
+
+    def _choice(self, text: str, tokens: list[Token], finish: str | None,
+                whole: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "logprobs": self._logprobs(tokens)}
+        if self.chat:
+            choice["message" if whole else "delta"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if self.with_token_ids:
+            choice["token_ids"] = [t.id for t in tokens]
+        return choice
+
+    def _envelope(self, choices: list, whole: bool = False, **extra) -> dict[str, Any]:
+        if self.chat:
+            kind = "chat.completion" if whole else "chat.completion.chunk"
+        else:
+            kind = "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
+                "choices": choices, **extra}
+
+    def _running_usage(self) -> dict[str, Any]:
+        if not self.usage_in_chunks:
+            return {}
+        return {"usage": self.usage(Finished("", self.prompt_tokens, self.generated))}
+
+    def echo_chunk(self) -> dict[str, Any]:
+        return self._envelope([self._choice(self.echo, [], None)])
+
+    def chunk(self, token: Token) -> tuple[dict[str, Any], bool]:
+        """The chunk of `token` and whether it carries anything (text or a kept token): the
+        token that completed a stop string is kept, a stop token id is not."""
+        self.streaming = True
+        delta = self.add(token)
+        kept = [token] if self.tokens and self.tokens[-1] is token else []
+        chunk = self._envelope([self._choice(delta, kept, None)], **self._running_usage())
+        return chunk, bool(delta or kept)
+
+    def last_chunk(self, finished: Finished) -> dict[str, Any]:
+        """The finish reason, with any text held back at the end (a cut multi-byte character,
+        the tail that could have begun a stop string)."""
+        return self._envelope([self._choice(self._flush(), [], finished.reason)],
+                              **self._running_usage())
+
+    def usage(self, finished: Finished) -> dict[str, int]:
+        return {"prompt_tokens": finished.prompt_tokens,
+                "completion_tokens": finished.completion_tokens,
+                "total_tokens": finished.prompt_tokens + finished.completion_tokens}
+
+    def usage_chunk(self, finished: Finished) -> dict[str, Any]:
+        return self._envelope([], usage=self.usage(finished))
+
+    def whole(self, finished: Finished) -> dict[str, Any]:
+        choice = self._choice(self.echo + self._final_text(), self.tokens, finished.reason,
+                              whole=True)
+        return self._envelope([choice], whole=True, usage=self.usage(finished))
+
+    def _decoded(self) -> str:
+        return self.tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
