@@ -56,11 +56,10 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
                     max_batch=max_batch, prefill_chunk=prefill_chunk, log=log)
     label = method_name if not method_params else f"{method_name}{method_params}"
     try:
-        engine.check(text[:min(CHECK_TOKENS, (loaded.max_context or CHECK_TOKENS + 1) - 1)])
+        engine.start(check=text[:min(CHECK_TOKENS, (loaded.max_context or CHECK_TOKENS + 1) - 1)])
     except Exception as exc:  # noqa: BLE001 - whatever the method raises, said at start-up
         raise ValueError(f"--method {label} cannot run on {model}: {exc}") from None
     app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes)
-    engine.start()
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"
         f" KV budget {kv_budget or 'none'})")
