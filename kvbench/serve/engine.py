@@ -8,9 +8,9 @@ then runs one batched forward for the next token of every active request
 with a decode step of the active requests after each, as vLLM's chunked prefill: a long prompt
 delays the other streams by one chunk at a time, not by its whole prefill. (Chunks attend to the
 earlier chunks as the cache stores them; the boundaries are fixed by the prompt alone, so a
-request's answer does not depend on what else is served.) A request whose client went away is dropped at the next step and its
-cache freed. Events go back to whoever submitted the request through its `emit` callback (the
-HTTP layer bridges them onto its event loop).
+request's answer does not depend on what else is served.) A request whose client went away is
+dropped at the next step and its cache freed. Events go back to whoever submitted the request
+through its `emit` callback (the HTTP layer bridges them onto its event loop).
 
 With a KV budget, admission is by the method's accounted bytes: a request reserves what its cache
 will hold after its prompt and max_tokens (kvbench.serve.admission), and waits while the
