@@ -41,11 +41,8 @@ class Reply:
             return ""  # whole replies decode once, at the end
         text = self._decoded()
         if self.stops:
-            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
-            if cut >= 0:
-                self.stopped = True
-                text = text[:cut]
-            else:
+            text, self.stopped = self._cut_at_stop(text)
+            if not self.stopped:
                 text = text[:len(text) - max(map(len, self.stops)) + 1]
         if text.endswith("\ufffd") and not self.stopped:
             return ""
@@ -59,11 +56,12 @@ class Reply:
         return delta
 
     def _final_text(self) -> str:
-        text = self._decoded()
-        if self.stops:
-            cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
-            text = text if cut < 0 else text[:cut]
-        return text
+        return self._cut_at_stop(self._decoded())[0]
+
+    def _cut_at_stop(self, text: str) -> tuple[str, bool]:
+        """`text` up to its first stop string, and whether it had one."""
+        cut = min((at for stop in self.stops if (at := text.find(stop)) >= 0), default=-1)
+        return (text, False) if cut < 0 else (text[:cut], True)
 
     def finished(self) -> Finished:
         """The end of a reply that a stop string or stop token ended."""
