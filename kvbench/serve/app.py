@@ -194,7 +194,7 @@ async def _next_event(http: HTTPRequest, events: asyncio.Queue):
 
 
 async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first,
-                  reply: "Reply", include_usage: bool):
+                  reply: Reply, include_usage: bool):
     event = first
     try:
         if reply.echo:

@@ -298,32 +298,31 @@ def make_prompts(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
                  seed: int) -> list[Prompt]:
     """`params.prompts` windows of `prompt_tokens` tokens of the text, at distinct offsets from
     `params.offset` on, drawn with `seed`."""
-    tokens = text_tokens(memo, _TokenizerOnly(tokenizer, spec), params.text)
-    starts = len(tokens) - params.prompt_tokens - params.offset + 1
-    if starts < params.prompts:
-        raise ValueError(f"text {params.text!r} has {len(tokens)} tokens: too few for"
-                         f" {params.prompts} distinct windows of {params.prompt_tokens} tokens"
-                         f" from offset {params.offset}")
-    offsets = Random(seed).sample(range(params.offset, params.offset + starts), params.prompts)
-    prompts = []
-    for index, start in enumerate(offsets):
-        ids = list(tokens[start : start + params.prompt_tokens])
-        prompts.append(Prompt(index, tokenizer.decode(ids), ids))
-    return prompts
+    windows = text_windows(memo, tokenizer, spec, params, params.prompt_tokens, params.prompts,
+                           seed)
+    return [Prompt(index, tokenizer.decode(ids), ids) for index, ids in enumerate(windows)]
 
 
 def make_long_prompt(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
                      seed: int) -> Prompt:
     """The long-prompt user's prompt: a window of `long_prompt_tokens` tokens of the text from
     `params.offset` on, at an offset drawn with `seed`."""
-    tokens = text_tokens(memo, _TokenizerOnly(tokenizer, spec), params.text)
-    starts = len(tokens) - params.long_prompt_tokens - params.offset + 1
-    if starts < 1:
-        raise ValueError(f"text {params.text!r} has {len(tokens)} tokens: too few for a long"
-                         f" prompt of {params.long_prompt_tokens} from offset {params.offset}")
-    start = params.offset + Random(seed).randrange(starts)
-    ids = list(tokens[start : start + params.long_prompt_tokens])
+    ids = text_windows(memo, tokenizer, spec, params, params.long_prompt_tokens, 1, seed)[0]
     return Prompt(-1, tokenizer.decode(ids), ids)
+
+
+def text_windows(memo: Memo, tokenizer: Any, spec: str, params: StressParams, length: int,
+                 count: int, seed: int) -> list[list[int]]:
+    """`count` windows of `length` tokens of the text, at distinct offsets from `params.offset`
+    on, drawn with `seed`."""
+    tokens = text_tokens(memo, _TokenizerOnly(tokenizer, spec), params.text)
+    starts = len(tokens) - length - params.offset + 1
+    if starts < count:
+        raise ValueError(f"text {params.text!r} has {len(tokens)} tokens: too few for"
+                         f" {count} distinct windows of {length} tokens from offset"
+                         f" {params.offset}")
+    offsets = Random(seed).sample(range(params.offset, params.offset + starts), count)
+    return [list(tokens[start : start + length]) for start in offsets]
 
 
 def request_body(params: StressParams, target: ServerTarget, model: str | None,
