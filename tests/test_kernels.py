@@ -23,6 +23,7 @@ from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from kvbench.methods.core.contracts import Packed  # noqa: E402
+from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -224,7 +225,7 @@ benchmarks:
     attention_case = cases["decode_attention/turbo3"]
     assert attention_case.info["impl"] == {"decode": "triton", "decode attention": "triton",
                                            "encode": "triton"}
-    assert attention_case.metrics["rel_error"].value < TOLERANCE[torch.float32]
+    assert attention_case.metrics["rel_error"].value < ATTENTION_TOLERANCE[torch.float32]
     # 16-bit K and V of 64 values / K and V in two blocks of 32 3-bit codes + an fp16 norm
     assert attention_case.metrics["compression_ratio"].value == pytest.approx(
         (2 * 64 * 2) / (2 * 2 * (12 + 2)))
@@ -237,20 +238,6 @@ def test_an_unknown_impl_is_refused():
 
 # ---- fused decode attention ----------------------------------------------------------------------
 
-def _exact(query, keys, values, bias, scaling):
-    groups = query.shape[1] // keys.shape[1]
-    k = keys.double().repeat_interleave(groups, 1)
-    v = values.double().repeat_interleave(groups, 1)
-    logits = torch.einsum("bhd,bhtd->bht", query.double(), k) * scaling
-    if bias is not None:
-        logits = logits + bias.double().repeat_interleave(groups, 1)
-    return torch.einsum("bht,bhtd->bhd", torch.softmax(logits, -1), v)
-
-
-# Relative error bounds against float64 attention over the decoded K/V. float32: the order of the
-# sums. 16-bit: the query, the softmax weights and the output are rounded to the dtype (2^-9
-# relative in bfloat16); turbo's rotated-domain keys and values add their own rounding.
-TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
 ATTENTION_METHODS = [("intq", {"bits": 4}), ("intq", {"bits": 2, "group_size": 16}),
                      ("turbo3", {"block": 64}), ("turbo4", {"block": 32}), ("lloydmax", {}),
                      (None, {})]
@@ -289,9 +276,9 @@ def test_fused_attention_matches_attention_over_the_decoded_cache(name, params, 
             out = attention.decode_attention(query, segments, bias=b, scaling=scaling,
                                              splits=splits)
             assert out.shape == query.shape and out.dtype == dtype
-            exact = _exact(query, all_k, all_v, b, scaling)
+            exact = exact_attention(query, all_k, all_v, b, scaling)
             error = float((out.double() - exact).norm() / exact.norm())
-            assert error < TOLERANCE[dtype], (splits, b is None, error)
+            assert error < ATTENTION_TOLERANCE[dtype], (splits, b is None, error)
 
 
 def test_fused_attention_merges_many_splits():
@@ -300,8 +287,8 @@ def test_fused_attention_merges_many_splits():
     keys, values = _draw(1, 1, 1100, 64, seed=8), _draw(1, 1, 1100, 64, seed=9)
     splits = 2 * attention.COMBINE_CHUNK + 1
     out = attention.decode_attention(query, [KVSegment(keys, values)], splits=splits)
-    exact = _exact(query, keys, values, None, 64 ** -0.5)
-    assert float((out.double() - exact).norm() / exact.norm()) < TOLERANCE[torch.float32]
+    exact = exact_attention(query, keys, values, None, 64 ** -0.5)
+    assert float((out.double() - exact).norm() / exact.norm()) < ATTENTION_TOLERANCE[torch.float32]
 
 
 def test_fused_attention_reads_4d_queries_and_refuses_bad_shapes():
@@ -406,5 +393,5 @@ def test_fused_attention_at_32k_on_the_gpu(name, monkeypatch):
     pk, pv = codec.encode(keys), codec.encode(values)
     fmt = codec.kernel_for(DEVICE, 128)
     out = attention.decode_attention(query, [KVSegment(pk.tensors, pv.tensors, fmt, fmt)])
-    exact = _exact(query, codec.decode(pk), codec.decode(pv), None, 128 ** -0.5)
-    assert float((out.double() - exact).norm() / exact.norm()) < TOLERANCE[torch.bfloat16]
+    exact = exact_attention(query, codec.decode(pk), codec.decode(pv), None, 128 ** -0.5)
+    assert float((out.double() - exact).norm() / exact.norm()) < ATTENTION_TOLERANCE[torch.bfloat16]

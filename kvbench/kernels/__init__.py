@@ -1,10 +1,12 @@
-"""Fused kernels behind the method contracts: Triton for CUDA (kvbench.kernels.triton).
+"""Fused kernels behind the method contracts: Triton for CUDA (kvbench.kernels.triton) and a
+fused decode attention for the CPU (kvbench.kernels.cpu, numba).
 
 A codec's `impl` picks the path that encodes, decodes and attends over its packed layout:
 "torch" the reference, "triton" the kernels (byte-identical layouts, checked against the
 reference), "auto" the kernels on CUDA tensors where triton is installed and the layout has
-them, else the reference. This module imports neither torch, triton nor the kernels: a
-machine without triton installs, imports and runs everything but the kernels.
+them, else the reference; on CPU tensors "auto" attends with the CPU kernel where numba is
+installed and the layout has it. This module imports neither torch, triton, numba nor the
+kernels: a machine without them installs, imports and runs everything but the kernels.
 
 The kernels also run on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, set before
 triton is first imported): that is how they are tested without a GPU.
@@ -26,6 +28,11 @@ INSTALL_HINT = "pip install 'kvbench[cuda]'"
 @functools.cache
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def numba_installed() -> bool:
+    return importlib.util.find_spec("numba") is not None
 
 
 def interpreting() -> bool:

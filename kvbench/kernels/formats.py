@@ -75,6 +75,15 @@ class IntQFormat:
             return "keys quantized per channel over tokens"
         return self.unsupported()
 
+    def cpu_attention_unsupported(self, dim: int) -> str | None:
+        """Why the CPU fused decode attention cannot read rows of `dim` values (None: it can):
+        it unpacks 8 codes at a time, each 8 under one scale."""
+        if dim % 8:
+            return f"head_dim {dim} is not a multiple of 8"
+        if self.group_size % 8:
+            return f"group_size {self.group_size} is not a multiple of 8"
+        return self.attention_unsupported()
+
 
 @dataclass(eq=False)
 class CodebookFormat:
@@ -113,6 +122,14 @@ class CodebookFormat:
         if self.kind == "turbo" or self.block % 8 == 0:
             return self.unsupported()
         return f"rows of {self.block} values, not whole groups of 8 codes"
+
+    def cpu_attention_unsupported(self, dim: int) -> str | None:
+        """Why the CPU fused decode attention cannot read rows of `dim` values (None: it can)."""
+        if dim % 8:
+            return f"head_dim {dim} is not a multiple of 8"
+        if self.block % 8:
+            return f"rows of {self.block} values, not whole groups of 8 codes"
+        return None
 
     @functools.cached_property
     def scale32(self) -> float:
@@ -172,3 +189,33 @@ class KVSegment:
         codes = self.keys["codes"]  # turbo: (..., tokens, blocks, bytes)
         turbo = isinstance(self.key_format, CodebookFormat) and self.key_format.kind == "turbo"
         return codes.shape[-3] if turbo else codes.shape[-2]
+
+
+@dataclass
+class PackedRead:
+    """A layer's cache as a fused decode attention reads it: its segments in token order and the
+    kernel that reads them ("triton" or "cpu")."""
+
+    kernel: Literal["triton", "cpu"]
+    segments: list[KVSegment]
+
+    @property
+    def tokens(self) -> int:
+        return sum(segment.tokens for segment in self.segments)
+
+
+def check_decode_shapes(segments: list[KVSegment], batch: int, q_heads: int,
+                        bias) -> tuple[int, int]:
+    """(kv_heads, tokens) of a decode attention's segments; ValueError for no segment, query
+    heads that do not share the KV heads evenly, or a bias not (batch, kv_heads, tokens)."""
+    if not segments:
+        raise ValueError("decode_attention needs at least one segment")
+    first = segments[0]
+    kv_heads = (first.keys if first.key_format is None else first.keys["codes"]).shape[1]
+    if q_heads % kv_heads:
+        raise ValueError(f"{q_heads} query heads do not share {kv_heads} KV heads evenly")
+    total = sum(s.tokens for s in segments)
+    if bias is not None and tuple(bias.shape) != (batch, kv_heads, total):
+        raise ValueError(f"bias must be (batch, kv_heads, tokens) = "
+                         f"{(batch, kv_heads, total)}, got {tuple(bias.shape)}")
+    return kv_heads, total

@@ -44,10 +44,13 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
 def _attend(module, read: AttentionRead, query, key, value, attention_mask, scaling, dropout,
             **kwargs) -> torch.Tensor:
     """Attention over one sequence's read, (batch, queries, heads, dim) as SDPA returns it."""
-    if read.segments is not None:  # one newest query over the packed cache: no mask needed
-        from kvbench.kernels.triton.attention import decode_attention
-
-        return decode_attention(query, read.segments, scaling=scaling).transpose(1, 2).contiguous()
+    if read.packed is not None:  # one newest query over the packed cache: no mask needed
+        if read.packed.kernel == "cpu":
+            from kvbench.kernels.cpu.attention import decode_attention
+        else:
+            from kvbench.kernels.triton.attention import decode_attention
+        out = decode_attention(query, read.packed.segments, scaling=scaling)
+        return out.transpose(1, 2).contiguous()
     sparse = None
     if read.bias is None and not read.skip_below:
         out = sdpa_attention_forward(module, query, key, value, attention_mask,

@@ -44,7 +44,7 @@ class BatchLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if key_states.shape[-2] != 1:
             raise ValueError(f"a batched step feeds one token per row, got {key_states.shape[-2]}")
-        rows = [host.append(key_states[row : row + 1], value_states[row : row + 1])
+        rows = [host.append(key_states[row : row + 1], value_states[row : row + 1], fused=True)
                 for row, host in enumerate(self.hosts)]
         self.pending = BatchRead(self.layer_idx, rows, key_states.shape[0] - len(rows))
         # attention reads each row's own keys from the BatchRead; these only carry the shapes

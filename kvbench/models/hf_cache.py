@@ -44,7 +44,7 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         read = self.hold(self.append(key_states, value_states, self._owner.mask_kv_length,
                                      fused=True))
-        if read.segments is not None:
+        if read.packed is not None:
             return key_states, value_states  # placeholders: attention reads the segments
         return read.keys, read.values
 

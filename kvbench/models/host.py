@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.kernels.formats import PackedRead
 from kvbench.methods.core.codec_cache import newest_replaced
 from kvbench.methods.core.contracts import LayerCachePolicy
 
@@ -32,7 +33,7 @@ class AttentionRead:
     keys: Any = None
     values: Any = None
     bias: Any = None
-    segments: list | None = None  # kvbench.kernels.formats.KVSegment: read instead of keys
+    packed: PackedRead | None = None  # read instead of keys and values
 
     @property
     def skip_below(self) -> float:
@@ -42,7 +43,7 @@ class AttentionRead:
     @property
     def plain(self) -> bool:
         """Plain softmax attention over keys and values serves it (the model's own)."""
-        return (self.segments is None and self.bias is None and not self.skip_below
+        return (self.packed is None and self.bias is None and not self.skip_below
                 and not self.policy.observes_queries)
 
     def attended(self, queries: Any, sparse: tuple | None = None) -> None:
@@ -101,13 +102,12 @@ class LayerHost:
         replace = self.exact_step and not policy.holds_exactly(steps)
         if fused and steps == 1 and not policy.value_skip_threshold \
                 and not policy.observes_queries and not replace:
-            segments = policy.attention_segments()
-            if segments is not None:
-                tokens = sum(segment.tokens for segment in segments)
+            packed = policy.attention_segments()
+            if packed is not None:
                 check_attention_inputs(policy, self.layer_idx,
-                                       (*keys.shape[:-2], tokens, keys.shape[-1]), None, 1,
-                                       mask_kv_length)
-                return AttentionRead(self.layer_idx, policy, segments=segments)
+                                       (*keys.shape[:-2], packed.tokens, keys.shape[-1]), None,
+                                       1, mask_kv_length)
+                return AttentionRead(self.layer_idx, policy, packed=packed)
         read = policy.attention_inputs_exact(keys, values) if replace else None
         out_keys, out_values, bias = read or policy.attention_inputs()
         check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels import interpreting
-from kvbench.kernels.formats import IntQFormat, KernelFormat, KVSegment
+from kvbench.kernels.formats import IntQFormat, KernelFormat, KVSegment, check_decode_shapes
 from kvbench.kernels.triton.common import (
     LAUNCH, cast, fwht_rows, log2, next_power_of_two, unpack_groups,
 )
@@ -309,19 +309,9 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     shape = query.shape
     q = query.reshape(shape[0], shape[1], shape[-1]).contiguous()
     batch, q_heads, dim = q.shape
-    if not segments:
-        raise ValueError("decode_attention needs at least one segment")
-    first = segments[0]
-    probe = first.keys if first.key_format is None else first.keys["codes"]
-    kv_heads = probe.shape[1]
-    if q_heads % kv_heads:
-        raise ValueError(f"{q_heads} query heads do not share {kv_heads} KV heads evenly")
+    kv_heads, total = check_decode_shapes(segments, batch, q_heads, bias)
     group = q_heads // kv_heads
-    total = sum(s.tokens for s in segments)
     if bias is not None:
-        if tuple(bias.shape) != (batch, kv_heads, total):
-            raise ValueError(f"bias must be (batch, kv_heads, tokens) = "
-                             f"{(batch, kv_heads, total)}, got {tuple(bias.shape)}")
         bias = bias.float().contiguous()
     scaling = dim ** -0.5 if scaling is None else scaling
     round_dtype = _DOT_DTYPES[q.dtype]

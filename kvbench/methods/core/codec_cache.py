@@ -2,7 +2,7 @@
 keep_decoded() has switched it, decoded once as each chunk is packed (the decoded-once path)."""
 from __future__ import annotations
 
-from kvbench.kernels.formats import KVSegment
+from kvbench.kernels.formats import KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
@@ -150,27 +150,29 @@ class CodecCache(LayerCachePolicy):
         values = [cast(self.value_codec.decode(pv), dtype) for _, pv in self._packed]
         return [*keys, self._raw_k], [*values, self._raw_v]
 
-    def attention_segments(self) -> list | None:
-        """The packed chunks and the raw tail for the fused decode attention, when both codecs
-        have kernels (a torch codec's kernel_for, kvbench.methods.torch.base.TorchCodec), their
-        impl picks them for the cached tensors' device and the attention reads their layouts;
-        noted as the "decode attention" each time it is asked."""
+    def attention_segments(self) -> PackedRead | None:
+        """The packed chunks and the raw tail for a fused decode attention, when both codecs
+        have one that reads their layouts on the cached tensors' device (a torch codec's
+        attention_kernel, kvbench.methods.torch.base.TorchCodec); noted as the "decode
+        attention" each time it is asked."""
         codecs = (self.key_codec, self.value_codec)
         if self._decoded is not None or self._raw_k is None \
-                or not all(hasattr(codec, "kernel_for") for codec in codecs):
+                or not all(hasattr(codec, "attention_kernel") for codec in codecs):
             return None
         device, dim = self._raw_k.device, self._raw_k.shape[-1]
-        formats = [codec.kernel_for(device, dim) for codec in codecs]
-        fused = all(fmt is not None and fmt.attention_unsupported() is None for fmt in formats)
+        (key_kernel, key_fmt), (value_kernel, value_fmt) = (
+            codec.attention_kernel(device, dim) or (None, None) for codec in codecs)
+        kernel = key_kernel if key_kernel == value_kernel else None
         for codec in codecs:
             if codec.impl_log is not None:
-                codec.impl_log.note("decode attention", "triton" if fused else "torch")
-        if not fused:
+                codec.impl_log.note("decode attention", kernel or "torch")
+        if kernel is None:
             return None
-        segments = [KVSegment(pk.tensors, pv.tensors, *formats) for pk, pv in self._packed]
+        segments = [KVSegment(pk.tensors, pv.tensors, key_fmt, value_fmt)
+                    for pk, pv in self._packed]
         if self._raw_k.shape[-2]:
             segments.append(KVSegment(self._raw_k, self._raw_v))
-        return segments
+        return PackedRead(kernel, segments)
 
     @property
     def seen_tokens(self) -> int:

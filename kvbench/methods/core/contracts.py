@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kvbench.kernels.formats import PackedRead
 
 
 @dataclass
@@ -148,12 +151,12 @@ class LayerCachePolicy(ABC):
         and measured_bytes() counts the decoded copy too. Default: no such path (False)."""
         return False
 
-    def attention_segments(self) -> list | None:
+    def attention_segments(self) -> PackedRead | None:
         """What a fused decode attention reads instead of attention_inputs(): the layer's keys
-        and values as it stores them (kvbench.kernels.formats.KVSegment, packed chunks and raw
-        tokens in order), or None when it has no such path for its current tensors.
-        Asked at one-token steps only; the segments must hold exactly attention_inputs()'
-        tokens. Default: none."""
+        and values as it stores them (kvbench.kernels.formats.PackedRead: packed chunks and raw
+        tokens in order, and the kernel that reads them), or None when it has no such path for
+        its current tensors. Asked at one-token steps only; the segments must hold exactly
+        attention_inputs()' tokens. Default: none."""
         return None
 
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:

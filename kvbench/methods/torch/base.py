@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import torch
 
-from kvbench.kernels import ImplLog, use_triton
+from kvbench.kernels import ImplLog, numba_installed, use_triton
 from kvbench.kernels.formats import KernelFormat
 from kvbench.methods.core.contracts import Codec, Implementation, Packed
 
@@ -37,11 +37,29 @@ class TorchCodec(Codec):
         reason = self.kernel_unsupported()
         fmt = None
         if not reason:
-            # one format per dim: it keeps its tables on the device for every later call
-            formats = self.__dict__.setdefault("_kernel_formats", {})
-            fmt = formats.get(dim) or formats.setdefault(dim, self.kernel_format(dim))
+            fmt = self.format_for(dim)
             reason = fmt.unsupported()
         return fmt if use_triton(self.impl, device, reason) else None
+
+    def format_for(self, dim: int) -> KernelFormat:
+        """kernel_format(dim), made once per dim: it keeps its tables on each device for every
+        later call."""
+        formats = self.__dict__.setdefault("_kernel_formats", {})
+        return formats.get(dim) or formats.setdefault(dim, self.kernel_format(dim))
+
+    def attention_kernel(self, device: torch.device, dim: int) -> tuple[str, KernelFormat] | None:
+        """The fused decode attention that reads this codec's packed rows of `dim` values on
+        `device`, with their format: "triton" where kernel_for picks the kernels, "cpu" for
+        impl "auto" on CPU tensors where numba is installed; None: the reference (decode, then
+        attention)."""
+        fmt = self.kernel_for(device, dim)
+        if fmt is not None:
+            return None if fmt.attention_unsupported() else ("triton", fmt)
+        if self.impl != "auto" or device.type != "cpu" or self.kernel_unsupported() \
+                or not numba_installed():
+            return None
+        fmt = self.format_for(dim)
+        return None if fmt.cpu_attention_unsupported(dim) else ("cpu", fmt)
 
     def kernel_encode(self, x: torch.Tensor) -> Packed | None:
         """x packed by the kernel, when kernel_for picks it; else None (the caller runs the

@@ -1,0 +1,235 @@
+"""Fused decode attention over packed K/V on the CPU (numba): one query token per sequence reads
+a layer's cache as it is stored (segments of packed or raw tokens), decoding one token's row at
+a time into a D-float buffer while it is used, never the cache into memory.
+
+Two passes, each parallel over (sequence, KV head, token chunk): every key's score, a softmax
+over all of them (torch), then the weighted sum of the values. Rows decode as their codecs
+decode them (intq: code * scale + min; lloydmax: centroid * norm / scale); turbo stays in the
+rotated domain, as in the Triton kernel: the query is rotated once (R q) and the summed values
+turned back once (R^T). The query heads that share a KV head (GQA) reuse each decoded row. Raw
+segments (the full-precision tail) go through torch's matrix products.
+
+A row is decoded in slot-major order: position j * M + m holds dim 8 m + j (M = D / 8), so the 8
+codes in each `bits` bytes unpack from one word with constant shifts; the query and the summed
+values are permuted to match. Each layout's kernels are compiled on first use with its bit
+width, head size and group as constants (loops unrolled and vectorised), and sums are
+reassociated: results match softmax(q K^T * scaling + bias) V over the decoded K/V within
+float32 rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import threading
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange, types
+from numba.extending import overload
+
+import kvbench.kernels.cpu  # noqa: F401  (the threading layer, before any parallel call)
+from kvbench.kernels.formats import (
+    CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes,
+)
+
+# Vectorised sums (reassociation) and fused multiply-adds; nothing assumed about inf or NaN.
+FAST = {"reassoc", "contract"}
+MIN_CHUNK = 256  # tokens per parallel job at least: a job's setup is not free
+JOBS_PER_THREAD = 4  # jobs per thread, so uneven ones even out
+# Every float16 bit pattern as float32: stored scales, mins and norms are looked up.
+HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+# numba's workqueue pool takes one caller at a time (the server's engine thread is the only one
+# there; this keeps any other from aborting the process)
+POOL = threading.Lock()
+
+
+def as_float(x, half):
+    """A stored scalar as float32: float16 (held as its uint16 bits, looked up in `half`) or
+    float32."""
+
+
+@overload(as_float, inline="always")
+def _as_float_typed(x, half):
+    if isinstance(x, types.Integer):
+        return lambda x, half: half[x]
+    return lambda x, half: np.float32(x)
+
+
+@functools.cache
+def kernels(bits: int, dim: int, unit: int, has_min: bool):
+    """(scores, values) kernels for rows of `dim` codes of `bits` bits, one scale (and min,
+    has_min) per `unit` values."""
+    m_count, per_unit, mask = dim // 8, unit // 8, (1 << bits) - 1
+
+    @njit(inline="always", fastmath=FAST)
+    def decode_row(codes, scale, zmin, bh, t, table, row_scale, half, row):
+        packed = codes[bh, t]
+        for m in range(m_count):
+            g = m // per_unit
+            s = as_float(scale[bh, t, g], half) * row_scale
+            z = as_float(zmin[bh, t, g], half) if has_min else np.float32(0.0)
+            word = np.uint32(0)
+            for k in range(bits):
+                word |= np.uint32(packed[m * bits + k]) << np.uint32(8 * k)
+            for j in range(8):
+                row[j * m_count + m] = table[(word >> np.uint32(j * bits)) & np.uint32(mask)] \
+                    * s + z
+
+    @njit(parallel=True, fastmath=FAST, cache=True)
+    def scores(q, codes, scale, zmin, table, row_scale, half, out, offset, chunks, per):
+        tokens = codes.shape[1]
+        for job in prange(q.shape[0] * chunks):
+            bh, first = job // chunks, job % chunks * per
+            row = np.empty(dim, np.float32)
+            for t in range(first, min(tokens, first + per)):
+                decode_row(codes, scale, zmin, bh, t, table, row_scale, half, row)
+                for h in range(q.shape[1]):
+                    acc = np.float32(0.0)
+                    for i in range(dim):
+                        acc += q[bh, h, i] * row[i]
+                    out[bh, h, offset + t] = acc
+
+    @njit(parallel=True, fastmath=FAST, cache=True)
+    def values(w, codes, scale, zmin, table, row_scale, half, partial, offset, chunks, per):
+        tokens = codes.shape[1]
+        for job in prange(w.shape[0] * chunks):
+            bh, first = job // chunks, job % chunks * per
+            acc = partial[bh, job % chunks]
+            row = np.empty(dim, np.float32)
+            for t in range(first, min(tokens, first + per)):
+                decode_row(codes, scale, zmin, bh, t, table, row_scale, half, row)
+                for h in range(w.shape[1]):
+                    p = w[bh, h, offset + t]
+                    for i in range(dim):
+                        acc[h, i] += p * row[i]
+
+    return scores, values
+
+
+def slot_order(dim: int) -> torch.Tensor:
+    """The dim held at each position of a slot-major row."""
+    m_count = dim // 8
+    return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
+
+
+def _flat(t: torch.Tensor) -> np.ndarray:
+    """(batch, kv_heads, tokens, ...) as a contiguous (batch * kv_heads, tokens, rest) array,
+    float16 as its uint16 bits."""
+    t = t.contiguous().reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.float16 else t.numpy()
+
+
+def _fwht(x: torch.Tensor) -> torch.Tensor:
+    """Unnormalised Walsh-Hadamard butterflies over the last dim, in kvbench's order."""
+    n, h = x.shape[-1], 1
+    while h < n:
+        pairs = x.reshape(*x.shape[:-1], n // (2 * h), 2, h)
+        x = torch.stack((pairs[..., 0, :] + pairs[..., 1, :],
+                         pairs[..., 0, :] - pairs[..., 1, :]), dim=-2).reshape(x.shape)
+        h *= 2
+    return x
+
+
+def _rotate(x: torch.Tensor, fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
+    """Each block of x's rows: R x (the turbo query) or R^T x (the summed values)."""
+    _, _, d1, d2 = fmt.tables(torch.device("cpu"))
+    first, then = (d2, d1) if inverse else (d1, d2)
+    blocks = x.reshape(*x.shape[:-1], -1, fmt.block)
+    return (_fwht(blocks * first) * then / math.sqrt(fmt.block)).reshape(x.shape)
+
+
+class _Side:
+    """The keys or the values of one segment, as the kernels read them."""
+
+    def __init__(self, side, fmt: KernelFormat | None, dim: int):
+        self.fmt, self.dim = fmt, dim
+        self.turbo = isinstance(fmt, CodebookFormat) and fmt.kind == "turbo"
+        if fmt is None:
+            self.raw = side.float().reshape(-1, *side.shape[2:])
+            self.tokens = self.raw.shape[1]
+            return
+        reason = fmt.cpu_attention_unsupported(dim)
+        if reason:
+            raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
+        codes = _flat(side["codes"])
+        if isinstance(fmt, IntQFormat):
+            table = np.arange(1 << fmt.bits, dtype=np.float32)
+            self.args = (codes, _flat(side["scale"]), _flat(side["min"]), table,
+                         np.float32(1.0), HALF_TO_FLOAT)
+            self.kernels = kernels(fmt.bits, dim, fmt.group_size, True)
+        else:
+            norms = _flat(side[fmt.norm_name])
+            row_scale = 1.0 if self.turbo else 1.0 / fmt.scale32
+            self.args = (codes, norms, norms, fmt.tables(torch.device("cpu"))[0].numpy(),
+                         np.float32(row_scale), HALF_TO_FLOAT)
+            self.kernels = kernels(fmt.bits, dim, fmt.block, False)
+        self.tokens = codes.shape[1]
+
+    def jobs(self, bh: int) -> tuple[int, int]:
+        """(chunks per sequence-head, tokens per chunk): enough jobs to fill every thread."""
+        want = max(1, -(-numba.get_num_threads() * JOBS_PER_THREAD // bh))
+        per = max(MIN_CHUNK, -(-self.tokens // want))
+        return -(-self.tokens // per), per
+
+    def scores(self, q: torch.Tensor, out: torch.Tensor, offset: int) -> None:
+        """Writes q's scores against these keys into out[..., offset:offset + tokens]."""
+        if self.fmt is None:
+            torch.matmul(q, self.raw.transpose(1, 2), out=out[..., offset:offset + self.tokens])
+            return
+        if self.turbo:
+            q = _rotate(q, self.fmt, inverse=False)
+        q = q[..., slot_order(self.dim)].contiguous().numpy()
+        self.kernels[0](q, *self.args, out.numpy(), offset, *self.jobs(q.shape[0]))
+
+    def values(self, weights: torch.Tensor, offset: int) -> torch.Tensor:
+        """These values summed by weights[..., offset:offset + tokens]."""
+        if self.fmt is None:
+            return torch.matmul(weights[..., offset:offset + self.tokens], self.raw)
+        chunks, per = self.jobs(weights.shape[0])
+        partial = np.zeros((weights.shape[0], chunks, weights.shape[1], self.dim), np.float32)
+        self.kernels[1](weights.numpy(), *self.args, partial, offset, chunks, per)
+        out = torch.empty(*weights.shape[:2], self.dim)
+        out[..., slot_order(self.dim)] = torch.from_numpy(partial.sum(1))
+        return _rotate(out, self.fmt, inverse=True) if self.turbo else out
+
+
+def decode_attention(query: torch.Tensor, segments: list[KVSegment],
+                     bias: torch.Tensor | None = None,
+                     scaling: float | None = None) -> torch.Tensor:
+    """softmax(query K^T * scaling + bias) V over the segments' tokens, in order, for one query
+    token per sequence, on CPU tensors: kvbench.kernels.triton.attention.decode_attention's
+    contract (query (batch, q_heads, [1,] head_dim); segments of (batch, kv_heads, tokens,
+    head_dim); bias None or (batch, kv_heads, all tokens)). Returns query's shape and dtype.
+    """
+    shape = query.shape
+    batch, q_heads, dim = shape[0], shape[1], shape[-1]
+    kv_heads, total = check_decode_shapes(segments, batch, q_heads, bias)
+    group = q_heads // kv_heads
+    with POOL:
+        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        out = _attend(query.reshape(batch * kv_heads, group, dim).float(), segments, dim,
+                      dim ** -0.5 if scaling is None else scaling,
+                      None if bias is None else bias.float().reshape(batch * kv_heads, 1, total))
+    return out.to(query.dtype).reshape(shape)
+
+
+def _attend(q: torch.Tensor, segments: list[KVSegment], dim: int, scaling: float,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """The attention of q (sequence-heads, group, dim) float32 over the segments."""
+    sides = [(_Side(s.keys, s.key_format, dim), _Side(s.values, s.value_format, dim))
+             for s in segments]
+    scores = torch.empty(*q.shape[:2], sum(keys.tokens for keys, _ in sides))
+    offset = 0
+    for keys, _ in sides:
+        keys.scores(q, scores, offset)
+        offset += keys.tokens
+    scores.mul_(scaling)
+    if bias is not None:
+        scores += bias
+    weights = torch.softmax(scores, dim=-1)
+    out, offset = torch.zeros_like(q), 0
+    for _, values in sides:
+        out += values.values(weights, offset)
+        offset += values.tokens
+    return out

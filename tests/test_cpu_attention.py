@@ -1,0 +1,142 @@
+"""The CPU fused decode attention over packed K/V (kvbench.kernels.cpu) against float64 attention
+over the reference-decoded K/V, within the tolerances the Triton kernel meets: every covered
+layout, GQA and MQA, odd lengths, hidden keys, many chunks; and in a model, where it is the
+default read of impl "auto" on the CPU. Inputs are fresh seeded draws per case."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbench[torch])")
+
+from kvbench.kernels.cpu import attention  # noqa: E402
+from kvbench.kernels.formats import KVSegment  # noqa: E402
+from kvbench.methods import build_method, implementation  # noqa: E402
+from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention, randn  # noqa: E402
+
+CPU = torch.device("cpu")
+# every layout the CPU kernel reads: bit widths 2, 3, 4 and 8; scale groups and turbo blocks of 8
+# to 64 values; lloydmax's float32 norms and turbo's float16 ones
+LAYOUTS = [("intq", {"bits": 4}), ("intq", {"bits": 2, "group_size": 16}),
+           ("intq", {"bits": 8, "group_size": 8}), ("turbo3", {"block": 64}),
+           ("turbo4", {"block": 32}), ("turbo2", {"block": 8}), ("lloydmax", {}),
+           (None, {})]
+
+
+def _codec(name: str, params: dict):
+    return implementation(build_method(name, {**params, "impl": "torch"})).codec()
+
+
+@pytest.mark.parametrize("name,params", LAYOUTS, ids=[f"{n}-{p}" for n, p in LAYOUTS])
+@pytest.mark.parametrize("dtype", list(ATTENTION_TOLERANCE), ids=str)
+@pytest.mark.parametrize("shape", [(1, 4, 4, 33, 64), (2, 9, 3, 301, 128), (1, 8, 1, 1, 64)],
+                         ids=["mha-33", "gqa3-301-batch2", "mqa8-1token"])
+def test_matches_attention_over_the_decoded_cache(name, params, dtype, shape, monkeypatch):
+    monkeypatch.setattr(attention, "MIN_CHUNK", 16)  # several chunks per head, merged
+    batch, q_heads, kv_heads, tokens, dim = shape
+    seed = tokens * 31 + dim
+    query = randn(batch, q_heads, dim, seed=seed, dtype=dtype)
+    keys = randn(batch, kv_heads, tokens, dim, seed=seed + 1, dtype=dtype)
+    values = randn(batch, kv_heads, tokens, dim, seed=seed + 2, dtype=dtype)
+    tail_k = randn(batch, kv_heads, 3, dim, seed=seed + 3, dtype=dtype)  # the raw tail
+    tail_v = randn(batch, kv_heads, 3, dim, seed=seed + 4, dtype=dtype)
+    if name is None:
+        segments, dk, dv = [KVSegment(keys, values)], keys, values
+    else:
+        codec = _codec(name, params)
+        pk, pv = codec.encode(keys), codec.encode(values)
+        fmt = codec.kernel_format(dim)
+        assert fmt.cpu_attention_unsupported(dim) is None
+        segments = [KVSegment(pk.tensors, pv.tensors, fmt, fmt)]
+        dk, dv = codec.decode(pk), codec.decode(pv)
+    segments.append(KVSegment(tail_k, tail_v))
+    all_k, all_v = torch.cat([dk, tail_k], 2), torch.cat([dv, tail_v], 2)
+    bias = randn(batch, kv_heads, tokens + 3, seed=seed + 5)
+    bias[..., ::4] = -math.inf  # hidden keys
+    bias[..., -1] = 0.0  # the newest key stays visible
+    scaling = 0.7 * dim ** -0.5
+    for b in (None, bias):
+        out = attention.decode_attention(query, segments, bias=b, scaling=scaling)
+        assert out.shape == query.shape and out.dtype == dtype
+        exact = exact_attention(query, all_k, all_v, b, scaling)
+        error = float((out.double() - exact).norm() / exact.norm())
+        assert error < ATTENTION_TOLERANCE[dtype], (b is None, error)
+
+
+def test_packed_chunks_in_order_with_a_long_odd_cache():
+    """Two packed chunks then the tail, 1000 + 257 + 5 tokens: each token where it belongs."""
+    codec = _codec("turbo3", {"block": 64})
+    fmt = codec.kernel_format(64)
+    parts = [(randn(1, 3, n, 64, seed=10 + n), randn(1, 3, n, 64, seed=20 + n)) for n in (1000, 257)]
+    tail = (randn(1, 3, 5, 64, seed=1), randn(1, 3, 5, 64, seed=2))
+    segments, decoded_k, decoded_v = [], [], []
+    for k, v in parts:
+        pk, pv = codec.encode(k), codec.encode(v)
+        segments.append(KVSegment(pk.tensors, pv.tensors, fmt, fmt))
+        decoded_k.append(codec.decode(pk))
+        decoded_v.append(codec.decode(pv))
+    segments.append(KVSegment(*tail))
+    query = randn(1, 9, 1, 64, seed=3)
+    out = attention.decode_attention(query, segments)
+    assert out.shape == (1, 9, 1, 64)
+    exact = exact_attention(query[:, :, 0], torch.cat([*decoded_k, tail[0]], 2),
+                            torch.cat([*decoded_v, tail[1]], 2), None, 64 ** -0.5)
+    assert float((out[:, :, 0].double() - exact).norm() / exact.norm()) \
+        < ATTENTION_TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("name,params,dim,reason", [
+    ("intq", {"bits": 4, "group_size": 4}, 64, "group_size 4 is not a multiple of 8"),
+    ("intq", {"bits": 4}, 60, "head_dim 60 is not a multiple of 8"),
+    ("kivi", {"bits": 2}, 64, "keys quantized per channel over tokens"),
+])
+def test_layouts_it_cannot_read_are_named(name, params, dim, reason):
+    method = implementation(build_method(name, params))
+    codec = method.key_codec() if name == "kivi" else method.codec()
+    assert codec.kernel_format(dim).cpu_attention_unsupported(dim) == reason
+    assert codec.attention_kernel(CPU, dim) is None
+
+
+def test_bad_shapes_are_refused():
+    keys = randn(1, 4, 10, 64, seed=2)
+    with pytest.raises(ValueError, match="6 query heads do not share 4 KV heads"):
+        attention.decode_attention(randn(1, 6, 64, seed=1), [KVSegment(keys, keys)])
+    with pytest.raises(ValueError, match=r"bias must be \(batch, kv_heads, tokens\)"):
+        attention.decode_attention(randn(1, 8, 64, seed=1), [KVSegment(keys, keys)],
+                                   bias=torch.zeros(1, 4, 9))
+
+
+# window 0 with stored reads: every token but none is read packed; a window keeps a raw tail
+@pytest.mark.parametrize("name,params", [
+    ("intq", {"bits": 4, "group_size": 8, "prefill_reads": "stored"}),
+    ("turbo3", {"block": 16, "prefill_reads": "stored"}),
+    ("lloydmax", {"prefill_reads": "stored"}),
+    ("intq", {"bits": 4, "group_size": 8, "window": 5})])
+def test_a_model_decodes_through_it_by_default(name, params, tiny_llama):
+    """impl "auto" on the CPU reads the packed cache with the CPU kernel at one-token steps: the
+    same logits as the reference path (decode, then SDPA) within float32 rounding."""
+    from kvbench.models.session import TorchSession
+
+    session = TorchSession(tiny_llama, CPU)
+    ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    logits, ran = {}, {}
+    for impl in ("torch", "auto"):
+        method = implementation(build_method(name, {**params, "impl": impl}))
+        cache = session.new_cache(method)
+        session.step(ids[:30], cache)
+        logits[impl] = torch.cat([session.step([t], cache)[0] for t in ids[30:]])
+        ran[impl] = method.impl_log.ran["decode attention"]
+    assert ran == {"torch": {"torch"}, "auto": {"cpu"}}
+    scale = logits["torch"].abs().max()
+    assert (logits["auto"] - logits["torch"]).abs().max() < 1e-5 * scale
+
+
+def test_without_numba_auto_reads_through_the_reference(monkeypatch):
+    import kvbench.methods.torch.base as base
+
+    monkeypatch.setattr(base, "numba_installed", lambda: False)
+    codec = _codec("intq", {"bits": 4})
+    codec.impl = "auto"
+    assert codec.attention_kernel(CPU, 64) is None
