@@ -28,7 +28,6 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-import kvbench.kernels.cpu  # noqa: F401  (the threading layer, before any parallel call)
 from kvbench.kernels.formats import (
     CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes,
 )
