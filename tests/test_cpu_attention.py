@@ -140,3 +140,29 @@ def test_without_numba_auto_reads_through_the_reference(monkeypatch):
     codec = _codec("intq", {"bits": 4})
     codec.impl = "auto"
     assert codec.attention_kernel(CPU, 64) is None
+
+
+def test_the_decode_attention_benchmark_times_it(tmp_path):
+    """The decode_attention benchmark on the CPU reads the packed K/V with this kernel (identity's
+    plain K/V too), records it, and its error is within float32 rounding."""
+    from kvbench import load_suite, run_suite
+
+    suite = tmp_path / "cpu_attention.yaml"
+    suite.write_text("""kvbench: 1
+defaults: {device: cpu}
+methods:
+  - {name: identity}
+  - {name: intq, label: intq4, params: {bits: 4}}
+benchmarks:
+  - kind: decode_attention
+    params: {context: 300, q_heads: 6, kv_heads: 2, head_dim: 64, dtype: float32, warmup: 1,
+             copies: 2}
+""")
+    cases = {c.id: c for c in run_suite(load_suite(suite), tmp_path / "out").result.cases}
+    assert all(c.status == "ok" for c in cases.values()), [c.error for c in cases.values()]
+    packed = cases["decode_attention/intq4"]
+    assert packed.info["impl"]["decode attention"] == "cpu"
+    assert packed.metrics["rel_error"].value < ATTENTION_TOLERANCE[torch.float32]
+    assert cases["decode_attention/identity"].metrics["rel_error"].value \
+        < ATTENTION_TOLERANCE[torch.float32]
+    assert len(packed.metrics["sdpa_vs_fused"].samples) == 1

@@ -1,5 +1,5 @@
 """`decode_attention`: one decode step's attention over a long cache, read packed by the fused
-kernel (kvbench.kernels.triton.attention), against torch SDPA over 16-bit K/V of the same shape
+kernel (kvbench.kernels.triton.attention on CUDA, kvbench.kernels.cpu.attention on the CPU), against torch SDPA over 16-bit K/V of the same shape
 and against the reference path (decode the packed K/V, then SDPA), timed in the same repeat.
 
 The K/V are random, made on the device; `copies` independent sets are cycled through so that
@@ -10,6 +10,7 @@ time, without Python's launch overhead (which a model would also pay per layer, 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from kvbench.backends.torch_backend import DTYPES, timed
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.decode_attention import DecodeAttention, DecodeAttentionParams
-from kvbench.kernels import INSTALL_HINT
+from kvbench.kernels import INSTALL_HINT, interpreting
 from kvbench.kernels.formats import KVSegment
 from kvbench.methods.core.contracts import Implementation
 
@@ -27,32 +28,48 @@ _MAX_CALLS = 200
 _MAX_COPIES = 64
 
 
-def _fused_formats(method: Implementation, device: torch.device, dim: int):
-    """(key format, value format) the fused attention reads, or (None, None) for a method that
-    stores plain K/V (identity); ValueError when the method's codecs have no fused path here."""
+def _fused_read(method: Implementation, device: torch.device, dim: int):
+    """(kernel, key format, value format): the fused attention that reads the method's packed
+    layout here ("triton" or "cpu", kvbench.kernels), formats None for a method that stores
+    plain K/V (identity); ValueError when its codecs have no fused path here."""
     keys, values = method.key_codec(), method.value_codec()
     if keys is None or values is None:
         raise ValueError(f"decode_attention needs a codec method; {method.name!r} has none")
     if method.name == "identity":
-        return None, None
-    formats = [codec.kernel_for(device, dim) for codec in (keys, values)]
-    for codec, fmt in zip((keys, values), formats):
-        reason = codec.kernel_unsupported() or (fmt.attention_unsupported() if fmt else None)
+        return ("cpu" if device.type == "cpu" and not interpreting() else "triton"), None, None
+    chosen = []
+    for codec in (keys, values):
+        reason = codec.kernel_unsupported()
         if reason:
             raise ValueError(f"method {method.name!r} has no fused attention: {reason}")
-        if fmt is None:
-            raise ValueError(f"the fused attention runs on CUDA with triton ({INSTALL_HINT}) "
-                             f"and impl auto or triton, or under TRITON_INTERPRET=1; here "
-                             f"{method.name!r} runs impl {codec.impl!r} on {device.type}")
-    return formats
+        read = codec.attention_kernel(device, dim)
+        if read is None:
+            raise ValueError(
+                f"the fused attention runs on CUDA with triton ({INSTALL_HINT}) and impl auto or"
+                f" triton, on the CPU with numba and impl auto, or under TRITON_INTERPRET=1 with"
+                f" impl triton; here {method.name!r} runs impl {codec.impl!r} on {device.type}"
+                f" (its layout: {codec.format_for(dim)})")
+        chosen.append(read)
+    (kernel, key_format), (value_kernel, value_format) = chosen
+    if kernel != value_kernel:
+        raise ValueError(f"method {method.name!r} reads keys by {kernel} and values by"
+                         f" {value_kernel}: one kernel must read both")
+    return kernel, key_format, value_format
 
 
 def _copies(params: DecodeAttentionParams, device: torch.device) -> int:
-    if params.copies or device.type != "cuda":
-        return params.copies or 1
-    cache = torch.cuda.get_device_properties(device).L2_cache_size
-    plain = 2 * params.batch * params.kv_heads * params.context * params.head_dim * 2
-    return max(1, min(_MAX_COPIES, math.ceil(4 * cache / plain)))
+    """K/V sets enough that their plain bytes are 4x the last-level cache (the GPU's L2, the
+    CPU's L3 where the system says it), at most _MAX_COPIES."""
+    if params.copies:
+        return params.copies
+    if device.type == "cuda":
+        cache = torch.cuda.get_device_properties(device).L2_cache_size
+    else:
+        cache = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in \
+            os.sysconf_names else 0
+    plain = 2 * params.batch * params.kv_heads * params.context * params.head_dim * \
+        DTYPES[params.dtype].itemsize
+    return max(1, min(_MAX_COPIES, math.ceil(4 * max(cache, 0) / plain)))
 
 
 def _sample(fn, calls: int, device: torch.device) -> float:
@@ -82,11 +99,13 @@ def _replayable(fn, calls: int, device: torch.device):
 class DecodeAttentionRun(DecodeAttention):
     def run(self, params: DecodeAttentionParams, method: Implementation, ctx: RunContext
             ) -> BenchmarkOutput:
-        from kvbench.kernels.triton.attention import decode_attention
-
         device, dtype = ctx.device, DTYPES[params.dtype]
         dim = params.head_dim
-        key_format, value_format = _fused_formats(method, device, dim)
+        kernel, key_format, value_format = _fused_read(method, device, dim)
+        if kernel == "cpu":
+            from kvbench.kernels.cpu.attention import decode_attention
+        else:
+            from kvbench.kernels.triton.attention import decode_attention
         key_codec, value_codec = method.key_codec(), method.value_codec()
         copies = _copies(params, device)
         generator = torch.Generator(device).manual_seed(params.data_seed)
@@ -105,7 +124,7 @@ class DecodeAttentionRun(DecodeAttention):
         else:
             segments = [[KVSegment(pk.tensors, pv.tensors, key_format, value_format)]
                         for pk, pv in packed]
-            method.impl_log.note("decode attention", "triton")
+            method.impl_log.note("decode attention", kernel)
         scaling = dim ** -0.5
 
         def fused(i):

@@ -28,9 +28,9 @@ class DecodeAttentionParams(Settings):
     batch: int = param(1, range=at_least(1), meaning="sequences, one query token each")
     dtype: Literal["bfloat16", "float16", "float32"] = param(
         "bfloat16", meaning="the query's and the plain K/V's")
-    copies: int = param(0, range=at_least(0), meaning="K/V sets cycled through; 0: on CUDA"
-                        " enough that their 16-bit K/V is 4x the device's L2 cache (at most 64),"
-                        " elsewhere 1 (there the run checks, not times)")
+    copies: int = param(0, range=at_least(0), meaning="K/V sets cycled through; 0: enough that"
+                        " their plain K/V is 4x the last-level cache (CUDA's L2, the CPU's L3;"
+                        " at most 64)")
     warmup: int = param(3, range=at_least(0), meaning="untimed calls of each path first"
                         " (compiles the kernels)")
     data_seed: int = param(0, meaning="seed of the random K/V and queries")
@@ -44,10 +44,10 @@ class DecodeAttentionParams(Settings):
 @register_benchmark("decode_attention")
 class DecodeAttention(Benchmark):
     """One query token attending to `context` cached tokens: the method's packed K/V read by
-    the fused Triton kernel, torch SDPA over plain K/V, and decode-then-SDPA (the reference
-    path), each timed in every repeat; their ratios, the fused kernel's read bandwidth against
-    a device copy, and its error against attention over the decoded K/V. Needs the kernels:
-    CUDA with triton, or TRITON_INTERPRET=1 for a correctness run on the CPU."""
+    the fused kernel, torch SDPA over plain K/V, and decode-then-SDPA (the reference path),
+    each timed in every repeat; their ratios, the fused kernel's read bandwidth against a device
+    copy, and its error against attention over the decoded K/V. Needs a fused kernel: CUDA with
+    triton, the CPU with numba (impl auto), or TRITON_INTERPRET=1 with impl triton."""
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = DecodeAttentionParams
