@@ -178,6 +178,10 @@ class CacheHost:
     def policies(self) -> list[LayerCachePolicy]:
         return [layer.policy for layer in self.layers]
 
+    def begin_prompt(self, tokens: int) -> None:
+        for policy in self.policies:
+            policy.begin_prompt(tokens)
+
     def end_prefill(self) -> None:
         for policy in self.policies:
             policy.end_prefill()

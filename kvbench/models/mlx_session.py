@@ -56,6 +56,10 @@ class MLXSession:
         logits = self.loaded.model(mx.array([ids]))[0, -last:, :]
         return _to_torch(logits)
 
+    def begin_prompt(self, cache, tokens: int) -> None:
+        if isinstance(cache, MLXKVBenchCache):
+            cache.begin_prompt(tokens)
+
     def end_prefill(self, cache) -> float:
         if not isinstance(cache, MLXKVBenchCache):
             return 0.0

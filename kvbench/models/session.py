@@ -42,6 +42,9 @@ class Session(Protocol):
         """Logits (last, vocab) at the last `last` positions of one forward over `ids` without a
         cache."""
 
+    def begin_prompt(self, cache: Any, tokens: int) -> None:
+        """Tell the method's policies the length of the prompt about to be fed."""
+
     def end_prefill(self, cache: Any) -> float:
         """Seconds the method's end_prefill took (compaction happens here)."""
 
@@ -108,6 +111,12 @@ class TorchSession:
     def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
         x = torch.tensor([ids], device=self.device)
         return self.loaded.model(x, use_cache=False, logits_to_keep=last).logits[0].float().cpu()
+
+    def begin_prompt(self, cache, tokens: int) -> None:
+        from kvbench.models.hf_cache import KVBenchCache
+
+        if isinstance(cache, KVBenchCache):
+            cache.begin_prompt(tokens)
 
     def end_prefill(self, cache) -> float:
         from kvbench.models.hf_cache import KVBenchCache
@@ -196,6 +205,7 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
     place of the forwards; only for a method that shares_prefill."""
     step = chunk or len(ids)
     forward_s = 0.0
+    session.begin_prompt(cache, len(ids))
     if prefilled is not None:
         if chunk or refeed or method is None or not method.shares_prefill:
             raise ValueError("a shared prefill is one plain forward, for a method that"

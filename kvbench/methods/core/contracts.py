@@ -91,6 +91,11 @@ class LayerCachePolicy(ABC):
     def attention_inputs(self) -> tuple[Any, Any, Any]:
         """(keys, values, additive bias per cached key or None) for the next queries."""
 
+    def begin_prompt(self, tokens: int) -> None:
+        """The prompt about to be fed has `tokens` tokens: told before its first forward by
+        kvbench.models.session.prefill, which every benchmark and the server prefill through (a
+        policy that evicts while prefilling sizes a ratio budget from it). Default: nothing."""
+
     def end_prefill(self) -> None:
         """Called once after the prompt is in; compaction methods compress here."""
 
@@ -191,6 +196,9 @@ class WrappedPolicy(LayerCachePolicy):
 
     def observe_queries(self, queries) -> None:
         self.inner.observe_queries(queries)
+
+    def begin_prompt(self, tokens: int) -> None:
+        self.inner.begin_prompt(tokens)
 
     def end_prefill(self) -> None:
         self.inner.end_prefill()

@@ -20,10 +20,25 @@ class StreamingLLM(TokenMethod):
     Defaults: sinks 4 as mit-han-lab/streaming-llm streaming_llm/kv_cache.py (start_size=4) and
     kvpress's StreamingLLMPress (n_sink=4). Upstream shifts positions inside the cache; here keys
     keep their original RoPE positions (kvpress without KeyRerotationPress).
+
+    `evict`: "end_prefill" reduces the whole prompt once it is in (kvpress's press: the prompt's
+    forward is exact); "every_chunk" makes room before every forward, prefill chunks included,
+    as upstream's evict_for_space runs before each step: the cache never holds more than the
+    budget and one chunk, so memory follows the budget while prefilling. The kept positions
+    are the same either way (the sinks and the newest tokens); their keys and values differ,
+    since later chunks attend over what is kept. A ratio budget needs the prompt's length
+    before it is fed, which kvbench's benchmarks and server give (session.prefill).
     """
 
     sinks: int = param(4, range=at_least(0), meaning="the first tokens always kept (attention"
                        " sinks), within the budget")
+    evict: Literal["end_prefill", "every_chunk"] = param(
+        "end_prefill", meaning="when the prompt is reduced: once it is in, or before every"
+        " forward while it is fed (the cache then holds at most the budget and one chunk)")
+
+    def describe(self) -> str:
+        when = ", evicting every chunk" if self.evict == "every_chunk" else ""
+        return super().describe() + when
 
 
 @register_method("snapkv")

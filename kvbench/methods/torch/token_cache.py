@@ -163,7 +163,8 @@ class ScorerCache(TokenCache):
 
     def end_prefill(self) -> None:
         self.size = self.budget_tokens()
-        self.reduce()
+        if self.size is None or self.keys.shape[-2] > self.size:  # not reduced while prefilling
+            self.reduce()
         self.observed, self.probe = [], None
         self.observes_queries = self.holds_budget
 
