@@ -108,12 +108,14 @@ def test_bad_shapes_are_refused():
                                    bias=torch.zeros(1, 4, 9))
 
 
-# window 0 with stored reads: every token but none is read packed; a window keeps a raw tail
+# window 0 with stored reads: every token is read packed; a window keeps a raw tail; exact reads
+# (the default) read each step's token as the model made it, the rest packed
 @pytest.mark.parametrize("name,params", [
     ("intq", {"bits": 4, "group_size": 8, "prefill_reads": "stored"}),
     ("turbo3", {"block": 16, "prefill_reads": "stored"}),
     ("lloydmax", {"prefill_reads": "stored"}),
-    ("intq", {"bits": 4, "group_size": 8, "window": 5})])
+    ("intq", {"bits": 4, "group_size": 8, "window": 5}),
+    ("intq", {"bits": 4, "group_size": 8}), ("turbo3", {"block": 16}), ("lloydmax", {})])
 def test_a_model_decodes_through_it_by_default(name, params, tiny_llama):
     """impl "auto" on the CPU reads the packed cache with the CPU kernel at one-token steps: the
     same logits as the reference path (decode, then SDPA) within float32 rounding."""

@@ -335,18 +335,23 @@ def test_a_model_decodes_through_the_fused_attention(name, params):
     assert (logits["triton"] - logits["torch"]).abs().max() < 1e-5 * scale
 
 
-def test_exact_reads_of_a_packed_step_leave_the_fused_attention():
-    """Window 0 under exact reads: the step's token is packed as it is appended, so the host
-    reads it as given through SDPA rather than the fused kernel over the packed cache."""
+def test_exact_reads_of_a_packed_step_read_it_as_given_through_the_fused_attention():
+    """Window 0 under exact reads: the step's token is packed as it is appended; the fused
+    kernel reads the cache without it and the step's keys and values as the model made them:
+    the reference path's logits (decode, the step replaced, then SDPA) within float32 rounding."""
     from kvbench.models import load_model
     from kvbench.models.session import TorchSession
 
     session = TorchSession(load_model("tiny:llama", DEVICE), DEVICE)
-    method = _method("intq", {"bits": 4, "group_size": 8, "impl": "triton"})
-    cache = session.new_cache(method)
-    session.step(list(range(4, 34)), cache)
-    session.step([5], cache)
-    assert "triton" not in method.impl_log.ran.get("decode attention", set())
+    logits = {}
+    for impl in ("torch", "triton"):
+        method = _method("intq", {"bits": 4, "group_size": 8, "impl": impl})
+        cache = session.new_cache(method)
+        session.step(list(range(4, 34)), cache)
+        logits[impl] = torch.cat([session.step([t], cache)[0] for t in (5, 9, 40)])
+        assert method.impl_log.ran["decode attention"] == {impl}
+    scale = logits["torch"].abs().max()
+    assert (logits["triton"] - logits["torch"]).abs().max() < 1e-5 * scale
 
 
 def test_every_kernel_compiles_for_a_gpu():

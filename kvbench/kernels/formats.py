@@ -186,9 +186,24 @@ class KVSegment:
     def tokens(self) -> int:
         if self.key_format is None:
             return self.keys.shape[-2]
-        codes = self.keys["codes"]  # turbo: (..., tokens, blocks, bytes)
-        turbo = isinstance(self.key_format, CodebookFormat) and self.key_format.kind == "turbo"
-        return codes.shape[-3] if turbo else codes.shape[-2]
+        return self.keys["codes"].shape[token_axis(self.key_format, "codes")]
+
+    def head(self, tokens: int) -> KVSegment:
+        """Its first `tokens` tokens, as views."""
+        def cut(side, fmt):
+            if fmt is None:
+                return side[..., :tokens, :]
+            return {name: t.narrow(token_axis(fmt, name), 0, tokens) for name, t in side.items()}
+
+        return KVSegment(cut(self.keys, self.key_format), cut(self.values, self.value_format),
+                         self.key_format, self.value_format)
+
+
+def token_axis(fmt: KernelFormat, name: str) -> int:
+    """The token axis of a packed layout's stored tensor `name` (turbo's codes are (..., tokens,
+    blocks, bytes); every other tensor of a layout the attention reads has tokens second last)."""
+    return -3 if isinstance(fmt, CodebookFormat) and fmt.kind == "turbo" and name == "codes" \
+        else -2
 
 
 @dataclass

@@ -101,8 +101,8 @@ class LayerHost:
         self.started = True
         replace = self.exact_step and not policy.holds_exactly(steps)
         if fused and steps == 1 and not policy.value_skip_threshold \
-                and not policy.observes_queries and not replace:
-            packed = policy.attention_segments()
+                and not policy.observes_queries:
+            packed = policy.attention_segments((keys, values) if replace else None)
             if packed is not None:
                 check_attention_inputs(policy, self.layer_idx,
                                        (*keys.shape[:-2], packed.tokens, keys.shape[-1]), None,

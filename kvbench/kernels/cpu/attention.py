@@ -113,9 +113,9 @@ def slot_order(dim: int) -> torch.Tensor:
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
-    """(batch, kv_heads, tokens, ...) as a contiguous (batch * kv_heads, tokens, rest) array,
-    float16 as its uint16 bits."""
-    t = t.contiguous().reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
+    """(batch, kv_heads, tokens, ...) as a (batch * kv_heads, tokens, rest) array, float16 as
+    its uint16 bits: a view of the packed cache (a leading slice of its tokens included)."""
+    t = t.reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
     return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.float16 else t.numpy()
 
 

@@ -7,8 +7,9 @@ from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePoli
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
-# Decoded chunks held apart before they are joined into one: a read joins at most this many
-# arrays, and joining them costs a copy of the decoded cache only once every so many packs.
+# Decoded chunks (and packed chunks of chunk-separable codecs) held apart before they are joined
+# into one: a read joins at most this many arrays, and joining them costs a copy of the cache
+# only once every so many packs, not at every step.
 MAX_DECODED_CHUNKS = 32
 
 
@@ -43,6 +44,19 @@ def newest_replaced(parts: list, newest) -> list:
         else:
             drop -= tokens
     return [*kept, newest]
+
+
+def newest_dropped(segments: list[KVSegment], newest: int) -> list[KVSegment]:
+    """`segments` (in token order) without their last `newest` tokens."""
+    kept = list(segments)
+    while newest:
+        last = kept.pop()
+        if last.tokens > newest:
+            kept.append(last.head(last.tokens - newest))
+            newest = 0
+        else:
+            newest -= last.tokens
+    return kept
 
 
 def check_fresh(policy: LayerCachePolicy, fresh: bool) -> None:
@@ -112,7 +126,9 @@ class CodecCache(LayerCachePolicy):
         values.add(cast(self.value_codec.decode(pv), dtype))
 
     def _merge_packed(self) -> None:
-        if len(self._packed) < 2:
+        separable = self.key_codec.chunk_separable and self.value_codec.chunk_separable
+        # chunks that decode alone as merged need joining only now and then
+        if len(self._packed) < 2 or separable and len(self._packed) <= MAX_DECODED_CHUNKS:
             return
         keys = self.key_codec.merge([pk for pk, _ in self._packed])
         values = self.value_codec.merge([pv for _, pv in self._packed])
@@ -150,11 +166,12 @@ class CodecCache(LayerCachePolicy):
         values = [cast(self.value_codec.decode(pv), dtype) for _, pv in self._packed]
         return [*keys, self._raw_k], [*values, self._raw_v]
 
-    def attention_segments(self) -> PackedRead | None:
+    def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
         """The packed chunks and the raw tail for a fused decode attention, when both codecs
         have one that reads their layouts on the cached tensors' device (a torch codec's
         attention_kernel, kvbench.methods.torch.base.TorchCodec); noted as the "decode
-        attention" each time it is asked."""
+        attention" each time it is asked. `exact`: the step's keys and values, read as given in
+        place of their stored form (exact reads, when the step was packed as it came)."""
         codecs = (self.key_codec, self.value_codec)
         if self._decoded is not None or self._raw_k is None \
                 or not all(hasattr(codec, "attention_kernel") for codec in codecs):
@@ -170,9 +187,10 @@ class CodecCache(LayerCachePolicy):
             return None
         segments = [KVSegment(pk.tensors, pv.tensors, key_fmt, value_fmt)
                     for pk, pv in self._packed]
-        if self._raw_k.shape[-2]:
-            segments.append(KVSegment(self._raw_k, self._raw_v))
-        return PackedRead(kernel, segments)
+        segments.append(KVSegment(self._raw_k, self._raw_v))
+        if exact is not None:
+            segments = [*newest_dropped(segments, exact[0].shape[-2]), KVSegment(*exact)]
+        return PackedRead(kernel, [segment for segment in segments if segment.tokens])
 
     @property
     def seen_tokens(self) -> int:

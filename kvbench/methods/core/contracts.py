@@ -156,12 +156,13 @@ class LayerCachePolicy(ABC):
         and measured_bytes() counts the decoded copy too. Default: no such path (False)."""
         return False
 
-    def attention_segments(self) -> PackedRead | None:
+    def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
         """What a fused decode attention reads instead of attention_inputs(): the layer's keys
         and values as it stores them (kvbench.kernels.formats.PackedRead: packed chunks and raw
         tokens in order, and the kernel that reads them), or None when it has no such path for
         its current tensors. Asked at one-token steps only; the segments must hold exactly
-        attention_inputs()' tokens. Default: none."""
+        attention_inputs()' tokens. `exact`: the step's (keys, values), to be read as given in
+        place of their stored form (as attention_inputs_exact). Default: none."""
         return None
 
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:
