@@ -4,8 +4,6 @@ layout, GQA and MQA, odd lengths, hidden keys, many chunks; and in a model, wher
 default read of impl "auto" on the CPU. Inputs are fresh seeded draws per case."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -14,7 +12,9 @@ pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbenc
 from kvbench.kernels.cpu import attention  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
-from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention, randn  # noqa: E402
+from tests.plugins.tensors import (  # noqa: E402
+    ATTENTION_TOLERANCE, decode_attention_inputs, exact_attention, randn,
+)
 
 CPU = torch.device("cpu")
 # every layout the CPU kernel reads: bit widths 2, 3, 4 and 8; scale groups and turbo blocks of 8
@@ -35,28 +35,13 @@ def _codec(name: str, params: dict):
                          ids=["mha-33", "gqa3-301-batch2", "mqa8-1token"])
 def test_matches_attention_over_the_decoded_cache(name, params, dtype, shape, monkeypatch):
     monkeypatch.setattr(attention, "MIN_CHUNK", 16)  # several chunks per head, merged
-    batch, q_heads, kv_heads, tokens, dim = shape
-    seed = tokens * 31 + dim
-    query = randn(batch, q_heads, dim, seed=seed, dtype=dtype)
-    keys = randn(batch, kv_heads, tokens, dim, seed=seed + 1, dtype=dtype)
-    values = randn(batch, kv_heads, tokens, dim, seed=seed + 2, dtype=dtype)
-    tail_k = randn(batch, kv_heads, 3, dim, seed=seed + 3, dtype=dtype)  # the raw tail
-    tail_v = randn(batch, kv_heads, 3, dim, seed=seed + 4, dtype=dtype)
-    if name is None:
-        segments, dk, dv = [KVSegment(keys, values)], keys, values
-    else:
+    codec = fmt = None
+    if name is not None:
         codec = _codec(name, params)
-        pk, pv = codec.encode(keys), codec.encode(values)
-        fmt = codec.kernel_format(dim)
-        assert fmt.cpu_attention_unsupported(dim) is None
-        segments = [KVSegment(pk.tensors, pv.tensors, fmt, fmt)]
-        dk, dv = codec.decode(pk), codec.decode(pv)
-    segments.append(KVSegment(tail_k, tail_v))
-    all_k, all_v = torch.cat([dk, tail_k], 2), torch.cat([dv, tail_v], 2)
-    bias = randn(batch, kv_heads, tokens + 3, seed=seed + 5)
-    bias[..., ::4] = -math.inf  # hidden keys
-    bias[..., -1] = 0.0  # the newest key stays visible
-    scaling = 0.7 * dim ** -0.5
+        fmt = codec.kernel_format(shape[-1])
+        assert fmt.cpu_attention_unsupported(shape[-1]) is None
+    query, segments, all_k, all_v, bias = decode_attention_inputs(shape, dtype, codec, fmt)
+    scaling = 0.7 * shape[-1] ** -0.5
     for b in (None, bias):
         out = attention.decode_attention(query, segments, bias=b, scaling=scaling)
         assert out.shape == query.shape and out.dtype == dtype

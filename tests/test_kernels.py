@@ -8,7 +8,6 @@ by the case, so a failure reproduces). Without CUDA these run in Triton's interp
 """
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -23,7 +22,9 @@ from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from kvbench.methods.core.contracts import Packed  # noqa: E402
-from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention  # noqa: E402
+from tests.plugins.tensors import (  # noqa: E402
+    ATTENTION_TOLERANCE, decode_attention_inputs, exact_attention,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -249,28 +250,14 @@ ATTENTION_METHODS = [("intq", {"bits": 4}), ("intq", {"bits": 2, "group_size": 1
 @pytest.mark.parametrize("shape", [(1, 4, 4, 33, 64), (2, 9, 3, 300, 128), (1, 8, 1, 1, 128)],
                          ids=["mha-33", "gqa3-300-batch2", "mqa8-1token"])
 def test_fused_attention_matches_attention_over_the_decoded_cache(name, params, dtype, shape):
-    batch, q_heads, kv_heads, tokens, dim = shape
-    seed = tokens * 31 + dim
-    query = _draw(batch, q_heads, dim, seed=seed, dtype=dtype)
-    keys = _draw(batch, kv_heads, tokens, dim, seed=seed + 1, dtype=dtype)
-    values = _draw(batch, kv_heads, tokens, dim, seed=seed + 2, dtype=dtype)
-    tail_k = _draw(batch, kv_heads, 3, dim, seed=seed + 3, dtype=dtype)  # the raw tail
-    tail_v = _draw(batch, kv_heads, 3, dim, seed=seed + 4, dtype=dtype)
-    if name is None:
-        segments, dk, dv = [KVSegment(keys, values)], keys, values
-    else:
+    codec = fmt = reference = None
+    if name is not None:
         codec = _method(name, {**params, "impl": "triton"}).codec()
-        pk, pv = codec.encode(keys), codec.encode(values)
-        fmt = codec.kernel_for(DEVICE, dim)
-        segments = [KVSegment(pk.tensors, pv.tensors, fmt, fmt)]
-        ref_codec = _method(name, {**params, "impl": "torch"}).codec()
-        dk, dv = ref_codec.decode(pk), ref_codec.decode(pv)
-    segments.append(KVSegment(tail_k, tail_v))
-    all_k, all_v = torch.cat([dk, tail_k], 2), torch.cat([dv, tail_v], 2)
-    bias = _draw(batch, kv_heads, tokens + 3, seed=seed + 5)
-    bias[..., ::4] = -math.inf  # hidden keys
-    bias[..., -1] = 0.0  # the newest key stays visible
-    scaling = 0.7 * dim ** -0.5
+        fmt = codec.kernel_for(DEVICE, shape[-1])
+        reference = _method(name, {**params, "impl": "torch"}).codec()
+    query, segments, all_k, all_v, bias = decode_attention_inputs(shape, dtype, codec, fmt,
+                                                                  reference, DEVICE)
+    scaling = 0.7 * shape[-1] ** -0.5
     for splits in (1, 2, 5):
         for b in (None, bias):
             out = attention.decode_attention(query, segments, bias=b, scaling=scaling,

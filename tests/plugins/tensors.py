@@ -44,3 +44,37 @@ def exact_attention(query, keys, values, bias, scaling) -> torch.Tensor:
 # rounded to the dtype (2^-9 relative in bfloat16); turbo's rotated-domain keys and values add
 # their own rounding.
 ATTENTION_TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
+
+
+def decode_attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, codec=None, fmt=None,
+                            reference=None, device: str | torch.device = "cpu"):
+    """Fresh inputs of a fused decode attention test, seeded by the shape: a query (batch,
+    q_heads, dim), a segment of `tokens` keys and values (packed by `codec` in kernel format
+    `fmt`; raw without a codec) and a raw tail of 3; the decoded K/V of all of them (decoded by
+    `reference`, default `codec`) and a float32 bias that hides every 4th key but the newest.
+    shape: (batch, q_heads, kv_heads, tokens, dim). Returns (query, segments, keys, values,
+    bias)."""
+    from kvbench.kernels.formats import KVSegment
+
+    batch, q_heads, kv_heads, tokens, dim = shape
+    seed = tokens * 31 + dim
+
+    def draw(*size, offset, as_dtype=dtype):
+        return randn(*size, seed=seed + offset, dtype=as_dtype).to(device)
+
+    query = draw(batch, q_heads, dim, offset=0)
+    keys, values = draw(batch, kv_heads, tokens, dim, offset=1), draw(batch, kv_heads, tokens, dim,
+                                                                       offset=2)
+    tail = (draw(batch, kv_heads, 3, dim, offset=3), draw(batch, kv_heads, 3, dim, offset=4))
+    if codec is None:
+        segments, decoded = [KVSegment(keys, values)], (keys, values)
+    else:
+        pk, pv = codec.encode(keys), codec.encode(values)
+        segments = [KVSegment(pk.tensors, pv.tensors, fmt, fmt)]
+        decoded = ((reference or codec).decode(pk), (reference or codec).decode(pv))
+    segments.append(KVSegment(*tail))
+    bias = draw(batch, kv_heads, tokens + 3, offset=5, as_dtype=torch.float32)
+    bias[..., ::4] = -float("inf")
+    bias[..., -1] = 0.0
+    return (query, segments, torch.cat([decoded[0], tail[0]], 2),
+            torch.cat([decoded[1], tail[1]], 2), bias)

@@ -75,7 +75,7 @@ def kernels(bits: int, dim: int, unit: int, has_min: bool):
                 row[j * m_count + m] = table[(word >> np.uint32(j * bits)) & np.uint32(mask)] \
                     * s + z
 
-    @njit(parallel=True, fastmath=FAST, cache=True)
+    @njit(parallel=True, fastmath=FAST)
     def scores(q, codes, scale, zmin, table, row_scale, half, out, offset, chunks, per):
         tokens = codes.shape[1]
         for job in prange(q.shape[0] * chunks):
@@ -89,7 +89,7 @@ def kernels(bits: int, dim: int, unit: int, has_min: bool):
                         acc += q[bh, h, i] * row[i]
                     out[bh, h, offset + t] = acc
 
-    @njit(parallel=True, fastmath=FAST, cache=True)
+    @njit(parallel=True, fastmath=FAST)
     def values(w, codes, scale, zmin, table, row_scale, half, partial, offset, chunks, per):
         tokens = codes.shape[1]
         for job in prange(w.shape[0] * chunks):
