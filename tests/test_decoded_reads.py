@@ -237,6 +237,14 @@ class CountingIntQ(IntQCodec):
         return super().decode(packed)
 
 
+@pytest.fixture(autouse=True)
+def reference_reads(monkeypatch):
+    """The packed path read by the reference (decode, then SDPA), as these tests compare it bit
+    for bit with the decoded-once path; the CPU fused attention rounds otherwise
+    (tests/test_cpu_attention.py checks it)."""
+    monkeypatch.setattr("kvbench.methods.torch.base.numba_installed", lambda: False)
+
+
 def _run(policy, steps: int, prompt: int = 100):
     g = torch.Generator().manual_seed(1)
     policy.append(torch.randn(1, 2, prompt, 16, generator=g), torch.randn(1, 2, prompt, 16, generator=g))
@@ -266,8 +274,9 @@ def test_codec_cache_decodes_each_pack_once(axis, group, window):
         assert codec.decoded_tokens == packed_tokens  # every packed token decoded exactly once
     if axis == "channel":
         assert fast.key_codec.decodes <= 2 + steps // group  # packs, not reads
-    # the packed path decodes the whole packed cache at every one of the steps + 1 reads
-    assert slow.key_codec.decodes == steps + 1
+    # the packed path decodes the whole packed cache (its chunks) at every one of the steps + 1
+    # reads
+    assert slow.key_codec.decodes >= steps + 1
     assert slow.key_codec.decoded_tokens > (steps + 1) * 64
 
 
