@@ -57,6 +57,9 @@ class _ScriptedSession:
         self.calls.append(("rows", list(ids)))
         return torch.cat([self.step([token], cache)[0] for token, cache in zip(ids, caches)])
 
+    def begin_prompt(self, cache, tokens):
+        pass
+
     def end_prefill(self, cache):
         self.calls.append(("end_prefill",))
         return 0.0

@@ -115,7 +115,7 @@ def slot_order(dim: int) -> torch.Tensor:
 def _flat(t: torch.Tensor) -> np.ndarray:
     """(batch, kv_heads, tokens, ...) as a (batch * kv_heads, tokens, rest) array, float16 as
     its uint16 bits: a view of the packed cache (a leading slice of its tokens included)."""
-    t = t.reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
+    t = t.detach().reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
     return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.float16 else t.numpy()
 
 
@@ -145,7 +145,7 @@ class _Side:
         self.fmt, self.dim = fmt, dim
         self.turbo = isinstance(fmt, CodebookFormat) and fmt.kind == "turbo"
         if fmt is None:
-            self.raw = side.float().reshape(-1, *side.shape[2:])
+            self.raw = side.detach().float().reshape(-1, *side.shape[2:])
             self.tokens = self.raw.shape[1]
             return
         reason = fmt.cpu_attention_unsupported(dim)
@@ -205,9 +205,10 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     batch, q_heads, dim = shape[0], shape[1], shape[-1]
     kv_heads, total = check_decode_shapes(segments, batch, q_heads, bias)
     group = q_heads // kv_heads
-    with POOL:
+    # no gradient flows through the kernels: the arrays they read are detached
+    with POOL, torch.no_grad():
         numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-        out = _attend(query.reshape(batch * kv_heads, group, dim).float(), segments, dim,
+        out = _attend(query.detach().reshape(batch * kv_heads, group, dim).float(), segments, dim,
                       dim ** -0.5 if scaling is None else scaling,
                       None if bias is None else bias.float().reshape(batch * kv_heads, 1, total))
     return out.to(query.dtype).reshape(shape)
