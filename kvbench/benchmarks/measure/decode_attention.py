@@ -10,7 +10,7 @@ time, without Python's launch overhead (which a model would also pay per layer, 
 from __future__ import annotations
 
 import math
-import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -65,11 +65,20 @@ def _copies(params: DecodeAttentionParams, device: torch.device) -> int:
     if device.type == "cuda":
         cache = torch.cuda.get_device_properties(device).L2_cache_size
     else:
-        cache = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in \
-            os.sysconf_names else 0
+        cache = _cpu_l3_bytes()
     plain = 2 * params.batch * params.kv_heads * params.context * params.head_dim * \
         DTYPES[params.dtype].itemsize
     return max(1, min(_MAX_COPIES, math.ceil(4 * max(cache, 0) / plain)))
+
+
+def _cpu_l3_bytes() -> int:
+    """The L3 cache's size as Linux reports it (sysfs, e.g. "32768K"); 0 where it does not."""
+    try:
+        size = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        return 0
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+    return int(size.rstrip("KM")) * scale
 
 
 def _sample(fn, calls: int, device: torch.device) -> float:
