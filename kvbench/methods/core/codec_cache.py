@@ -7,9 +7,8 @@ from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePoli
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
-# Decoded chunks (and packed chunks of chunk-separable codecs) held apart before they are joined
-# into one: a read joins at most this many arrays, and joining them costs a copy of the cache
-# only once every so many packs, not at every step.
+# Decoded chunks held apart before they are joined into one: a read joins at most this many
+# arrays, and joining them costs a copy of the decoded cache only once every so many packs.
 MAX_DECODED_CHUNKS = 32
 
 
@@ -126,9 +125,9 @@ class CodecCache(LayerCachePolicy):
         values.add(cast(self.value_codec.decode(pv), dtype))
 
     def _merge_packed(self) -> None:
-        separable = self.key_codec.chunk_separable and self.value_codec.chunk_separable
-        # chunks that decode alone as merged need joining only now and then
-        if len(self._packed) < 2 or separable and len(self._packed) <= MAX_DECODED_CHUNKS:
+        # one packed block: the fused attention reads it in one call per side (each chunk apart
+        # would cost a kernel launch per chunk per step)
+        if len(self._packed) < 2:
             return
         keys = self.key_codec.merge([pk for pk, _ in self._packed])
         values = self.value_codec.merge([pv for _, pv in self._packed])
