@@ -54,7 +54,8 @@ def test_packed_chunks_in_order_with_a_long_odd_cache():
     """Two packed chunks then the tail, 1000 + 257 + 5 tokens: each token where it belongs."""
     codec = _codec("turbo3", {"block": 64})
     fmt = codec.kernel_format(64)
-    parts = [(randn(1, 3, n, 64, seed=10 + n), randn(1, 3, n, 64, seed=20 + n)) for n in (1000, 257)]
+    parts = [(randn(1, 3, n, 64, seed=10 + n), randn(1, 3, n, 64, seed=20 + n))
+             for n in (1000, 257)]
     tail = (randn(1, 3, 5, 64, seed=1), randn(1, 3, 5, 64, seed=2))
     segments, decoded_k, decoded_v = [], [], []
     for k, v in parts:

@@ -106,10 +106,17 @@ def kernels(bits: int, dim: int, unit: int, has_min: bool):
     return scores, values
 
 
+@functools.cache
 def slot_order(dim: int) -> torch.Tensor:
-    """The dim held at each position of a slot-major row."""
+    """The dim held at each position of a slot-major row (made once per head size)."""
     m_count = dim // 8
     return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
+
+
+@functools.cache
+def _codes_as_floats(bits: int) -> np.ndarray:
+    """intq's "codebook": every code as its float value."""
+    return np.arange(1 << bits, dtype=np.float32)
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -153,9 +160,8 @@ class _Side:
             raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
         codes = _flat(side["codes"])
         if isinstance(fmt, IntQFormat):
-            table = np.arange(1 << fmt.bits, dtype=np.float32)
-            self.args = (codes, _flat(side["scale"]), _flat(side["min"]), table,
-                         np.float32(1.0), HALF_TO_FLOAT)
+            self.args = (codes, _flat(side["scale"]), _flat(side["min"]),
+                         _codes_as_floats(fmt.bits), np.float32(1.0), HALF_TO_FLOAT)
             self.kernels = kernels(fmt.bits, dim, fmt.group_size, True)
         else:
             norms = _flat(side[fmt.norm_name])
