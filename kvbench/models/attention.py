@@ -45,11 +45,8 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
             **kwargs) -> torch.Tensor:
     """Attention over one sequence's read, (batch, queries, heads, dim) as SDPA returns it."""
     if read.packed is not None:  # one newest query over the packed cache: no mask needed
-        if read.packed.kernel == "cpu":
-            from kvbench.kernels.cpu.attention import decode_attention
-        else:
-            from kvbench.kernels.triton.attention import decode_attention
-        out = decode_attention(query, read.packed.segments, scaling=scaling)
+        out = decode_attention_of(read.packed.kernel)(query, read.packed.segments,
+                                                      scaling=scaling)
         return out.transpose(1, 2).contiguous()
     sparse = None
     if read.bias is None and not read.skip_below:
@@ -61,6 +58,16 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
         out = out.transpose(1, 2).contiguous()
     read.attended(query, sparse)
     return out
+
+
+def decode_attention_of(kernel: str):
+    """The fused decode attention named by a PackedRead's kernel ("cpu" or "triton"), imported
+    only when first asked for: decode_attention(query, segments, bias=None, scaling=None)."""
+    if kernel == "cpu":
+        from kvbench.kernels.cpu.attention import decode_attention
+    else:
+        from kvbench.kernels.triton.attention import decode_attention
+    return decode_attention
 
 
 def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

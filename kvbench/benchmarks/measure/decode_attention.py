@@ -1,6 +1,7 @@
 """`decode_attention`: one decode step's attention over a long cache, read packed by the fused
-kernel (kvbench.kernels.triton.attention on CUDA, kvbench.kernels.cpu.attention on the CPU), against torch SDPA over 16-bit K/V of the same shape
-and against the reference path (decode the packed K/V, then SDPA), timed in the same repeat.
+kernel (kvbench.kernels.triton.attention on CUDA, kvbench.kernels.cpu.attention on the CPU),
+against torch SDPA over plain K/V of the same shape and against the reference path (decode the
+packed K/V, then SDPA), timed in the same repeat.
 
 The K/V are random, made on the device; `copies` independent sets are cycled through so that
 successive calls read memory, not a cache that one set would fit in (as every layer of a real
@@ -22,6 +23,7 @@ from kvbench.benchmarks.specs.decode_attention import DecodeAttention, DecodeAtt
 from kvbench.kernels import INSTALL_HINT, interpreting
 from kvbench.kernels.formats import KVSegment
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.attention import decode_attention_of
 
 _SAMPLE_S = 0.02  # each timed sample runs calls for about this long (timed eagerly)
 _MAX_CALLS = 200
@@ -68,7 +70,7 @@ def _copies(params: DecodeAttentionParams, device: torch.device) -> int:
         cache = _cpu_l3_bytes()
     plain = 2 * params.batch * params.kv_heads * params.context * params.head_dim * \
         DTYPES[params.dtype].itemsize
-    return max(1, min(_MAX_COPIES, math.ceil(4 * max(cache, 0) / plain)))
+    return max(1, min(_MAX_COPIES, math.ceil(4 * cache / plain)))
 
 
 def _cpu_l3_bytes() -> int:
@@ -111,10 +113,7 @@ class DecodeAttentionRun(DecodeAttention):
         device, dtype = ctx.device, DTYPES[params.dtype]
         dim = params.head_dim
         kernel, key_format, value_format = _fused_read(method, device, dim)
-        if kernel == "cpu":
-            from kvbench.kernels.cpu.attention import decode_attention
-        else:
-            from kvbench.kernels.triton.attention import decode_attention
+        decode_attention = decode_attention_of(kernel)
         key_codec, value_codec = method.key_codec(), method.value_codec()
         copies = _copies(params, device)
         generator = torch.Generator(device).manual_seed(params.data_seed)

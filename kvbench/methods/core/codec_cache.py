@@ -33,28 +33,27 @@ class DecodedChunks:
 def newest_replaced(parts: list, newest) -> list:
     """`parts` (arrays in token order) with their last newest.shape[-2] tokens replaced by
     `newest`: views of what stays, then `newest`."""
-    kept, drop = list(parts), newest.shape[-2]
-    while drop:
-        last = kept.pop()
-        tokens = last.shape[-2]
-        if tokens > drop:
-            kept.append(last[..., : tokens - drop, :])
-            drop = 0
-        else:
-            drop -= tokens
-    return [*kept, newest]
+    return [*_without_newest(parts, newest.shape[-2], lambda part: part.shape[-2],
+                             lambda part, n: part[..., :n, :]), newest]
 
 
 def newest_dropped(segments: list[KVSegment], newest: int) -> list[KVSegment]:
     """`segments` (in token order) without their last `newest` tokens."""
-    kept = list(segments)
+    return _without_newest(segments, newest, lambda segment: segment.tokens,
+                           lambda segment, n: segment.head(n))
+
+
+def _without_newest(parts: list, newest: int, tokens, head) -> list:
+    """`parts` in token order without their last `newest` tokens: whole parts dropped from the
+    end, the last one kept cut to head(part, n) where it keeps some."""
+    kept = list(parts)
     while newest:
         last = kept.pop()
-        if last.tokens > newest:
-            kept.append(last.head(last.tokens - newest))
+        if tokens(last) > newest:
+            kept.append(head(last, tokens(last) - newest))
             newest = 0
         else:
-            newest -= last.tokens
+            newest -= tokens(last)
     return kept
 
 
