@@ -67,6 +67,25 @@ def test_capabilities_follow_the_configuration():
     assert not wrapped.supports().decode_chunk and wrapped.supports().trim
 
 
+def test_evicting_every_chunk_takes_nothing_back(tmp_path):
+    """Tokens go while the prompt is fed, so a probe or a trim cannot be taken back after it."""
+    path = tmp_path / "suite.yaml"
+    path.write_text("""kvbench: 1
+defaults: {model: "tiny:llama"}
+methods:
+  - {name: snapkv, params: {budget: 8, window: 4}}
+  - {name: h2o, label: h2o-chunks, params: {budget: 8, evict: every_chunk}}
+benchmarks:
+  - kind: parity
+    params: {context: 40, steps: 4, trim: 8}
+""")
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    (issue,) = caught.value.issues
+    assert "'h2o-chunks' does not support 'trim', which trim: 8 needs" in issue.message
+    assert issue.line == 8
+
+
 @dataclass
 class CpuOnly(Identity):
     """A plug-in whose caches run on the CPU only."""

@@ -8,7 +8,9 @@ back, so `peak_bytes` is the high-water mark of this case alone: on CPU the proc
 high-water mark (Linux resets it per case), on CUDA the allocator's, on MLX MLX's. The cache's own
 size is measured after every forward (`kv_high_water_bytes`), which tells a compression that is
 physical (the cache never grows large) from one that is only logical (the cache holds every
-token until end_prefill, so the peak does not fall with the bytes retained after it).
+token until end_prefill, so the peak does not fall with the bytes retained after it). A policy
+that reduces after a forward's attention (snapkv, h2o evicting every chunk) holds one more chunk
+in one layer at a time during the forward, which this measure does not see; peak_bytes does.
 Ratios against the plain cache come from claims such as `peak_bytes / identity <= 0.51`
 (the same rung's identity case in the same run). Past the model's trained context the ladder
 measures only time and memory: there are no quality metrics here.

@@ -31,6 +31,10 @@ class TokenMethod(MethodSettings):
             raise SettingError(None, "set exactly one of ratio (a fraction of the prompt) and"
                                      " budget (tokens per head)")
 
+    def evicts_every_chunk(self) -> bool:
+        """Whether the budget holds while the prompt is fed, from its first forward on."""
+        return False
+
     def tokens(self, prompt: int) -> int:
         """Tokens to keep from a prompt of `prompt` tokens; refuses to keep all of them."""
         keep = self.budget if self.budget is not None else max(1, round(self.ratio * prompt))

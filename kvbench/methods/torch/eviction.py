@@ -1,8 +1,8 @@
 """Eviction references: `streamingllm`, `snapkv`, `h2o`. Each keeps full-precision tokens and
-drops the rest; all reduce the prompt at end_prefill (the prompt's forward itself is exact;
-streamingllm with evict every_chunk makes room before every forward instead), and
-the fixed-size ones (streamingllm, h2o) keep their budget through decode by evicting after every
-step, one token or many. Budgets are a ratio of the prompt or a fixed number of tokens per head;
+drops the rest; all reduce the prompt at end_prefill (the prompt's forward itself is exact), or
+with evict every_chunk while it is fed (streamingllm makes room before every forward, snapkv and
+h2o reduce after every forward's attention); the fixed-size ones (streamingllm, h2o) keep their
+budget through decode by evicting after every step, one token or many. Budgets are a ratio of the prompt or a fixed number of tokens per head;
 budget, protected tokens, top-k and gather live in kvbench.methods.torch.token_cache.ScorerCache.
 """
 from __future__ import annotations
@@ -31,17 +31,11 @@ class StreamingCache(ScorerCache):
         return self.method.sinks, size - self.method.sinks
 
     def budget_tokens(self, prompt: int | None = None) -> int:
-        return self._past_sinks(self.method.tokens(self._seen if prompt is None else prompt))
-
-    def _past_sinks(self, size: int) -> int:
+        size = super().budget_tokens(prompt)
         if size <= self.method.sinks:
             raise ValueError(f"streamingllm: a budget of {size} tokens leaves no window after"
                              f" {self.method.sinks} sink tokens")
         return size
-
-    def begin_prompt(self, tokens: int) -> None:
-        if self.method.evict == "every_chunk":
-            self.size = self.budget_tokens(tokens)  # room is made from the first forward on
 
     def end_prefill(self) -> None:
         super().end_prefill()
@@ -49,12 +43,6 @@ class StreamingCache(ScorerCache):
 
     def append(self, keys, values, queries=None) -> None:
         self._step = keys.shape[-2]
-        if self.size is None and self.method.evict == "every_chunk":
-            if self.method.budget is None:
-                raise RuntimeError("streamingllm evict every_chunk with a ratio needs the"
-                                   " prompt's length before it is fed (begin_prompt, as"
-                                   " kvbench.models.session.prefill tells it); give a budget")
-            self.size = self._past_sinks(self.method.budget)
         if self.size is not None and self.keys is not None:
             # the sinks and the newest tokens that leave room for these
             room = max(self.size - self._step, self.method.sinks)
@@ -77,11 +65,6 @@ class StreamingCache(ScorerCache):
 @implements(StreamingLLM)
 class TorchStreamingLLM(TorchTokenMethod):
     cache = StreamingCache
-
-    @property
-    def shares_prefill(self) -> bool:
-        # evicting every chunk, later chunks attend over what is kept: not the plain forward
-        return self.settings.evict == "end_prefill"
 
 
 class SnapKVCache(ScorerCache):

@@ -122,8 +122,9 @@ class ScorerCache(TokenCache):
 
     Subclasses implement scores(); they may protect tokens (protected()), select differently
     (select()) or replace the gather (compact(), e.g. AM's fits). Reduction happens at
-    end_prefill; a policy with `holds_budget` also evicts after every later step's attention
-    (observe_queries), whatever the step's length, so the budget holds through decode."""
+    end_prefill, or after every forward of the prompt when the method evicts every chunk; a
+    policy with `holds_budget` also evicts after every later step's attention (observe_queries),
+    whatever the step's length, so the budget holds through decode."""
 
     # Reads the prompt's queries (observe()); a policy holding its budget observes them after
     # end_prefill too, as the end-of-step signal.
@@ -157,9 +158,23 @@ class ScorerCache(TokenCache):
         """The queries of the step that just attended (default: keep them all)."""
         super().observe_queries(queries)
 
-    def budget_tokens(self) -> int | None:
-        """Tokens to keep per head from the prompt seen (None: select() decides)."""
-        return self.method.tokens(self._seen)
+    def budget_tokens(self, prompt: int | None = None) -> int | None:
+        """Tokens to keep per head from a prompt of `prompt` tokens, by default the tokens
+        seen (None: select() decides)."""
+        return self.method.tokens(self._seen if prompt is None else prompt)
+
+    def begin_prompt(self, tokens: int) -> None:
+        if self.method.evicts_every_chunk():
+            self.size = self.budget_tokens(tokens)  # held from the prompt's first forward on
+
+    def append(self, keys, values, queries=None) -> None:
+        if self.size is None and self.method.evicts_every_chunk():
+            if self.method.budget is None:
+                raise RuntimeError(f"{self.method.name} evict every_chunk with a ratio needs the"
+                                   " prompt's length before it is fed (begin_prompt, as"
+                                   " kvbench.models.session.prefill tells it); give a budget")
+            self.size = self.method.budget
+        super().append(keys, values, queries)
 
     def end_prefill(self) -> None:
         self.size = self.budget_tokens()
@@ -226,8 +241,11 @@ class TorchTokenMethod(TorchMethod):
     settings (and the layer index, for a cache that takes it)."""
 
     cache: type[LayerCachePolicy]
-    # Keys and values kept as the model made them, every token until end_prefill, no bias before
-    shares_prefill = True
+    @property
+    def shares_prefill(self) -> bool:
+        # keys and values kept as the model made them, every token until end_prefill, no bias
+        # before; evicting every chunk, later chunks attend over what is kept instead
+        return not self.settings.evicts_every_chunk()
 
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         return self.cache(self.settings)
