@@ -12,12 +12,13 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvbench.files import atomic_write_text
 
 # 2: case fingerprints, metric timing kinds, run settings, non-finite numbers as strings.
 SCHEMA_VERSION = 2
@@ -172,22 +173,6 @@ class RunResult(RunHeader):
     finished: str = ""
     interrupted: bool = False
     cases: list[CaseResult] = Field(default_factory=list)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temp file in the same folder, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class ResultsFileError(ValueError):

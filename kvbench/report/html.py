@@ -29,7 +29,8 @@ from kvbench.report.kit.benchmark import Board
 from kvbench.report.kit.figures import method_family, pareto_front
 from kvbench.report.kit.tables import fmt_number
 from kvbench.report.markdown import benchmark_report, write_reports
-from kvbench.results import CaseResult, Metric, RunResult, atomic_write_text, save_results
+from kvbench.files import atomic_write_text
+from kvbench.results import CaseResult, Metric, RunResult, save_results
 
 PAGE = "index.html"
 
@@ -74,7 +75,6 @@ def build_site(sources: list[tuple[str, RunResult]], out_dir: str | Path,
                         sorted(p.name for p in folder.glob("*.png"))))
     page = out / PAGE
     atomic_write_text(page, render_page(runs))
-    page.chmod(0o644)  # a page to publish, not a private temp file
     return page
 
 

@@ -12,7 +12,8 @@ from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.report.kit.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
-from kvbench.results import RunResult, atomic_write_text
+from kvbench.files import atomic_write_text
+from kvbench.results import RunResult
 
 STATUSES = ("ok", "error", "timeout")
 VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing"}

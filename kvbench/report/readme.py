@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench.report.kit.tables import benchmark_table, by_benchmark
-from kvbench.results import RunResult, atomic_write_text
+from kvbench.files import atomic_write_text
+from kvbench.results import RunResult
 
 
 def markers(section: str) -> tuple[str, str]:

@@ -21,7 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.results import RunResult, atomic_write_text, save_jsonl, save_results
+from kvbench.files import atomic_write_text
+from kvbench.results import RunResult, save_jsonl, save_results
 from kvbench.run.files import FILES, JSON, JSONL, PREDICTIONS
 from kvbench.run.shard import parse_shard
 from kvbench.suite.versions import TIMEOUTS, digest_without

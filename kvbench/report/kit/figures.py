@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, TypeVar
+
+from kvbench.files import replacing
 
 MATPLOTLIB_MISSING = "matplotlib is not installed (pip install 'kvbench[plots]')"
 
@@ -146,15 +146,8 @@ def check_matplotlib() -> None:
 def save_png(fig, path: Path) -> None:
     """Via a temp file and a rename; no Software/date metadata, so the same results give the
     same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with replacing(path) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def figure_text(data: T | None, out_dir: str | Path | None, draw: Callable[[T, Path], Any],
