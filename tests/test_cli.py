@@ -494,7 +494,10 @@ def test_compare_gate_exits_as_run_baseline_would(tiny_run, tmp_path):
     cases_by_id(data)["proofs/intq-bits4/data=gaussian"]["metrics"]["mse"]["value"] *= 10
     worse = tmp_path / "worse.json"
     worse.write_text(json.dumps(data))
-    assert invoke("compare", results, worse, "--gate").exit_code == 1
+    gated = invoke("compare", results, worse, "--gate")
+    assert gated.exit_code == 1
+    assert "gate: exit 1, because:\n  regression: proofs/intq-bits4/data=gaussian mse:" in (
+        gated.output)
     assert invoke("compare", results, worse).exit_code == 0  # without --gate: a table only
     cases_by_id(data)["proofs/intq-bits4/data=gaussian"]["method_params"]["bits"] = 2
     other = tmp_path / "other.json"
@@ -506,6 +509,21 @@ def test_compare_gate_exits_as_run_baseline_would(tiny_run, tmp_path):
     result = invoke("compare", broken, results, "--gate")
     assert result.exit_code == 4
     assert f"{broken}: not valid JSON, truncated or corrupt" in result.output
+
+
+def test_compare_gate_says_which_claim_failed(tiny_run, tmp_path):
+    """Every metric within tolerance, but a claim of B failed: the exit names the claim."""
+    out, _ = tiny_run
+    results = out / "results.json"
+    data = load_json(results)
+    case = next(c for c in data["cases"] if c["claims"])
+    case["claims"][0]["verdict"] = "failed"
+    failed = tmp_path / "failed.json"
+    failed.write_text(json.dumps(data))
+    result = invoke("compare", results, failed, "--gate")
+    assert result.exit_code == 1
+    claim = case["claims"][0]
+    assert f"  claim failed: {case['id']}: {claim['claim']} (measured " in result.output
 
 
 def test_compare_missing_file_exits_2(tiny_run, tmp_path):

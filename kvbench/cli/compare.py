@@ -6,7 +6,7 @@ import sys
 import click
 
 from kvbench.cli.common import EXIT_BASELINE, EXIT_INVALID, load_results_or_exit
-from kvbench.cli.verdicts import exit_code
+from kvbench.cli.verdicts import exit_causes, exit_code
 
 
 @click.command()
@@ -29,4 +29,9 @@ def compare(a_path, b_path, as_gate):
     report = gate(b, a, expect_all=as_gate)
     click.echo(render_compare(a, b, report))
     if as_gate:
-        sys.exit(exit_code(b, report))
+        code = exit_code(b, report)
+        if code:
+            click.echo(f"gate: exit {code}, because:", err=True)
+            for cause in exit_causes(b, report):
+                click.echo(f"  {cause}", err=True)
+        sys.exit(code)

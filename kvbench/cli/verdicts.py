@@ -34,6 +34,28 @@ def exit_code(result, gate_report) -> int:
     return EXIT_OK
 
 
+def exit_causes(result, gate_report) -> list[str]:
+    """Why exit_code() is not 0, one plain line per cause: failed claims, cases that did not
+    finish, and what the gate found (run-level differences, cases not comparable or lost,
+    regressions)."""
+    from kvbench.report.kit.tables import fmt_number
+
+    causes = [f"claim {claim.verdict}: {case.id}: {claim.claim} ("
+              + ("nothing measured" if claim.measured is None
+                 else f"measured {fmt_number(claim.measured)}") + ")"
+              for case in result.cases for claim in case.claims if claim.verdict != "held"]
+    causes += [f"{case.status}: {case.id}: {case.error.type}: {case.error.message[:300]}"
+               for case in result.cases if case.status != "ok" and case.error is not None]
+    if gate_report is not None:
+        causes += [f"gate: {reason}" for reason in gate_report.reasons]
+        if gate_report.expect_all:
+            causes += [f"gate: {case_id}: in the baseline, not in this run"
+                       for case_id in gate_report.missing_cases]
+        causes += [f"regression: {row.case_id} {row.metric}: {fmt_number(row.baseline)} ->"
+                   f" {fmt_number(row.current)} ({row.rule})" for row in gate_report.regressions]
+    return causes
+
+
 def summary(result, gate_report, out_dir: Path) -> None:
     from kvbench.run.files import JSON, REPORT
 
