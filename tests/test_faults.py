@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shlex
 import signal
 from pathlib import Path
 
@@ -78,6 +79,29 @@ def test_a_stop_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_p
     assert final["interrupted"] is False
     assert [deterministic(c) for c in final["cases"]] == reference
     assert final["cases"][:2] == [line["case"] for line in lines[1:]]  # kept as they were
+
+
+def test_the_resume_hint_keeps_the_filters_and_a_dry_run_says_what_it_would_run(tmp_path):
+    """Interrupted with --only, the printed command resumes those cases and no others."""
+    out, log = tmp_path / "out", tmp_path / "cases.log"
+    proc = kvbench_process(["run", SUITE, "--out", out, "--only", "*i=[0-3]"], tmp_path,
+                           **{BLOCK_AT: "2"})
+    wait_until(lambda: logged(log) == [0, 1, 2], proc, "case 2 started")
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    hint = output.partition("Continue with:\n")[2].splitlines()[0].strip()
+    assert hint == f"kvbench run {SUITE} --out {out} --only '*i=[0-3]' --resume"
+    args = shlex.split(hint)[1:]
+    listed = invoke(*args, "--dry-run")
+    assert listed.exit_code == 0 and "4 case(s): 2 kept, 2 to run" in listed.output
+    rows = [line for line in listed.output.splitlines() if "Step/Nop/i=" in line]
+    assert [("kept" in row, "to run" in row) for row in rows] == [(True, False)] * 2 + [
+        (False, True)] * 2
+    proc = kvbench_process(args, tmp_path)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert logged(log) == [0, 1, 2, 2, 3]  # case 4 was never asked for
 
 
 def test_sigkill_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_path, reference):

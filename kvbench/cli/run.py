@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import shlex
 import signal
 import sys
 import threading
@@ -90,21 +91,63 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         cases = select_cases(suite, only, methods, limit)
     except SelectionError as exc:
         fail(str(exc))
+    out_dir = Path(out_dir or _default_out_dir(suite.name, shard))
     if dry_run:
-        table = Table(title=f"{suite.name}: {len(cases)} case(s)"
-                            + (f", shard {shard}" if shard else ""))
-        for column in ("case", "model", "claims"):
-            table.add_column(column, overflow="fold")
-        for case in cases if shard is None else select_shard(suite.cases, cases, shard):
-            table.add_row(escape(case.id), case.model or "-",
-                          escape("; ".join(c.text for c in case.claims)))
-        console.print(table)
+        _list_cases(suite, cases if shard is None else select_shard(suite.cases, cases, shard),
+                    shard, _finished_ids(out_dir) if resume else None)
         return
+    # what an interrupted run prints to continue it: the same cases, the same settings
+    again = {"--only": only, "--methods": methods, "--device": device, "--backend": backend,
+             "--repeats": repeats, "--limit": limit, "--baseline": baseline,
+             "--isolate": isolate, "--address": address,
+             "--executor": executor if executor != "local" else None,
+             "--shard": shard and f"{shard.index}/{shard.count}"}
+    resume_command = shlex.join(
+        ["kvbench", "run", suite_path, "--out", str(out_dir)]
+        + [part for flag, value in again.items() if value not in (None, False)
+           for part in ([flag] if value is True else [flag, str(value)])] + ["--resume"])
     runner = _start_executor(executor, address, isolate)
     try:
-        _run_with(runner, suite, suite_path, cases, out_dir, baseline, resume, repeats, shard)
+        _run_with(runner, suite, resume_command, cases, out_dir, baseline, resume, repeats,
+                  shard)
     finally:
         runner.close()
+
+
+def _default_out_dir(suite_name: str, shard) -> Path:
+    folder = Path("runs") / suite_name
+    return folder if shard is None else folder / f"shard-{shard.index}-of-{shard.count}"
+
+
+def _finished_ids(out_dir: Path) -> set[str]:
+    """The cases --resume would keep from out_dir (none when it holds no run)."""
+    from kvbench.results import ResultsFileError, read_jsonl
+    from kvbench.run.files import JSONL
+
+    if not (out_dir / JSONL).exists():
+        return set()
+    try:
+        return {case.id for case in read_jsonl(out_dir / JSONL).cases}
+    except ResultsFileError as exc:
+        fail(f"{exc}; --resume could not continue from it")
+
+
+def _list_cases(suite, cases, shard, finished: set[str] | None) -> None:
+    """The dry run's table; with --resume, which cases are kept and which would run."""
+    title = f"{suite.name}: {len(cases)} case(s)" + (f", shard {shard}" if shard else "")
+    if finished is not None:
+        kept = sum(case.id in finished for case in cases)
+        title += f": {kept} kept, {len(cases) - kept} to run"
+    table = Table(title=title)
+    columns = ("case", "model", "claims") + (("resume",) if finished is not None else ())
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for case in cases:
+        row = [escape(case.id), case.model or "-", escape("; ".join(c.text for c in case.claims))]
+        if finished is not None:
+            row.append("kept" if case.id in finished else "to run")
+        table.add_row(*row)
+    console.print(table)
 
 
 def _start_executor(kind: str, address: str | None, isolate: bool):
@@ -147,7 +190,8 @@ def _load_baseline_or_exit(path: str, suite, key: str, cases):
     return baseline
 
 
-def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, repeats, shard):
+def _run_with(executor, suite, resume_command, cases, out_dir, baseline, resume, repeats,
+              shard):
     from kvbench.run.ray_executor import RayUnavailable
 
     try:
@@ -163,10 +207,6 @@ def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, rep
     from kvbench.run.files import JSON, JSONL, OutDirBusy, hold_out_dir
     from kvbench.run.runner import ResultsNotWritten, ResumeError, run_suite
 
-    default_dir = Path("runs") / suite.name
-    if shard is not None:
-        default_dir = default_dir / f"shard-{shard.index}-of-{shard.count}"
-    out_dir = Path(out_dir or default_dir)
     _interrupt_on_sigterm()
     try:
         with hold_out_dir(out_dir):
@@ -193,8 +233,7 @@ def _run_with(executor, suite, suite_path, cases, out_dir, baseline, resume, rep
         _report_what_finished(out_dir)
         err.print(
             f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / JSONL}. "
-            f"Continue with:\n  kvbench run {suite_path} --out {out_dir} --resume"
-        )
+            f"Continue with:\n  {escape(resume_command)}", soft_wrap=True)
         sys.exit(EXIT_INTERRUPTED)
     summary(result, gate_report, out_dir)
     sys.exit(exit_code(result, gate_report))
