@@ -1,6 +1,7 @@
 """Model specs, tiny models, the transformers cache adapter, K/V capture and the bundled model."""
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -422,3 +423,24 @@ def test_prepare_into_a_fresh_home(monkeypatch, tmp_path):
     assert any("verified" in line for line in lines)
     assert json.loads((folder / "kvbench.json").read_text())["max_abs_logit_diff"] <= 1e-4
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+@pytest.mark.parametrize("kind", TINY)
+def test_the_cache_goes_by_the_keyword_the_model_takes_without_a_deprecation(kind):
+    """transformers 5 renamed forward's past_key_values to cache and warns at every call made
+    the old way: every path kvbench runs a model by (plain cache, kvbench's cache, the batched
+    step, K/V capture) passes it the current way."""
+    from kvbench.models.session import TorchSession
+
+    loaded = load_model(kind, "cpu")
+    session = TorchSession(loaded, torch.device("cpu"))
+    identity = implementation(Identity())
+    ids = list(range(5, 17))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        plain = session.step(ids, session.new_cache(None))[0]
+        cache = session.new_cache(identity)
+        mine = session.step(ids, cache)[0]
+        session.step_rows([3], [cache])
+        capture_qkv(loaded, ids, layers=[0])
+    assert torch.allclose(plain, mine, atol=1e-5)

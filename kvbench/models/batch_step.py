@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.models.hf_cache import KVBenchCache
+from kvbench.models.hf_cache import KVBenchCache, with_cache
 from kvbench.models.host import BatchRead
 
 MIN_ROWS = 4
@@ -86,7 +86,7 @@ class BatchStep(Cache):
 
     def run(self, model, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The model's logits (rows, 1, vocab) for token ids x and RoPE positions (rows, 1)."""
-        return model(x, past_key_values=self, position_ids=positions, use_cache=True,
+        return model(x, **with_cache(model, self), position_ids=positions, use_cache=True,
                      kvbench_cache=self, logits_to_keep=1).logits
 
     def positions(self) -> torch.Tensor:

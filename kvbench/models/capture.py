@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from kvbench.models.hf_cache import with_cache
 from kvbench.models.loading import LoadedModel
 
 ROWS_PER_CHUNK = 256  # attention rows turned into entropies at a time: bounded float64 temporaries
@@ -60,8 +61,8 @@ def capture_qkv(loaded: LoadedModel, token_ids: list[int], layers: list[int]) ->
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     try:
-        model(torch.tensor([token_ids], device=device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
+        model(torch.tensor([token_ids], device=device), **with_cache(model, cache),
+              use_cache=True, logits_to_keep=1)
     finally:
         for hook in hooks:
             hook.remove()

@@ -10,6 +10,8 @@ policy has seen, and the causal mask is sized to the keys it actually returns. B
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -18,6 +20,19 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.models.host import CacheHost, LayerHost
+
+
+def with_cache(model, cache) -> dict[str, Any]:
+    """The keyword argument by which `model`'s forward takes a cache: `cache` from transformers
+    5 (which deprecates `past_key_values`, with a warning at every call), else
+    `past_key_values`."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_type: type) -> str:
+    takes = inspect.signature(model_type.forward).parameters
+    return "cache" if "cache" in takes else "past_key_values"
 
 
 class PolicyLayer(LayerHost, CacheLayerMixin):
@@ -94,4 +109,4 @@ class KVBenchCache(CacheHost, Cache):
 
     def forward(self, model, ids: torch.Tensor, **kwargs) -> Any:
         """`model` run on `ids` through this cache, its attention handed the cache's reads."""
-        return model(ids, past_key_values=self, use_cache=True, kvbench_cache=self, **kwargs)
+        return model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self, **kwargs)

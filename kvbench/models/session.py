@@ -88,15 +88,15 @@ class TorchSession:
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
-        from kvbench.models.hf_cache import KVBenchCache
+        from kvbench.models.hf_cache import KVBenchCache, with_cache
 
         x = torch.tensor([ids], device=self.device)
         keep = 1 if last_only else 0
         if isinstance(cache, KVBenchCache):
             run = lambda: cache.forward(self.loaded.model, x, logits_to_keep=keep)  # noqa: E731
         else:
-            run = lambda: self.loaded.model(x, past_key_values=cache, use_cache=True,  # noqa: E731
-                                            logits_to_keep=keep)
+            run = lambda: self.loaded.model(  # noqa: E731
+                x, **with_cache(self.loaded.model, cache), use_cache=True, logits_to_keep=keep)
         logits, seconds = self._timed(lambda: run().logits, self.device)
         return logits[0].float().cpu(), seconds
 
