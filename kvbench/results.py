@@ -260,7 +260,11 @@ def load_results(path: str | Path) -> RunResult:
                                f" column {exc.colno}: {exc.msg})") from None
     except UnicodeDecodeError as exc:
         raise ResultsFileError(f"{path}: not a text file ({exc})") from None
-    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        found = "an object" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise ResultsFileError(f"{path}: not a kvbench results file ({found} without"
+                               " schema_version)")
+    version = data["schema_version"]
     if version not in READABLE_VERSIONS:
         raise ResultsFileError(f"{path}: schema_version {version!r}; this kvbench reads "
                                f"{' and '.join(map(str, READABLE_VERSIONS))}")

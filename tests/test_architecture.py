@@ -160,7 +160,7 @@ def test_modules_fit_in_one_sitting(name):
 
 
 def test_the_package_root_holds_few_modules():
-    root = [p.name for p in PACKAGE.glob("*.py")]
+    root = [p.name for p in PACKAGE.glob("*.py") if p.name != "__main__.py"]  # an entry point
     assert len(root) <= MAX_ROOT_MODULES, sorted(root)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import platform
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,7 +186,7 @@ def test_resume_with_other_repeats_or_device_is_refused(tmp_path):
     saved = (out / "results.jsonl").read_bytes()
     result = invoke("run", TINY, "--out", out, "--resume")
     assert result.exit_code == 2
-    assert "was run with other settings (repeats 2 then, None now)" in result.output
+    assert "was run with other settings (repeats 2 then, not set now)" in result.output
     # a run made on another device (as its header says) is not continued on this one
     jsonl = out / "results.jsonl"
     header, *cases = jsonl.read_text().splitlines(keepends=True)
@@ -605,4 +607,15 @@ def test_version_and_help():
     assert result.exit_code == 0
     for command in ("run", "validate", "report", "compare", "baseline", "list", "schema", "env"):
         assert re.search(rf"^\s+{command}\b", result.output, re.M)
+    # every exit code a run can end with, Ctrl-C's included
+    codes = " ".join(result.output.split())
+    for code in ("0 all claims hold", "1 a claim failed", "2 invalid", "3 a case crashed",
+                 "4 baseline", "130 interrupted"):
+        assert code in codes, code
+
+
+def test_python_dash_m_kvbench_is_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "kvbench", "--version"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"kvbench, version {kvbench.__version__}"
 

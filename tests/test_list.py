@@ -12,6 +12,7 @@ from typing import Literal
 import pytest
 
 from kvbench.benchmarks import BENCHMARKS
+from kvbench.cli import common as consoles
 from kvbench.config import describe
 from kvbench.config.fields import Settings, declaration, one_of, param, span
 from kvbench.methods import METHODS
@@ -65,6 +66,35 @@ def test_first_sentence_joins_lines_and_passes_abbreviations_and_decimals():
     # no full stop: the whole first paragraph, never the next one
     assert describe.first_sentence("One line\nand its end\n\nNext paragraph.") == (
         "One line and its end")
+
+
+def test_a_docstring_is_unwrapped_for_the_terminal_to_wrap_but_lists_keep_their_lines():
+    text = """First line
+    goes on here.
+
+    - an item
+    - another
+      continued
+    Then prose again
+    joined."""
+    assert describe.unwrapped(text) == (
+        "First line goes on here.\n\n- an item\n- another\n  continued Then prose again joined.")
+
+
+def test_a_shown_method_reads_as_whole_paragraphs_at_80_columns():
+    """At 80 columns rich wrapped each hard-wrapped docstring line again: ragged lines."""
+    console = consoles.console
+    saved = console._width
+    console.width = 80
+    try:
+        result = invoke("list", "benchmarks", "ruler")
+    finally:
+        console._width = saved
+    lines = result.output.splitlines()
+    paragraph = lines[lines.index("") + 1: lines.index("", lines.index("") + 1)]
+    # each line but the paragraph's last is filled to near the width
+    assert all(len(line) > 70 for line in paragraph[:-1]), paragraph
+    assert "qa_1/qa_2 with a local SQuAD" in " ".join(line.strip() for line in paragraph)
 
 
 @pytest.mark.parametrize("what, registry, config", [

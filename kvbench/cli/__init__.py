@@ -24,7 +24,8 @@ def main():
     Suites are YAML files (see `kvbench schema`); `kvbench run SUITE` runs one and writes
     results.json, results.jsonl and report.md. Exit codes: 0 all claims hold and no regression,
     1 a claim failed or a regression, 2 invalid suite or command, 3 a case crashed,
-    4 baseline missing or not comparable.
+    4 baseline missing or not comparable, 130 interrupted (Ctrl-C or SIGTERM: the finished
+    cases are kept, and the command that resumes the run is printed).
     """
 
 

@@ -80,7 +80,7 @@ def _described(registry: Any, name: str) -> type:
         cls = registry.get(name)
     except LookupError as exc:
         fail(str(exc))
-    console.print(escape(describe.docstring(cls) or name), end="\n\n")
+    console.print(escape(describe.unwrapped(describe.docstring(cls)) or name), end="\n\n")
     return cls
 
 
@@ -96,7 +96,7 @@ def _show_benchmark(name: str) -> None:
     from kvbench.benchmarks import BENCHMARKS
 
     cls = _described(BENCHMARKS, name)
-    console.print(escape(describe.docstring(cls.Params)), end="\n\n")
+    console.print(escape(describe.unwrapped(describe.docstring(cls.Params))), end="\n\n")
     console.print(_parameters_table(f"parameters of {name}", cls.Params))
     table = Table(title=f"metrics of {name}",
                   caption="timing: varies run to run, kept with its samples; the gate judges a"

@@ -41,6 +41,21 @@ def first_sentence(text: str) -> str:
     return flat[: end.end()] if end else flat
 
 
+def unwrapped(text: str) -> str:
+    """`text` with each paragraph's hard-wrapped lines joined, so that a terminal wraps it to its
+    own width; a line that starts a list item ("- ", "* ") or is indented keeps its break."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.startswith((" ", "- ", "* ")):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 def readable_type(tp: Any) -> str:
     """A field's type as a suite writer reads it: int, float | None, token | channel."""
     if tp is type(None):

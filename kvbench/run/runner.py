@@ -59,7 +59,10 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
                           f"{header.schema_version}, this one writes {SCHEMA_VERSION}); run "
                           "without --resume or with another --out")
     # The settings first: --backend also changes the suite's hash, and this names it.
-    changed = [f"{key} {header.settings.get(key)!r} then, {value!r} now"
+    def shown(value: Any) -> str:
+        return "not set" if value is None else repr(value)
+
+    changed = [f"{key} {shown(header.settings.get(key))} then, {shown(value)} now"
                for key, value in settings.items() if header.settings.get(key) != value]
     if changed:
         raise ResumeError(f"{path} was run with other settings ({'; '.join(changed)}); resume "

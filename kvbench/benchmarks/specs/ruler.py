@@ -25,7 +25,8 @@ class RulerParams(RetrievalParams):
     reads."""
 
     task: str = param("niah_single_1", range=one_of(*TASKS),
-                      meaning="one of RULER's tasks (kvbench.data.ruler.TASKS)")
+                      meaning="one of RULER's tasks: " + ", ".join(TASKS)
+                      + " (qa_1 and qa_2 read qa_data)")
     length: int = param(1024, range=at_least(256), meaning="model tokens of the whole prompt,"
                         " the task's tokens_to_generate included")
     samples: int = param(10, range=at_least(1), meaning="prompts per case; with half_width,"
