@@ -619,3 +619,19 @@ def test_python_dash_m_kvbench_is_the_command_line():
                           text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == f"kvbench, version {kvbench.__version__}"
 
+
+def test_a_missing_extra_is_named_with_its_install_line_before_any_work(monkeypatch):
+    """Without the serve extra, validate refuses the stress suite at its benchmark and serve
+    says what to install: exit 2, no traceback."""
+    monkeypatch.setitem(sys.modules, "httpx", None)  # as if not installed
+    result = invoke("validate", ROOT / "suites" / "stress.yaml")
+    assert result.exit_code == 2, result.output
+    line = line_of(ROOT / "suites" / "stress.yaml", "- kind: stress")
+    assert (f"stress.yaml:{line}" in result.output and "benchmark 'stress' needs the serve extra"
+            " (no module httpx): pip install 'kvbench[serve]'" in result.output)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    served = CliRunner().invoke(cli.main, ["serve", "--model", "tiny:llama"])
+    assert served.exit_code == 2 and "Traceback" not in served.output
+    assert ("kvbench serve needs the serve extra (no module uvicorn, httpx): pip install"
+            " 'kvbench[serve]'") in " ".join(served.output.split())
+

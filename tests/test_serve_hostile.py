@@ -6,8 +6,13 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
+
+from tests.plugins.extras import require_extra
+
+require_extra("serve")
+
+import httpx  # noqa: E402 - after the skip: the serve extra brings it
 import torch
 
 from kvbench.methods import build_method, implementation

@@ -3,8 +3,13 @@ parameter of the README's API surface table is honoured or refused with 400, nev
 import json
 import threading
 
-import httpx
 import pytest
+
+from tests.plugins.extras import require_extra
+
+require_extra("serve")
+
+import httpx  # noqa: E402 - after the skip: the serve extra brings it
 
 from tests.test_serve_hostile import _serve
 

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins.extras import require_extra
+
+require_extra("serve")  # the server under test and its users' client
+
 from kvbench.benchmarks import measurement
 from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, Reference, RequestRecord

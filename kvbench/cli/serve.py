@@ -56,7 +56,7 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, mod
     /health, /metrics (Prometheus: active and queued requests, KV bytes held, tokens). Requests
     may set ignore_eos and return_token_ids (vLLM's extensions). Needs the [serve] extra.
     """
-    from kvbench.serve.server import check_host
+    from kvbench.config.extras import lacks
 
     try:
         params = json.loads(params_json)
@@ -64,11 +64,13 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, mod
             raise ValueError("must be a JSON object")
     except ValueError as exc:
         fail(f"--params: {exc}")
+    missing = lacks("serve", "kvbench serve")
+    if missing:
+        fail(missing)
+    from kvbench.serve.server import check_host, serve as run_server
+
     try:
         check_host(host, allow_remote)
-        from kvbench.serve.server import serve as run_server
-    except ImportError as exc:
-        fail(f"kvbench serve needs the serve extra (pip install 'kvbench[serve]'): {exc}")
     except ValueError as exc:
         fail(str(exc))
     try:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 
 from kvbench.benchmarks import BENCHMARKS
+from kvbench.config.extras import lacks
 from kvbench.config.fields import SettingError
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
 from kvbench.judge.claims import Claim, parse_claim
@@ -203,6 +204,11 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
         issues.add(bench.doc, bench.at("kind"),
                    f"benchmark {entry.kind!r} does not run on backend {defaults.backend!r}",
                    f"it runs on: {', '.join(cls.backends)}")
+        return []
+    missing = [lacks(extra, f"benchmark {entry.kind!r}") for extra in cls.extras]
+    if any(missing):
+        for message in filter(None, missing):
+            issues.add(bench.doc, bench.at("kind"), message)
         return []
     model = Placed(entry.model, bench.doc, bench.at("model")) if entry.model else default_model
     info, model_ok = describe(model) if model else (None, not cls.uses_model)

@@ -44,6 +44,7 @@ class Benchmark:
     metrics: ClassVar[dict[str, MetricSpec]]
     uses_model: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
+    extras: ClassVar[tuple[str, ...]] = ()  # kvbench extras it needs (kvbench.config.extras)
     # parameter -> (method capability it needs, the value that needs none): checked against
     # each method's supports() when a suite is validated
     # (kvbench.methods.settings.base.Capabilities)

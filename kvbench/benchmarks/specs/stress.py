@@ -187,6 +187,7 @@ class Stress(Benchmark):
     Params = StressParams
     metrics = METRICS
     uses_model = True
+    extras = ("serve",)  # kvbench serve, and httpx as the users' client
 
     def resolve_paths(self, params: StressParams, base_dir: Path) -> StressParams:
         return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
