@@ -109,3 +109,35 @@ benchmarks:
     (issue,) = [i for i in caught.value.issues if "does not support" in i.message]
     assert "'CpuOnly' does not support 'cuda', which device: cuda needs" in issue.message
     assert issue.line == 5  # the benchmark that would run it there
+
+
+def test_a_method_that_cannot_hold_the_head_dim_is_refused_at_its_setting(tmp_path):
+    """turbo's default block of 128 on the bundled model (head_dim 64), or on proofs' synthetic
+    vectors of dim 32, failed every case at run time; validation now names the setting."""
+    path = tmp_path / "suite.yaml"
+    path.write_text("""kvbench: 1
+defaults: {model: "bundled:smollm2-135m"}
+methods:
+  - {name: turbo3}
+  - {name: turbo, label: turbo-64, params: {bits: 3, block: 64}}
+  - {name: sparse_v, params: {base: turbo3}}
+benchmarks:
+  - kind: perplexity
+  - kind: proofs
+    params: {dim: 32}
+""")
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    found = sorted((issue.line, issue.message) for issue in caught.value.issues)
+    assert found == [
+        (4, "method 'turbo3': block 128 does not divide head_dim 32: set block to a divisor of"
+            " it (e.g. 32) (head_dim 32 in benchmark 'proofs')"),
+        (4, "method 'turbo3': block 128 does not divide head_dim 64: set block to a divisor of"
+            " it (e.g. 64) (head_dim 64 in benchmark 'perplexity')"),
+        (5, "method 'turbo-64': block 64 does not divide head_dim 32: set block to a divisor of"
+            " it (e.g. 32) (head_dim 32 in benchmark 'proofs')"),
+        (6, "method 'sparse_v': base 'turbo3': block 128 does not divide head_dim 32: set block"
+            " to a divisor of it (e.g. 32) (head_dim 32 in benchmark 'proofs')"),
+        (6, "method 'sparse_v': base 'turbo3': block 128 does not divide head_dim 64: set block"
+            " to a divisor of it (e.g. 64) (head_dim 64 in benchmark 'perplexity')"),
+    ]

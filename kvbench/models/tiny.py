@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.models.attention import NAME as ATTENTION
-from kvbench.models.info import TINY_KINDS, TINY_MAX_CONTEXT
+from kvbench.models.info import TINY_HEAD_DIM, TINY_KINDS, TINY_MAX_CONTEXT
 
 _SEED = 1234
 _SHAPE = dict(
@@ -18,7 +18,7 @@ _SHAPE = dict(
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=16,
+    head_dim=TINY_HEAD_DIM,
     max_position_embeddings=TINY_MAX_CONTEXT,
     # Wider than the usual 0.02 so attention is peaked enough for cache errors to show in logits.
     initializer_range=0.2,

@@ -230,8 +230,11 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 issues.add(bench.doc, blame(fields, combo, bench), str(exc))
                 continue
         needed = _needs(cls, params, defaults)
+        head_dim = benchmark.head_dim(params, info) if model_ok else None
         for variant in chosen:
             if variant.params is None or not _supported(variant, needed, combo, bench, issues):
+                continue
+            if head_dim is not None and not _fits(variant, head_dim, bench, issues):
                 continue
             case_id = f"{entry.kind}/{variant.label}{suffix}"
             cases.append(Case(
@@ -282,6 +285,23 @@ def _supported(variant: _Variant, needed: list[tuple[str, str | None, str]], com
                        " needs", "drop the method from this benchmark (methods:) or the setting")
             ok = False
     return ok
+
+
+def _fits(variant: _Variant, head_dim: int, bench: Placed[BenchmarkEntry],
+          issues: Issues) -> bool:
+    """Whether the method's configuration holds vectors of the case's head_dim; if not, the
+    issue is at the method's setting that does not fit."""
+    check = getattr(variant.method, "check_head_dim", None)
+    if check is None:  # a stand-in without the check: not checked
+        return True
+    try:
+        check(head_dim)
+    except SettingError as exc:
+        issues.add(variant.entry.doc, blame(exc.fields, {}, variant.entry),
+                   f"method {variant.label!r}: {exc} (head_dim {head_dim} in benchmark"
+                   f" {bench.value.kind!r})")
+        return False
+    return True
 
 
 def _first(override, default):

@@ -54,6 +54,10 @@ class Benchmark:
     # generic one has none of them (kvbench.report.kit.benchmark)
     report: ClassVar[BenchmarkReport] = BenchmarkReport()
 
+    def head_dim(self, params: Any, model: ModelInfo | None) -> int | None:
+        """The width of the vectors a method encodes in a case (None: unknown)."""
+        return model.head_dim if model is not None else None
+
     def resolve_paths(self, params: Any, base_dir: Path) -> Any:
         """Params with file parameters made absolute against the suite's folder."""
         return params

@@ -77,6 +77,11 @@ class Proofs(Benchmark):
                                        " / decode_ms, timed alongside", timing="ratio"),
     }
 
+    def head_dim(self, params: ProofsParams, model: ModelInfo | None) -> int | None:
+        if params.data == "captured":
+            return model.head_dim if model is not None else None
+        return params.dim
+
     def check(self, params: ProofsParams, model: ModelInfo | None) -> None:
         if params.data != "captured":
             return

@@ -66,6 +66,10 @@ class MethodSettings(Settings):
         """This configuration's capabilities (a wrapper's are its base's)."""
         return self.capabilities
 
+    def check_head_dim(self, head_dim: int) -> None:
+        """Refuse (SettingError) a configuration that cannot hold vectors of head_dim values:
+        checked when a suite is validated, against its model or synthetic data."""
+
     def reference_probe(self, prompt: list[int]) -> list[int]:
         """Tokens a benchmark feeds after the prompt and takes back before end_prefill, so the
         policies can read their queries (e.g. the prompt again: repeat-prefill queries). None by

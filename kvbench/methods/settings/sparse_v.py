@@ -43,5 +43,11 @@ class SparseV(MethodSettings):
     def reference_probe(self, prompt: list[int]) -> list[int]:
         return self.base_settings.reference_probe(prompt)
 
+    def check_head_dim(self, head_dim: int) -> None:
+        try:
+            self.base_settings.check_head_dim(head_dim)
+        except SettingError as exc:
+            raise SettingError("base_params", f"base {self.base!r}: {exc}") from None
+
     def token_block(self) -> int | None:
         return self.base_settings.token_block()

@@ -122,6 +122,11 @@ class Turbo(KernelSettings, MethodSettings):
     def channel_split(self) -> bool:
         return self.outlier_split == "channels" and self.outliers > 0
 
+    def check_head_dim(self, head_dim: int) -> None:
+        if head_dim % self.block:
+            raise SettingError("block", f"block {self.block} does not divide head_dim"
+                               f" {head_dim}: set block to a divisor of it (e.g. {head_dim})")
+
     def check(self) -> None:
         n, split = self.outliers, self.channel_split
         if split and not 2 <= n <= self.block - 2:
