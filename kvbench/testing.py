@@ -50,10 +50,11 @@ class ConformanceError(AssertionError):
 
 
 def check_method(settings: MethodSettings, backend: str = "torch", device: str = "cpu",
-                 model: bool = True) -> None:
+                 model: bool = True) -> list[str]:
     """Run every check on the method `settings` configure, as `backend` implements it (see the
-    module's docstring); ConformanceError on the first that fails. `model`: also drive it
-    through the tiny model (needs transformers, or mlx-lm on MLX)."""
+    module's docstring); ConformanceError on the first that fails, else the names of the checks
+    it passed. `model`: also drive it through the tiny model (needs transformers, or mlx-lm on
+    MLX)."""
     label = f"{type(settings).name or type(settings).__name__} {_params(settings)} on {backend}"
     if backend not in ("torch", "mlx"):
         raise ValueError(f"unknown backend {backend!r}; use torch or mlx")
@@ -82,6 +83,7 @@ def check_method(settings: MethodSettings, backend: str = "torch", device: str =
         except Exception as exc:
             raise ConformanceError(
                 f"{label}: {name}: raised {type(exc).__name__}: {exc}") from exc
+    return [name for name, _ in checks]
 
 
 def _drives(capabilities) -> list[tuple[str, Callable[[Any], None]]]:
@@ -300,9 +302,17 @@ def _check_no_default_device(subject: _Subject, drives) -> None:
             return build(layer_idx)
 
     on_cpu = dataclasses.replace(subject, build=build_on_cpu)
-    with torch.device("meta"):
-        for _, drive in drives:
-            drive(on_cpu)
+    try:
+        with torch.device("meta"):
+            for _, drive in drives:
+                drive(on_cpu)
+    except ConformanceError:
+        raise
+    except Exception as exc:
+        raise ConformanceError(
+            f"raised {type(exc).__name__}: {exc}. The drive ran with meta as the default device:"
+            " a tensor the cache makes without device= lands there. Make each on the keys'"
+            " device (torch.zeros(..., device=keys.device), or x.new_zeros(...))") from exc
 
 
 # ---- inside a model ----------------------------------------------------------------------------

@@ -129,8 +129,37 @@ def test_a_tensor_made_without_the_keys_device_fails():
     class TorchCareless(TorchTokenMethod):
         cache = MadeOnDefault
 
-    with pytest.raises(ConformanceError, match="tensors on the keys' device"):
+    with pytest.raises(ConformanceError, match="tensors on the keys' device") as caught:
         check_method(Careless(ratio=0.5), model=False)
+    assert "(torch.zeros(..., device=keys.device), or x.new_zeros(...))" in str(caught.value)
+
+
+def test_scores_of_the_wrong_shape_are_named_with_the_shape_they_must_have():
+    class Transposed(_BrokenCache):
+        def protected(self, size):
+            return 0, 0
+
+        def scores(self):  # (tokens, heads): a plug-in author's easy slip
+            return self.keys.norm(dim=-1)[0].T
+
+    @dataclass
+    class Sideways(_Broken):
+        pass
+
+    @implements(Sideways)
+    class TorchSideways(TorchTokenMethod):
+        cache = Transposed
+
+    with pytest.raises(ConformanceError) as caught:
+        check_method(Sideways(ratio=0.5), model=False)
+    assert ("Transposed.scores() returned shape (48, 2); it must be (heads, tokens) = (2, 48),"
+            " or (1, 48) for one mask shared by the heads") in str(caught.value)
+
+
+def test_a_passing_method_says_what_was_checked():
+    checked = check_method(_Broken(ratio=0.5), model=False)
+    assert checked[:2] == ["bytes and tokens", "the cache is read"]
+    assert "tensors on the keys' device" in checked
 
 
 def test_a_wrapper_that_hides_its_probe_fails():

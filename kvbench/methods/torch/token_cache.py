@@ -200,7 +200,13 @@ class ScorerCache(TokenCache):
         device = self.keys.device
         parts = [torch.arange(sinks, device=device).expand(heads, -1)]
         if size is None or size > sinks + window:
-            scores = self.scores()[:, sinks: held - window]
+            scores = self.scores()
+            if scores.dim() != 2 or scores.shape[0] not in (1, heads) or scores.shape[1] != held:
+                raise RuntimeError(
+                    f"{type(self).__name__}.scores() returned shape {tuple(scores.shape)}; it"
+                    f" must be (heads, tokens) = ({heads}, {held}), or (1, {held}) for one mask"
+                    " shared by the heads")
+            scores = scores[:, sinks: held - window]
             keep = None if size is None else size - sinks - window
             parts.append((self.select(scores, keep) + sinks).expand(heads, -1))
         parts.append(torch.arange(held - window, held, device=device).expand(heads, -1))
