@@ -26,7 +26,8 @@ READABLE_VERSIONS = (1, 2)  # 1 is read for reports and compare; the gate refuse
 
 Direction = Literal["higher", "lower", "none"]
 Status = Literal["ok", "error", "timeout"]
-Verdict = Literal["held", "failed", "missing"]
+# unmet: a claim stated as a goal not met yet (its reason in ClaimResult.goal): not a failure
+Verdict = Literal["held", "failed", "missing", "unmet"]
 # absolute: a wall-clock figure (ms, s, tok/s); ratio: a timing divided by a reference timed in
 # the same repeat (a memcpy of the same bytes, the plain cache), which load moves far less.
 Timing = Literal["absolute", "ratio"]
@@ -77,6 +78,7 @@ class ClaimResult(_Record):
     # What `measured` is when it is not the metric (or its ratio to, or difference from, the
     # reference's): e.g. "low bound of the 95% paired interval, 40 samples".
     measured_as: str | None = None
+    goal: str | None = None  # a goal not met yet: why (an unmet goal does not fail the run)
 
 
 class CaseError(_Record):

@@ -635,3 +635,32 @@ def test_a_missing_extra_is_named_with_its_install_line_before_any_work(monkeypa
     assert ("kvbench serve needs the serve extra (no module uvicorn, httpx): pip install"
             " 'kvbench[serve]'") in " ".join(served.output.split())
 
+
+
+def test_a_goal_not_met_is_reported_apart_and_does_not_fail_the_run(tmp_path, monkeypatch):
+    """A claim stated as a goal (with its reason) that fails reads 'goal not met' with the
+    reason, in the terminal and the report; the run exits 0. Met, it is held; a plain claim
+    that fails still fails the run."""
+    monkeypatch.chdir(tmp_path)
+    suite = tmp_path / "goals.yaml"
+    suite.write_text(f"""kvbench: 1
+name: goals
+defaults: {{device: cpu, repeats: 1}}
+methods: [{{name: tests.plugins.kvb_testplugin:Nop}}]
+benchmarks:
+  - kind: tests.plugins.kvb_testplugin:Step
+    params: {{log: cases.log, sleep_s: 0.0}}
+    matrix: {{i: [0, 2]}}
+    claims:
+      - {{cases: "*i=2", claim: "value <= 1", goal: "not reached yet: the index is 2"}}
+      - {{cases: "*i=0", claim: "value <= 1", goal: "met"}}
+""")
+    result = invoke("run", suite, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "claims held 1/2, failed 0, goals not met 1" in result.output
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| value <= 1 | 2 | ◻ goal not met: not reached yet: the index is 2 |" in report
+    assert "| value <= 1 | 0 | ✅ held |" in report
+    suite.write_text(suite.read_text().replace(', goal: "met"', "").replace("i=0", "i=2"))
+    failed = invoke("run", suite, "--out", tmp_path / "again")
+    assert failed.exit_code == 1 and "failed 1, goals not met 1" in failed.output

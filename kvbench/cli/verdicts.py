@@ -15,7 +15,8 @@ def claims_table(result) -> Table:
     table = Table(title="Claims", show_lines=False)
     for column in ("case", "claim", "measured", "verdict"):
         table.add_column(column, overflow="fold")
-    style = {"held": "[green]held[/]", "failed": "[red]FAILED[/]", "missing": "[yellow]missing[/]"}
+    style = {"held": "[green]held[/]", "failed": "[red]FAILED[/]", "missing": "[yellow]missing[/]",
+             "unmet": "[yellow]goal not met[/]"}
     for case in result.cases:
         for claim in case.claims:
             measured = "-" if claim.measured is None else f"{claim.measured:.6g}"
@@ -28,7 +29,7 @@ def exit_code(result, gate_report) -> int:
         return EXIT_BASELINE
     if any(c.status != "ok" for c in result.cases):
         return EXIT_CRASHED
-    claims_ok = all(cl.verdict == "held" for c in result.cases for cl in c.claims)
+    claims_ok = all(cl.verdict in ("held", "unmet") for c in result.cases for cl in c.claims)
     if not claims_ok or (gate_report is not None and gate_report.exit_code() != EXIT_OK):
         return EXIT_FAILED
     return EXIT_OK
@@ -43,7 +44,8 @@ def exit_causes(result, gate_report) -> list[str]:
     causes = [f"claim {claim.verdict}: {case.id}: {claim.claim} ("
               + ("nothing measured" if claim.measured is None
                  else f"measured {fmt_number(claim.measured)}") + ")"
-              for case in result.cases for claim in case.claims if claim.verdict != "held"]
+              for case in result.cases for claim in case.claims
+              if claim.verdict in ("failed", "missing")]
     causes += [f"{case.status}: {case.id}: {case.error.type}: {case.error.message[:300]}"
                for case in result.cases if case.status != "ok" and case.error is not None]
     if gate_report is not None:
@@ -61,10 +63,13 @@ def summary(result, gate_report, out_dir: Path) -> None:
 
     claims = [cl for c in result.cases for cl in c.claims]
     held = sum(cl.verdict == "held" for cl in claims)
+    unmet = sum(cl.verdict == "unmet" for cl in claims)
     errors = [c for c in result.cases if c.status != "ok"]
     if claims:
         console.print(claims_table(result))
-    parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held}"]
+    parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held - unmet}"]
+    if unmet:
+        parts.append(f"goals not met {unmet}")
     if gate_report is not None:
         parts.append(f"regressions {len(gate_report.regressions)}")
         parts.append(f"improvements {len(gate_report.improvements)}")

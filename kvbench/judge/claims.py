@@ -40,6 +40,7 @@ class Claim:
     # Another case's metric this one is set against: the method label, and "/" or "-".
     reference: str | None = None
     relation: str | None = None
+    goal: str | None = None  # a goal not met yet, and why: its failure does not fail the run
 
     def reference_id(self, case_id: str, benchmark: str, label: str) -> str:
         """The id of the case this claim compares `case_id` (which ran method `label`) with."""
@@ -70,7 +71,7 @@ def parse_claim(text: str, source: str = "") -> Claim:
 def judge(claim: Claim, metrics: dict[str, Metric],
           reference: dict[str, Metric] | None = None, reference_id: str | None = None,
           pairs: tuple[Sequence[float], Sequence[float]] | None = None) -> ClaimResult:
-    """held / failed, or missing when the case (or, for a claim against another case, that
+    """held / failed (unmet for a goal), or missing when the case (or, for a claim against another case, that
     case: `reference`, None when it did not run or failed) did not report the metric. A NaN or
     infinite measurement fails every claim: `perplexity >= 1` must not hold for a diverged
     run. `pairs`: both cases' per-sample values of the metric on the same samples (this case's
@@ -97,8 +98,10 @@ def judge(claim: Claim, metrics: dict[str, Metric],
         verdict = "failed"
     else:
         verdict = "held" if OPS[claim.op](measured, claim.target) else "failed"
+    if verdict == "failed" and claim.goal:
+        verdict = "unmet"
     return ClaimResult(
         claim=claim.text, metric=claim.metric, op=claim.op, target=claim.target,
         measured=measured, verdict=verdict, source=claim.source, reference=reference_id,
-        measured_as=measured_as,
+        measured_as=measured_as, goal=claim.goal,
     )

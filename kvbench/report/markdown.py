@@ -16,7 +16,8 @@ from kvbench.files import atomic_write_text
 from kvbench.results import RunResult
 
 STATUSES = ("ok", "error", "timeout")
-VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing"}
+VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing",
+                 "unmet": "◻ goal not met"}
 GENERIC_REPORT = BenchmarkReport()  # a benchmark's table alone
 
 
@@ -91,8 +92,10 @@ def _claims_section(result: RunResult) -> str:
             measured = fmt_number(claim.measured, unit)
             if measured and claim.measured_as:  # a paired bound, not the difference of means
                 measured += f" ({claim.measured_as})"
-            rows.append([case.id, claim.claim, measured or "—", VERDICT_MARKS[claim.verdict],
-                         claim.source])
+            verdict = VERDICT_MARKS[claim.verdict]
+            if claim.verdict == "unmet":
+                verdict += f": {claim.goal}"
+            rows.append([case.id, claim.claim, measured or "—", verdict, claim.source])
     if not rows:
         return ""
     return "## Claims\n\n" + md_table(["case", "claim", "measured", "verdict", "source"], rows)

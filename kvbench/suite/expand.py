@@ -385,6 +385,8 @@ def _bench_claims(bench: Placed[BenchmarkEntry], cls, issues: Issues):
         claim = _parse(item.claim if scoped else item, bench.doc, path, issues)
         if claim is None:
             continue
+        if scoped and item.goal:
+            claim = Placed(dataclasses.replace(claim.value, goal=item.goal), claim.doc, claim.path)
         if cls is not None:
             who = f"benchmark {bench.value.kind!r} does not report"
             _check_metric(claim, set(cls.metrics), who, issues)

@@ -103,6 +103,9 @@ class MethodEntry(_Strict):
 class ScopedClaim(_Strict):
     cases: str = Field(description="fnmatch glob on the case id, e.g. '*intq-bits2*'")
     claim: str = Field(description="'metric op value'")
+    goal: str | None = Field(None, description="a goal not met yet, and why: a claim that fails"
+                             " is reported as 'goal not met' with this reason, apart from the"
+                             " failures, and does not fail the run")
 
 
 ClaimItem = Annotated[
