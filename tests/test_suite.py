@@ -492,3 +492,25 @@ benchmarks: [{kind: _test_lm}]
     (issue,) = issues
     assert issue.key == "defaults.model" and "'~nosuchuser_kvbench/ckpt' does not exist" in (
         issue.message)
+
+
+def test_every_bad_parameter_of_a_block_is_reported_at_once(tmp_path):
+    """A block with a wrong YAML type and bad ranges beside it took a round per error: the
+    ranges were checked only once the types passed, and stopped at the first."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("""kvbench: 1
+name: bad
+defaults: {model: "tiny:llama"}
+methods:
+  - {name: intq, params: {bits: 99, group_size: -1, axis: diagonal}}
+benchmarks:
+  - kind: perplexity
+    params: {context: -5, continuation: "x", windows: 0}
+""")
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    found = sorted((issue.line, issue.key) for issue in caught.value.issues)
+    assert found == [(5, "methods[0].params.axis"), (5, "methods[0].params.bits"),
+                     (5, "methods[0].params.group_size"), (8, "benchmarks[0].params.context"),
+                     (8, "benchmarks[0].params.continuation"),
+                     (8, "benchmarks[0].params.windows")]

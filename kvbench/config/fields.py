@@ -118,6 +118,20 @@ def param(default: Any = MISSING, *, meaning: str, range: Range | None = None, r
     return dataclasses.field(default=default, metadata=metadata, kw_only=kw_only)
 
 
+class SettingErrors(SettingError):
+    """Several settings that cannot be, each a SettingError in `errors` (blamed as the first
+    when not taken apart): every bad field of a block is reported at once."""
+
+    def __init__(self, errors: list[SettingError]):
+        super().__init__(errors[0].field, "; ".join(map(str, errors)))
+        self.errors = errors
+
+
+def each_error(exc: BaseException) -> list[BaseException]:
+    """The SettingErrors' errors, else [exc]."""
+    return list(exc.errors) if isinstance(exc, SettingErrors) else [exc]
+
+
 def declaration(field: dataclasses.Field) -> Declaration | None:
     return field.metadata.get(META)
 
@@ -129,16 +143,12 @@ class Settings:
     SettingError."""
 
     def __post_init__(self) -> None:
-        for name, kind, allowed in _field_checks(type(self)):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if kind is not None and not _is_a(value, kind):
-                raise SettingError(name, f"{name} must be {_KIND_TEXT[kind]}, got {value!r}")
-            if allowed is not None and not allowed.holds(value):
-                hint = did_you_mean(value, map(str, allowed.values)) \
-                    if allowed.values and isinstance(value, str) else ""
-                raise SettingError(name, f"{name} must be {allowed}, got {value!r}{hint}")
+        errors = field_errors(type(self), {f.name: getattr(self, f.name)
+                                           for f in dataclasses.fields(self)})
+        if len(errors) > 1:
+            raise SettingErrors(errors)
+        if errors:
+            raise errors[0]
         self.check()
 
     def check(self) -> None:
@@ -146,6 +156,24 @@ class Settings:
 
 
 _KIND_TEXT = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def field_errors(cls: type, values: dict[str, Any]) -> list[SettingError]:
+    """The values `cls` refuses field by field, for their type (bool, int, float) or range,
+    the class's own fields first; the rules across fields (check()) are not run."""
+    errors = []
+    for name, kind, allowed in _field_checks(cls):
+        value = values.get(name)
+        if value is None:
+            continue
+        if kind is not None and not _is_a(value, kind):
+            errors.append(SettingError(name, f"{name} must be {_KIND_TEXT[kind]}, got"
+                                             f" {value!r}"))
+        elif allowed is not None and not allowed.holds(value):
+            hint = did_you_mean(value, map(str, allowed.values)) \
+                if allowed.values and isinstance(value, str) else ""
+            errors.append(SettingError(name, f"{name} must be {allowed}, got {value!r}{hint}"))
+    return errors
 
 
 def _is_a(value: Any, kind: type) -> bool:

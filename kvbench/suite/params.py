@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvbench.config.fields import SettingError
+from kvbench.config.fields import SettingError, each_error, field_errors
 from kvbench.config.registry import did_you_mean
 from kvbench.config.strict import validate
 from kvbench.suite.errors import Issues, Placed
@@ -45,18 +45,37 @@ def settings_of(cls: type, placed: Placed, what: str, issues: Issues) -> list[An
             out.append(validate(cls, {**params, **combo}))
         except ValidationError as exc:
             out.append(None)
+            for refused in _errors_beside(cls, {**params, **combo}, exc):
+                _refused(refused, combo, placed, issues)
             for err in exc.errors():
-                path = param_path(err["loc"], combo, placed)
                 refused = err.get("ctx", {}).get("error")
-                if not err["loc"]:  # the settings refused a value: blame the field they name
-                    fields = refused.fields if isinstance(refused, SettingError) else ()
-                    path = blame(fields, combo, placed)
+                if not err["loc"] and isinstance(refused, Exception):
+                    _refused(refused, combo, placed, issues)  # the settings' own checks
+                    continue
+                path = param_path(err["loc"], combo, placed)
                 issues.add(placed.doc, path, explain_error(err, path)[0])
         except (TypeError, ValueError) as exc:  # raised outside pydantic's validation
             out.append(None)
-            fields = exc.fields if isinstance(exc, SettingError) else ()
-            issues.add(placed.doc, blame(fields, combo, placed), str(exc))
+            _refused(exc, combo, placed, issues)
     return out
+
+
+def _refused(exc: Exception, combo: dict, placed: Placed, issues: Issues) -> None:
+    """Each value the settings refused, at the field it names."""
+    for one in each_error(exc):
+        fields = one.fields if isinstance(one, SettingError) else ()
+        issues.add(placed.doc, blame(fields, combo, placed), str(one))
+
+
+def _errors_beside(cls: type, params: dict[str, Any], exc: ValidationError
+                   ) -> list[SettingError]:
+    """The range errors of the parameters a first pass did not get to: values of the wrong YAML
+    type are refused before any range is checked, so the others are checked alone (every error
+    of a block is reported at once, not one a round)."""
+    wrong = {err["loc"][0] for err in exc.errors() if err["loc"]}
+    if not wrong:
+        return []
+    return field_errors(cls, {k: v for k, v in params.items() if k not in wrong})
 
 
 def param_path(loc: tuple, combo: dict, placed: Placed) -> tuple:
