@@ -1,11 +1,16 @@
 """The machine fingerprint stored with every result (its `key` decides which baselines apply),
-and what ran: kvbench's version and git sha, the libraries' versions."""
+and what ran: kvbench's version and git sha, the libraries' versions, plug-ins' provenance."""
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import platform
 import subprocess
-from importlib.metadata import PackageNotFoundError, version
+import sys
+from importlib.metadata import (
+    PackageNotFoundError, distribution, packages_distributions, version,
+)
 from pathlib import Path
 
 try:
@@ -39,6 +44,32 @@ def _library_version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def code_provenance(cls: type) -> dict[str, str]:
+    """Where the code of a class from outside kvbench came from: its module, the distribution
+    that installed it and its version (where one did), and the sha256 of its module's source,
+    so that a changed plug-in shows in the results even under the same version."""
+    found = {"module": cls.__module__}
+    try:
+        source = Path(inspect.getfile(sys.modules[cls.__module__])).resolve()
+        found["sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
+    except (KeyError, TypeError, OSError):  # built in, or made at run time (no source file)
+        return found
+    # the distribution whose files hold the source (a top-level name may be shared: "tests")
+    for name in packages_distributions().get(cls.__module__.partition(".")[0], []):
+        installed = distribution(name)
+        if any(Path(installed.locate_file(f)).resolve() == source
+               for f in installed.files or () if f.name == source.name):
+            found.update(distribution=name, version=installed.version)
+            break
+    return found
+
+
+def kvbench_git_sha() -> str | None:
+    """The commit of the kvbench source that runs, '+dirty' if changed; None when kvbench is
+    installed from a package (its version says what ran)."""
+    return git_sha(Path(__file__).parent)
 
 
 def git_sha(path: str | Path | None = None) -> str | None:

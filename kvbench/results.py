@@ -161,7 +161,9 @@ class SuiteRecord(_Record):
 class RunHeader(_Record):
     schema_version: int = SCHEMA_VERSION
     kvbench_version: str
-    git_sha: str | None
+    git_sha: str | None  # of the kvbench source that ran (None: an installed package)
+    # plug-in methods and benchmarks by module: distribution, version, source sha256
+    plugins: dict[str, dict[str, str]] = Field(default_factory=dict)
     machine: dict[str, Any]  # hardware.fingerprint(); machine["key"] keys baselines
     suite: SuiteRecord
     # What the command line changed (device, backend, repeats): a resumed run must match it.

@@ -664,3 +664,37 @@ benchmarks:
     suite.write_text(suite.read_text().replace(', goal: "met"', "").replace("i=0", "i=2"))
     failed = invoke("run", suite, "--out", tmp_path / "again")
     assert failed.exit_code == 1 and "failed 1, goals not met 1" in failed.output
+
+
+def test_a_run_records_its_plugins_and_the_gate_says_when_one_changed(tmp_path, monkeypatch):
+    """A plug-in's code moved a result under the same fingerprint, and nothing said so: the
+    run records each plug-in's source sha256, and compare names the one that changed."""
+    import hashlib
+
+    from tests.plugins import kvb_testplugin
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert invoke("run", ROOT / "tests/suites/cli/steps.yaml", "--out", out).exit_code == 0
+    data = load_json(out / "results.json")
+    source = Path(kvb_testplugin.__file__).read_bytes()
+    assert data["plugins"] == {"tests.plugins.kvb_testplugin": {
+        "module": "tests.plugins.kvb_testplugin",
+        "sha256": hashlib.sha256(source).hexdigest()}}
+    assert "plug-in `tests.plugins.kvb_testplugin` (source sha256 `" in (
+        out / "report.md").read_text()
+    # git_sha is kvbench's own commit, wherever the suite lies
+    assert data["git_sha"] and data["git_sha"].split("+")[0] == kvbench_commit()
+    data["plugins"]["tests.plugins.kvb_testplugin"]["sha256"] = "0" * 64
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(data))
+    result = invoke("compare", changed, out / "results.json")  # A, the baseline, changed
+    sha = hashlib.sha256(source).hexdigest()[:12]
+    assert (f"plug-in tests.plugins.kvb_testplugin changed: source sha256 {'0' * 12} in the"
+            f" baseline, source sha256 {sha} now") in result.output
+
+
+def kvbench_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(kvbench.__file__).parent)
+    return done.stdout.strip()

@@ -70,7 +70,7 @@ def test_the_example_plugin_package_installs_and_passes(tmp_path):
                            str(example / "test_knorm.py")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout
     # the README shows the package's source as it is, so its example is what ran here
     source = (example / "kvbench_knorm" / "__init__.py").read_text()
     readme = (Path(__file__).parents[1] / "README.md").read_text()

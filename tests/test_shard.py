@@ -144,6 +144,8 @@ def test_a_missing_shard_is_reported_and_resume_runs_only_its_cases(tmp_path):
     (lambda run, other: run["settings"].update(shard="1/2"), "shard 1/2 is given 2 times"),
     (lambda run, other: run["cases"].append(other["cases"][0]), "is in both"),
     (lambda run, other: run.update(planned=run["planned"][1:]), "planned different cases"),
+    (lambda run, other: run["plugins"]["tests.plugins.kvb_testplugin"].update(sha256="0" * 64),
+     "plug-in tests.plugins.kvb_testplugin is other code in"),
 ])
 def test_merge_refuses_runs_that_are_not_one_run(tmp_path, change, message):
     suite = _write_suite(tmp_path)

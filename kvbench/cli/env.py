@@ -12,10 +12,10 @@ from kvbench.cli.common import console, err
 def env(device):
     """Print the machine fingerprint stored with every result."""
     from kvbench.backends.torch_backend import resolve_device
-    from kvbench.hardware import fingerprint, git_sha
+    from kvbench.hardware import fingerprint, kvbench_git_sha
 
     info = fingerprint(str(resolve_device(device)))
-    info["git_sha"] = git_sha()
+    info["git_sha"] = kvbench_git_sha()  # of the kvbench that runs, as results record it
     for key, value in info.items():
         console.print(f"[bold]{key}[/]: {escape(str(value))}")
     try:

@@ -148,6 +148,19 @@ def _check_run_level(current: RunResult, baseline: RunResult, report: GateReport
         if now != before:
             report.comparable = False
             report.reasons.append(f"{what} differs: baseline {before!r}, current {now!r}")
+    # a plug-in's code is judged as kvbench's own is, but said: its changes explain the rows
+    for module in sorted(current.plugins.keys() | baseline.plugins.keys()):
+        before, now = baseline.plugins.get(module), current.plugins.get(module)
+        if before != now:
+            report.reasons.append(f"plug-in {module} changed: {_code(before)} in the baseline,"
+                                  f" {_code(now)} now")
+
+
+def _code(entry: dict[str, str] | None) -> str:
+    if entry is None:
+        return "absent"
+    parts = [f"{entry['distribution']} {entry['version']}"] if "distribution" in entry else []
+    return ", ".join(parts + [f"source sha256 {entry.get('sha256', '?')[:12]}"])
 
 
 def _compare_case(old: CaseResult, new: CaseResult, policies: Sequence[GatePolicy],

@@ -79,7 +79,15 @@ def _run_lines(result: RunResult) -> str:
     if claims:
         cases += " · claims: " + ", ".join(f"{claims[v]} {v}" for v in VERDICT_MARKS if claims[v])
     suite = f"suite `{result.suite.path}` (sha256 `{result.suite.hash[:12]}`)"
-    return " · ".join(run) + "  \n" + suite + "  \n" + cases
+    plugins = "".join(f"plug-in `{module}`" + _provenance(entry) + "  \n"
+                      for module, entry in result.plugins.items())
+    return " · ".join(run) + "  \n" + suite + "  \n" + plugins + cases
+
+
+def _provenance(entry: dict[str, str]) -> str:
+    parts = ([f"{entry['distribution']} {entry['version']}"] if "distribution" in entry else [])
+    parts += [f"source sha256 `{entry['sha256'][:12]}`"] if "sha256" in entry else []
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _claims_section(result: RunResult) -> str:

@@ -78,6 +78,12 @@ def merge_runs(runs: list[tuple[str, RunResult]], allow_mixed: bool = False) -> 
         missing, trouble = _shards_of(part, len(parts) > 1)
         missing_shards += missing
         problems += trouble
+    plugins: dict[str, dict[str, str]] = {}
+    for path, run in runs:
+        for module, entry in run.plugins.items():
+            if plugins.setdefault(module, entry) != entry:
+                problems.append(f"plug-in {module} is other code in {path} (source sha256"
+                                f" {entry.get('sha256', '?')[:12]}) than in an earlier run")
     owner: dict[str, str] = {}
     for path, run in runs:
         for case in run.cases:
@@ -104,7 +110,7 @@ def merge_runs(runs: list[tuple[str, RunResult]], allow_mixed: bool = False) -> 
             else {})}
         for path, run in runs]}
     result = first.model_copy(update={
-        "settings": settings, "cases": cases, "planned": planned,
+        "settings": settings, "cases": cases, "planned": planned, "plugins": plugins,
         "started": min(run.started for _, run in runs),
         "finished": max(run.finished for _, run in runs),
         "interrupted": any(run.interrupted for _, run in runs),

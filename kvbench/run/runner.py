@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from kvbench.hardware import KVBENCH_VERSION, git_sha
+from kvbench.benchmarks import BENCHMARKS
+from kvbench.methods import METHODS
+from kvbench.hardware import KVBENCH_VERSION, code_provenance, kvbench_git_sha
 from kvbench.judge.claims import judge
 from kvbench.judge.paired import paired_samples
 from kvbench.results import (
@@ -106,6 +108,16 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
     return header, cases
 
 
+def plugins_of(cases: list[Case]) -> dict[str, dict[str, str]]:
+    """Where each method and benchmark from outside kvbench came from, by module
+    (kvbench.hardware.code_provenance): a changed plug-in shows in the results."""
+    classes = {METHODS.get(c.method) for c in cases if c.method} | {
+        BENCHMARKS.get(c.benchmark) for c in cases}
+    found = [code_provenance(cls) for cls in classes
+             if cls.__module__.partition(".")[0] != "kvbench"]
+    return {entry["module"]: entry for entry in sorted(found, key=lambda e: e["module"])}
+
+
 def run_suite(
     suite: LoadedSuite,
     out_dir: str | Path,
@@ -159,8 +171,8 @@ def _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_overrid
         else:
             archive_previous(out_dir)
             header = RunHeader(
-                kvbench_version=KVBENCH_VERSION, git_sha=git_sha(Path(suite.path).parent),
-                machine=machine,
+                kvbench_version=KVBENCH_VERSION, git_sha=kvbench_git_sha(),
+                plugins=plugins_of(planned), machine=machine,
                 suite=SuiteRecord(
                     name=suite.name, path=suite.path, hash=suite.hash, resolved=suite.resolved
                 ),
