@@ -267,6 +267,39 @@ def test_niah_heatmaps_depth_rows_length_columns(result, tmp_path):
     assert heat.title == "snapkv 0.5/ctx — KV compression 2.00x vs 16-bit"
 
 
+def test_the_ruler_figure_names_its_variants_and_ticks_a_narrow_axis(result, tmp_path,
+                                                                     monkeypatch):
+    """The legend showed families (intq), the log axis one tick when the ratios spanned less
+    than a factor of two."""
+    pytest.importorskip("matplotlib")
+    figures = []
+    monkeypatch.setattr(ruler, "save_png", lambda fig, path: figures.append(fig))
+    narrow = run([c for c in result.cases if c.method_label in ("identity", "snapkv-0.5", "intq")])
+    ruler_plot_png(narrow, tmp_path / RULER_PNG)
+    (fig,) = figures
+    legend = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert "snapkv-0.5" in legend and "snapkv" not in legend
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    shown = [t for t in ax.xaxis.get_majorticklocs() if low <= t <= high]
+    assert len(shown) >= 2, (low, high, shown)
+
+
+def test_niah_heatmaps_are_readable_by_red_green_colour_blind_readers(result, tmp_path,
+                                                                      monkeypatch):
+    """Red to green (RdYlGn) loses its meaning for the commonest colour blindness: the map is
+    cividis, made to read the same with it, dark to light as the score rises."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    used = []
+    imshow = Axes.imshow
+    monkeypatch.setattr(Axes, "imshow", lambda self, data, cmap=None, **kw: (
+        used.append(cmap.name), imshow(self, data, cmap=cmap, **kw))[1])
+    niah_heatmap_pngs(result, tmp_path)
+    assert used == ["cividis", "cividis"]
+
+
 def test_niah_grid_sorted_and_gaps_kept(result):
     case = result.cases[-1].model_copy(deep=True)
     case.info["grid"] = {"lengths": [2048, 1024], "depths": [100, 0],

@@ -79,6 +79,10 @@ def niah_heatmap_data(case: CaseResult) -> NiahHeatmap:
                        [depths[d] for d in rows], [[cell(d, k) for k in columns] for d in rows])
 
 
+# perceptually uniform and readable with red-green colour blindness (not red to green)
+HEATMAP_COLORS = "cividis"
+
+
 def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
     """One heatmap PNG per ok niah case with a grid, `niah_<label>.png` in out_dir; each path
     carries its data as `.plot`. [] when there is none; PlotUnavailable without matplotlib."""
@@ -94,7 +98,7 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(max(4.6, 2.5 + 0.9 * len(heat.lengths)),
                                         1.8 + 0.45 * len(heat.depths)), dpi=100)
         try:
-            cmap = plt.get_cmap("RdYlGn")
+            cmap = plt.get_cmap(HEATMAP_COLORS)
             image = ax.imshow(heat.scores, cmap=cmap, vmin=0, vmax=100, aspect="auto",
                               origin="upper", interpolation="nearest")
             for d, row in enumerate(heat.scores):

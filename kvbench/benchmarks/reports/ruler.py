@@ -348,20 +348,27 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
             for line in panel.lines:
                 yerr = [[y - lo for y, lo in zip(line.y, line.low)],
                         [hi - y for y, hi in zip(line.y, line.high)]]
+                # the legend names the variants (intq4, intq2), not only their family
                 ax.errorbar(line.x, line.y, yerr=yerr, markersize=6, capsize=3, linewidth=1.4,
-                            elinewidth=1.0, label=line.method, zorder=3, **styles[line.method])
+                            elinewidth=1.0, label=", ".join(dict.fromkeys(line.labels)),
+                            zorder=3, **styles[line.method])
             if not panel.lines:
                 ax.text(0.5, 0.5, "no compressed method\nscored at this length",
                         transform=ax.transAxes, ha="center", va="center", fontsize=9, alpha=0.7)
             ax.set_title(f"context {length_name(panel.length)} tokens", fontsize=10)
             ax.set_xlabel("compression ratio vs 16-bit (x, log)")
             ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_locator(LogLocator(base=2))
+            # ticks at 1, 1.5, 2, 3, 4, 6, ...: two at least, however narrow the ratios
+            ax.xaxis.set_major_locator(LogLocator(base=2, subs=(1.0, 1.5)))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.margins(x=0.08)  # a point at either end of the ratios stays off the frame
             ax.set_ylim(-3, 102)  # a score of 0 sits above the axis, not on it
             ax.grid(True, alpha=0.35)
+        low, high = axes[0, 0].get_xlim()
+        if high < 2 * low:  # an octave at least (shared by the panels): two ticks or more
+            middle = math.sqrt(low * high)
+            axes[0, 0].set_xlim(middle / math.sqrt(2), middle * math.sqrt(2))
         axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
         fig.suptitle(plot.title)
         # one legend right of the panels, off the points (most methods score low, at the left)
