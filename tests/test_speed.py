@@ -14,6 +14,8 @@ from kvbench.methods import OnBackend, implementation
 from kvbench.methods.core.contracts import Implementation
 from kvbench.methods.settings.base import MethodSettings
 from kvbench.methods.settings.identity import Identity
+from kvbench.report.kit.tables import benchmark_table
+from kvbench.results import CaseResult
 from kvbench.methods.settings.intq import IntQ
 from tests.plugins.model_runs import cpu_context
 
@@ -49,6 +51,25 @@ def test_every_declared_metric_is_reported_with_its_unit():
             assert len(metric.samples) == CTX.repeats and metric.min > 0, name
     assert out.metrics["encode_gb_s"].unit == "GB/s"
     assert out.metrics["encode_vectors_s"].unit == "vectors/s"
+
+
+def test_a_step_that_does_no_work_is_not_timed():
+    """identity at the input's dtype hands its input back: its 'rate' timed nothing (8.9e9
+    vectors/s on 2 cores), so it has no rate; cast to another dtype, it does work."""
+    same = _run(Identity())
+    assert not {name for name in same.metrics if name.startswith(("encode", "decode"))}
+    assert same.info["not_timed"] == ["encode", "decode"]
+    assert "memcpy_gb_s" in same.metrics and same.metrics["nbytes"].value == N * DIM * 2
+    cast = _run(Identity(dtype="float32"))
+    assert cast.info["not_timed"] == [] and set(cast.metrics) == set(Speed.metrics)
+    # the report reads n/a where a step was not timed
+    rows = [CaseResult(id=f"speed/{label}", benchmark="speed", bench_params={},
+                       method="identity", method_label=label, method_params={},
+                       metrics=out.metrics, info=out.info, status="ok", seed=0)
+            for label, out in (("same", same), ("cast", cast))]
+    table = benchmark_table(rows)
+    same_row = next(line for line in table.splitlines() if line.startswith("| same |"))
+    assert same_row.count("| n/a") == 6 and "n/a" not in table.replace(same_row, "")
 
 
 def test_ratios_to_memcpy_are_taken_per_repeat():

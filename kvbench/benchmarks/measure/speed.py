@@ -28,6 +28,16 @@ def decode_chunks(codec: Codec, parts: list[Packed]) -> list[torch.Tensor]:
     return [codec.decode(p) for p in parts]
 
 
+def _views_of(outputs: list, inputs: list) -> bool:
+    """Whether every output lies in an input's memory (a step that did no work); False where
+    that cannot be told (MLX arrays)."""
+    try:
+        held = {t.untyped_storage().data_ptr() for t in inputs}
+        return all(t.untyped_storage().data_ptr() in held for t in outputs)
+    except AttributeError:
+        return False
+
+
 def decoded_shape(parts: list[torch.Tensor]) -> list[int]:
     """The shape the decoded chunks would have joined along tokens."""
     return [*parts[0].shape[:-2], sum(p.shape[-2] for p in parts), parts[0].shape[-1]]
@@ -87,6 +97,14 @@ class SpeedRun(Speed):
             "encode_vs_memcpy": [e / c for e, c in zip(encode_gb, memcpy_gb, strict=True)],
             "decode_vs_memcpy": [d / c for d, c in zip(decode_gb, memcpy_gb, strict=True)],
         }
+        # A step that hands back its input (identity stores what it is given) does no work:
+        # its rate would time nothing, so it reads n/a (no metric) rather than a huge number.
+        idle = {"encode": _views_of([t for parts in packed for p in parts
+                                     for t in p.tensors.values()], [x]),
+                "decode": _views_of(decoded, [t for parts in packed for p in parts
+                                              for t in p.tensors.values()])}
+        samples = {name: values for name, values in samples.items()
+                   if not idle.get(name.partition("_")[0])}
         m = self.metrics
         metrics = {name: m[name].of_samples(values) for name, values in samples.items()}
         metrics["nbytes"] = m["nbytes"].of(nbytes)
@@ -96,6 +114,7 @@ class SpeedRun(Speed):
             info={
                 "layout": method.layout(), "n": n, "dim": dim, "dtype": params.dtype,
                 "decoded_shape": decoded_shape(decoded), "backend": arrays.name,
+                "not_timed": [step for step, none in idle.items() if none],
                 "torch_threads": torch.get_num_threads(),
             },
             comparable={"data": params.data, "shape": f"{n}x{dim}", "dtype": params.dtype,

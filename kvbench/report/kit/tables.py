@@ -146,7 +146,8 @@ def benchmark_table(cases: list[CaseResult]) -> str:
     rows = []
     for case, label in zip(cases, labels):
         row = [case.method_label, *(label.get(k, "") for k in varying)]
-        row += [metric_cell(case.metrics[n]) if n in case.metrics else "" for n in metrics]
+        row += [metric_cell(case.metrics[n]) if n in case.metrics else _absent(case, n)
+                for n in metrics]
         if show_status:
             row.append(_status_cell(case))
         rows.append(row)
@@ -155,6 +156,12 @@ def benchmark_table(cases: list[CaseResult]) -> str:
     parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
              _legend(cases, metrics)]
     return "\n\n".join(part for part in parts if part)
+
+
+def _absent(case: CaseResult, metric: str) -> str:
+    """"n/a" for a metric of a step the case did not time because it did no work (its info's
+    `not_timed` lists the steps: speed's "encode", "decode"), else empty."""
+    return "n/a" if metric.partition("_")[0] in case.info.get("not_timed", ()) else ""
 
 
 def _settings(case: CaseResult) -> dict[str, str]:
