@@ -71,11 +71,12 @@ def parse_claim(text: str, source: str = "") -> Claim:
 def judge(claim: Claim, metrics: dict[str, Metric],
           reference: dict[str, Metric] | None = None, reference_id: str | None = None,
           pairs: tuple[Sequence[float], Sequence[float]] | None = None) -> ClaimResult:
-    """held / failed (unmet for a goal), or missing when the case (or, for a claim against another case, that
-    case: `reference`, None when it did not run or failed) did not report the metric. A NaN or
-    infinite measurement fails every claim: `perplexity >= 1` must not hold for a diverged
-    run. `pairs`: both cases' per-sample values of the metric on the same samples (this case's
-    first), when they recorded them; a difference claim is then judged on a paired bound."""
+    """held / failed (unmet for a goal), or missing when the case (or, for a claim against
+    another case, that case: `reference`, None when it did not run or failed) did not report
+    the metric. A NaN or infinite measurement fails every claim: `perplexity >= 1` must not
+    hold for a diverged run. `pairs`: both cases' per-sample values of the metric on the same
+    samples (this case's first), when they recorded them; a difference claim is then judged on
+    a paired bound."""
     metric = metrics.get(claim.metric)
     measured = None if metric is None else metric.value
     measured_as = None

@@ -2,8 +2,9 @@
 drops the rest; all reduce the prompt at end_prefill (the prompt's forward itself is exact), or
 with evict every_chunk while it is fed (streamingllm makes room before every forward, snapkv and
 h2o reduce after every forward's attention); the fixed-size ones (streamingllm, h2o) keep their
-budget through decode by evicting after every step, one token or many. Budgets are a ratio of the prompt or a fixed number of tokens per head;
-budget, protected tokens, top-k and gather live in kvbench.methods.torch.token_cache.ScorerCache.
+budget through decode by evicting after every step, one token or many. Budgets are a ratio of
+the prompt or a fixed number of tokens per head; budget, protected tokens, top-k and gather live
+in kvbench.methods.torch.token_cache.ScorerCache.
 """
 from __future__ import annotations
 
