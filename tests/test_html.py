@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -204,7 +205,7 @@ def test_a_plugin_benchmark_gets_its_section_and_its_board(tmp_path):
     assert "## not_installed_kind" in report
     # its board: the declared columns in order, its own metric left out; the front from them
     head, *rows = parsed.tables[f"board-{kind}"]
-    assert [cell.split(" ")[0] for cell in head[1][3:-1]] == ["kv_bits", "loss", "speed"]
+    assert [cell.split(" ")[0] for cell in head[1][4:-1]] == ["kv_bits", "loss", "speed"]
     marked = {cells[1] for attrs, cells, _ in rows if attrs.get("class") == "front"}
     assert marked == {c.method_label for c in plugin if c.id in _brute_front(
         plugin, "kv_bits", "loss")} == {"p-a", "p-b"}
@@ -213,7 +214,7 @@ def test_a_plugin_benchmark_gets_its_section_and_its_board(tmp_path):
     assert (text.index("id='board-proofs'") < text.index("id='board-perplexity'")
             < text.index(f"id='board-{kind}'") < text.index("id='board-not_installed_kind'"))
     head, *_ = parsed.tables["board-not_installed_kind"]
-    assert [cell.split(" ")[0] for cell in head[1][3:-1]] == ["m"]
+    assert [cell.split(" ")[0] for cell in head[1][4:-1]] == ["m"]
 
 # ------------------------------------------------------------ in a browser
 
@@ -287,3 +288,35 @@ def test_a_results_file_saved_again_gives_the_same_page(tmp_path):
     save_results(tmp_path / "again.json", load_results(tmp_path / "one/runs/1-small/results.json"))
     again = build_site([("a", load_results(tmp_path / "again.json"))], tmp_path / "two")
     assert page.read_text() == again.read_text()
+
+
+def test_boards_show_settings_one_front_over_runs_contents_and_a_claims_filter(tmp_path):
+    """Method settings were invisible unless in the label, the ★ was per run, the page had no
+    table of contents and no way to show only the claims that failed."""
+    run = load_results(SMALL_RESULTS)
+    intq = next(c for c in run.cases if c.id.startswith("proofs/intq"))
+    run.cases.append(intq.model_copy(deep=True, update={
+        "id": intq.id.replace("intq-4bit-g32", "intq-8bit"), "method_label": "intq-8bit",
+        "method_params": {**intq.method_params, "bits": 8}}))
+    board = BENCHMARKS.get("proofs").report.board
+    better = run.model_copy(deep=True)  # a second run where intq-4bit-g32 beats itself
+    for name in (board.compression, board.quality):
+        metric = next(c for c in better.cases if c.id == intq.id).metrics[name]
+        metric.value = metric.value * 2 if metric.direction == "higher" else metric.value / 2
+    page, parsed = _site(tmp_path, run, better)
+    rows = {(cells[0], cells[2]): (attrs, cells) for attrs, cells, _ in
+            _body_rows(parsed.tables["board-proofs"])}
+    assert rows[("#1", "intq-4bit-g32")][1][3] == "bits=4"
+    assert rows[("#1", "intq-8bit")][1][3] == "bits=8"
+    assert rows[("#1", "fp16")][1][3] == "-"  # nothing tells fp16 apart from itself
+    assert rows[("#1", "intq-4bit-g32")][0].get("class") != "front"  # #2's beats it
+    assert rows[("#2", "intq-4bit-g32")][0].get("class") == "front"
+    text = page.read_text()
+    contents = re.findall(r"<li><a href='#([^']+)'>", text.split("</nav>")[0])
+    assert {"runs", "leaderboard-proofs", "claims", "figures", "cases"} <= set(contents)
+    assert all(f"<section id='{slug}'>" in text for slug in contents)
+    assert "<input type='checkbox' id='claims-not-held'>" in text
+    # figures grouped by topic, each captioned by what it shows and opening full size
+    assert "<h3>Rate-distortion: error against bits per value (proofs)</h3>" in text
+    assert re.search(r"<figcaption>Rate-distortion, rate_distortion \(#1[^)]*\) · <a href='"
+                     r"[^']+/rate_distortion.png'>full size</a></figcaption>", text)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.judge.gate import fingerprint_differences
+from kvbench.report.html_assets import SCRIPT, STYLE
 from kvbench.report.kit.benchmark import Board
 from kvbench.report.kit.figures import method_family, pareto_front
 from kvbench.report.kit.tables import fmt_number
@@ -92,9 +93,17 @@ def render_page(runs: list[Run]) -> str:
         _comparison(runs, anchors) if len(runs) > 1 else "",
         _figures(runs),
         _case_details(cases, anchors),
-        f"<script>{_SCRIPT}</script></body></html>\n",
+        f"<script>{SCRIPT}</script></body></html>\n",
     ]
+    parts.insert(1, _contents(parts))
     return "\n".join(part for part in parts if part)
+
+
+def _contents(parts: list[str]) -> str:
+    """A table of contents: a link to each top-level section, in page order."""
+    found = re.findall(r"<section id='([^']+)'><h2>([^<]*)</h2>", "".join(parts))
+    links = "".join(f"<li><a href='#{slug}'>{title}</a></li>" for slug, title in found)
+    return f"<nav id='contents'><b>Contents</b><ul>{links}</ul></nav>"
 
 
 def board_order(present: list[str]) -> list[str]:
@@ -113,7 +122,7 @@ def _head(runs: list[Run]) -> str:
     names = ", ".join(sorted({run.result.suite.name for run in runs}))
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>kvbench: {_e(names)}</title><style>{_STYLE}</style></head><body>"
+            f"<title>kvbench: {_e(names)}</title><style>{STYLE}</style></head><body>"
             f"<h1>kvbench results</h1><p class='lede'>{len(runs)} run(s): {_e(names)}. Made from "
             "result files alone by <code>kvbench report --format html</code>; every figure links "
             "to the case that produced it, and each run's <code>results.json</code> is beside "
@@ -152,15 +161,20 @@ def _leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
     columns = [m for m in (board.compression, board.quality, *board.extra) if m is not None
                and any(m in case.metrics for _, case in rows)]
     front = _front(rows, board)
-    varying = _varying(rows)
+    varying = _varying([case.bench_params for _, case in rows])
+    settings = {family: _varying([case.method_params for _, case in rows
+                                  if method_family(case.method) == family])
+                for family in {method_family(case.method) for _, case in rows}}
     many = len(runs) > 1
-    head = (["run"] if many else []) + ["family", "method", "parameters"] + [
+    head = (["run"] if many else []) + ["family", "method", "settings", "parameters"] + [
         _metric_head(rows, m) for m in columns] + ["front"]
     body = []
     for run, case in rows:
         link = anchors[(run.index, case.id)]
         cells = ([_e(f"#{run.index}")] if many else []) + [
             _e(method_family(case.method)), f"<a href='#{link}'>{_e(case.method_label)}</a>",
+            f"<td class='params'>"
+            f"{_e(_params(case.method_params, settings[method_family(case.method)]))}</td>",
             f"<td class='params'>{_e(_params(case.bench_params, varying))}</td>"]
         cells += [_metric_cell(case.metrics.get(m), link) for m in columns]
         on = (run.index, case.id) in front
@@ -177,7 +191,8 @@ def _fallback_board(rows: list[tuple[Run, CaseResult]]) -> Board:
 
 
 def _front(rows: list[tuple[Run, CaseResult]], board: Board) -> set[tuple[int, str]]:
-    """(run, case id) of the cases on the Pareto front of their run and benchmark parameters."""
+    """(run, case id) of the cases on the Pareto front of the cases with their model and
+    benchmark parameters, across every run shown (one star for one board)."""
     if board.compression is None or board.quality is None:
         return set()
     groups: dict[tuple, list[tuple[tuple[int, str], tuple[float, float]]]] = {}
@@ -185,7 +200,7 @@ def _front(rows: list[tuple[Run, CaseResult]], board: Board) -> set[tuple[int, s
         x, y = case.metrics.get(board.compression), case.metrics.get(board.quality)
         if x is None or y is None or not (x.finite() and y.finite()):
             continue
-        key = (run.index, json.dumps(case.bench_params, sort_keys=True, default=str))
+        key = (case.model, json.dumps(case.bench_params, sort_keys=True, default=str))
         point = (_lower_better(x), _lower_better(y))
         groups.setdefault(key, []).append(((run.index, case.id), point))
     on = set()
@@ -202,9 +217,9 @@ def _lower_better(metric: Metric) -> float:
 def _board_note(board: Board) -> str:
     if board.compression and board.quality:
         return (f"★: on the Pareto front of <b>{_e(board.compression)}</b> against "
-                f"<b>{_e(board.quality)}</b>, among the cases of one run with the same "
-                "benchmark parameters: no other case is better on both. Click a column to "
-                "sort; a figure opens its case.")
+                f"<b>{_e(board.quality)}</b>, among the cases of every run shown with the "
+                "same model and benchmark parameters: no other case is better on both. Click "
+                "a column to sort; a figure opens its case.")
     return "Click a column to sort; a figure opens its case."
 
 
@@ -225,7 +240,9 @@ def _claims(runs: list[Run], anchors: dict) -> str:
                     f"<code>{_e(claim.source or '-')}</code>"], verdict=claim.verdict))
     if not rows:
         return ""
-    return _section("Claims", f"<p class='note'>{held} of {len(rows)} held.</p>" + _table(
+    only = ("<label><input type='checkbox' id='claims-not-held'> only the claims not held"
+            "</label>")
+    return _section("Claims", f"<p class='note'>{held} of {len(rows)} held. {only}</p>" + _table(
         ["run", "case", "claim", "measured", "verdict", "stated at"], rows, sortable=True,
         table_id="claims"))
 
@@ -275,14 +292,34 @@ def _off_cpu(*cases: CaseResult) -> bool:
     return any(case.device != "cpu" for case in cases)
 
 
+# What each figure shows, by the start of its file name: the page groups them by topic.
+FIGURE_TOPICS = {
+    "rate_distortion": "Rate-distortion: error against bits per value (proofs)",
+    "niah_": "Needle in a haystack: score by depth and length",
+    "ruler_": "RULER: mean score against compression",
+    "ladder_": "Memory ladder: what each method saves as the context grows",
+    "stress_": "Concurrency: throughput and latency against users",
+}
+
+
 def _figures(runs: list[Run]) -> str:
-    blocks = []
+    topics: dict[str, list[str]] = {}
     for run in runs:
         for name in run.figures:
+            topic = next((t for prefix, t in FIGURE_TOPICS.items() if name.startswith(prefix)),
+                         "Other figures")
             src = f"{run.folder}/{name}"
-            blocks.append(f"<figure><a href='{src}'><img src='{src}' alt='{_e(name)}'></a><figcaption>{_e(run.label)}: {_e(name)}"
-                          "</figcaption></figure>")
-    return _section("Figures", "".join(blocks)) if blocks else ""
+            what = name.removesuffix(".png").removeprefix("niah_")
+            # the image opens full size: multi-panel figures are too small to read inline
+            topics.setdefault(topic, []).append(
+                f"<figure><a href='{src}' title='open full size'><img src='{src}' "
+                f"alt='{_e(topic)}: {_e(what)}'></a><figcaption>{_e(topic.split(':')[0])}, "
+                f"{_e(what)} ({_e(run.label)}) · <a href='{src}'>full size</a></figcaption>"
+                "</figure>")
+    if not topics:
+        return ""
+    return _section("Figures", "".join(f"<h3>{_e(topic)}</h3>{''.join(blocks)}"
+                                       for topic, blocks in topics.items()))
 
 
 def _case_details(cases: list[tuple[Run, CaseResult]], anchors: dict) -> str:
@@ -351,12 +388,12 @@ def _num(value: float | None, shown: str) -> str:
     return f"<td class='num' data-v='{'' if value is None else repr(value)}'>{_e(shown)}</td>"
 
 
-def _varying(rows: list[tuple[Run, CaseResult]]) -> set[str]:
-    """The benchmark parameters that differ between a leaderboard's cases: the others say
-    nothing there (every case shows them all)."""
+def _varying(params: list[dict]) -> set[str]:
+    """The parameters that differ between cases (a board's benchmark parameters, a family's
+    method settings): the others say nothing there (every case shows them all)."""
     seen: dict[str, set[str]] = {}
-    for _, case in rows:
-        for key, value in case.bench_params.items():
+    for values in params:
+        for key, value in values.items():
             seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
     return {key for key, values in seen.items() if len(values) > 1}
 
@@ -394,60 +431,3 @@ def _section(title: str, body: str, level: int = 2) -> str:
 
 def _e(text) -> str:
     return html.escape(str(text), quote=True)
-
-
-_STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0 auto;
- max-width:1400px;padding:0 1.2rem 4rem;color:#1d2430;background:#fbfbfc}
-h1{margin:1.2rem 0 .2rem}h2{margin-top:2.2rem;border-bottom:1px solid #d8dde6;padding-bottom:.2rem}
-.lede,.note{color:#4a5565}.muted{color:#7a8494;font-weight:normal}
-.scroll{overflow-x:auto;max-height:34rem;overflow-y:auto;border:1px solid #e1e5ec;
- border-radius:6px;background:#fff}
-table{border-collapse:collapse;width:100%}th,td{padding:.28rem .6rem;text-align:left;
- border-bottom:1px solid #eef0f4;white-space:nowrap}thead th{position:sticky;top:0;
- background:#f1f4f8;z-index:1}table.sortable thead th{cursor:pointer;user-select:none}
-th.asc::after{content:' ▲'}th.desc::after{content:' ▼'}td.num{text-align:right;
- font-variant-numeric:tabular-nums}tr.front td{background:#fff8e1}.star{color:#c77c00}
-a{color:#1f5fbf;text-decoration:none}a:hover{text-decoration:underline}
-.verdict.held{color:#137333;font-weight:600}.verdict.failed{color:#c5221f;font-weight:600}
-.verdict.missing{color:#b06000;font-weight:600}
-fieldset{border:1px solid #d8dde6;border-radius:6px;margin:1.2rem 0}fieldset label{
- margin-right:1rem;white-space:nowrap}
-figure{display:inline-block;margin:.6rem;max-width:46%;vertical-align:top}
-figure img{max-width:100%;border:1px solid #e1e5ec;background:#fff}
-figcaption{color:#4a5565;font-size:12px}
-details{border-bottom:1px solid #eef0f4;padding:.2rem 0}details[open]{background:#fff}
-summary{cursor:pointer}table.facts th{width:12rem;background:none;position:static}
-tr.hidden{display:none}td.params{white-space:normal;min-width:12rem;max-width:28rem}
-td.why{white-space:normal;min-width:30rem}
-"""
-
-# Sorting by a column (numbers by their exact value, in data-v), the family filter, and opening
-# the case a link points to.
-_SCRIPT = """
-(function(){
-function key(td){var v=td.getAttribute('data-v');if(v!==null&&v!==''){return [0,parseFloat(v)];}
- return [1,td.textContent.trim().toLowerCase()];}
-function cmp(a,b){if(a[0]!==b[0])return a[0]-b[0];return a[1]<b[1]?-1:a[1]>b[1]?1:0;}
-document.querySelectorAll('table.sortable').forEach(function(table){
- table.querySelectorAll('thead th').forEach(function(th,col){
-  th.addEventListener('click',function(){
-   var desc=th.classList.contains('asc');
-   table.querySelectorAll('thead th').forEach(function(o){o.classList.remove('asc','desc');});
-   th.classList.add(desc?'desc':'asc');
-   var body=table.tBodies[0],rows=Array.prototype.slice.call(body.rows);
-   rows.sort(function(a,b){var r=cmp(key(a.cells[col]),key(b.cells[col]));return desc?-r:r;});
-   rows.forEach(function(r){body.appendChild(r);});});});});
-function filter(){var shown={};
- document.querySelectorAll('input.family').forEach(function(b){shown[b.value]=b.checked;});
- document.querySelectorAll('tr[data-family]').forEach(function(r){
-  r.classList.toggle('hidden',!shown[r.getAttribute('data-family')]);});}
-document.querySelectorAll('input.family').forEach(function(b){b.addEventListener('change',filter);});
-var all=document.getElementById('all-families');
-if(all){all.addEventListener('click',function(){
- document.querySelectorAll('input.family').forEach(function(b){b.checked=true;});filter();});}
-function openCase(){var id=location.hash.slice(1),el=id&&document.getElementById(id);
- if(el&&el.tagName==='DETAILS'){el.open=true;el.scrollIntoView();}}
-window.addEventListener('hashchange',openCase);openCase();
-})();
-"""
