@@ -16,17 +16,55 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError:  # the dev extra alone: the modules that need torch skip (below)
+    torch = None
 
 # Without a GPU the Triton kernels run in Triton's interpreter, on CPU tensors. It is chosen
 # when a kernel module is imported, so it is set before any test imports one; a machine with
 # CUDA tests the compiled kernels on the GPU instead.
-if not torch.cuda.is_available():
+if torch is not None and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # One torch thread: with another process on the other core, two threads wait on each other at
 # every barrier and the suite ran 10x slower (609 s against 53 s here); one costs 10% when idle.
-torch.set_num_threads(1)
+if torch is not None:
+    torch.set_num_threads(1)
+
+# The extra that brings each module a test module may need: without it, the module is skipped
+# with the install line (pip install -e .[dev] alone runs the rest of the tests).
+EXTRA_OF = {
+    **dict.fromkeys(("torch", "transformers", "safetensors", "gguf", "accelerate", "numba"),
+                    "torch"),
+    **dict.fromkeys(("mlx", "mlx_lm"), "mlx"),
+    **dict.fromkeys(("fastapi", "uvicorn", "sse_starlette", "httpx", "prometheus_client"),
+                    "serve"),
+    "triton": "cuda", "ray": "ray", "matplotlib": "plots", "datasets": "datasets",
+}
+
+
+class _SkippedWithoutItsExtra(pytest.Module):
+    """A test module whose imports need an extra that is not installed: skipped, naming it."""
+
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except pytest.Collector.CollectError as exc:
+            missing = exc.__cause__
+            extra = (EXTRA_OF.get((missing.name or "").partition(".")[0])
+                     if isinstance(missing, ModuleNotFoundError) else None)
+            if extra is None:
+                raise
+            pytest.skip(f"needs {missing.name}: pip install 'kvbench[{extra}]'",
+                        allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if module_path.name.startswith("test_"):
+        return _SkippedWithoutItsExtra.from_parent(parent, path=module_path)
+    return None
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...; tests import tests.plugins
