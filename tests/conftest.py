@@ -74,6 +74,8 @@ if str(ROOT) not in sys.path:  # suites name tests.plugins.kvb_testplugin:...; t
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled model as a LoadedModel, prepared on first use (about half a minute, once)."""
+    if torch is None:
+        pytest.skip("needs torch: pip install 'kvbench[torch]'")
     from kvbench.models import load_model
 
     return load_model("bundled:smollm2-135m", "cpu")

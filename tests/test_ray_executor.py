@@ -15,6 +15,7 @@ import pytest
 
 from kvbench.results import load_results
 from tests.plugins.cli_support import invoke, kvbench_process, load_json, wait_until
+from tests.plugins.extras import needs
 from tests.plugins.suites import ROOT
 
 # A cluster made by `ray start` asks clients for a token unless this is set (in every process).
@@ -115,6 +116,7 @@ def _deterministic(path: Path) -> list:
              [(cl.claim, cl.verdict, cl.measured) for cl in c.claims]) for c in run.cases]
 
 
+@needs("torch")  # asked first: every case needs it
 def test_without_ray_the_executor_is_refused_with_the_install_hint(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     result = invoke("run", _suite(tmp_path), "--executor", "ray", "--out", tmp_path / "out")

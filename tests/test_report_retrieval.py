@@ -474,6 +474,7 @@ def test_ruler_against_identity_on_other_samples_is_not_paired(result):
 
 
 def test_niah_against_identity_per_length_and_over_the_grid(result):
+    pytest.importorskip("matplotlib", reason="the section links its figures (the plots extra)")
     text = niah_section(result)
     assert text.index("### NIAH: against identity") < text.index("](niah_identity.png)")
     rows = _against_identity(text)

@@ -13,6 +13,7 @@ from kvbench.results import (
     load_results,
 )
 from tests.plugins.cli_support import invoke, wide_consoles  # noqa: F401
+from tests.plugins.extras import require_extra
 from tests.plugins.suites import DATA, ROOT, SMALL_RESULTS
 
 NON_FINITE = ROOT / "tests" / "suites" / "cli" / "non_finite.yaml"
@@ -30,6 +31,7 @@ def same_float(a: float, b: float) -> bool:
 
 @pytest.fixture(scope="module")
 def non_finite_run(tmp_path_factory):
+    require_extra("torch")  # a run of the test benchmark
     out = tmp_path_factory.mktemp("nf") / "out"
     result = invoke("run", NON_FINITE, "--out", out)
     return out, result

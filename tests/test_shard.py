@@ -11,6 +11,7 @@ from kvbench.judge.claims import parse_claim
 from kvbench.run.shard import Shard, parse_shard, select_shard
 from kvbench.suite.case import Case
 from tests.plugins.cli_support import invoke, load_json
+from tests.plugins.extras import require_extra
 
 SUITE = """\
 kvbench: 1
@@ -73,6 +74,8 @@ def test_cases_tied_by_a_claim_share_a_shard():
 
 
 def _write_suite(tmp_path, text=SUITE):
+    """The suite, to run: the test is skipped without torch (`kvbench run` needs it)."""
+    require_extra("torch")
     path = tmp_path / "s.yaml"
     path.write_text(text)
     return path

@@ -19,6 +19,7 @@ from kvbench.methods.settings.base import METHODS, MethodSettings
 from kvbench.suite.errors import SuiteError, SuiteIssue
 from kvbench.suite.loader import load_suite
 from kvbench.suite.schema import SCHEMA_FILE, schema_text, suite_json_schema
+from tests.plugins.extras import needs
 from tests.plugins.suites import line_of
 
 SUITES = Path(__file__).parent / "suites"
@@ -450,7 +451,8 @@ benchmarks:
 @pytest.mark.parametrize("name, words", [
     (":", "cannot import method ':': ValueError"),
     ("os:sep", "method 'os:sep' is not a class"),
-    ("tests.plugins.kvb_testplugin:Step", "is not a method: it must be a dataclass"),
+    pytest.param("tests.plugins.kvb_testplugin:Step", "is not a method: it must be a dataclass",
+                 marks=needs("torch")),  # the test plug-in's module imports torch
 ])
 def test_a_module_class_path_that_is_no_method_is_an_issue(tmp_path, name, words):
     _, issues = _issues_of(tmp_path, f"""kvbench: 1

@@ -56,23 +56,23 @@ from kvbench.cli.verdicts import exit_code, summary
 def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
         isolate, executor, address, shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
+    if executor == "ray" and isolate:  # options that cannot go together: before anything else
+        fail("--isolate is for --executor local: on Ray every case already runs in a "
+             "worker process, and a worker that dies costs its case one retry")
+    if executor != "ray" and address:
+        fail("--address is for --executor ray")
     try:
         importlib.import_module("torch")  # every case needs it: refused before any work
     except ImportError as exc:
         fail(f"kvbench run needs torch ({exc}): pip install 'kvbench[torch]'. validate, report,"
              " compare and baseline save work without it")
     if executor == "ray":
-        if isolate:
-            fail("--isolate is for --executor local: on Ray every case already runs in a "
-                 "worker process, and a worker that dies costs its case one retry")
         from kvbench.run.ray_executor import RayUnavailable, import_ray
 
         try:
             import_ray()  # before any work: refused with the install hint
         except RayUnavailable as exc:
             fail(str(exc))
-    elif address:
-        fail("--address is for --executor ray")
     from kvbench.run.shard import parse_shard, select_shard
     from kvbench.suite.select import SelectionError, select_cases
 

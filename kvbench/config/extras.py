@@ -6,6 +6,7 @@ import importlib.util
 
 # the modules an extra installs that kvbench imports (import names, not distribution names)
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch", "transformers"),
     "serve": ("fastapi", "uvicorn", "sse_starlette", "httpx", "prometheus_client"),
 }
 

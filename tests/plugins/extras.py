@@ -11,3 +11,9 @@ def require_extra(extra: str) -> None:
     missing = lacks(extra, "this test module")
     if missing:
         pytest.skip(missing, allow_module_level=True)
+
+
+def needs(extra: str) -> pytest.MarkDecorator:
+    """Mark a test that runs only with the extra installed (skipped, saying so, without it)."""
+    missing = lacks(extra, "this test")
+    return pytest.mark.skipif(missing is not None, reason=missing or "")
