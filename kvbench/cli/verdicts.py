@@ -46,16 +46,24 @@ def exit_causes(result, gate_report) -> list[str]:
                  else f"measured {fmt_number(claim.measured)}") + ")"
               for case in result.cases for claim in case.claims
               if claim.verdict in ("failed", "missing")]
-    causes += [f"{case.status}: {case.id}: {case.error.type}: {case.error.message[:300]}"
-               for case in result.cases if case.status != "ok" and case.error is not None]
+    return causes + [f"{kind}: {text}" for kind, text in _cases_and_gate(result, gate_report)]
+
+
+def _cases_and_gate(result, gate_report) -> list[tuple[str, str]]:
+    """(kind, text) for each case that did not finish and each thing the gate found."""
+    from kvbench.report.kit.tables import fmt_number
+
+    lines = [(case.status, f"{case.id}: {case.error.type}: {case.error.message[:300]}")
+             for case in result.cases if case.status != "ok" and case.error is not None]
     if gate_report is not None:
-        causes += [f"gate: {reason}" for reason in gate_report.reasons]
+        lines += [("gate", reason) for reason in gate_report.reasons]
         if gate_report.expect_all:
-            causes += [f"gate: {case_id}: in the baseline, not in this run"
-                       for case_id in gate_report.missing_cases]
-        causes += [f"regression: {row.case_id} {row.metric}: {fmt_number(row.baseline)} ->"
-                   f" {fmt_number(row.current)} ({row.rule})" for row in gate_report.regressions]
-    return causes
+            lines += [("gate", f"{case_id}: in the baseline, not in this run")
+                      for case_id in gate_report.missing_cases]
+        lines += [("regression", f"{row.case_id} {row.metric}: {fmt_number(row.baseline)} ->"
+                                 f" {fmt_number(row.current)} ({row.rule})")
+                  for row in gate_report.regressions]
+    return lines
 
 
 def summary(result, gate_report, out_dir: Path) -> None:
@@ -75,18 +83,9 @@ def summary(result, gate_report, out_dir: Path) -> None:
         parts.append(f"improvements {len(gate_report.improvements)}")
     parts.append(f"errors {len(errors)}")
     console.print("[bold]summary:[/] " + ", ".join(parts))
-    for case in errors:
-        console.print(f"  [red]{case.status}[/] {escape(case.id)}: "
-                      f"{escape(case.error.type)}: {escape(case.error.message[:300])}")
-    if gate_report is not None:
-        from kvbench.report.kit.tables import fmt_number
-
-        for reason in gate_report.reasons:
-            console.print(f"  [yellow]gate:[/] {escape(reason)}")
-        for row in gate_report.regressions:
-            console.print(f"  [red]regression[/] {escape(row.case_id)} {row.metric}: "
-                          f"{fmt_number(row.baseline)} -> {fmt_number(row.current)} "
-                          f"({escape(row.rule)})")
+    for kind, text in _cases_and_gate(result, gate_report):
+        mark = "[yellow]gate:[/]" if kind == "gate" else f"[red]{kind}[/]"
+        console.print(f"  {mark} {escape(text)}")
     for case in result.cases:
         for warning in case.warnings:
             console.print(f"  [yellow]warning[/] {escape(case.id)}: {escape(warning)}")
