@@ -108,7 +108,8 @@ def _required(path: tuple) -> bool:
     return (path in (("kvbench",), ("methods",), ("benchmarks",))
             or path[0] == "methods" and path[2:] == ("name",)
             or path[0] == "benchmarks" and path[2:] == ("kind",)
-            or path[0] == "benchmarks" and len(path) == 5 and path[2] == "claims")
+            or path[0] == "benchmarks" and len(path) == 5 and path[2] == "claims"
+            and path[4] != "goal")  # a scoped claim needs its cases and claim, not a goal
 
 
 # ---- mutations: each takes hypothesis' draw, the seed's text and its data -----------------------
