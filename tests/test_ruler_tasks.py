@@ -364,7 +364,9 @@ def test_errors():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
+    transformers = pytest.importorskip("transformers", reason="the bundled model's tokenizer"
+                                       " needs the torch extra (pip install 'kvbench[torch]')")
+    AutoTokenizer = transformers.AutoTokenizer
 
     from kvbench.models.bundled import prepared_dir
 
