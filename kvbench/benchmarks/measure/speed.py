@@ -99,10 +99,8 @@ class SpeedRun(Speed):
         }
         # A step that hands back its input (identity stores what it is given) does no work:
         # its rate would time nothing, so it reads n/a (no metric) rather than a huge number.
-        idle = {"encode": _views_of([t for parts in packed for p in parts
-                                     for t in p.tensors.values()], [x]),
-                "decode": _views_of(decoded, [t for parts in packed for p in parts
-                                              for t in p.tensors.values()])}
+        stored = [t for parts in packed for p in parts for t in p.tensors.values()]
+        idle = {"encode": _views_of(stored, [x]), "decode": _views_of(decoded, stored)}
         samples = {name: values for name, values in samples.items()
                    if not idle.get(name.partition("_")[0])}
         m = self.metrics
