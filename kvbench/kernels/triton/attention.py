@@ -10,6 +10,10 @@ rotated once (R q), the scores are (R q) . (c * norm), and the values are summed
 turned back (R^T) once per split. An additive key bias (-inf hides a key) is added to the
 scores. Numerically it matches softmax(q K^T * scaling + bias) V on the decoded K/V within the
 rounding of the dtype (tested against that, on the torch reference's decoded K/V).
+
+Tried on an H200 (2026-11-28) and slower, so not taken: reading packed tiles as eight planes
+of dims 8g + s with batched dots (no reshape of a tile; 2x slower), and more than 4 split
+programs per multiprocessor (ci/attention_sweep.py: 8 and 16 ran 5-45% slower).
 """
 from __future__ import annotations
 
@@ -253,6 +257,12 @@ def _tuned():
 
 # The interpreter would time every configuration at its own pace: it runs one.
 _SPLIT, _TILE = (_split, INTERPRETER_TILE) if interpreting() else (_tuned(), {})
+
+
+def chosen_tile() -> str | None:
+    """The tile configuration the GPU's autotuning last chose (None where it did not run)."""
+    best = getattr(_SPLIT, "best_config", None)
+    return None if best is None else str(best)
 
 
 _DOT_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
