@@ -174,3 +174,39 @@ def test_points_grouped_by_family_each_in_order_of_bits(with_attn, tmp_path):
     first = rate_distortion_png(run, tmp_path / "a.png").read_bytes()
     assert first[:8] == PNG_MAGIC
     assert rate_distortion_png(run, tmp_path / "b.png").read_bytes() == first  # same bytes
+
+
+def test_family_lines_follow_their_best_points_and_names_never_collide(with_attn, tmp_path,
+                                                                       monkeypatch):
+    """rate_distortion.png's family lines zigzagged between unrelated variants at one rate, and
+    names crowded between 2 and 4.5 bits: now each line steps only down to better points, and
+    no two names overlap or leave the axes."""
+    pytest.importorskip("matplotlib")
+    template = next(c for c in with_attn.cases if c.id == "proofs/intq-4bit-g32/data=gaussian")
+    run = with_attn.model_copy(deep=True)
+    run.cases = [_proofs_case(template, f"{name}-v{i}", name, bits + 0.01 * i, error)
+                 for name, rows in (("intq", [(2.0, 0.6), (2.0, 0.9), (4.0, 0.1), (4.0, 0.4),
+                                              (4.5, 0.3), (8.0, 0.01)]),
+                                    ("turbo3", [(2.1, 0.5), (3.1, 0.26), (3.2, 0.7),
+                                                (4.1, 0.14)]),
+                                    ("kivi", [(2.2, 0.45), (2.3, 0.5), (4.2, 0.12)]))
+                 for i, (bits, error) in enumerate(rows)]
+    figures = []
+    monkeypatch.setattr(proofs, "save_png",
+                        lambda fig, path: figures.append((fig, fig.canvas.get_renderer())))
+    rate_distortion_png(run, tmp_path / "rd.png")
+    figure, renderer = figures[0]
+    (ax,) = figure.axes
+    lines = [line for line in ax.get_lines()  # the families' lines: drawn, no markers
+             if line.get_linestyle() == "-" and line.get_marker() in ("None", "", None)]
+    assert len(lines) == 3  # one per family
+    for line in lines:
+        xs, ys = list(line.get_xdata()), list(line.get_ydata())
+        assert xs == sorted(xs) and len(set(xs)) == len(xs)
+        assert all(b < a for a, b in zip(ys, ys[1:])), ys  # each step a better point
+    box = ax.get_window_extent(renderer)
+    names = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(names) >= 3  # the front is named where there is room
+    for i, a in enumerate(names):
+        assert box.x0 <= a.x0 and a.x1 <= box.x1 and box.y0 <= a.y0 and a.y1 <= box.y1
+        assert not any(a.overlaps(b) for b in names[i + 1:])

@@ -60,6 +60,7 @@ class RatePlot:
     series: list[Series]
     log_y: bool
     x_direction: str = "lower"  # of the x metric: which way the front's steps go
+    y_direction: str = "lower"
 
     @property
     def n_points(self) -> int:
@@ -101,7 +102,8 @@ def rate_distortion_data(result: RunResult, x: str = "bits_per_value",
     positive = [v for s in series for f in s.families for v in f.y if v > 0]
     log_y = bool(positive) and max(positive) / min(positive) > _LOG_SPAN
     return RatePlot(title=f"kvbench {result.suite.name}: rate-distortion (proofs)", x=x, y=y,
-                    series=series, log_y=log_y, x_direction=directions[x])
+                    series=series, log_y=log_y, x_direction=directions[x],
+                    y_direction=directions[y])
 
 
 def _front(series: Series, x_direction: str, y_direction: str) -> list[tuple[str, float, float]]:
@@ -175,6 +177,17 @@ def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_
     return PlotPath.of(path, plot)
 
 
+def _family_line(points: list[tuple[float, float]], x_direction: str,
+                 y_direction: str) -> list[tuple[float, float]]:
+    """A family's line: its own Pareto front, in order of x (all its points where a metric has
+    no better direction)."""
+    if x_direction not in ("lower", "higher") or y_direction not in ("lower", "higher"):
+        return sorted(points)
+    sign = 1.0 if x_direction == "lower" else -1.0  # pareto_front takes fewer x as better
+    return sorted(points[i] for i in pareto_front([(sign * px, py) for px, py in points],
+                                                  y_direction))
+
+
 def _drawn(plot: RatePlot, y: float) -> bool:
     return y > 0 or not plot.log_y  # a log axis cannot show 0: the panel's title lists those
 
@@ -186,8 +199,10 @@ def _rate_panel(ax, s: Series, plot: RatePlot, styles: dict[str, tuple[str, str]
         if not shown:
             continue
         colour, marker = styles[f.name]
-        # a thin line: the family's variants at one rate zigzag, the front must stand out
-        ax.plot([p[0] for p in shown], [p[1] for p in shown], color=colour, linewidth=0.9,
+        # a thin line along the family's own best points only: through every variant it would
+        # zigzag between unrelated settings at one rate; the overall front must stand out
+        line = _family_line(shown, plot.x_direction, plot.y_direction)
+        ax.plot([p[0] for p in line], [p[1] for p in line], color=colour, linewidth=0.9,
                 alpha=0.5, zorder=3)
         ax.plot([p[0] for p in shown], [p[1] for p in shown], color=colour, marker=marker,
                 markersize=6, linestyle="none", label=f.name, zorder=3)
