@@ -323,3 +323,42 @@ def test_boards_show_settings_one_front_over_runs_contents_and_a_claims_filter(t
     assert "<h3>Rate-distortion: error against bits per value (proofs)</h3>" in text
     assert re.search(r"<figcaption>Rate-distortion, rate_distortion \(#1[^)]*\) · <a href='"
                      r"[^']+/rate_distortion.png'>full size</a></figcaption>", text)
+
+
+@needs_browser
+def test_in_a_browser_the_contents_the_claims_filter_and_boards_that_fit(browser, tmp_path):
+    """Issue 30's page points in a real browser at 1400 px: every contents link lands on its
+    section, "only the claims not held" leaves exactly those, no table pushes the page wider than
+    the window, and every figure's "full size" link opens a loaded image."""
+    run = load_results(SMALL_RESULTS)
+    verdicts = [claim.verdict for case in run.cases for claim in case.claims or []]
+    assert "held" in verdicts and set(verdicts) - {"held"}  # both kinds to filter
+    page, _ = _site(tmp_path, run, run.model_copy(deep=True))
+    browser.open(page.as_uri())
+    assert browser.errors == []
+    links = browser.js("[...document.querySelectorAll('#contents a')].map(a => a.hash)")
+    assert {"#runs", "#claims", "#cases"} <= set(links)
+    for link in links:
+        browser.js(f"document.querySelector('#contents a[href=\"{link}\"]').click()")
+        assert browser.js("location.hash") == link
+        top = browser.js(f"document.querySelector('{link}').getBoundingClientRect().top")
+        at_bottom = browser.js("window.innerHeight + window.scrollY >= "
+                               "document.documentElement.scrollHeight - 2")
+        assert abs(top) < 2 or at_bottom, (link, top)  # scrolled to it (or as far as it goes)
+    shown = ("[...document.querySelectorAll('#claims tr[data-verdict]')]"
+             ".filter(r => r.offsetParent !== null).map(r => r.dataset.verdict)")
+    assert sorted(browser.js(shown)) == sorted(2 * verdicts)
+    browser.js("(b => { b.checked = true; b.dispatchEvent(new Event('change')); })"
+               "(document.getElementById('claims-not-held'))")
+    assert sorted(browser.js(shown)) == sorted(2 * [v for v in verdicts if v != "held"])
+    browser.js("(b => { b.checked = false; b.dispatchEvent(new Event('change')); })"
+               "(document.getElementById('claims-not-held'))")
+    assert len(browser.js(shown)) == 2 * len(verdicts)
+    assert browser.js("window.innerWidth") == 1400
+    assert browser.js("document.documentElement.scrollWidth") <= 1400
+    full = browser.js("[...document.querySelectorAll('figcaption a')].map(a => a.href)")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert full
+    for href in full:
+        browser.open(href)
+        assert browser.js("document.images.length === 1 && document.images[0].naturalWidth > 0")
