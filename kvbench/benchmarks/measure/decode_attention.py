@@ -185,10 +185,10 @@ class DecodeAttentionRun(DecodeAttention):
             "memcpy_gb_s": memcpy_gb,
             "fused_read_vs_memcpy": [f / m for f, m in zip(fused_gb, memcpy_gb)],
         }
-        tiles = {}
-        if kernel == "triton":
+        tile = None
+        if kernel == "triton":  # the GPU's autotuned choice (None in the interpreter)
             from kvbench.kernels.triton.attention import chosen_tile
-            tiles = {"tile": chosen_tile()} if chosen_tile() else {}
+            tile = chosen_tile()
         m = self.metrics
         metrics = {name: m[name].of_samples(values) for name, values in samples.items()}
         metrics["rel_error"] = m["rel_error"].of(rel_error)
@@ -200,7 +200,7 @@ class DecodeAttentionRun(DecodeAttention):
             info={"layout": method.layout(), "copies": copies, "calls_per_sample": calls,
                   "timing": "CUDA graph replays" if device.type == "cuda" else "eager calls",
                   "device_name": _device_name(device), "shape": list(shape),
-                  "q_heads": params.q_heads, **tiles},
+                  "q_heads": params.q_heads, **({"tile": tile} if tile else {})},
             comparable={"shape": "x".join(map(str, shape)), "q_heads": str(params.q_heads),
                         "dtype": params.dtype, "data_seed": str(params.data_seed)},
         )
