@@ -106,15 +106,23 @@ def rate_distortion_data(result: RunResult, x: str = "bits_per_value",
                     y_direction=directions[y])
 
 
+def _front_order(xy: list[tuple[float, float]], x_direction: str,
+                 y_direction: str) -> list[int] | None:
+    """Indices of the Pareto front of points (x, y), in order of x; None when either metric has
+    no better direction."""
+    if x_direction not in ("lower", "higher") or y_direction not in ("lower", "higher"):
+        return None
+    sign = 1.0 if x_direction == "lower" else -1.0  # pareto_front takes fewer x as better
+    front = pareto_front([(sign * px, py) for px, py in xy], y_direction)
+    return sorted(front, key=lambda i: (xy[i][0], i))
+
+
 def _front(series: Series, x_direction: str, y_direction: str) -> list[tuple[str, float, float]]:
     """The series' Pareto front, (label, x, y) in order of x; none when either metric has no
     better direction."""
-    if x_direction not in ("lower", "higher") or y_direction not in ("lower", "higher"):
-        return []
     points = series.points()
-    sign = 1.0 if x_direction == "lower" else -1.0  # pareto_front takes fewer x as better
-    front = pareto_front([(sign * px, py) for _, _, px, py in points], y_direction)
-    return [points[i][1:] for i in sorted(front, key=lambda i: (points[i][2], i))]
+    order = _front_order([(px, py) for _, _, px, py in points], x_direction, y_direction)
+    return [points[i][1:] for i in order or []]
 
 
 def _axis_label(result: RunResult, metric: str) -> str:
@@ -181,11 +189,8 @@ def _family_line(points: list[tuple[float, float]], x_direction: str,
                  y_direction: str) -> list[tuple[float, float]]:
     """A family's line: its own Pareto front, in order of x (all its points where a metric has
     no better direction)."""
-    if x_direction not in ("lower", "higher") or y_direction not in ("lower", "higher"):
-        return sorted(points)
-    sign = 1.0 if x_direction == "lower" else -1.0  # pareto_front takes fewer x as better
-    return sorted(points[i] for i in pareto_front([(sign * px, py) for px, py in points],
-                                                  y_direction))
+    order = _front_order(points, x_direction, y_direction)
+    return sorted(points) if order is None else [points[i] for i in order]
 
 
 def _drawn(plot: RatePlot, y: float) -> bool:
