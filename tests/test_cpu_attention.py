@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbench[torch])")
 
-from kvbench.kernels.cpu import attention  # noqa: E402
+from kvbench.kernels.cpu import attention, row_decode  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from tests.plugins.tensors import (  # noqa: E402
@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 LAYOUTS = [("intq", {"bits": 4}), ("intq", {"bits": 2, "group_size": 16}),
            ("intq", {"bits": 8, "group_size": 8}), ("turbo3", {"block": 64}),
            ("turbo4", {"block": 32}), ("turbo2", {"block": 8}), ("lloydmax", {}),
-           (None, {})]
+           ("lloydmax", {"bits": 6}), (None, {})]
 
 
 def _codec(name: str, params: dict):
@@ -48,6 +48,34 @@ def test_matches_attention_over_the_decoded_cache(name, params, dtype, shape, mo
         exact = exact_attention(query, all_k, all_v, b, scaling)
         error = float((out.double() - exact).norm() / exact.norm())
         assert error < ATTENTION_TOLERANCE[dtype], (b is None, error)
+
+
+@pytest.fixture
+def without_avx2(monkeypatch):
+    """Kernels built as on a CPU without AVX2 (codebooks looked up lane by lane), then again
+    as this CPU builds them."""
+    def rebuild():
+        attention.kernels.cache_clear()
+        row_decode.row_decoder.cache_clear()
+
+    rebuild()
+    monkeypatch.setattr(row_decode, "AVX2", False)
+    yield
+    monkeypatch.undo()
+    rebuild()
+
+
+@pytest.mark.parametrize("name,params", [("turbo3", {"block": 64}), ("turbo4", {"block": 32}),
+                                         ("lloydmax", {"bits": 2})])
+def test_codebooks_read_without_avx2(name, params, without_avx2):
+    shape = (1, 6, 2, 45, 128)
+    codec = _codec(name, params)
+    fmt = codec.kernel_format(shape[-1])
+    query, segments, all_k, all_v, _ = decode_attention_inputs(shape, torch.float32, codec, fmt)
+    out = attention.decode_attention(query, segments)
+    exact = exact_attention(query, all_k, all_v, None, shape[-1] ** -0.5)
+    assert float((out.double() - exact).norm() / exact.norm()) \
+        < ATTENTION_TOLERANCE[torch.float32]
 
 
 def test_packed_chunks_in_order_with_a_long_odd_cache():

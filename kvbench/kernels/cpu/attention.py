@@ -10,11 +10,11 @@ turned back once (R^T). The query heads that share a KV head (GQA) reuse each de
 segments (the full-precision tail) go through torch's matrix products.
 
 A row is decoded in slot-major order: position j * M + m holds dim 8 m + j (M = D / 8), so the 8
-codes in each `bits` bytes unpack from one word with constant shifts; the query and the summed
-values are permuted to match. Each layout's kernels are compiled on first use with its bit
-width, head size and group as constants (loops unrolled and vectorised), and sums are
-reassociated: results match softmax(q K^T * scaling + bias) V over the decoded K/V within
-float32 rounding, not bit for bit.
+codes in each `bits` bytes unpack from one word with constant shifts, all M words of a row at
+once as one SIMD vector (kvbench.kernels.cpu.row_decode); the query and the summed values are
+permuted to match. Each layout's kernels are compiled on first use with its bit width, head size
+and group as constants, and sums are reassociated: results match softmax(q K^T * scaling + bias)
+V over the decoded K/V within float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
+from kvbench.kernels.cpu.row_decode import row_decoder
 from kvbench.kernels.formats import (
     CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes,
 )
@@ -36,11 +37,13 @@ from kvbench.kernels.formats import (
 FAST = {"reassoc", "contract"}
 MIN_CHUNK = 256  # tokens per parallel job at least: a job's setup is not free
 JOBS_PER_THREAD = 4  # jobs per thread, so uneven ones even out
+PARALLEL_ROWS = 8192  # rows (sequence-heads x tokens) read at least for the kernels to go parallel
 # Every float16 bit pattern as float32: stored scales, mins and norms are looked up.
 HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 # numba's workqueue pool takes one caller at a time (the server's engine thread is the only one
 # there; this keeps any other from aborting the process)
 POOL = threading.Lock()
+NO_TABLE = np.zeros(8, np.float32)  # intq's codes are their values
 
 
 def as_float(x, half):
@@ -56,54 +59,52 @@ def _as_float_typed(x, half):
 
 
 @functools.cache
-def kernels(bits: int, dim: int, unit: int, has_min: bool):
-    """(scores, values) kernels for rows of `dim` codes of `bits` bits, one scale (and min,
-    has_min) per `unit` values."""
-    m_count, per_unit, mask = dim // 8, unit // 8, (1 << bits) - 1
+def kernels(bits: int, dim: int, unit: int, has_min: bool, lookup: bool):
+    """{parallel: (scores, values)}: the kernels for rows of `dim` codes of `bits` bits, one
+    scale (and min, has_min) per `unit` values, on numba's threads (parallel) or the caller's; a
+    code is its value (intq) or indexes a table (lookup)."""
+    per_unit = unit // 8
+    groups = -(-dim // 8 // per_unit)
+    decode_vector = row_decoder(bits, dim, per_unit, has_min, lookup)
 
-    @njit(inline="always", fastmath=FAST)
-    def decode_row(codes, scale, zmin, bh, t, table, row_scale, half, row):
-        packed = codes[bh, t]
-        for m in range(m_count):
-            g = m // per_unit
-            s = as_float(scale[bh, t, g], half) * row_scale
-            z = as_float(zmin[bh, t, g], half) if has_min else np.float32(0.0)
-            word = np.uint32(0)
-            for k in range(bits):
-                word |= np.uint32(packed[m * bits + k]) << np.uint32(8 * k)
-            for j in range(8):
-                row[j * m_count + m] = table[(word >> np.uint32(j * bits)) & np.uint32(mask)] \
-                    * s + z
+    @njit(inline="always")
+    def decode_row(codes, scale, zmin, bh, t, table, row_scale, half, factors, row):
+        for g in range(groups):
+            factors[0, g] = as_float(scale[bh, t, g], half) * row_scale
+            if has_min:
+                factors[1, g] = as_float(zmin[bh, t, g], half)
+        decode_vector(row.ctypes.data, codes[bh, t].ctypes.data, factors[0].ctypes.data,
+                      factors[1].ctypes.data, table.ctypes.data)
 
-    @njit(parallel=True, fastmath=FAST)
     def scores(q, codes, scale, zmin, table, row_scale, half, out, offset, chunks, per):
         tokens = codes.shape[1]
         for job in prange(q.shape[0] * chunks):
             bh, first = job // chunks, job % chunks * per
-            row = np.empty(dim, np.float32)
+            row, factors = np.empty(dim, np.float32), np.empty((2, groups), np.float32)
             for t in range(first, min(tokens, first + per)):
-                decode_row(codes, scale, zmin, bh, t, table, row_scale, half, row)
+                decode_row(codes, scale, zmin, bh, t, table, row_scale, half, factors, row)
                 for h in range(q.shape[1]):
                     acc = np.float32(0.0)
                     for i in range(dim):
                         acc += q[bh, h, i] * row[i]
                     out[bh, h, offset + t] = acc
 
-    @njit(parallel=True, fastmath=FAST)
     def values(w, codes, scale, zmin, table, row_scale, half, partial, offset, chunks, per):
         tokens = codes.shape[1]
         for job in prange(w.shape[0] * chunks):
             bh, first = job // chunks, job % chunks * per
             acc = partial[bh, job % chunks]
-            row = np.empty(dim, np.float32)
+            row, factors = np.empty(dim, np.float32), np.empty((2, groups), np.float32)
             for t in range(first, min(tokens, first + per)):
-                decode_row(codes, scale, zmin, bh, t, table, row_scale, half, row)
+                decode_row(codes, scale, zmin, bh, t, table, row_scale, half, factors, row)
                 for h in range(w.shape[1]):
                     p = w[bh, h, offset + t]
                     for i in range(dim):
                         acc[h, i] += p * row[i]
 
-    return scores, values
+    return {parallel: (njit(parallel=parallel, fastmath=FAST)(scores),
+                       njit(parallel=parallel, fastmath=FAST)(values))
+            for parallel in (False, True)}
 
 
 @functools.cache
@@ -113,10 +114,9 @@ def slot_order(dim: int) -> torch.Tensor:
     return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
 
 
-@functools.cache
-def _codes_as_floats(bits: int) -> np.ndarray:
-    """intq's "codebook": every code as its float value."""
-    return np.arange(1 << bits, dtype=np.float32)
+def _padded(table: np.ndarray) -> np.ndarray:
+    """A codebook padded to a multiple of 8 entries (the row decoder reads eight at a time)."""
+    return np.pad(table, (0, -len(table) % 8))
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -161,14 +161,14 @@ class _Side:
         codes = _flat(side["codes"])
         if isinstance(fmt, IntQFormat):
             self.args = (codes, _flat(side["scale"]), _flat(side["min"]),
-                         _codes_as_floats(fmt.bits), np.float32(1.0), HALF_TO_FLOAT)
-            self.kernels = kernels(fmt.bits, dim, fmt.group_size, True)
+                         NO_TABLE, np.float32(1.0), HALF_TO_FLOAT)
+            self.kernels = kernels(fmt.bits, dim, fmt.group_size, True, False)
         else:
             norms = _flat(side[fmt.norm_name])
             row_scale = 1.0 if self.turbo else 1.0 / fmt.scale32
-            self.args = (codes, norms, norms, fmt.tables(torch.device("cpu"))[0].numpy(),
+            self.args = (codes, norms, norms, _padded(fmt.tables(torch.device("cpu"))[0].numpy()),
                          np.float32(row_scale), HALF_TO_FLOAT)
-            self.kernels = kernels(fmt.bits, dim, fmt.block, False)
+            self.kernels = kernels(fmt.bits, dim, fmt.block, False, True)
         self.tokens = codes.shape[1]
 
     def jobs(self, bh: int) -> tuple[int, int]:
@@ -176,6 +176,13 @@ class _Side:
         want = max(1, -(-numba.get_num_threads() * JOBS_PER_THREAD // bh))
         per = max(MIN_CHUNK, -(-self.tokens // want))
         return -(-self.tokens // per), per
+
+    def kernel(self, which: int, bh: int):
+        """The scores (0) or values (1) kernel: on numba's threads for big reads, on the
+        caller's for small ones, where waking the pool costs more than the work (and its
+        threads then slow torch's next operations)."""
+        parallel = bh * self.tokens >= PARALLEL_ROWS and numba.get_num_threads() > 1
+        return self.kernels[parallel][which]
 
     def scores(self, q: torch.Tensor, out: torch.Tensor, offset: int) -> None:
         """Writes q's scores against these keys into out[..., offset:offset + tokens]."""
@@ -185,7 +192,7 @@ class _Side:
         if self.turbo:
             q = _rotate(q, self.fmt, inverse=False)
         q = q[..., slot_order(self.dim)].contiguous().numpy()
-        self.kernels[0](q, *self.args, out.numpy(), offset, *self.jobs(q.shape[0]))
+        self.kernel(0, q.shape[0])(q, *self.args, out.numpy(), offset, *self.jobs(q.shape[0]))
 
     def values(self, weights: torch.Tensor, offset: int) -> torch.Tensor:
         """These values summed by weights[..., offset:offset + tokens]."""
@@ -193,7 +200,8 @@ class _Side:
             return torch.matmul(weights[..., offset:offset + self.tokens], self.raw)
         chunks, per = self.jobs(weights.shape[0])
         partial = np.zeros((weights.shape[0], chunks, weights.shape[1], self.dim), np.float32)
-        self.kernels[1](weights.numpy(), *self.args, partial, offset, chunks, per)
+        self.kernel(1, weights.shape[0])(weights.numpy(), *self.args, partial, offset, chunks,
+                                         per)
         out = torch.empty(*weights.shape[:2], self.dim)
         out[..., slot_order(self.dim)] = torch.from_numpy(partial.sum(1))
         return _rotate(out, self.fmt, inverse=True) if self.turbo else out
