@@ -58,11 +58,27 @@ def _as_float_typed(x, half):
     return lambda x, half: np.float32(x)
 
 
+def _signatures(scale_dtype: type) -> tuple:
+    """The scores and values kernels' signatures: the arrays made here C-contiguous (so the
+    dot products vectorise), the cache's views of any layout, scales stored as `scale_dtype`."""
+    def array(dtype, ndim: int, layout: str = "C"):
+        return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, layout)
+
+    f32 = np.float32
+    stored = (array(np.uint8, 3, "A"), array(scale_dtype, 3, "A"), array(scale_dtype, 3, "A"),
+              array(f32, 1), types.float32, array(f32, 1))
+    place = (types.int64,) * 3  # offset, chunks, per
+    return (types.void(array(f32, 3), *stored, array(f32, 3), *place),
+            types.void(array(f32, 3), *stored, array(f32, 4), *place))
+
+
 @functools.cache
-def kernels(bits: int, dim: int, unit: int, has_min: bool, lookup: bool):
+def kernels(bits: int, dim: int, unit: int, has_min: bool, lookup: bool, scale_dtype: type):
     """{parallel: (scores, values)}: the kernels for rows of `dim` codes of `bits` bits, one
-    scale (and min, has_min) per `unit` values, on numba's threads (parallel) or the caller's; a
-    code is its value (intq) or indexes a table (lookup)."""
+    scale (and min, has_min) per `unit` values stored as `scale_dtype` (float16 as its uint16
+    bits), on numba's threads (parallel) or the caller's; a code is its value (intq) or indexes
+    a table (lookup). Compiled here, all four (~4 s), so the first call of a layout pays it
+    whatever its size: a benchmark's warm-up step covers it."""
     per_unit = unit // 8
     groups = -(-dim // 8 // per_unit)
     decode_vector = row_decoder(bits, dim, per_unit, has_min, lookup)
@@ -102,8 +118,9 @@ def kernels(bits: int, dim: int, unit: int, has_min: bool, lookup: bool):
                     for i in range(dim):
                         acc[h, i] += p * row[i]
 
-    return {parallel: (njit(parallel=parallel, fastmath=FAST)(scores),
-                       njit(parallel=parallel, fastmath=FAST)(values))
+    signatures = _signatures(scale_dtype)
+    return {parallel: tuple(njit(signature, parallel=parallel, fastmath=FAST)(kernel)
+                            for signature, kernel in zip(signatures, (scores, values)))
             for parallel in (False, True)}
 
 
@@ -114,8 +131,11 @@ def slot_order(dim: int) -> torch.Tensor:
     return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
 
 
-def _padded(table: np.ndarray) -> np.ndarray:
-    """A codebook padded to a multiple of 8 entries (the row decoder reads eight at a time)."""
+@functools.lru_cache(maxsize=64)
+def _codebook(fmt: CodebookFormat) -> np.ndarray:
+    """fmt's centroids padded to a multiple of 8 entries (the row decoder reads eight at a
+    time)."""
+    table = fmt.tables(torch.device("cpu"))[0].numpy()
     return np.pad(table, (0, -len(table) % 8))
 
 
@@ -137,12 +157,22 @@ def _fwht(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _rotate(x: torch.Tensor, fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
-    """Each block of x's rows: R x (the turbo query) or R^T x (the summed values)."""
+@functools.lru_cache(maxsize=64)
+def _rotation(fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
+    """The (block, block) matrix M with x @ M = R x for a row x (R^T x when inverse): the
+    butterflies applied to the identity, signs and scale folded in. One matrix product per call
+    costs a few microseconds, the butterflies' small operations ~0.4 ms."""
     _, _, d1, d2 = fmt.tables(torch.device("cpu"))
     first, then = (d2, d1) if inverse else (d1, d2)
+    hadamard = _fwht(torch.eye(fmt.block, dtype=torch.float64))
+    return (first.double()[:, None] * hadamard * then.double()[None, :]
+            / math.sqrt(fmt.block)).float()
+
+
+def _rotate(x: torch.Tensor, fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
+    """Each block of x's rows: R x (the turbo query) or R^T x (the summed values)."""
     blocks = x.reshape(*x.shape[:-1], -1, fmt.block)
-    return (_fwht(blocks * first) * then / math.sqrt(fmt.block)).reshape(x.shape)
+    return (blocks @ _rotation(fmt, inverse)).reshape(x.shape)
 
 
 class _Side:
@@ -162,13 +192,13 @@ class _Side:
         if isinstance(fmt, IntQFormat):
             self.args = (codes, _flat(side["scale"]), _flat(side["min"]),
                          NO_TABLE, np.float32(1.0), HALF_TO_FLOAT)
-            self.kernels = kernels(fmt.bits, dim, fmt.group_size, True, False)
+            self.kernels = kernels(fmt.bits, dim, fmt.group_size, True, False, np.uint16)
         else:
             norms = _flat(side[fmt.norm_name])
             row_scale = 1.0 if self.turbo else 1.0 / fmt.scale32
-            self.args = (codes, norms, norms, _padded(fmt.tables(torch.device("cpu"))[0].numpy()),
+            self.args = (codes, norms, norms, _codebook(fmt),
                          np.float32(row_scale), HALF_TO_FLOAT)
-            self.kernels = kernels(fmt.bits, dim, fmt.block, False, True)
+            self.kernels = kernels(fmt.bits, dim, fmt.block, False, True, norms.dtype.type)
         self.tokens = codes.shape[1]
 
     def jobs(self, bh: int) -> tuple[int, int]:
