@@ -59,6 +59,20 @@ def test_prompt_logits_are_the_streaming_masks(tiny_llama, params, budget):
     assert (other[0] - expected).abs().max() > 1e-2 * expected.abs().max()
 
 
+def test_making_room_mid_prefill_attends_through_sdpa(tiny_llama, monkeypatch):
+    """streamingllm's own causal mask goes to SDPA, which never holds a chunk's float32
+    attention weights (they set the ladder's peak at 32k): the float32 path is not taken."""
+    import kvbench.models.attention as attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("streamingllm's mask took the float32 attention")
+
+    monkeypatch.setattr(attention, "biased_attention", refuse)
+    session = TorchSession(tiny_llama, CPU)
+    method = implementation(build_method("streamingllm", {"budget": 24, "evict": "every_chunk"}))
+    prefill(session, session.new_cache(method), _ids(), method, chunk=CHUNK)
+
+
 def test_the_cache_never_holds_more_than_the_budget_and_a_chunk(tiny_llama):
     session = TorchSession(tiny_llama, CPU)
     highs = {}

@@ -52,12 +52,22 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
     if read.bias is None and not read.skip_below:
         out = sdpa_attention_forward(module, query, key, value, attention_mask,
                                      dropout=dropout, scaling=scaling, **kwargs)[0]
+    elif _one_mask_for_every_head(read.bias) and not read.skip_below:
+        # a policy's own causal mask (streamingllm making room mid-prefill): SDPA never holds
+        # the chunk's float32 attention weights, which set the peak of a chunked prefill
+        out = sdpa_attention_forward(module, query, key, value, read.bias[:, :1],
+                                     dropout=dropout, scaling=scaling, **kwargs)[0]
     else:
         out, sparse = biased_attention(query, key, value, attention_mask, read.bias, scaling,
                                        read.skip_below)
         out = out.transpose(1, 2).contiguous()
     read.attended(query, sparse)
     return out
+
+
+def _one_mask_for_every_head(bias: torch.Tensor | None) -> bool:
+    """A per-query bias (B, Hkv, q, T) that is one mask repeated over the heads (expanded)."""
+    return bias is not None and bias.dim() == 4 and (bias.shape[1] == 1 or bias.stride(1) == 0)
 
 
 def decode_attention_of(kernel: str):
