@@ -24,13 +24,6 @@ def _vector(ty, values):
     return ir.Constant(ir.VectorType(ty, len(values)), list(values))
 
 
-def _splat(builder, value, lanes: int):
-    one = builder.insert_element(ir.Constant(ir.VectorType(value.type, 1), ir.Undefined),
-                                 value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(one.type, ir.Undefined),
-                                  _vector(I32, [0] * lanes))
-
-
 def _pointer(builder, address, ty):
     return builder.inttoptr(address, ty.as_pointer())
 
