@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import weakref
 
 import numba
 import numpy as np
@@ -131,7 +132,23 @@ def slot_order(dim: int) -> torch.Tensor:
     return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
 
 
-@functools.lru_cache(maxsize=64)
+def _per_format(make):
+    """make(fmt, *args), computed once per format object and kept while the format lives (a
+    codec's format lives as long as the codec: every layer and side has its own, more than any
+    fixed-size cache holds)."""
+    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @functools.wraps(make)
+    def once(fmt, *args):
+        per_args = made.setdefault(fmt, {})
+        if args not in per_args:
+            per_args[args] = make(fmt, *args)
+        return per_args[args]
+
+    return once
+
+
+@_per_format
 def _codebook(fmt: CodebookFormat) -> np.ndarray:
     """fmt's centroids padded to a multiple of 8 entries (the row decoder reads eight at a
     time)."""
@@ -157,7 +174,7 @@ def _fwht(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@functools.lru_cache(maxsize=64)
+@_per_format
 def _rotation(fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
     """The (block, block) matrix M with x @ M = R x for a row x (R^T x when inverse): the
     butterflies applied to the identity, signs and scale folded in. One matrix product per call
