@@ -32,13 +32,38 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if read.layer_idx != module.layer_idx:
         raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
                            f" {read.layer_idx}")
-    if isinstance(read, BatchRead):  # each row alone, as its batch-1 step (one token: no mask)
-        outs = [_attend(module, row, query[i : i + 1], row.keys, row.values, None, scaling,
-                        dropout, **kwargs) for i, row in enumerate(read.rows)]
-        outs += [torch.zeros_like(outs[0])] * read.padding
-        return torch.cat(outs), None
+    if isinstance(read, BatchRead):
+        return _attend_rows(module, read, query, scaling, dropout, **kwargs), None
     return _attend(module, read, query, key, value, attention_mask, scaling, dropout,
                    **kwargs), None
+
+
+def _attend_rows(module, read: BatchRead, query, scaling, dropout, **kwargs) -> torch.Tensor:
+    """Each row alone, as its batch-1 step (one token: no mask), except that the rows whose
+    packed caches the CPU batched kernel reads, with the same formats, go through it together
+    (one call instead of one per row; a row's bits do not depend on the rows beside it)."""
+    outs: list = [None] * len(read.rows)
+    together: dict[tuple, list[int]] = {}
+    for i, row in enumerate(read.rows):
+        formats = None
+        if row.packed is not None and row.packed.kernel == "cpu":
+            from kvbench.kernels.cpu.batched import batch_formats
+
+            formats = batch_formats(row.packed.segments)
+        if formats is None:
+            outs[i] = _attend(module, row, query[i : i + 1], row.keys, row.values, None,
+                              scaling, dropout, **kwargs)
+        else:
+            together.setdefault(tuple(map(id, formats)), []).append(i)
+    for indices in together.values():
+        from kvbench.kernels.cpu.batched import decode_attention_rows
+
+        out = decode_attention_rows(query[indices], [read.rows[i].packed.segments
+                                                     for i in indices], scaling)
+        for i, row_out in zip(indices, out.transpose(1, 2)):
+            outs[i] = row_out[None]
+    outs += [torch.zeros_like(outs[0])] * read.padding
+    return torch.cat(outs)
 
 
 def _attend(module, read: AttentionRead, query, key, value, attention_mask, scaling, dropout,

@@ -23,7 +23,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.models.hf_cache import KVBenchCache, with_cache
-from kvbench.models.host import BatchRead
+from kvbench.models.host import BatchRead, append_batch
 
 MIN_ROWS = 4
 
@@ -44,8 +44,8 @@ class BatchLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if key_states.shape[-2] != 1:
             raise ValueError(f"a batched step feeds one token per row, got {key_states.shape[-2]}")
-        rows = [host.append(key_states[row : row + 1], value_states[row : row + 1], fused=True)
-                for row, host in enumerate(self.hosts)]
+        rows = append_batch(self.hosts, key_states[: len(self.hosts)],
+                            value_states[: len(self.hosts)])
         self.pending = BatchRead(self.layer_idx, rows, key_states.shape[0] - len(rows))
         # attention reads each row's own keys from the BatchRead; these only carry the shapes
         return key_states, value_states

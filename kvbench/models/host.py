@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.kernels.formats import PackedRead
-from kvbench.methods.core.codec_cache import newest_replaced
+from kvbench.methods.core.codec_cache import append_rows, newest_replaced
 from kvbench.methods.core.contracts import LayerCachePolicy
 
 
@@ -89,6 +89,12 @@ class LayerHost:
         """Append one step and say what attention reads. mask_kv_length: the keys the model's one
         shared causal mask was sized for (None: none). fused: a one-token step may be read as
         the policy stores it (its attention_segments) by the fused decode attention."""
+        self.check_read()
+        self.policy.append(keys, values)
+        return self.read_appended(keys, values, mask_kv_length, fused)
+
+    def check_read(self) -> None:
+        """Refuse a new step while the last one's read was left untaken."""
         if self.pending is not None:
             stale, self.pending = self.pending, None
             raise RuntimeError(
@@ -96,8 +102,11 @@ class LayerHost:
                 f" {stale.layer_idx} (a key bias, sparse-V, queries or packed segments); load"
                 " the model with kvbench.models.load_model (or load_mlx_model), which installs"
                 " kvbench's attention, and run it through the session or the cache's forward")
+
+    def read_appended(self, keys: Any, values: Any, mask_kv_length: int | None,
+                      fused: bool) -> AttentionRead:
+        """What attention reads after the policy took the step `keys`, `values` (append's)."""
         policy, steps = self.policy, keys.shape[-2]
-        policy.append(keys, values)
         self.started = True
         replace = self.exact_step and not policy.holds_exactly(steps)
         if fused and steps == 1 and not policy.value_skip_threshold \
@@ -150,6 +159,18 @@ class LayerHost:
         if not self.started:
             return 0
         return self.policy.retained_tokens + self.policy.summary_slots
+
+
+def append_batch(hosts: list[LayerHost], keys: Any, values: Any) -> list[AttentionRead]:
+    """One token of each of several sequences, row i of keys and values (rows, kv_heads, 1,
+    head_dim) to hosts[i]: the policies take their rows together
+    (kvbench.methods.core.codec_cache.append_rows packs them in one encode), then each row says
+    what its attention reads, as a fused one-token step's."""
+    for host in hosts:
+        host.check_read()
+    append_rows([host.policy for host in hosts], keys, values)
+    return [host.read_appended(keys[row : row + 1], values[row : row + 1], None, fused=True)
+            for row, host in enumerate(hosts)]
 
 
 class CacheHost:

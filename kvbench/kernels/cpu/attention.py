@@ -156,6 +156,26 @@ def _codebook(fmt: CodebookFormat) -> np.ndarray:
     return np.pad(table, (0, -len(table) % 8))
 
 
+def stored_names(fmt: KernelFormat) -> tuple[str, str]:
+    """The stored tensors a row's scale and min come from (a codebook's norm stands in for
+    both; its kernels never read the min)."""
+    if isinstance(fmt, IntQFormat):
+        return "scale", "min"
+    return fmt.norm_name, fmt.norm_name
+
+
+def read_layout(fmt: KernelFormat, dim: int, scale_dtype: type) -> tuple[tuple, np.ndarray,
+                                                                         np.float32]:
+    """How the kernels read fmt's rows of `dim` values whose scales are stored as
+    `scale_dtype`: (the layout, as kernels() takes it; the code table; the row scale)."""
+    if isinstance(fmt, IntQFormat):
+        return (fmt.bits, dim, fmt.group_size, True, False, scale_dtype), NO_TABLE, \
+            np.float32(1.0)
+    row_scale = 1.0 if fmt.kind == "turbo" else 1.0 / fmt.scale32
+    return (fmt.bits, dim, fmt.block, False, True, scale_dtype), _codebook(fmt), \
+        np.float32(row_scale)
+
+
 def _flat(t: torch.Tensor) -> np.ndarray:
     """(batch, kv_heads, tokens, ...) as a (batch * kv_heads, tokens, rest) array, float16 as
     its uint16 bits: a view of the packed cache (a leading slice of its tokens included)."""
@@ -186,7 +206,7 @@ def _rotation(fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
             / math.sqrt(fmt.block)).float()
 
 
-def _rotate(x: torch.Tensor, fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
+def rotate(x: torch.Tensor, fmt: CodebookFormat, inverse: bool) -> torch.Tensor:
     """Each block of x's rows: R x (the turbo query) or R^T x (the summed values)."""
     blocks = x.reshape(*x.shape[:-1], -1, fmt.block)
     return (blocks @ _rotation(fmt, inverse)).reshape(x.shape)
@@ -206,16 +226,11 @@ class _Side:
         if reason:
             raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
         codes = _flat(side["codes"])
-        if isinstance(fmt, IntQFormat):
-            self.args = (codes, _flat(side["scale"]), _flat(side["min"]),
-                         NO_TABLE, np.float32(1.0), HALF_TO_FLOAT)
-            self.kernels = kernels(fmt.bits, dim, fmt.group_size, True, False, np.uint16)
-        else:
-            norms = _flat(side[fmt.norm_name])
-            row_scale = 1.0 if self.turbo else 1.0 / fmt.scale32
-            self.args = (codes, norms, norms, _codebook(fmt),
-                         np.float32(row_scale), HALF_TO_FLOAT)
-            self.kernels = kernels(fmt.bits, dim, fmt.block, False, True, norms.dtype.type)
+        scale_name, min_name = stored_names(fmt)
+        scale = _flat(side[scale_name])
+        layout, table, row_scale = read_layout(fmt, dim, scale.dtype.type)
+        self.args = (codes, scale, _flat(side[min_name]), table, row_scale, HALF_TO_FLOAT)
+        self.kernels = kernels(*layout)
         self.tokens = codes.shape[1]
 
     def jobs(self, bh: int) -> tuple[int, int]:
@@ -237,7 +252,7 @@ class _Side:
             torch.matmul(q, self.raw.transpose(1, 2), out=out[..., offset:offset + self.tokens])
             return
         if self.turbo:
-            q = _rotate(q, self.fmt, inverse=False)
+            q = rotate(q, self.fmt, inverse=False)
         q = q[..., slot_order(self.dim)].contiguous().numpy()
         self.kernel(0, q.shape[0])(q, *self.args, out.numpy(), offset, *self.jobs(q.shape[0]))
 
@@ -251,7 +266,7 @@ class _Side:
                                          per)
         out = torch.empty(*weights.shape[:2], self.dim)
         out[..., slot_order(self.dim)] = torch.from_numpy(partial.sum(1))
-        return _rotate(out, self.fmt, inverse=True) if self.turbo else out
+        return rotate(out, self.fmt, inverse=True) if self.turbo else out
 
 
 def decode_attention(query: torch.Tensor, segments: list[KVSegment],

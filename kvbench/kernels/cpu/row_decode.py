@@ -126,3 +126,12 @@ def row_decoder(bits: int, dim: int, per_unit: int, has_min: bool, lookup: bool)
         return sig, codegen
 
     return decode_row
+
+
+@intrinsic
+def as_pointer(typingctx, address):
+    """The int64 `address` as a pointer, for numba.carray: a view of memory the caller holds."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.PointerType(I8))
+
+    return types.voidptr(types.int64), codegen

@@ -2,6 +2,8 @@
 keep_decoded() has switched it, decoded once as each chunk is packed (the decoded-once path)."""
 from __future__ import annotations
 
+import functools
+
 from kvbench.kernels.formats import KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
 
@@ -88,6 +90,7 @@ class CodecCache(LayerCachePolicy):
         self._raw_v = None
         # On the decoded-once path: every packed token, decoded and cast to the raw dtype.
         self._decoded: tuple[DecodedChunks, DecodedChunks] | None = None
+        self._read_kernels: tuple | None = None  # each codec's attention_kernel, once known
 
     def keep_decoded(self) -> bool:
         check_fresh(self, self._raw_k is None)
@@ -100,21 +103,39 @@ class CodecCache(LayerCachePolicy):
         return True
 
     def append(self, keys, values, queries=None) -> None:
+        spilled = self._extend(keys, values)
+        if spilled is not None:
+            k_old, v_old = spilled
+            self._store(self.key_codec.encode(k_old), self.value_codec.encode(v_old),
+                        k_old.shape[-2])
+
+    def _extend(self, keys, values) -> tuple | None:
+        """Append raw; the (keys, values) that leave the window now, to be packed, or None."""
         self._raw_k = self.ops.extend(self._raw_k, keys)
         self._raw_v = self.ops.extend(self._raw_v, values)
         spill = self._raw_k.shape[-2] - self.window
         spill -= spill % self._block
-        if spill > 0:
-            # copies, so the kept tail does not pin the storage of what was packed
-            k_old, v_old = self._raw_k[..., :spill, :], self._raw_v[..., :spill, :]
-            self._raw_k = self.ops.copy(self._raw_k[..., spill:, :])
-            self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
-            pk, pv = self.key_codec.encode(k_old), self.value_codec.encode(v_old)
-            self._packed.append((pk, pv))
-            self._packed_tokens += spill
-            if self._decoded is not None:
-                self._keep(pk, pv)
-            self._merge_packed()
+        if spill <= 0:
+            return None
+        # copies, so the kept tail does not pin the storage of what was packed
+        k_old, v_old = self._raw_k[..., :spill, :], self._raw_v[..., :spill, :]
+        self._raw_k = self.ops.copy(self._raw_k[..., spill:, :])
+        self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
+        return k_old, v_old
+
+    def _store(self, pk: Packed, pv: Packed, tokens: int, views: bool = False) -> None:
+        """Keep a packed chunk; `views` of a larger encode are copied unless merged (a copy)."""
+        self._packed.append((pk, pv))
+        self._packed_tokens += tokens
+        if self._decoded is not None:
+            self._keep(pk, pv)
+        self._merge_packed()
+        if views and self._packed[-1][0] is pk:
+            self._packed[-1] = (self._copied(pk), self._copied(pv))
+
+    def _copied(self, packed: Packed) -> Packed:
+        tensors = {name: self.ops.copy(t) for name, t in packed.tensors.items()}
+        return Packed(tensors, packed.shape, packed.dtype, packed.meta)
 
     def _keep(self, pk: Packed, pv: Packed) -> None:
         """Decode a chunk just packed, as attention_inputs() of the packed path would."""
@@ -174,9 +195,11 @@ class CodecCache(LayerCachePolicy):
         if self._decoded is not None or self._raw_k is None \
                 or not all(hasattr(codec, "attention_kernel") for codec in codecs):
             return None
-        device, dim = self._raw_k.device, self._raw_k.shape[-1]
-        (key_kernel, key_fmt), (value_kernel, value_fmt) = (
-            codec.attention_kernel(device, dim) or (None, None) for codec in codecs)
+        if self._read_kernels is None:  # the codecs, device and head size stay: asked once
+            device, dim = self._raw_k.device, self._raw_k.shape[-1]
+            self._read_kernels = tuple(codec.attention_kernel(device, dim) or (None, None)
+                                       for codec in codecs)
+        (key_kernel, key_fmt), (value_kernel, value_fmt) = self._read_kernels
         kernel = key_kernel if key_kernel == value_kernel else None
         for codec in codecs:
             if codec.impl_log is not None:
@@ -226,4 +249,42 @@ class CodecMethod(Implementation):
         return self.prefill_reads == "exact" or self.window >= UNBOUNDED_WINDOW
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        return CodecCache(self.codec(), self.codec(), self.window, self.on.arrays)
+        return CodecCache(*self.layer_codecs, self.window, self.on.arrays)
+
+    @functools.cached_property
+    def layer_codecs(self) -> tuple[Codec, Codec]:
+        """The key and the value codec every layer of every cache shares: a codec keeps nothing
+        of what it packed, and shared ones let a batched step pack all its rows at once
+        (append_rows)."""
+        return self.codec(), self.codec()
+
+
+def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
+    """Row i of keys and values (rows, kv_heads, tokens, head_dim) appended to policies[i]:
+    CodecCaches whose codecs are the same objects and chunk_separable, packing as many tokens
+    now, pack them in one encode per side for all their rows (each row's bytes are those its
+    own encode makes); any other policy appends its row alone."""
+    groups: dict[tuple, list] = {}
+    for row, policy in enumerate(policies):
+        k, v = keys[row : row + 1], values[row : row + 1]
+        codecs = (getattr(policy, "key_codec", None), getattr(policy, "value_codec", None))
+        if type(policy) is not CodecCache or not all(c.chunk_separable for c in codecs):
+            policy.append(k, v)
+            continue
+        spilled = policy._extend(k, v)
+        if spilled is not None:
+            group = (*map(id, codecs), spilled[0].shape[-2])
+            groups.setdefault(group, []).append((policy, spilled))
+    for members in groups.values():
+        first = members[0][0]
+        ops, tokens = first.ops, members[0][1][0].shape[-2]
+        pk = first.key_codec.encode(ops.concat([k for _, (k, _) in members], axis=0))
+        pv = first.value_codec.encode(ops.concat([v for _, (_, v) in members], axis=0))
+        for row, (policy, _) in enumerate(members):
+            policy._store(packed_row(pk, row), packed_row(pv, row), tokens, views=True)
+
+
+def packed_row(packed: Packed, row: int) -> Packed:
+    """Row `row` of a Packed of several sequences (their batch axis first), as views."""
+    tensors = {name: t[row : row + 1] for name, t in packed.tensors.items()}
+    return Packed(tensors, (1, *packed.shape[1:]), packed.dtype, dict(packed.meta))

@@ -36,7 +36,10 @@ class Codec(ABC):
     # parts' sizes: true only where every decoded element comes from its own stored values by
     # elementwise operations (unpacking, lookups, multiplies, adds), never from a product or a
     # reduction whose kernel, and so whose rounding, may depend on how many rows are decoded at
-    # once. What lets a cache decode each chunk once (LayerCachePolicy.keep_decoded).
+    # once. What lets a cache decode each chunk once (LayerCachePolicy.keep_decoded). By the same
+    # token, encode of arrays joined along the batch gives each row the bytes its own encode
+    # gives: what lets a batched step pack every sequence's tokens in one call
+    # (kvbench.methods.core.codec_cache.append_rows).
     chunk_separable: bool = False
 
     @abstractmethod

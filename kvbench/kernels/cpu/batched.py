@@ -1,0 +1,197 @@
+"""The CPU fused decode attention of a batched step (kvbench.models.batch_step): every row's one
+query over its own cache in one kernel call per layer, instead of one call (and its Python and
+setup) per row.
+
+A row's cache is one packed segment then one raw float32 segment (either may be empty), each
+read where it lies: rows of any lengths, nothing padded or copied. The kernel gets a table of
+addresses and strides, one line per row, and runs one job per (row, KV head) on numba's threads,
+each whole: scores over the packed tokens (decoded row by row as kvbench.kernels.cpu.attention
+decodes them, turbo in its rotated domain) and the raw ones, softmax, then the weighted values.
+A row's result depends on its own cache alone: the same bits whatever rows share the step.
+"""
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+import torch
+from numba import carray, njit, prange, types
+
+from kvbench.kernels.cpu.attention import (
+    FAST, HALF_TO_FLOAT, POOL, as_float, read_layout, rotate, slot_order, stored_names,
+)
+from kvbench.kernels.cpu.row_decode import as_pointer, row_decoder
+from kvbench.kernels.formats import CodebookFormat, KernelFormat, KVSegment, token_axis
+
+# A row's line in the address table: (address, head stride, token stride) in bytes for the key
+# codes, scales and mins, the same for the values, for the raw keys and the raw values; then the
+# packed and the raw token counts.
+K_PACKED, V_PACKED, K_RAW, V_RAW, PACKED, RAW = 0, 9, 18, 21, 24, 25
+FIELDS = 26
+
+
+def batch_formats(segments: list[KVSegment]) -> tuple[KernelFormat, KernelFormat] | None:
+    """The (key, value) formats of a row whose segments the batched kernel reads: one packed
+    segment, then at most one raw float32 one (each token's values contiguous, as the codecs
+    and the model make them); None for any other row."""
+    packed, *raw = segments
+    if packed.key_format is None or len(raw) > 1 \
+            or (raw and (raw[0].key_format is not None or raw[0].keys.dtype != torch.float32)):
+        return None
+    return packed.key_format, packed.value_format
+
+
+def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
+                          scaling: float | None = None) -> torch.Tensor:
+    """Row i of query (rows, q_heads, [1,] head_dim) attended over rows[i]'s segments, every
+    row one batch_formats accepted with the same formats; query's shape and dtype."""
+    shape = query.shape
+    count, q_heads, dim = shape[0], shape[1], shape[-1]
+    first = rows[0][0]
+    key_fmt, value_fmt = first.key_format, first.value_format
+    kv_heads = first.keys["codes"].shape[1]
+    group = q_heads // kv_heads
+    q = query.detach().reshape(count, kv_heads, group, dim).float()
+    q_packed = rotate(q, key_fmt, inverse=False) if _turbo(key_fmt) else q
+    q_packed = q_packed[..., slot_order(dim)].contiguous()
+    table = np.array([_line(segments, key_fmt, value_fmt) for segments in rows], np.int64)
+    key_layout, key_table, key_scale = read_layout(key_fmt, dim, _scale_dtype(first.keys,
+                                                                              key_fmt))
+    value_layout, value_table, value_scale = read_layout(
+        value_fmt, dim, _scale_dtype(first.values, value_fmt))
+    out_packed = torch.zeros(count, kv_heads, group, dim)
+    out_raw = torch.zeros(count, kv_heads, group, dim)
+    scaling = dim ** -0.5 if scaling is None else scaling
+    with POOL, torch.no_grad():
+        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        kernel(key_layout, value_layout, group)(
+            q_packed.numpy(), q.contiguous().numpy(), table, key_table, key_scale, value_table,
+            value_scale, HALF_TO_FLOAT, np.float32(scaling), out_packed.numpy(), out_raw.numpy())
+    natural = torch.empty_like(out_packed)
+    natural[..., slot_order(dim)] = out_packed
+    if _turbo(value_fmt):
+        natural = rotate(natural, value_fmt, inverse=True)
+    return (natural + out_raw).to(query.dtype).reshape(shape)
+
+
+def _turbo(fmt: KernelFormat) -> bool:
+    return isinstance(fmt, CodebookFormat) and fmt.kind == "turbo"
+
+
+def _scale_dtype(side: dict, fmt: KernelFormat) -> type:
+    dtype = side[stored_names(fmt)[0]].dtype
+    return np.uint16 if dtype == torch.float16 else np.float32
+
+
+def _line(segments: list[KVSegment], key_fmt: KernelFormat, value_fmt: KernelFormat) -> list[int]:
+    """A row's line of the address table."""
+    packed, *raw = segments
+    line = [*_places(packed.keys, key_fmt), *_places(packed.values, value_fmt)]
+    if raw:
+        for side in (raw[0].keys, raw[0].values):
+            size = side.element_size()
+            line += [side.data_ptr(), side.stride(1) * size, side.stride(2) * size]
+    else:
+        line += [0] * 6
+    return [*line, packed.tokens, raw[0].tokens if raw else 0]
+
+
+def _places(side: dict, fmt: KernelFormat) -> list[int]:
+    """(address, head stride, token stride) in bytes of the codes, scales and mins."""
+    places = []
+    for name in ("codes", *stored_names(fmt)):
+        tensor, size = side[name], side[name].element_size()
+        if tensor.stride(-1) != 1 or (tensor.dim() > 4 and tensor.stride(-2) != tensor.shape[-1]):
+            raise ValueError(f"a token's {name} are not contiguous: strides {tensor.stride()}")
+        axis = tensor.dim() + token_axis(fmt, name)
+        places += [tensor.data_ptr(), tensor.stride(1) * size, tensor.stride(axis) * size]
+    return places
+
+
+@functools.cache
+def _row_reader(bits: int, dim: int, unit: int, has_min: bool, lookup: bool, scale_dtype: type):
+    """read(line, first, head, token, table, row_scale, half, factors, row): the packed row of
+    (head, token) whose places start at line[first], decoded into `row` (slot-major)."""
+    per_unit = unit // 8
+    groups = -(-dim // 8 // per_unit)
+    decode_vector = row_decoder(bits, dim, per_unit, has_min, lookup)
+
+    @njit(inline="always")
+    def read(line, first, head, token, table, row_scale, half, factors, row):
+        codes = line[first] + head * line[first + 1] + token * line[first + 2]
+        scales = carray(as_pointer(line[first + 3] + head * line[first + 4]
+                                   + token * line[first + 5]), (groups,), scale_dtype)
+        mins = carray(as_pointer(line[first + 6] + head * line[first + 7]
+                                 + token * line[first + 8]), (groups,), scale_dtype)
+        for g in range(groups):
+            factors[0, g] = as_float(scales[g], half) * row_scale
+            if has_min:
+                factors[1, g] = as_float(mins[g], half)
+        decode_vector(row.ctypes.data, np.uint64(codes), factors[0].ctypes.data,
+                      factors[1].ctypes.data, table.ctypes.data)
+
+    return read, groups
+
+
+@functools.cache
+def kernel(key_layout: tuple, value_layout: tuple, group: int):
+    """The batched attention for keys and values of these layouts (read_layout's) and `group`
+    query heads per KV head, compiled on first use."""
+    read_key, key_groups = _row_reader(*key_layout)
+    read_value, value_groups = _row_reader(*value_layout)
+    dim, width = key_layout[1], max(key_groups, value_groups)
+
+    def attend(q_packed, q_raw, table, key_table, key_scale, value_table, value_scale, half,
+               scaling, out_packed, out_raw):
+        heads = q_packed.shape[1]
+        for job in prange(table.shape[0] * heads):
+            r, h = job // heads, job % heads
+            line = table[r]
+            packed, raw = line[PACKED], line[RAW]
+            weights = np.empty((group, packed + raw), np.float32)
+            row, factors = np.empty(dim, np.float32), np.empty((2, width), np.float32)
+            for t in range(packed):
+                read_key(line, K_PACKED, h, t, key_table, key_scale, half, factors, row)
+                for g in range(group):
+                    acc = np.float32(0.0)
+                    for i in range(dim):
+                        acc += q_packed[r, h, g, i] * row[i]
+                    weights[g, t] = acc * scaling
+            for t in range(raw):
+                keys = carray(as_pointer(line[K_RAW] + h * line[K_RAW + 1]
+                                         + t * line[K_RAW + 2]), (dim,), np.float32)
+                for g in range(group):
+                    acc = np.float32(0.0)
+                    for i in range(dim):
+                        acc += q_raw[r, h, g, i] * keys[i]
+                    weights[g, packed + t] = acc * scaling
+            for g in range(group):
+                top = weights[g].max()
+                total = np.float32(0.0)
+                for t in range(packed + raw):
+                    weights[g, t] = np.exp(weights[g, t] - top)
+                    total += weights[g, t]
+                weights[g] /= total
+            for t in range(packed):
+                read_value(line, V_PACKED, h, t, value_table, value_scale, half, factors, row)
+                for g in range(group):
+                    p = weights[g, t]
+                    for i in range(dim):
+                        out_packed[r, h, g, i] += p * row[i]
+            for t in range(raw):
+                values = carray(as_pointer(line[V_RAW] + h * line[V_RAW + 1]
+                                           + t * line[V_RAW + 2]), (dim,), np.float32)
+                for g in range(group):
+                    p = weights[g, packed + t]
+                    for i in range(dim):
+                        out_raw[r, h, g, i] += p * values[i]
+
+    f32 = types.float32
+    def array(dtype, ndim: int):
+        return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
+
+    signature = types.void(array(np.float32, 4), array(np.float32, 4), array(np.int64, 2),
+                           array(np.float32, 1), f32, array(np.float32, 1), f32,
+                           array(np.float32, 1), f32, array(np.float32, 4), array(np.float32, 4))
+    return njit(signature, parallel=True, fastmath=FAST)(attend)
