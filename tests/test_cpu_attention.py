@@ -184,23 +184,32 @@ benchmarks:
     assert len(packed.metrics["sdpa_vs_fused"].samples) == 1
 
 
-def test_the_batched_step_reads_every_row_through_it(tiny_llama):
-    """The server's batched decode step (kvbench.models.batch_step) reads each row's packed cache
-    with the CPU kernel: the logits of each row as its own one-token step's."""
+def test_the_batched_step_reads_every_row_through_it(tiny_llama, monkeypatch):
+    """The server's batched decode step (kvbench.models.batch_step) reads every row's packed
+    cache with one call of the batched CPU kernel per layer: the logits of each row as its own
+    one-token step's."""
+    from kvbench.kernels.cpu import batched
     from kvbench.models.session import TorchSession
+
+    calls, read_rows = [], batched.decode_attention_rows
+    monkeypatch.setattr(batched, "decode_attention_rows",
+                        lambda query, rows, scaling: calls.append(len(rows))
+                        or read_rows(query, rows, scaling))
 
     session = TorchSession(tiny_llama, CPU)
     method = implementation(build_method("intq", {"bits": 4, "group_size": 8}))
     prompts = [list(range(5, 40)), list(range(60, 81))]  # rows of different lengths
-    batched, alone = [session.new_cache(method) for _ in prompts], []
-    for prompt, cache in zip(prompts, batched):
+    caches, alone = [session.new_cache(method) for _ in prompts], []
+    for prompt, cache in zip(prompts, caches):
         session.step(prompt, cache)
     for prompt in prompts:
         cache = session.new_cache(method)
         session.step(prompt, cache)
         alone.append(session.step([7], cache)[0])
     method.impl_log.ran.clear()
-    rows = session.step_rows([7, 7], batched)
+    calls.clear()
+    rows = session.step_rows([7, 7], caches)
     assert method.impl_log.ran["decode attention"] == {"cpu"}
+    assert calls == [2] * session.num_layers
     for row, expected in zip(rows, alone):
         assert (row - expected[-1]).abs().max() < 1e-5 * expected.abs().max()

@@ -6,6 +6,7 @@ Each format's `unsupported()` says why a configuration has no kernel (None: it h
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -175,21 +176,34 @@ def turbo_unsupported(qjl: bool, outliers: int, rotation: str) -> str | None:
 class KVSegment:
     """Consecutive tokens of one layer's cache, as the fused decode attention reads them: keys
     and values each a raw tensor (batch, kv_heads, tokens, head_dim), or the stored tensors of
-    a packed layout with its format (None for raw)."""
+    a packed layout with its format (None for raw). `length`: only the first so many tokens
+    count (None: all); head() sets it rather than cutting the tensors."""
 
     keys: torch.Tensor | dict[str, torch.Tensor]
     values: torch.Tensor | dict[str, torch.Tensor]
     key_format: KernelFormat | None = None
     value_format: KernelFormat | None = None
+    length: int | None = None
 
     @property
     def tokens(self) -> int:
+        if self.length is not None:
+            return self.length
         if self.key_format is None:
             return self.keys.shape[-2]
         return self.keys["codes"].shape[token_axis(self.key_format, "codes")]
 
     def head(self, tokens: int) -> KVSegment:
-        """Its first `tokens` tokens, as views."""
+        """Its first `tokens` tokens."""
+        return dataclasses.replace(self, length=tokens)
+
+    def trimmed(self) -> KVSegment:
+        """The same tokens with tensors of exactly them (views): for readers that count tokens
+        by the tensors' shapes."""
+        if self.length is None:
+            return self
+        tokens = self.length
+
         def cut(side, fmt):
             if fmt is None:
                 return side[..., :tokens, :]

@@ -45,25 +45,32 @@ def _attend_rows(module, read: BatchRead, query, scaling, dropout, **kwargs) -> 
     outs: list = [None] * len(read.rows)
     together: dict[tuple, list[int]] = {}
     for i, row in enumerate(read.rows):
-        formats = None
-        if row.packed is not None and row.packed.kernel == "cpu":
-            from kvbench.kernels.cpu.batched import batch_formats
-
-            formats = batch_formats(row.packed.segments)
+        formats = _cpu_batch_formats(row)
         if formats is None:
             outs[i] = _attend(module, row, query[i : i + 1], row.keys, row.values, None,
                               scaling, dropout, **kwargs)
         else:
             together.setdefault(tuple(map(id, formats)), []).append(i)
-    for indices in together.values():
+    if together:
         from kvbench.kernels.cpu.batched import decode_attention_rows
 
-        out = decode_attention_rows(query[indices], [read.rows[i].packed.segments
-                                                     for i in indices], scaling)
-        for i, row_out in zip(indices, out.transpose(1, 2)):
-            outs[i] = row_out[None]
+        for indices in together.values():
+            out = decode_attention_rows(query[indices], [read.rows[i].packed.segments
+                                                         for i in indices], scaling)
+            for i, row_out in zip(indices, out.transpose(1, 2)):
+                outs[i] = row_out[None]
     outs += [torch.zeros_like(outs[0])] * read.padding
     return torch.cat(outs)
+
+
+def _cpu_batch_formats(row: AttentionRead) -> tuple | None:
+    """The (key, value) formats of a row the CPU batched kernel reads, or None (numba is
+    imported only when a row is read by the CPU kernel)."""
+    if row.packed is None or row.packed.kernel != "cpu":
+        return None
+    from kvbench.kernels.cpu.batched import batch_formats
+
+    return batch_formats(row.packed.segments)
 
 
 def _attend(module, read: AttentionRead, query, key, value, attention_mask, scaling, dropout,

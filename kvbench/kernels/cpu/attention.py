@@ -294,7 +294,7 @@ def _attend(q: torch.Tensor, segments: list[KVSegment], dim: int, scaling: float
             bias: torch.Tensor | None) -> torch.Tensor:
     """The attention of q (sequence-heads, group, dim) float32 over the segments."""
     sides = [(_Side(s.keys, s.key_format, dim), _Side(s.values, s.value_format, dim))
-             for s in segments]
+             for s in map(KVSegment.trimmed, segments)]
     scores = torch.empty(*q.shape[:2], sum(keys.tokens for keys, _ in sides))
     offset = 0
     for keys, _ in sides:

@@ -29,6 +29,11 @@ from kvbench.kernels.formats import CodebookFormat, KernelFormat, KVSegment, tok
 # packed and the raw token counts.
 K_PACKED, V_PACKED, K_RAW, V_RAW, PACKED, RAW = 0, 9, 18, 21, 24, 25
 FIELDS = 26
+# Rows (KV heads x tokens, over all sequences) read at least for the kernel to go parallel. A
+# 25-row model step over ~200-token caches (15k rows) took 0.80x identity's step time with the
+# kernel on the caller's thread against 0.74x on numba's for turbo3 (intq4 alike either way; 2
+# cores, steps interleaved): waking the pool costs more than it saves there.
+PARALLEL_ROWS = 1 << 16
 
 
 def batch_formats(segments: list[KVSegment]) -> tuple[KernelFormat, KernelFormat] | None:
@@ -65,7 +70,9 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
     scaling = dim ** -0.5 if scaling is None else scaling
     with POOL, torch.no_grad():
         numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-        kernel(key_layout, value_layout, group)(
+        parallel = int(table[:, PACKED:].sum()) * kv_heads >= PARALLEL_ROWS \
+            and numba.get_num_threads() > 1
+        kernel(key_layout, value_layout, group, parallel)(
             q_packed.numpy(), q.contiguous().numpy(), table, key_table, key_scale, value_table,
             value_scale, HALF_TO_FLOAT, np.float32(scaling), out_packed.numpy(), out_raw.numpy())
     natural = torch.empty_like(out_packed)
@@ -88,12 +95,10 @@ def _line(segments: list[KVSegment], key_fmt: KernelFormat, value_fmt: KernelFor
     """A row's line of the address table."""
     packed, *raw = segments
     line = [*_places(packed.keys, key_fmt), *_places(packed.values, value_fmt)]
-    if raw:
-        for side in (raw[0].keys, raw[0].values):
-            size = side.element_size()
-            line += [side.data_ptr(), side.stride(1) * size, side.stride(2) * size]
-    else:
-        line += [0] * 6
+    for side in (raw[0].keys, raw[0].values) if raw else ():
+        size, strides = side.element_size(), side.stride()
+        line += [side.data_ptr(), strides[1] * size, strides[2] * size]
+    line += [0] * (PACKED - len(line))
     return [*line, packed.tokens, raw[0].tokens if raw else 0]
 
 
@@ -101,11 +106,13 @@ def _places(side: dict, fmt: KernelFormat) -> list[int]:
     """(address, head stride, token stride) in bytes of the codes, scales and mins."""
     places = []
     for name in ("codes", *stored_names(fmt)):
-        tensor, size = side[name], side[name].element_size()
-        if tensor.stride(-1) != 1 or (tensor.dim() > 4 and tensor.stride(-2) != tensor.shape[-1]):
-            raise ValueError(f"a token's {name} are not contiguous: strides {tensor.stride()}")
-        axis = tensor.dim() + token_axis(fmt, name)
-        places += [tensor.data_ptr(), tensor.stride(1) * size, tensor.stride(axis) * size]
+        tensor = side[name]
+        size, strides = tensor.element_size(), tensor.stride()
+        # the row decoder reads a token's values as one run of bytes
+        if strides[-1] != 1 or (len(strides) > 4 and strides[-2] != tensor.shape[-1]):
+            raise ValueError(f"a token's {name} are not contiguous: strides {strides}")
+        places += [tensor.data_ptr(), strides[1] * size,
+                   strides[len(strides) + token_axis(fmt, name)] * size]
     return places
 
 
@@ -135,9 +142,10 @@ def _row_reader(bits: int, dim: int, unit: int, has_min: bool, lookup: bool, sca
 
 
 @functools.cache
-def kernel(key_layout: tuple, value_layout: tuple, group: int):
+def kernel(key_layout: tuple, value_layout: tuple, group: int, parallel: bool):
     """The batched attention for keys and values of these layouts (read_layout's) and `group`
-    query heads per KV head, compiled on first use."""
+    query heads per KV head, on numba's threads (parallel) or the caller's, compiled on first
+    use (~4 s). Both give the same bits (tested): a job's loops are the same code either way."""
     read_key, key_groups = _row_reader(*key_layout)
     read_value, value_groups = _row_reader(*value_layout)
     dim, width = key_layout[1], max(key_groups, value_groups)
@@ -194,4 +202,4 @@ def kernel(key_layout: tuple, value_layout: tuple, group: int):
     signature = types.void(array(np.float32, 4), array(np.float32, 4), array(np.int64, 2),
                            array(np.float32, 1), f32, array(np.float32, 1), f32,
                            array(np.float32, 1), f32, array(np.float32, 4), array(np.float32, 4))
-    return njit(signature, parallel=True, fastmath=FAST)(attend)
+    return njit(signature, parallel=parallel, fastmath=FAST)(attend)

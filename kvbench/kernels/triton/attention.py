@@ -331,7 +331,7 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     d_p2, gp = max(16, next_power_of_two(dim)), max(16, next_power_of_two(group))
     programs = batch * kv_heads
     plans = []
-    for segment in segments:
+    for segment in map(KVSegment.trimmed, segments):
         n = segment.tokens
         count = splits or _default_splits(programs, n, q.device)
         per_split = SPLIT_UNIT * triton.cdiv(triton.cdiv(n, count), SPLIT_UNIT)

@@ -170,6 +170,8 @@ class CodecCache(LayerCachePolicy):
         return self.ops.concat(keys), self.ops.concat(values), None
 
     def attention_inputs_exact(self, keys, values):
+        if keys.shape[-2] == self.retained_tokens:  # the step is all it holds: nothing to decode
+            return keys, values, None
         stored_keys, stored_values = self._read_parts()
         return (self.ops.concat(newest_replaced(stored_keys, keys)),
                 self.ops.concat(newest_replaced(stored_values, values)), None)
@@ -253,10 +255,11 @@ class CodecMethod(Implementation):
 
     @functools.cached_property
     def layer_codecs(self) -> tuple[Codec, Codec]:
-        """The key and the value codec every layer of every cache shares: a codec keeps nothing
-        of what it packed, and shared ones let a batched step pack all its rows at once
-        (append_rows)."""
-        return self.codec(), self.codec()
+        """The key and the value codec, one object that every layer of every cache shares: a
+        codec keeps nothing of what it packed, and a shared one lets a batched step pack the keys
+        and values of all its rows at once (append_rows)."""
+        codec = self.codec()
+        return codec, codec
 
 
 def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
@@ -277,11 +280,16 @@ def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
             groups.setdefault(group, []).append((policy, spilled))
     for members in groups.values():
         first = members[0][0]
-        ops, tokens = first.ops, members[0][1][0].shape[-2]
-        pk = first.key_codec.encode(ops.concat([k for _, (k, _) in members], axis=0))
-        pv = first.value_codec.encode(ops.concat([v for _, (_, v) in members], axis=0))
+        ops, tokens, count = first.ops, members[0][1][0].shape[-2], len(members)
+        keys = [k for _, (k, _) in members]
+        values = [v for _, (_, v) in members]
+        if first.key_codec is first.value_codec:  # keys and values in one encode too
+            pk = pv = first.key_codec.encode(ops.concat([*keys, *values], axis=0))
+        else:
+            pk = first.key_codec.encode(ops.concat(keys, axis=0))
+            pv, count = first.value_codec.encode(ops.concat(values, axis=0)), 0
         for row, (policy, _) in enumerate(members):
-            policy._store(packed_row(pk, row), packed_row(pv, row), tokens, views=True)
+            policy._store(packed_row(pk, row), packed_row(pv, count + row), tokens, views=True)
 
 
 def packed_row(packed: Packed, row: int) -> Packed:

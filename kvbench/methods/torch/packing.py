@@ -7,10 +7,16 @@ loop is over the 8 slots of a group, never over codes.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
 from kvbench.kernels.formats import check_bits, check_packed, code_slots, packed_length
+
+
+if sys.byteorder != "little":  # pack_bits reads a word's bytes in memory order
+    raise ImportError("kvbench's torch packing assumes a little-endian machine")
 
 
 def _pad_last(x: torch.Tensor, extra: int) -> torch.Tensor:
@@ -28,13 +34,14 @@ def pack_bits(indices: torch.Tensor, bits: int) -> torch.Tensor:
     n = indices.shape[-1]
     groups = -(-n // 8)
     codes = _pad_last(indices, groups * 8 - n).unflatten(-1, (groups, 8))
-    out = torch.zeros(*codes.shape[:-1], bits, dtype=torch.uint8, device=indices.device)
-    for j, byte, shift, spills in code_slots(bits):
-        out[..., byte] |= codes[..., j] << shift  # uint8: bits past this byte fall off here
-        if spills:
-            out[..., byte + 1] |= codes[..., j] >> (8 - shift)
+    # a group's 8 codes side by side in one 64-bit word (the fields do not overlap, so the sum
+    # is their OR; 8-bit codes wrap past the sign bit, bit for bit); its low `bits` bytes, in
+    # memory order on a little-endian machine, are the group's packed bytes
+    shifts = torch.arange(0, 8 * bits, bits, dtype=torch.int64, device=indices.device)
+    words = (codes.to(torch.int64) << shifts).sum(-1, keepdim=True)
+    out = words.view(torch.uint8)[..., :bits]
     # Padding codes are zero, so the dropped tail bytes hold no information.
-    return out.flatten(-2)[..., : packed_length(n, bits)]
+    return out.flatten(-2)[..., : packed_length(n, bits)].contiguous()
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
