@@ -28,7 +28,6 @@ from kvbench.kernels.formats import CodebookFormat, KernelFormat, KVSegment, tok
 # codes, scales and mins, the same for the values, for the raw keys and the raw values; then the
 # packed and the raw token counts.
 K_PACKED, V_PACKED, K_RAW, V_RAW, PACKED, RAW = 0, 9, 18, 21, 24, 25
-FIELDS = 26
 # Rows (KV heads x tokens, over all sequences) read at least for the kernel to go parallel. A
 # 25-row model step over ~200-token caches (15k rows) took 0.80x identity's step time with the
 # kernel on the caller's thread against 0.74x on numba's for turbo3 (intq4 alike either way; 2
@@ -41,7 +40,7 @@ def batch_formats(segments: list[KVSegment]) -> tuple[KernelFormat, KernelFormat
     segment, then at most one raw float32 one (each token's values contiguous, as the codecs
     and the model make them); None for any other row."""
     packed, *raw = segments
-    if packed.key_format is None or len(raw) > 1 \
+    if packed.key_format is None or packed.value_format is None or len(raw) > 1 \
             or (raw and (raw[0].key_format is not None or raw[0].keys.dtype != torch.float32)):
         return None
     return packed.key_format, packed.value_format
@@ -97,6 +96,8 @@ def _line(segments: list[KVSegment], key_fmt: KernelFormat, value_fmt: KernelFor
     line = [*_places(packed.keys, key_fmt), *_places(packed.values, value_fmt)]
     for side in (raw[0].keys, raw[0].values) if raw else ():
         size, strides = side.element_size(), side.stride()
+        if strides[-1] != 1:
+            raise ValueError(f"a raw token's values are not contiguous: strides {strides}")
         line += [side.data_ptr(), strides[1] * size, strides[2] * size]
     line += [0] * (PACKED - len(line))
     return [*line, packed.tokens, raw[0].tokens if raw else 0]
