@@ -265,8 +265,9 @@ class CodecMethod(Implementation):
 def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
     """Row i of keys and values (rows, kv_heads, tokens, head_dim) appended to policies[i]:
     CodecCaches whose codecs are the same objects and chunk_separable, packing as many tokens
-    now, pack them in one encode per side for all their rows (each row's bytes are those its
-    own encode makes); any other policy appends its row alone."""
+    now, pack them for all their rows in one encode (keys and values together where one codec
+    packs both; each row's bytes are those its own encode makes); any other policy appends its
+    row alone."""
     groups: dict[tuple, list] = {}
     for row, policy in enumerate(policies):
         k, v = keys[row : row + 1], values[row : row + 1]

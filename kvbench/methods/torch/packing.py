@@ -2,8 +2,8 @@
 
 Code i of a row occupies bits [i*b, (i+1)*b) of the row's little-endian bit stream (bit k of the
 stream is bit k % 8 of byte k // 8). Any 8 consecutive codes fill exactly b bytes, so rows are cut
-into groups of 8 codes and the same few uint8 shifts run on every group at once: the only Python
-loop is over the 8 slots of a group, never over codes.
+into groups of 8 codes and the same few shifts run on every group at once: packing sums a group's
+shifted codes in one 64-bit word; unpacking loops over the 8 slots of a group, never over codes.
 """
 from __future__ import annotations
 
