@@ -213,11 +213,15 @@ class KVSegment:
                          self.key_format, self.value_format)
 
 
+def is_turbo(fmt: KernelFormat | None) -> bool:
+    """Whether fmt is turbo's layout (rows stored rotated, codes per block)."""
+    return isinstance(fmt, CodebookFormat) and fmt.kind == "turbo"
+
+
 def token_axis(fmt: KernelFormat, name: str) -> int:
     """The token axis of a packed layout's stored tensor `name` (turbo's codes are (..., tokens,
     blocks, bytes); every other tensor of a layout the attention reads has tokens second last)."""
-    return -3 if isinstance(fmt, CodebookFormat) and fmt.kind == "turbo" and name == "codes" \
-        else -2
+    return -3 if is_turbo(fmt) and name == "codes" else -2
 
 
 @dataclass

@@ -31,7 +31,7 @@ from numba.extending import overload
 
 from kvbench.kernels.cpu.row_decode import row_decoder
 from kvbench.kernels.formats import (
-    CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes,
+    CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes, is_turbo,
 )
 
 # Vectorised sums (reassociation) and fused multiply-adds; nothing assumed about inf or NaN.
@@ -59,12 +59,14 @@ def _as_float_typed(x, half):
     return lambda x, half: np.float32(x)
 
 
+def array(dtype: type, ndim: int, layout: str = "C") -> types.Array:
+    """numba's type of an array of `dtype` (a numpy scalar type), for eager signatures."""
+    return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, layout)
+
+
 def _signatures(scale_dtype: type) -> tuple:
     """The scores and values kernels' signatures: the arrays made here C-contiguous (so the
     dot products vectorise), the cache's views of any layout, scales stored as `scale_dtype`."""
-    def array(dtype, ndim: int, layout: str = "C"):
-        return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, layout)
-
     f32 = np.float32
     stored = (array(np.uint8, 3, "A"), array(scale_dtype, 3, "A"), array(scale_dtype, 3, "A"),
               array(f32, 1), types.float32, array(f32, 1))
@@ -217,7 +219,7 @@ class _Side:
 
     def __init__(self, side, fmt: KernelFormat | None, dim: int):
         self.fmt, self.dim = fmt, dim
-        self.turbo = isinstance(fmt, CodebookFormat) and fmt.kind == "turbo"
+        self.turbo = is_turbo(fmt)
         if fmt is None:
             self.raw = side.detach().float().reshape(-1, *side.shape[2:])
             self.tokens = self.raw.shape[1]

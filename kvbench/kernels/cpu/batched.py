@@ -19,10 +19,10 @@ import torch
 from numba import carray, njit, prange, types
 
 from kvbench.kernels.cpu.attention import (
-    FAST, HALF_TO_FLOAT, POOL, as_float, read_layout, rotate, slot_order, stored_names,
+    FAST, HALF_TO_FLOAT, POOL, array, as_float, read_layout, rotate, slot_order, stored_names,
 )
 from kvbench.kernels.cpu.row_decode import as_pointer, row_decoder
-from kvbench.kernels.formats import CodebookFormat, KernelFormat, KVSegment, token_axis
+from kvbench.kernels.formats import KernelFormat, KVSegment, is_turbo, token_axis
 
 # A row's line in the address table: (address, head stride, token stride) in bytes for the key
 # codes, scales and mins, the same for the values, for the raw keys and the raw values; then the
@@ -57,7 +57,7 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
     kv_heads = first.keys["codes"].shape[1]
     group = q_heads // kv_heads
     q = query.detach().reshape(count, kv_heads, group, dim).float()
-    q_packed = rotate(q, key_fmt, inverse=False) if _turbo(key_fmt) else q
+    q_packed = rotate(q, key_fmt, inverse=False) if is_turbo(key_fmt) else q
     q_packed = q_packed[..., slot_order(dim)].contiguous()
     table = np.array([_line(segments, key_fmt, value_fmt) for segments in rows], np.int64)
     key_layout, key_table, key_scale = read_layout(key_fmt, dim, _scale_dtype(first.keys,
@@ -76,13 +76,9 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
             value_scale, HALF_TO_FLOAT, np.float32(scaling), out_packed.numpy(), out_raw.numpy())
     natural = torch.empty_like(out_packed)
     natural[..., slot_order(dim)] = out_packed
-    if _turbo(value_fmt):
+    if is_turbo(value_fmt):
         natural = rotate(natural, value_fmt, inverse=True)
     return (natural + out_raw).to(query.dtype).reshape(shape)
-
-
-def _turbo(fmt: KernelFormat) -> bool:
-    return isinstance(fmt, CodebookFormat) and fmt.kind == "turbo"
 
 
 def _scale_dtype(side: dict, fmt: KernelFormat) -> type:
@@ -197,9 +193,6 @@ def kernel(key_layout: tuple, value_layout: tuple, group: int, parallel: bool):
                         out_raw[r, h, g, i] += p * values[i]
 
     f32 = types.float32
-    def array(dtype, ndim: int):
-        return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
-
     signature = types.void(array(np.float32, 4), array(np.float32, 4), array(np.int64, 2),
                            array(np.float32, 1), f32, array(np.float32, 1), f32,
                            array(np.float32, 1), f32, array(np.float32, 4), array(np.float32, 4))
