@@ -62,7 +62,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes)
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"
-        f" KV budget {kv_budget or 'none'})")
+        f" KV budget {kv_budget or 'none'}, prefill chunk {prefill_chunk})")
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
