@@ -104,7 +104,8 @@ def test_packed_chunks_in_order_with_a_long_odd_cache():
 @pytest.mark.parametrize("name,params,dim,reason", [
     ("intq", {"bits": 4, "group_size": 4}, 64, "group_size 4 is not a multiple of 8"),
     ("intq", {"bits": 4}, 60, "head_dim 60 is not a multiple of 8"),
-    ("kivi", {"bits": 2}, 64, "keys quantized per channel over tokens"),
+    ("kivi", {"bits": 2, "group_size": 4, "residual": 8}, 64,
+     "group_size 4 is not a multiple of 8"),
 ])
 def test_layouts_it_cannot_read_are_named(name, params, dim, reason):
     method = implementation(build_method(name, params))

@@ -71,19 +71,25 @@ class IntQFormat:
         return self.group_size if self.axis == "channel" else 1
 
     def attention_unsupported(self) -> str | None:
-        """Why the fused decode attention cannot read this layout (None: it can)."""
+        """Why the (Triton) fused decode attention cannot read this layout (None: it can)."""
         if self.axis != "token":
             return "keys quantized per channel over tokens"
         return self.unsupported()
 
     def cpu_attention_unsupported(self, dim: int) -> str | None:
         """Why the CPU fused decode attention cannot read rows of `dim` values (None: it can):
-        it unpacks 8 codes at a time, each 8 under one scale."""
-        if dim % 8:
-            return f"head_dim {dim} is not a multiple of 8"
+        it unpacks 8 codes at a time, each 8 under one scale; per channel, whole groups."""
         if self.group_size % 8:
             return f"group_size {self.group_size} is not a multiple of 8"
-        return self.attention_unsupported()
+        if self.axis == "token" and dim % 8:
+            return f"head_dim {dim} is not a multiple of 8"
+        return self.unsupported()
+
+    def stored_tokens(self, name: str, tokens: int) -> int:
+        """Entries along the last axis of the stored tensor `name` that hold `tokens` tokens of a
+        channel row (whole groups: bytes of codes, or scales and mins)."""
+        groups = -(-tokens // self.group_size)
+        return groups * self.group_size * self.bits // 8 if name == "codes" else groups
 
 
 @dataclass(eq=False)
@@ -191,15 +197,18 @@ class KVSegment:
             return self.length
         if self.key_format is None:
             return self.keys.shape[-2]
-        return self.keys["codes"].shape[token_axis(self.key_format, "codes")]
+        codes = self.keys["codes"]
+        if is_channel(self.key_format):  # whole bytes: a partial one has its length set
+            return codes.shape[-1] * 8 // self.key_format.bits
+        return codes.shape[token_axis(self.key_format, "codes")]
 
     def head(self, tokens: int) -> KVSegment:
         """Its first `tokens` tokens."""
         return dataclasses.replace(self, length=tokens)
 
     def trimmed(self) -> KVSegment:
-        """The same tokens with tensors of exactly them (views): for readers that count tokens
-        by the tensors' shapes."""
+        """The same tokens with tensors of exactly them (views; a channel layout's whole groups
+        of them, its length kept): for readers that count tokens by the tensors' shapes."""
         if self.length is None:
             return self
         tokens = self.length
@@ -207,10 +216,19 @@ class KVSegment:
         def cut(side, fmt):
             if fmt is None:
                 return side[..., :tokens, :]
+            if is_channel(fmt):
+                return {name: t[..., :fmt.stored_tokens(name, tokens)]
+                        for name, t in side.items()}
             return {name: t.narrow(token_axis(fmt, name), 0, tokens) for name, t in side.items()}
 
         return KVSegment(cut(self.keys, self.key_format), cut(self.values, self.value_format),
-                         self.key_format, self.value_format)
+                         self.key_format, self.value_format, length=tokens)
+
+
+def is_channel(fmt: KernelFormat | None) -> bool:
+    """Whether fmt stores rows of channels over tokens (intq axis "channel"): no tensor of it
+    has a token axis."""
+    return isinstance(fmt, IntQFormat) and fmt.axis == "channel"
 
 
 def is_turbo(fmt: KernelFormat | None) -> bool:
@@ -220,7 +238,7 @@ def is_turbo(fmt: KernelFormat | None) -> bool:
 
 def token_axis(fmt: KernelFormat, name: str) -> int:
     """The token axis of a packed layout's stored tensor `name` (turbo's codes are (..., tokens,
-    blocks, bytes); every other tensor of a layout the attention reads has tokens second last)."""
+    blocks, bytes); every other tensor of a per-token layout has tokens second last)."""
     return -3 if is_turbo(fmt) and name == "codes" else -2
 
 

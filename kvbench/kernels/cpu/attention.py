@@ -7,7 +7,8 @@ over all of them (torch), then the weighted sum of the values. Rows decode as th
 decode them (intq: code * scale + min; lloydmax: centroid * norm / scale); turbo stays in the
 rotated domain, as in the Triton kernel: the query is rotated once (R q) and the summed values
 turned back once (R^T). The query heads that share a KV head (GQA) reuse each decoded row. Raw
-segments (the full-precision tail) go through torch's matrix products.
+segments (the full-precision tail) go through torch's matrix products; rows of channels over
+tokens (kivi's keys) through kvbench.kernels.cpu.channel.
 
 A row is decoded in slot-major order: position j * M + m holds dim 8 m + j (M = D / 8), so the 8
 codes in each `bits` bytes unpack from one word with constant shifts, all M words of a row at
@@ -27,41 +28,21 @@ import numba
 import numpy as np
 import torch
 from numba import njit, prange, types
-from numba.extending import overload
 
+from kvbench.kernels.cpu.channel import ChannelSide
 from kvbench.kernels.cpu.row_decode import row_decoder
+from kvbench.kernels.cpu.stored import (
+    FAST, HALF_TO_FLOAT, MIN_CHUNK, array, as_float, flat, job_split, on_pool,
+)
 from kvbench.kernels.formats import (
-    CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes, is_turbo,
+    CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes, is_channel,
+    is_turbo,
 )
 
-# Vectorised sums (reassociation) and fused multiply-adds; nothing assumed about inf or NaN.
-FAST = {"reassoc", "contract"}
-MIN_CHUNK = 256  # tokens per parallel job at least: a job's setup is not free
-JOBS_PER_THREAD = 4  # jobs per thread, so uneven ones even out
-PARALLEL_ROWS = 8192  # rows (sequence-heads x tokens) read at least for the kernels to go parallel
-# Every float16 bit pattern as float32: stored scales, mins and norms are looked up.
-HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 # numba's workqueue pool takes one caller at a time (the server's engine thread is the only one
 # there; this keeps any other from aborting the process)
 POOL = threading.Lock()
 NO_TABLE = np.zeros(8, np.float32)  # intq's codes are their values
-
-
-def as_float(x, half):
-    """A stored scalar as float32: float16 (held as its uint16 bits, looked up in `half`) or
-    float32."""
-
-
-@overload(as_float, inline="always")
-def _as_float_typed(x, half):
-    if isinstance(x, types.Integer):
-        return lambda x, half: half[x]
-    return lambda x, half: np.float32(x)
-
-
-def array(dtype: type, ndim: int, layout: str = "C") -> types.Array:
-    """numba's type of an array of `dtype` (a numpy scalar type), for eager signatures."""
-    return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, layout)
 
 
 def _signatures(scale_dtype: type) -> tuple:
@@ -178,13 +159,6 @@ def read_layout(fmt: KernelFormat, dim: int, scale_dtype: type) -> tuple[tuple, 
         np.float32(row_scale)
 
 
-def _flat(t: torch.Tensor) -> np.ndarray:
-    """(batch, kv_heads, tokens, ...) as a (batch * kv_heads, tokens, rest) array, float16 as
-    its uint16 bits: a view of the packed cache (a leading slice of its tokens included)."""
-    t = t.detach().reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.float16 else t.numpy()
-
-
 def _fwht(x: torch.Tensor) -> torch.Tensor:
     """Unnormalised Walsh-Hadamard butterflies over the last dim, in kvbench's order."""
     n, h = x.shape[-1], 1
@@ -227,26 +201,21 @@ class _Side:
         reason = fmt.cpu_attention_unsupported(dim)
         if reason:
             raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
-        codes = _flat(side["codes"])
+        codes = flat(side["codes"])
         scale_name, min_name = stored_names(fmt)
-        scale = _flat(side[scale_name])
+        scale = flat(side[scale_name])
         layout, table, row_scale = read_layout(fmt, dim, scale.dtype.type)
-        self.args = (codes, scale, _flat(side[min_name]), table, row_scale, HALF_TO_FLOAT)
+        self.args = (codes, scale, flat(side[min_name]), table, row_scale, HALF_TO_FLOAT)
         self.kernels = kernels(*layout)
         self.tokens = codes.shape[1]
 
     def jobs(self, bh: int) -> tuple[int, int]:
-        """(chunks per sequence-head, tokens per chunk): enough jobs to fill every thread."""
-        want = max(1, -(-numba.get_num_threads() * JOBS_PER_THREAD // bh))
-        per = max(MIN_CHUNK, -(-self.tokens // want))
-        return -(-self.tokens // per), per
+        """(chunks per sequence-head, tokens per chunk)."""
+        return job_split(self.tokens, bh, MIN_CHUNK)
 
     def kernel(self, which: int, bh: int):
-        """The scores (0) or values (1) kernel: on numba's threads for big reads, on the
-        caller's for small ones, where waking the pool costs more than the work (and its
-        threads then slow torch's next operations)."""
-        parallel = bh * self.tokens >= PARALLEL_ROWS and numba.get_num_threads() > 1
-        return self.kernels[parallel][which]
+        """The scores (0) or values (1) kernel, on numba's threads for big reads."""
+        return self.kernels[on_pool(bh * self.tokens)][which]
 
     def scores(self, q: torch.Tensor, out: torch.Tensor, offset: int) -> None:
         """Writes q's scores against these keys into out[..., offset:offset + tokens]."""
@@ -269,6 +238,16 @@ class _Side:
         out = torch.empty(*weights.shape[:2], self.dim)
         out[..., slot_order(self.dim)] = torch.from_numpy(partial.sum(1))
         return rotate(out, self.fmt, inverse=True) if self.turbo else out
+
+
+def _side(side, fmt: KernelFormat | None, dim: int, tokens: int) -> _Side | ChannelSide:
+    """The reader of one side of a segment of `tokens` tokens."""
+    if is_channel(fmt):
+        reason = fmt.cpu_attention_unsupported(dim)
+        if reason:
+            raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
+        return ChannelSide(side, fmt, tokens)
+    return _Side(side, fmt, dim)
 
 
 def decode_attention(query: torch.Tensor, segments: list[KVSegment],
@@ -295,7 +274,8 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
 def _attend(q: torch.Tensor, segments: list[KVSegment], dim: int, scaling: float,
             bias: torch.Tensor | None) -> torch.Tensor:
     """The attention of q (sequence-heads, group, dim) float32 over the segments."""
-    sides = [(_Side(s.keys, s.key_format, dim), _Side(s.values, s.value_format, dim))
+    sides = [(_side(s.keys, s.key_format, dim, s.tokens),
+              _side(s.values, s.value_format, dim, s.tokens))
              for s in map(KVSegment.trimmed, segments)]
     scores = torch.empty(*q.shape[:2], sum(keys.tokens for keys, _ in sides))
     offset = 0

@@ -18,11 +18,12 @@ import numpy as np
 import torch
 from numba import carray, njit, prange, types
 
-from kvbench.kernels.cpu.attention import (
-    FAST, HALF_TO_FLOAT, POOL, array, as_float, read_layout, rotate, slot_order, stored_names,
-)
+from kvbench.kernels.cpu.attention import POOL, read_layout, rotate, slot_order, stored_names
+from kvbench.kernels.cpu.stored import FAST, HALF_TO_FLOAT, array, as_float
 from kvbench.kernels.cpu.row_decode import as_pointer, row_decoder
-from kvbench.kernels.formats import KernelFormat, KVSegment, is_turbo, token_axis
+from kvbench.kernels.formats import (
+    KernelFormat, KVSegment, is_channel, is_turbo, token_axis,
+)
 
 # A row's line in the address table: (address, head stride, token stride) in bytes for the key
 # codes, scales and mins, the same for the values, for the raw keys and the raw values; then the
@@ -37,13 +38,14 @@ PARALLEL_ROWS = 1 << 16
 
 def batch_formats(segments: list[KVSegment]) -> tuple[KernelFormat, KernelFormat] | None:
     """The (key, value) formats of a row whose segments the batched kernel reads: one packed
-    segment, then at most one raw float32 one (each token's values contiguous, as the codecs
-    and the model make them); None for any other row."""
+    segment of per-token layouts, then at most one raw float32 one (each token's values
+    contiguous, as the codecs and the model make them); None for any other row."""
     packed, *raw = segments
-    if packed.key_format is None or packed.value_format is None or len(raw) > 1 \
+    formats = packed.key_format, packed.value_format
+    if None in formats or any(map(is_channel, formats)) or len(raw) > 1 \
             or (raw and (raw[0].key_format is not None or raw[0].keys.dtype != torch.float32)):
         return None
-    return packed.key_format, packed.value_format
+    return formats
 
 
 def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],

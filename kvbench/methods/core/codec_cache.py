@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from kvbench.kernels.formats import KVSegment, PackedRead
+from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
@@ -65,6 +65,31 @@ def check_fresh(policy: LayerCachePolicy, fresh: bool) -> None:
                            " first append")
 
 
+class FusedReads:
+    """The fused decode attention that reads what a key and a value codec pack: both codecs'
+    attention_kernel (kvbench.methods.torch.base.TorchCodec), asked once (the codecs, device and
+    head size of a layer's cache stay), and noted as the "decode attention" at every read."""
+
+    def __init__(self, key_codec: Codec, value_codec: Codec):
+        self.codecs = (key_codec, value_codec)
+        self._kernels: tuple | None = None
+
+    def find(self, device, dim: int) -> tuple[str, KernelFormat, KernelFormat] | None:
+        """(kernel, key format, value format) when one kernel reads both codecs' layouts of
+        `dim` values on `device`; None: decode, then attention."""
+        if not all(hasattr(codec, "attention_kernel") for codec in self.codecs):
+            return None
+        if self._kernels is None:
+            self._kernels = tuple(codec.attention_kernel(device, dim) or (None, None)
+                                  for codec in self.codecs)
+        (key_kernel, key_fmt), (value_kernel, value_fmt) = self._kernels
+        kernel = key_kernel if key_kernel == value_kernel else None
+        for codec in self.codecs:
+            if codec.impl_log is not None:
+                codec.impl_log.note("decode attention", kernel or "torch")
+        return None if kernel is None else (kernel, key_fmt, value_fmt)
+
+
 class CodecCache(LayerCachePolicy):
     """Stores keys and values packed by `codec`; the newest `window` tokens (and any tokens that
     do not yet fill a whole `codec.token_block`) stay in full precision and count at their dtype.
@@ -90,7 +115,7 @@ class CodecCache(LayerCachePolicy):
         self._raw_v = None
         # On the decoded-once path: every packed token, decoded and cast to the raw dtype.
         self._decoded: tuple[DecodedChunks, DecodedChunks] | None = None
-        self._read_kernels: tuple | None = None  # each codec's attention_kernel, once known
+        self._fused = FusedReads(key_codec, value_codec)
 
     def keep_decoded(self) -> bool:
         check_fresh(self, self._raw_k is None)
@@ -193,21 +218,12 @@ class CodecCache(LayerCachePolicy):
         attention_kernel, kvbench.methods.torch.base.TorchCodec); noted as the "decode
         attention" each time it is asked. `exact`: the step's keys and values, read as given in
         place of their stored form (exact reads, when the step was packed as it came)."""
-        codecs = (self.key_codec, self.value_codec)
-        if self._decoded is not None or self._raw_k is None \
-                or not all(hasattr(codec, "attention_kernel") for codec in codecs):
+        if self._decoded is not None or self._raw_k is None:
             return None
-        if self._read_kernels is None:  # the codecs, device and head size stay: asked once
-            device, dim = self._raw_k.device, self._raw_k.shape[-1]
-            self._read_kernels = tuple(codec.attention_kernel(device, dim) or (None, None)
-                                       for codec in codecs)
-        (key_kernel, key_fmt), (value_kernel, value_fmt) = self._read_kernels
-        kernel = key_kernel if key_kernel == value_kernel else None
-        for codec in codecs:
-            if codec.impl_log is not None:
-                codec.impl_log.note("decode attention", kernel or "torch")
-        if kernel is None:
+        found = self._fused.find(self._raw_k.device, self._raw_k.shape[-1])
+        if found is None:
             return None
+        kernel, key_fmt, value_fmt = found
         segments = [KVSegment(pk.tensors, pv.tensors, key_fmt, value_fmt)
                     for pk, pv in self._packed]
         segments.append(KVSegment(self._raw_k, self._raw_v))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from kvbench.methods.core.codec_cache import DecodedChunks, check_fresh
+from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead, is_channel, token_axis
+from kvbench.methods.core.codec_cache import (
+    DecodedChunks, FusedReads, check_fresh, newest_dropped,
+)
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, SharesExactPrefill
 
 
@@ -52,6 +55,28 @@ class Stream:
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.packed) + self.ops.nbytes(self.raw)
 
+    def span(self, start: int, end: int, fmt: KernelFormat):
+        """Tokens [start, end) as a fused read takes them from one side of a segment: a raw
+        tensor, or the packed tensors that begin at `start` (views). A per-channel block read
+        from a token inside a group is decoded there instead (at most a chunk's worth)."""
+        if start >= self.packed_tokens:
+            first = start - self.packed_tokens
+            return self.raw[..., first : first + end - start, :]
+        (packed,) = self.packed
+        if not is_channel(fmt):
+            return {name: t.narrow(token_axis(fmt, name), start, end - start)
+                    for name, t in packed.tensors.items()}
+        group = fmt.group_size
+        first_group = start // group
+        tensors = {name: t[..., fmt.stored_tokens(name, first_group * group):]
+                   for name, t in packed.tensors.items()}
+        if start % group == 0:
+            return tensors
+        tokens = self.packed_tokens - first_group * group
+        window = Packed(tensors, (*packed.shape[:-2], tokens, packed.shape[-1]), packed.dtype)
+        decoded = self.ops.cast(self.codec.decode(window), self.raw.dtype)
+        return decoded[..., start % group : start % group + end - start, :]
+
     def held(self) -> list:
         decoded = [] if self.decoded is None else self.decoded.chunks
         return [t for p in self.packed for t in p.tensors.values()] + [self.raw, *decoded]
@@ -70,6 +95,7 @@ class KiviCache(LayerCachePolicy):
         self.values = Stream(value_codec, self.ops)
         self.key_chunk = residual or group_size
         self.residual = residual
+        self.fused = FusedReads(key_codec, value_codec)
 
     def append(self, keys, values, queries=None) -> None:
         self._quantize()
@@ -99,6 +125,31 @@ class KiviCache(LayerCachePolicy):
 
     def attention_inputs(self):
         return self.keys.read(), self.values.read(), None
+
+    def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
+        """The tokens cut where either side changes from packed to raw, each segment's sides
+        as Stream.span takes them, for a fused decode attention (both codecs' kernel: the CPU
+        one reads keys per channel); None on the decoded-once path or while a side holds
+        packed parts that did not merge."""
+        keys, values = self.keys, self.values
+        if keys.decoded is not None or keys.raw is None \
+                or len(keys.packed) > 1 or len(values.packed) > 1:
+            return None
+        found = self.fused.find(keys.raw.device, keys.raw.shape[-1])
+        if found is None:
+            return None
+        kernel, key_fmt, value_fmt = found
+        cuts = sorted({0, keys.packed_tokens, values.packed_tokens, self.retained_tokens})
+        segments = []
+        for start, end in zip(cuts, cuts[1:]):
+            key_side = keys.span(start, end, key_fmt)
+            value_side = values.span(start, end, value_fmt)
+            segments.append(KVSegment(
+                key_side, value_side, key_fmt if isinstance(key_side, dict) else None,
+                value_fmt if isinstance(value_side, dict) else None, length=end - start))
+        if exact is not None:
+            segments = [*newest_dropped(segments, exact[0].shape[-2]), KVSegment(*exact)]
+        return PackedRead(kernel, [segment for segment in segments if segment.tokens])
 
     @property
     def seen_tokens(self) -> int:
