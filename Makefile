@@ -19,7 +19,7 @@ demo: install
 
 test: install
 	$(BIN)/kvbench models prepare smollm2-135m
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The results page of every committed run (reports/index.html, linking each run's folder in
 # place), and its screenshot where Chromium is installed.

@@ -57,8 +57,10 @@ def _answers_alike(session, methods):
         store.close()
 
 
-# MLX on the bundled model is slow here (a reference BLAS): the quick test takes the tiny model
-@pytest.mark.parametrize("session_fixture", ["bundled_session", "tiny_mlx_session"])
+# MLX on the bundled model is slow here (a reference BLAS): the quick test takes the tiny model;
+# the bundled model on torch (~20-50 s) is in the slow run
+@pytest.mark.parametrize("session_fixture", [
+    pytest.param("bundled_session", marks=pytest.mark.slow), "tiny_mlx_session"])
 def test_samples_decoded_together_answer_as_alone(request, session_fixture):
     _answers_alike(request.getfixturevalue(session_fixture), QUICK)
 

@@ -27,11 +27,15 @@ def _relative_error(out: torch.Tensor, exact: torch.Tensor) -> float:
     return float((out.double() - exact).norm() / exact.norm())
 
 
-@pytest.mark.parametrize("bits,group", [(2, 32), (4, 16), (8, 8), (2, 8)])
-@pytest.mark.parametrize("value_axis", ["channel", "token"])
-@pytest.mark.parametrize("shape,cut", [((1, 4, 4, 64, 64), 0), ((2, 9, 3, 160, 64), 37),
-                                       ((1, 8, 1, 96, 128), 1), ((1, 6, 2, 32, 40), 11)],
-                         ids=["mha", "gqa3-batch2-cut", "mqa-cut1", "dim40-cut"])
+# (bits, group, values' axis, (batch, q_heads, kv_heads, tokens, head_dim), tokens cut off the
+# stored groups): kivi's default layout under GQA with a cut inside a group; MHA over whole
+# groups with values per channel too; MQA; a head_dim not a multiple of 8
+CASES = [(2, 32, "token", (2, 9, 3, 160, 64), 37), (4, 16, "channel", (1, 4, 4, 64, 64), 0),
+         (8, 8, "token", (1, 8, 1, 96, 128), 1), (2, 8, "channel", (1, 6, 2, 32, 40), 11),
+         (4, 8, "token", (1, 6, 2, 200, 64), 5)]
+
+
+@pytest.mark.parametrize("bits,group,value_axis,shape,cut", CASES)
 def test_matches_attention_over_the_decoded_cache(bits, group, value_axis, shape, cut,
                                                   monkeypatch):
     """Packed keys per channel (values per channel, or per token as KIVI's), read up to a token

@@ -387,6 +387,7 @@ def test_an_mlx_cache_without_the_path_says_so(mlx_session):
                                          decoded_reads=True).decoded_reads
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_the_bundled_model_gives_the_same_logits_on_both_paths(bundled):
     from kvbench.models.session import TorchSession

@@ -58,7 +58,8 @@ def _resume(tmp_path: Path, out: Path) -> str:
     return output
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+@pytest.mark.parametrize("stop", [
+    signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["sigint", "sigterm"])
 def test_a_stop_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_path, reference,
                                                                           stop):
     out, output, code = _stop_mid_case(tmp_path, lambda p: p.send_signal(stop))

@@ -46,6 +46,7 @@ def test_a_segfault_costs_its_case_only(tmp_path):
     assert kept["case"] == after.id and kept["i"] == 7 and kept["pid"] != os.getpid()
 
 
+@pytest.mark.slow
 def test_a_hang_the_alarm_cannot_stop_is_killed(tmp_path, monkeypatch):
     monkeypatch.setattr(isolation, "GRACE_S", 1.0)
     cases, _ = _run(tmp_path, "Hang", timeout=1, sleep=60)

@@ -427,6 +427,7 @@ def test_bundled_identity_parity(bundled):
     assert out.metrics["kv_bytes"].value == 159 * 30 * 2 * 3 * 64 * 4
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_bundled_intq_two_bits_changes_perplexity_eight_bits_barely(bundled):
     from kvbench.methods.settings.intq import IntQ
@@ -442,6 +443,7 @@ def test_bundled_intq_two_bits_changes_perplexity_eight_bits_barely(bundled):
     assert math.isclose(two["compression_ratio"].value, 16 / 3, rel_tol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_bundled_two_bit_cache_is_separated_from_identity_over_windows(bundled):
     """Six windows, every one worse through a 2-bit cache: the sign test's smallest p at six

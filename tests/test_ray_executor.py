@@ -149,6 +149,7 @@ def test_a_suite_on_the_cluster_equals_the_local_run(cluster, tmp_path):
     assert len(kept) == 6 and str(os.getpid()) not in "".join(kept)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_case_costs_one_retry(cluster, tmp_path):
     marker = tmp_path / "dies-once.pid"
     first = ("  - kind: tests.plugins.kvb_testplugin:DiesOnce\n"
@@ -203,6 +204,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_a_case_whose_worker_dies_twice_is_an_error_and_the_run_goes_on(cluster, tmp_path):
     first = "  - kind: tests.plugins.kvb_testplugin:Segfault\n    methods: [Nop-knob1]"
     code, out = _on_ray([_suite(tmp_path, first), "--executor", "ray", "--address", cluster,
@@ -217,6 +219,7 @@ def test_a_case_whose_worker_dies_twice_is_an_error_and_the_run_goes_on(cluster,
     assert sum(c.status == "ok" for c in run.cases) == 6
 
 
+@pytest.mark.slow
 def test_a_hang_past_its_timeout_is_killed(cluster, tmp_path):
     from kvbench.run.ray_executor import RayExecutor
     from kvbench.run.runner import run_suite
@@ -262,6 +265,7 @@ def _quick_local_and_on_ray(cluster, tmp_path, *select):
     return ours
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_the_bundled_model_on_ray_gives_the_local_results(cluster, tmp_path, bundled):
     """The quick suite's proofs (on K/V captured from the model too) and its needle cases, for

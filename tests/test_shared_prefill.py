@@ -48,8 +48,10 @@ def _same_answers(session, methods, store):
             assert shared == own, (method.name, method.settings, compress)
 
 
-# MLX on the bundled model is slow here (a reference BLAS): the quick test takes the tiny model
-@pytest.mark.parametrize("session_fixture", ["bundled_session", "tiny_mlx_session"])
+# MLX on the bundled model is slow here (a reference BLAS): the quick test takes the tiny model;
+# the bundled model on torch (~20-50 s) is in the slow run
+@pytest.mark.parametrize("session_fixture", [
+    pytest.param("bundled_session", marks=pytest.mark.slow), "tiny_mlx_session"])
 def test_shared_prefill_answers_as_each_method_alone(request, session_fixture):
     session = request.getfixturevalue(session_fixture)
     methods = methods_on(session.memo_key[0], QUICK)

@@ -712,6 +712,7 @@ def test_the_pool_keeps_servers_for_later_cases_and_stops_the_oldest_when_full()
     assert closed == ["b", "a", "c"] and pool.servers == {}
 
 
+@pytest.mark.slow
 def test_mlx_lm_server_managed_on_loopback(tmp_path):
     """A real third-party server kvbench starts and stops: mlx_lm.server on the bundled model."""
     pytest.importorskip("mlx_lm")
