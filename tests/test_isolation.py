@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from kvbench.run import isolated as isolation
 from kvbench.run.runner import run_suite
 from kvbench.suite.loader import load_suite
