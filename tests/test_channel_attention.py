@@ -114,9 +114,10 @@ def _kivi(impl: str, **params):
 def test_kivi_in_a_model_decodes_through_it_by_default(params, tiny_llama):
     """impl "auto" on the CPU reads KIVI's packed keys per channel, its values per token and the
     raw tokens with the CPU kernel at one-token steps: the logits of the reference path
-    (decode, then SDPA) within float32 rounding, over steps that pack keys and values. (Over
-    longer runs the paths may part: keys packed from steps whose float32 rounding differed can
-    round to another 2-bit code; the read itself is checked step by step below.)"""
+    (decode, then SDPA) within float32 rounding carried through the steps, over steps that pack
+    keys and values. (The paths may part over longer runs: keys packed from steps whose rounding
+    differed can round to another code; the read itself is checked step by step below, at 2e-6.)
+    A token read from the wrong place moves logits by ~1e-1."""
     from kvbench.models.session import TorchSession
 
     session = TorchSession(tiny_llama, CPU)
@@ -130,7 +131,7 @@ def test_kivi_in_a_model_decodes_through_it_by_default(params, tiny_llama):
         ran[impl] = method.impl_log.ran["decode attention"]
     assert ran == {"torch": {"torch"}, "auto": {"cpu"}}
     scale = logits["torch"].abs().max()
-    assert (logits["auto"] - logits["torch"]).abs().max() < 1e-5 * scale
+    assert (logits["auto"] - logits["torch"]).abs().max() < 1e-4 * scale
 
 
 @pytest.mark.parametrize("bits,group,residual", [(2, 8, 16), (4, 16, 32), (2, 8, 0),

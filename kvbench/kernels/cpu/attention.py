@@ -32,7 +32,8 @@ from numba import njit, prange, types
 from kvbench.kernels.cpu.channel import ChannelSide
 from kvbench.kernels.cpu.row_decode import row_decoder
 from kvbench.kernels.cpu.stored import (
-    FAST, HALF_TO_FLOAT, MIN_CHUNK, array, as_float, flat, job_split, on_pool,
+    FAST, HALF_TO_FLOAT, MIN_CHUNK, NO_TABLE, array, as_float, flat, job_split, on_pool,
+    slot_order,
 )
 from kvbench.kernels.formats import (
     CodebookFormat, IntQFormat, KernelFormat, KVSegment, check_decode_shapes, is_channel,
@@ -42,7 +43,6 @@ from kvbench.kernels.formats import (
 # numba's workqueue pool takes one caller at a time (the server's engine thread is the only one
 # there; this keeps any other from aborting the process)
 POOL = threading.Lock()
-NO_TABLE = np.zeros(8, np.float32)  # intq's codes are their values
 
 
 def _signatures(scale_dtype: type) -> tuple:
@@ -106,13 +106,6 @@ def kernels(bits: int, dim: int, unit: int, has_min: bool, lookup: bool, scale_d
     return {parallel: tuple(njit(signature, parallel=parallel, fastmath=FAST)(kernel)
                             for signature, kernel in zip(signatures, (scores, values)))
             for parallel in (False, True)}
-
-
-@functools.cache
-def slot_order(dim: int) -> torch.Tensor:
-    """The dim held at each position of a slot-major row (made once per head size)."""
-    m_count = dim // 8
-    return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
 
 
 def _per_format(make):

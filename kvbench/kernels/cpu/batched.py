@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from numba import carray, njit, prange, types
 
-from kvbench.kernels.cpu.attention import POOL, read_layout, rotate, slot_order, stored_names
-from kvbench.kernels.cpu.stored import FAST, HALF_TO_FLOAT, array, as_float
+from kvbench.kernels.cpu.attention import POOL, read_layout, rotate, stored_names
+from kvbench.kernels.cpu.stored import FAST, HALF_TO_FLOAT, array, as_float, slot_order
 from kvbench.kernels.cpu.row_decode import as_pointer, row_decoder
 from kvbench.kernels.formats import (
     KernelFormat, KVSegment, is_channel, is_turbo, token_axis,

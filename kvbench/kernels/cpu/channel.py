@@ -1,13 +1,13 @@
 """Keys or values quantized per channel over tokens (intq axis "channel": KIVI's keys) read by
 the CPU fused decode attention where they lie, never decoded into memory.
 
-A channel's codes over one group of G tokens share a scale s and a min m, so a key's score is
-sum_d q_d (s_d c_dt + m_d) = sum_d (q_d s_d) c_dt + sum_d q_d m_d: per group, the query is scaled
-once per channel and the group's D x G block of codes unpacked once (8 codes from each `bits`
-bytes), then each query head of the KV head (GQA) sums the block along the channels with G
-tokens side by side in SIMD lanes. Values alike: per group and channel, s_d sum_t w_t c_dt +
-m_d sum_t w_t. Sums are reassociated: the results match attention over the decoded K/V within
-float32 rounding, not bit for bit.
+A channel's G codes of one group of tokens are `bits` x G / 8 consecutive bytes under one scale
+and min: a row for kvbench.kernels.cpu.row_decode's SIMD decoder, which turns them into G
+floats (code * scale + min, slot-major). Per group, the D x G block of every channel is decoded
+once, then each query head of the KV head (GQA) sums it along the channels with the group's
+tokens side by side in SIMD lanes (scores), or sums each channel's row against the tokens'
+weights (values). Sums are reassociated: the results match attention over the decoded K/V
+within float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import numpy as np
 import torch
 from numba import njit, prange, types
 
+from kvbench.kernels.cpu.row_decode import row_decoder
 from kvbench.kernels.cpu.stored import (
-    FAST, HALF_TO_FLOAT, MIN_CHUNK, array, as_float, flat, job_split, on_pool,
+    FAST, HALF_TO_FLOAT, MIN_CHUNK, NO_TABLE, array, as_float, flat, job_split, on_pool,
+    slot_order,
 )
 from kvbench.kernels.formats import IntQFormat
 
@@ -28,41 +30,39 @@ def kernels(bits: int, group_size: int, scale_dtype: type):
     """{parallel: (scores, values)} for channel rows of `bits`-bit codes in groups of
     `group_size` tokens, scales and mins stored as `scale_dtype` (float16 as its uint16 bits).
     Compiled here, all four, on first use."""
-    mask, slots = (1 << bits) - 1, group_size // 8
+    row_bytes = group_size * bits // 8
+    decode_vector = row_decoder(bits, group_size, group_size // 8, True, False)
+    # the token of the group at each position of a decoded row (the decoder's slot-major order)
+    token_at = slot_order(group_size).numpy()
 
     @njit(inline="always")
-    def unpack(codes, bh, g, block):
-        """The codes of group g, every channel, into block (channels, group_size)."""
-        first = g * group_size * bits // 8
+    def decode_block(codes, scale, zmin, half, bh, g, factors, block):
+        """Group g of every channel, decoded (code * scale + min) into block (channels,
+        group_size), each row slot-major, by the SIMD row decoder."""
         for d in range(block.shape[0]):
-            for s in range(slots):
-                at, word = first + s * bits, np.uint64(0)
-                for b in range(bits):
-                    word |= np.uint64(codes[bh, d, at + b]) << np.uint64(8 * b)
-                for k in range(8):
-                    block[d, s * 8 + k] = np.float32((word >> np.uint64(k * bits))
-                                                     & np.uint64(mask))
+            factors[0, 0] = as_float(scale[bh, d, g], half)
+            factors[1, 0] = as_float(zmin[bh, d, g], half)
+            decode_vector(block[d].ctypes.data, codes[bh, d].ctypes.data + g * row_bytes,
+                          factors[0].ctypes.data, factors[1].ctypes.data, NO_TABLE.ctypes.data)
 
     def scores(q, codes, scale, zmin, half, out, offset, tokens, chunks, per):
         dim, groups = q.shape[2], -(-tokens // group_size)
         for job in prange(q.shape[0] * chunks):
             bh, first = job // chunks, job % chunks * per
             block = np.empty((dim, group_size), np.float32)
-            acc = np.empty(group_size, np.float32)
+            factors, acc = np.empty((2, 1), np.float32), np.empty(group_size, np.float32)
             for g in range(first, min(groups, first + per)):
-                unpack(codes, bh, g, block)
-                start = offset + g * group_size
+                decode_block(codes, scale, zmin, half, bh, g, factors, block)
+                start, n = offset + g * group_size, tokens - g * group_size
                 for h in range(q.shape[1]):
                     acc[:] = 0.0
-                    base = np.float32(0.0)
                     for d in range(dim):
                         qd = q[bh, h, d]
-                        base += qd * as_float(zmin[bh, d, g], half)
-                        qs = qd * as_float(scale[bh, d, g], half)
-                        for t in range(group_size):
-                            acc[t] += qs * block[d, t]
-                    for t in range(min(group_size, tokens - g * group_size)):
-                        out[bh, h, start + t] = acc[t] + base
+                        for p in range(group_size):
+                            acc[p] += qd * block[d, p]
+                    for p in range(group_size):
+                        if token_at[p] < n:
+                            out[bh, h, start + token_at[p]] = acc[p]
 
     def values(w, codes, scale, zmin, half, partial, offset, tokens, chunks, per):
         dim, groups = partial.shape[3], -(-tokens // group_size)
@@ -70,19 +70,18 @@ def kernels(bits: int, group_size: int, scale_dtype: type):
             bh, first = job // chunks, job % chunks * per
             acc = partial[bh, job % chunks]
             block = np.empty((dim, group_size), np.float32)
+            factors, weights = np.empty((2, 1), np.float32), np.empty(group_size, np.float32)
             for g in range(first, min(groups, first + per)):
-                unpack(codes, bh, g, block)
-                start, n = offset + g * group_size, min(group_size, tokens - g * group_size)
+                decode_block(codes, scale, zmin, half, bh, g, factors, block)
+                start, n = offset + g * group_size, tokens - g * group_size
                 for h in range(w.shape[1]):
-                    total = np.float32(0.0)
-                    for t in range(n):
-                        total += w[bh, h, start + t]
+                    for p in range(group_size):
+                        weights[p] = w[bh, h, start + token_at[p]] if token_at[p] < n else 0.0
                     for d in range(dim):
                         s = np.float32(0.0)
-                        for t in range(n):
-                            s += w[bh, h, start + t] * block[d, t]
-                        acc[h, d] += as_float(scale[bh, d, g], half) * s \
-                            + as_float(zmin[bh, d, g], half) * total
+                        for p in range(group_size):
+                            s += weights[p] * block[d, p]
+                        acc[h, d] += s
 
     f32, stored = np.float32, array(scale_dtype, 3, "A")
     place = (types.int64,) * 4  # offset, tokens, chunks, per

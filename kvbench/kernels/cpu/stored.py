@@ -3,6 +3,8 @@ from their bits, numba's array types for eager signatures, views of the stored t
 a read is split into jobs for numba's threads."""
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ JOBS_PER_THREAD = 4  # jobs per thread, so uneven ones even out
 PARALLEL_ROWS = 8192  # rows (sequence-heads x tokens) read at least for the kernels to go parallel
 # Every float16 bit pattern as float32: stored scales, mins and norms are looked up.
 HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+NO_TABLE = np.zeros(8, np.float32)  # intq's codes are their values
 
 
 def as_float(x, half):
@@ -40,6 +43,13 @@ def flat(t: torch.Tensor) -> np.ndarray:
     bits: a view of the packed cache (a leading slice of its tokens included)."""
     t = t.detach().reshape(t.shape[0] * t.shape[1], t.shape[2], -1)
     return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.float16 else t.numpy()
+
+
+@functools.cache
+def slot_order(dim: int) -> torch.Tensor:
+    """The dim held at each position of a slot-major row (made once per head size)."""
+    m_count = dim // 8
+    return torch.arange(dim).reshape(m_count, 8).T.reshape(-1)
 
 
 def job_split(units: int, heads: int, least: int) -> tuple[int, int]:
