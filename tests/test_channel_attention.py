@@ -12,6 +12,7 @@ pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbenc
 from kvbench.kernels.cpu import attention, batched, channel  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
+from tests.plugins.model_runs import logits_by_read  # noqa: E402
 from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention, randn  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -122,13 +123,7 @@ def test_kivi_in_a_model_decodes_through_it_by_default(params, tiny_llama):
 
     session = TorchSession(tiny_llama, CPU)
     ids = torch.randint(0, 200, (90,), generator=torch.Generator().manual_seed(8)).tolist()
-    logits, ran = {}, {}
-    for impl in ("torch", "auto"):
-        method = _kivi(impl, **params)
-        cache = session.new_cache(method)
-        session.step(ids[:37], cache)
-        logits[impl] = torch.cat([session.step([t], cache)[0] for t in ids[37:]])
-        ran[impl] = method.impl_log.ran["decode attention"]
+    logits, ran = logits_by_read(session, lambda impl: _kivi(impl, **params), ids, 37)
     assert ran == {"torch": {"torch"}, "auto": {"cpu"}}
     scale = logits["torch"].abs().max()
     assert (logits["auto"] - logits["torch"]).abs().max() < 1e-4 * scale

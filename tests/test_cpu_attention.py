@@ -12,6 +12,7 @@ pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbenc
 from kvbench.kernels.cpu import attention, row_decode  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
+from tests.plugins.model_runs import logits_by_read  # noqa: E402
 from tests.plugins.tensors import (  # noqa: E402
     ATTENTION_TOLERANCE, decode_attention_inputs, exact_attention, randn,
 )
@@ -138,13 +139,9 @@ def test_a_model_decodes_through_it_by_default(name, params, tiny_llama):
 
     session = TorchSession(tiny_llama, CPU)
     ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(4)).tolist()
-    logits, ran = {}, {}
-    for impl in ("torch", "auto"):
-        method = implementation(build_method(name, {**params, "impl": impl}))
-        cache = session.new_cache(method)
-        session.step(ids[:30], cache)
-        logits[impl] = torch.cat([session.step([t], cache)[0] for t in ids[30:]])
-        ran[impl] = method.impl_log.ran["decode attention"]
+    logits, ran = logits_by_read(
+        session, lambda impl: implementation(build_method(name, {**params, "impl": impl})), ids,
+        30)
     assert ran == {"torch": {"torch"}, "auto": {"cpu"}}
     scale = logits["torch"].abs().max()
     assert (logits["auto"] - logits["torch"]).abs().max() < 1e-5 * scale

@@ -66,6 +66,20 @@ def stepped_logits(model, method, ids: torch.Tensor, prefill: int):
     return logits, cache
 
 
+def logits_by_read(session, make_method, ids: list[int], prefill: int) -> tuple[dict, dict]:
+    """Decode ids[prefill:] one token at a time after a prefill of ids[:prefill], once with
+    make_method("torch") (the reference read) and once with make_method("auto") (the fused one
+    where it applies): ({impl: the steps' logits}, {impl: what ran as the decode attention})."""
+    logits, ran = {}, {}
+    for impl in ("torch", "auto"):
+        method = make_method(impl)
+        cache = session.new_cache(method)
+        session.step(ids[:prefill], cache)
+        logits[impl] = torch.cat([session.step([t], cache)[0] for t in ids[prefill:]])
+        ran[impl] = method.impl_log.ran["decode attention"]
+    return logits, ran
+
+
 def methods_on(backend: str, methods: list[tuple[str, dict]]) -> list:
     """The (name, params) methods that have an implementation on `backend`, built for it."""
     from kvbench.methods import has_implementation, implementation

@@ -191,9 +191,6 @@ class _Side:
             self.raw = side.detach().float().reshape(-1, *side.shape[2:])
             self.tokens = self.raw.shape[1]
             return
-        reason = fmt.cpu_attention_unsupported(dim)
-        if reason:
-            raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
         codes = flat(side["codes"])
         scale_name, min_name = stored_names(fmt)
         scale = flat(side[scale_name])
@@ -234,13 +231,12 @@ class _Side:
 
 
 def _side(side, fmt: KernelFormat | None, dim: int, tokens: int) -> _Side | ChannelSide:
-    """The reader of one side of a segment of `tokens` tokens."""
-    if is_channel(fmt):
-        reason = fmt.cpu_attention_unsupported(dim)
-        if reason:
-            raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
-        return ChannelSide(side, fmt, tokens)
-    return _Side(side, fmt, dim)
+    """The reader of one side of a segment of `tokens` tokens; ValueError for a packed layout
+    the CPU kernels cannot read."""
+    reason = None if fmt is None else fmt.cpu_attention_unsupported(dim)
+    if reason:
+        raise ValueError(f"the CPU fused attention cannot read {fmt}: {reason}")
+    return ChannelSide(side, fmt, tokens) if is_channel(fmt) else _Side(side, fmt, dim)
 
 
 def decode_attention(query: torch.Tensor, segments: list[KVSegment],
