@@ -30,6 +30,13 @@ class Arrays(Protocol):
     def copy(self, x: Any) -> Any:
         """A copy, so a kept slice does not pin the storage it was cut from."""
 
+    def with_room(self, x: Any, axis: int, capacity: int) -> Any | None:
+        """x at the start of a new array `capacity` long along `axis` (the rest unset), for
+        write(); None where arrays are not written in place (MLX's)."""
+
+    def write(self, into: Any, at: int, x: Any, axis: int) -> None:
+        """x into `into` from index `at` along `axis`, in place."""
+
     def cast(self, x: Any, dtype: Any) -> Any: ...
 
     def where(self, condition: Any, x: Any, y: Any) -> Any:

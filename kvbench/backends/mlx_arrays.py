@@ -57,6 +57,12 @@ class MLXArrays(Arrays):
     def copy(self, x: mx.array) -> mx.array:
         return mx.contiguous(x)
 
+    def with_room(self, x: mx.array, axis: int, capacity: int) -> None:
+        return None  # mx.arrays are not written in place
+
+    def write(self, into: mx.array, at: int, x: mx.array, axis: int) -> None:
+        raise NotImplementedError("mx.arrays are not written in place: with_room gives none")
+
     def cast(self, x: mx.array, dtype) -> mx.array:
         return x.astype(dtype)
 

@@ -38,6 +38,18 @@ class TorchArrays(Arrays):
     def copy(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
+    def with_room(self, x: torch.Tensor, axis: int, capacity: int) -> torch.Tensor | None:
+        if x.device.type != "cpu":
+            return None  # the Triton read takes whole blocks: it would copy a view at every read
+        shape = list(x.shape)
+        shape[axis] = capacity
+        held = x.new_empty(shape)
+        held.narrow(axis, 0, x.shape[axis]).copy_(x)
+        return held
+
+    def write(self, into: torch.Tensor, at: int, x: torch.Tensor, axis: int) -> None:
+        into.narrow(axis, at, x.shape[axis]).copy_(x)
+
     def cast(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return x.to(dtype)
 

@@ -42,7 +42,11 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
 def _attend_rows(module, read: BatchRead, query, scaling, dropout, **kwargs) -> torch.Tensor:
     """Each row alone, as its batch-1 step (one token: no mask), except that the rows whose
     packed caches the CPU batched kernel reads, with the same formats, go through it together
-    (one call instead of one per row; a row's bits do not depend on the rows beside it)."""
+    (one call instead of one per row; a row's bits do not depend on the rows beside it), and
+    the lane's rows all together."""
+    if read.lane is not None:
+        out = read.lane.attend(query[: len(read.lane.lines)], scaling).transpose(1, 2)
+        return torch.cat([out, out.new_zeros(read.padding, *out.shape[1:])])
     outs: list = [None] * len(read.rows)
     together: dict[tuple, list[int]] = {}
     for i, row in enumerate(read.rows):

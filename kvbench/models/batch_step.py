@@ -23,6 +23,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.models.hf_cache import KVBenchCache, with_cache
+from kvbench.models.batch_lane import lane_step
 from kvbench.models.host import BatchRead, append_batch
 
 MIN_ROWS = 4
@@ -44,9 +45,14 @@ class BatchLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if key_states.shape[-2] != 1:
             raise ValueError(f"a batched step feeds one token per row, got {key_states.shape[-2]}")
-        rows = append_batch(self.hosts, key_states[: len(self.hosts)],
-                            value_states[: len(self.hosts)])
-        self.pending = BatchRead(self.layer_idx, rows, key_states.shape[0] - len(rows))
+        keys, values = key_states[: len(self.hosts)], value_states[: len(self.hosts)]
+        padding = key_states.shape[0] - len(self.hosts)
+        lane = lane_step(self.hosts, keys, values)
+        if lane is not None:
+            self.pending = BatchRead(self.layer_idx, [], padding, lane)
+        else:
+            self.pending = BatchRead(self.layer_idx, append_batch(self.hosts, keys, values),
+                                     padding)
         # attention reads each row's own keys from the BatchRead; these only carry the shapes
         return key_states, value_states
 

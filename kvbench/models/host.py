@@ -58,11 +58,13 @@ class AttentionRead:
 @dataclass
 class BatchRead:
     """One layer of a batched one-token step (kvbench.models.batch_step): each row's read, which
-    attention serves row by row as a batch-1 step's, then `padding` rows nobody reads."""
+    attention serves row by row as a batch-1 step's, or the lane's read of every row
+    (kvbench.models.batch_lane.LaneRead); then `padding` rows nobody reads."""
 
     layer_idx: int
     rows: list[AttentionRead]
     padding: int = 0
+    lane: Any = None
 
 
 class LayerHost:
@@ -202,6 +204,11 @@ class CacheHost:
     def begin_prompt(self, tokens: int) -> None:
         for policy in self.policies:
             policy.begin_prompt(tokens)
+
+    def reserve(self, tokens: int) -> None:
+        """The sequence will hold at most `tokens` tokens (LayerCachePolicy.reserve)."""
+        for policy in self.policies:
+            policy.reserve(tokens)
 
     def end_prefill(self) -> None:
         for policy in self.policies:

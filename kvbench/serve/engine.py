@@ -303,6 +303,8 @@ class Engine:
 
         try:
             request.cache = self.session.new_cache(self.method)
+            # room for every token it may hold: a step writes its token in place
+            request.cache.reserve(len(request.prompt) + request.max_tokens)
             self._caches.add(request.cache)
             if request.seed is not None:
                 request.generator = torch.Generator().manual_seed(request.seed)

@@ -12,6 +12,7 @@ A row's result depends on its own cache alone: the same bits whatever rows share
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -52,20 +53,41 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
                           scaling: float | None = None) -> torch.Tensor:
     """Row i of query (rows, q_heads, [1,] head_dim) attended over rows[i]'s segments, every
     row one batch_formats accepted with the same formats; query's shape and dtype."""
-    shape = query.shape
-    count, q_heads, dim = shape[0], shape[1], shape[-1]
     first = rows[0][0]
     key_fmt, value_fmt = first.key_format, first.value_format
-    kv_heads = first.keys["codes"].shape[1]
+    lines = [_line(segments, key_fmt, value_fmt) for segments in rows]
+    formats = RowFormats(key_fmt, value_fmt, scale_dtype(first.keys, key_fmt),
+                         scale_dtype(first.values, value_fmt))
+    return attend_lines(query, lines, formats, first.keys["codes"].shape[1], scaling)
+
+
+@dataclass(frozen=True)
+class RowFormats:
+    """The layouts of the rows' packed keys and values, and the dtypes their scales are stored
+    in (numpy's: float16 as its uint16 bits)."""
+
+    key: KernelFormat
+    value: KernelFormat
+    key_scale: type
+    value_scale: type
+
+
+def attend_lines(query: torch.Tensor, lines: list[list[int]], formats: RowFormats,
+                 kv_heads: int, scaling: float | None = None) -> torch.Tensor:
+    """Row i of query (rows, q_heads, [1,] head_dim) attended over the cache of `kv_heads` heads
+    whose places lines[i] gives (the address table's line: packed_places of the keys and of the values,
+    raw_places of the raw ones, then the packed and the raw token counts); query's shape and
+    dtype."""
+    shape = query.shape
+    count, q_heads, dim = shape[0], shape[1], shape[-1]
+    key_fmt, value_fmt = formats.key, formats.value
+    table = np.array(lines, np.int64)
     group = q_heads // kv_heads
     q = query.detach().reshape(count, kv_heads, group, dim).float()
     q_packed = rotate(q, key_fmt, inverse=False) if is_turbo(key_fmt) else q
     q_packed = q_packed[..., slot_order(dim)].contiguous()
-    table = np.array([_line(segments, key_fmt, value_fmt) for segments in rows], np.int64)
-    key_layout, key_table, key_scale = read_layout(key_fmt, dim, _scale_dtype(first.keys,
-                                                                              key_fmt))
-    value_layout, value_table, value_scale = read_layout(
-        value_fmt, dim, _scale_dtype(first.values, value_fmt))
+    key_layout, key_table, key_scale = read_layout(key_fmt, dim, formats.key_scale)
+    value_layout, value_table, value_scale = read_layout(value_fmt, dim, formats.value_scale)
     out_packed = torch.zeros(count, kv_heads, group, dim)
     out_raw = torch.zeros(count, kv_heads, group, dim)
     scaling = dim ** -0.5 if scaling is None else scaling
@@ -83,7 +105,8 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
     return (natural + out_raw).to(query.dtype).reshape(shape)
 
 
-def _scale_dtype(side: dict, fmt: KernelFormat) -> type:
+def scale_dtype(side: dict, fmt: KernelFormat) -> type:
+    """The dtype `side`'s scales are stored in, as the kernel reads them."""
     dtype = side[stored_names(fmt)[0]].dtype
     return np.uint16 if dtype == torch.float16 else np.float32
 
@@ -91,17 +114,27 @@ def _scale_dtype(side: dict, fmt: KernelFormat) -> type:
 def _line(segments: list[KVSegment], key_fmt: KernelFormat, value_fmt: KernelFormat) -> list[int]:
     """A row's line of the address table."""
     packed, *raw = segments
-    line = [*_places(packed.keys, key_fmt), *_places(packed.values, value_fmt)]
-    for side in (raw[0].keys, raw[0].values) if raw else ():
-        size, strides = side.element_size(), side.stride()
-        if strides[-1] != 1:
-            raise ValueError(f"a raw token's values are not contiguous: strides {strides}")
-        line += [side.data_ptr(), strides[1] * size, strides[2] * size]
-    line += [0] * (PACKED - len(line))
-    return [*line, packed.tokens, raw[0].tokens if raw else 0]
+    line = [*packed_places(packed.keys, key_fmt), *packed_places(packed.values, value_fmt)]
+    if raw:
+        line += [*raw_places(raw[0].keys), *raw_places(raw[0].values)]
+    return finished_line(line, packed.tokens, raw[0].tokens if raw else 0)
 
 
-def _places(side: dict, fmt: KernelFormat) -> list[int]:
+def finished_line(places: list[int], packed: int, raw: int) -> list[int]:
+    """The table's line of a row whose places (packed_places of the keys and the values, then
+    raw_places of the raw keys and values where it has raw tokens) are `places`."""
+    return [*places, *[0] * (PACKED - len(places)), packed, raw]
+
+
+def raw_places(side: torch.Tensor, row: int = 0) -> list[int]:
+    """(address, head stride, token stride) in bytes of row `row`'s raw float32 tokens."""
+    size, strides = side.element_size(), side.stride()
+    if strides[-1] != 1:
+        raise ValueError(f"a raw token's values are not contiguous: strides {strides}")
+    return [side.data_ptr() + row * strides[0] * size, strides[1] * size, strides[2] * size]
+
+
+def packed_places(side: dict, fmt: KernelFormat) -> list[int]:
     """(address, head stride, token stride) in bytes of the codes, scales and mins."""
     places = []
     for name in ("codes", *stored_names(fmt)):

@@ -6,12 +6,17 @@ import functools
 
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
+from kvbench.methods.core.room import Room
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
 # Decoded chunks held apart before they are joined into one: a read joins at most this many
 # arrays, and joining them costs a copy of the decoded cache only once every so many packs.
 MAX_DECODED_CHUNKS = 32
+# Room a reserving cache keeps past its packed tokens (never past what it reserved): the whole
+# block is joined once every so many tokens, and a request that stops early leaves at most this
+# much unused.
+ROOM_TOKENS = 256
 
 
 class DecodedChunks:
@@ -100,6 +105,11 @@ class CodecCache(LayerCachePolicy):
     arrays, merges included) and the cache can pack at all. Accounted bytes stay the packed ones;
     measured_bytes() counts the decoded copy too.
 
+    Told how many tokens it will hold (reserve()), it keeps the packed block in a Room with space
+    for up to ROOM_TOKENS more of them, where the codecs stack tokens and the arrays can be
+    written in place: a pack then writes after the block instead of joining it (measured_bytes()
+    counts the room).
+
     `ops`: the arrays it holds (kvbench.backends.arrays.Arrays): torch tensors or mx.arrays, by
     the same code."""
 
@@ -111,6 +121,8 @@ class CodecCache(LayerCachePolicy):
         self._block = max(key_codec.token_block, value_codec.token_block)
         self._packed: list[tuple[Packed, Packed]] = []
         self._packed_tokens = 0
+        self._reserved = 0
+        self._rooms: tuple[Room, Room] | None = None
         self._raw_k = None
         self._raw_v = None
         # On the decoded-once path: every packed token, decoded and cast to the raw dtype.
@@ -148,15 +160,59 @@ class CodecCache(LayerCachePolicy):
         self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
         return k_old, v_old
 
+    def reserve(self, tokens: int) -> None:
+        self._reserved = tokens
+
     def _store(self, pk: Packed, pv: Packed, tokens: int, views: bool = False) -> None:
         """Keep a packed chunk; `views` of a larger encode are copied unless merged (a copy)."""
-        self._packed.append((pk, pv))
         self._packed_tokens += tokens
         if self._decoded is not None:
             self._keep(pk, pv)
+        if self._rooms is not None and self._rooms[0].fits(tokens):
+            for room, packed in zip(self._rooms, (pk, pv)):
+                room.write(packed, self.ops)
+            return
+        self._packed = [*self._blocks(), (pk, pv)]
+        self._rooms = None
         self._merge_packed()
+        if len(self._packed) == 1 and self._packed_tokens < self._reserved:
+            self._rooms = self._make_rooms(*self._packed[0])
+            if self._rooms is not None:
+                self._packed = []
+                return
         if views and self._packed[-1][0] is pk:
             self._packed[-1] = (self._copied(pk), self._copied(pv))
+
+    def _blocks(self) -> list[tuple[Packed, Packed]]:
+        """The packed chunks in token order: the rooms' filled part, where there are rooms."""
+        if self._rooms is not None:
+            return [(self._rooms[0].filled(), self._rooms[1].filled())]
+        return self._packed
+
+    def step_rooms(self) -> tuple[Room, Room] | None:
+        """The rooms a one-token step's packed token goes straight into (kvbench.models.
+        batch_lane writes it there, then calls stepped()): when the cache packs every token as
+        it comes (window 0, blocks of one token, no decoded copies) and the rooms have space."""
+        if self.window or self._block != 1 or self._decoded is not None or self._rooms is None \
+                or not self._rooms[0].fits(1) or self._raw_k is None or self._raw_k.shape[-2]:
+            return None
+        return self._rooms
+
+    def stepped(self) -> None:
+        """One token was written to each of step_rooms()."""
+        self._packed_tokens += 1
+
+    def _make_rooms(self, pk: Packed, pv: Packed) -> tuple[Room, Room] | None:
+        """Rooms holding the packed block with space for ROOM_TOKENS more (never past the
+        reservation), or None where a codec does not stack tokens or the arrays are not
+        written in place."""
+        axes = self.key_codec.stacking_axis(pk), self.value_codec.stacking_axis(pv)
+        if None in axes:
+            return None
+        capacity = min(self._reserved, self._packed_tokens + ROOM_TOKENS)
+        rooms = tuple(Room.around(packed, axis, capacity, self.ops)
+                      for packed, axis in zip((pk, pv), axes))
+        return None if None in rooms else rooms
 
     def _copied(self, packed: Packed) -> Packed:
         tensors = {name: self.ops.copy(t) for name, t in packed.tensors.items()}
@@ -208,8 +264,9 @@ class CodecCache(LayerCachePolicy):
             keys, values = self._decoded
             return [*keys.chunks, self._raw_k], [*values.chunks, self._raw_v]
         dtype, cast = self._raw_k.dtype, self.ops.cast
-        keys = [cast(self.key_codec.decode(pk), dtype) for pk, _ in self._packed]
-        values = [cast(self.value_codec.decode(pv), dtype) for _, pv in self._packed]
+        blocks = self._blocks()
+        keys = [cast(self.key_codec.decode(pk), dtype) for pk, _ in blocks]
+        values = [cast(self.value_codec.decode(pv), dtype) for _, pv in blocks]
         return [*keys, self._raw_k], [*values, self._raw_v]
 
     def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
@@ -218,18 +275,23 @@ class CodecCache(LayerCachePolicy):
         attention_kernel, kvbench.methods.torch.base.TorchCodec); noted as the "decode
         attention" each time it is asked. `exact`: the step's keys and values, read as given in
         place of their stored form (exact reads, when the step was packed as it came)."""
-        if self._decoded is not None or self._raw_k is None:
-            return None
-        found = self._fused.find(self._raw_k.device, self._raw_k.shape[-1])
+        found = self.fused_read()
         if found is None:
             return None
         kernel, key_fmt, value_fmt = found
         segments = [KVSegment(pk.tensors, pv.tensors, key_fmt, value_fmt)
-                    for pk, pv in self._packed]
+                    for pk, pv in self._blocks()]
         segments.append(KVSegment(self._raw_k, self._raw_v))
         if exact is not None:
             segments = [*newest_dropped(segments, exact[0].shape[-2]), KVSegment(*exact)]
         return PackedRead(kernel, [segment for segment in segments if segment.tokens])
+
+    def fused_read(self) -> tuple[str, KernelFormat, KernelFormat] | None:
+        """(kernel, key format, value format) of the fused decode attention that reads what the
+        cache holds (noted as the "decode attention"), or None."""
+        if self._decoded is not None or self._raw_k is None:
+            return None
+        return self._fused.find(self._raw_k.device, self._raw_k.shape[-1])
 
     @property
     def seen_tokens(self) -> int:
@@ -243,12 +305,13 @@ class CodecCache(LayerCachePolicy):
     @property
     def retained_bytes(self) -> int:
         packed = sum(
-            self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._packed
+            self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._blocks()
         )
         return packed + self.ops.nbytes(self._raw_k, self._raw_v)
 
     def measured_bytes(self) -> int:
-        held = [t for pk, pv in self._packed for t in (*pk.tensors.values(), *pv.tensors.values())]
+        held = [t for pk, pv in self._blocks()
+                for t in (*pk.tensors.values(), *pv.tensors.values())]
         decoded = [] if self._decoded is None else [*self._decoded[0].chunks,
                                                     *self._decoded[1].chunks]
         return self.ops.held_bytes(*held, self._raw_k, self._raw_v, *decoded)

@@ -57,6 +57,12 @@ class Codec(ABC):
         Lets a cache hold one block instead of a chunk per decode step (decode cost per step)."""
         return None
 
+    def stacking_axis(self, packed: Packed) -> int | None:
+        """The axis (from the front) along which every stored array of `packed` holds one entry
+        per token, so that tokens can be written after the last in place (Room); None where
+        the layout does not stack tokens."""
+        return None
+
     def layout(self) -> str:
         """What a ratio built on this codec's bytes is made of."""
         return type(self).__name__
@@ -98,6 +104,11 @@ class LayerCachePolicy(ABC):
         """The prompt about to be fed has `tokens` tokens: told before its first forward by
         kvbench.models.session.prefill, which every benchmark and the server prefill through (a
         policy that evicts while prefilling sizes a ratio budget from it). Default: nothing."""
+
+    def reserve(self, tokens: int) -> None:
+        """The sequence will hold at most `tokens` tokens (the server's prompt + max_tokens): a
+        policy may hold room for them so that appending does not copy what it holds. Default:
+        nothing."""
 
     def end_prefill(self) -> None:
         """Called once after the prompt is in; compaction methods compress here."""

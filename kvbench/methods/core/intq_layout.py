@@ -16,6 +16,9 @@ class IntQLayout:
         self.axis = axis
         self.token_block = IntQFormat(bits, group_size, axis).token_block
 
+    def stacking_axis(self, packed: Packed) -> int | None:
+        return len(packed.shape) - 2 if self.axis == "token" else None
+
     def merge_axis(self, parts: list[Packed]) -> int | None:
         """The stored arrays' axis `parts` join along, or None where they cannot join."""
         if self.axis == "token":

@@ -44,7 +44,10 @@ class TokenwiseCodec(KernelCodec):
         return out
 
     def merge(self, parts: list[Packed]) -> Packed:
-        return concat_packed(parts, len(parts[0].shape) - 2, torch.cat)
+        return concat_packed(parts, self.stacking_axis(parts[0]), torch.cat)
+
+    def stacking_axis(self, packed: Packed) -> int:
+        return len(packed.shape) - 2
 
 
 def _token_slice(packed: Packed, start: int, stop: int) -> Packed:

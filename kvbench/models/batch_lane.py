@@ -1,0 +1,94 @@
+"""The short way through a batched decode step (kvbench.models.batch_step) for rows that all pack
+every token as it comes into room kept for it (kvbench.methods.core.codec_cache.CodecCache with
+window 0, reserved by the server) and are read by the CPU batched kernel: one encode for every
+row's token, each written where its row's block ends, and one table of addresses for the kernel,
+each row's packed places kept from step to step (its rooms do not move).
+
+It does what the general way (kvbench.models.host.append_batch, then each row's read) does to the
+same bits: the same encode of the joined rows, the same bytes stored, the same segments read
+(the packed tokens before the step and, for prefill_reads "exact", the step's keys and values as
+the model made them; else every packed token). It only skips the per-row objects; a step any
+row of which does not fit goes the general way.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvbench.kernels.formats import is_channel
+from kvbench.methods.core.codec_cache import packed_row
+
+# A room's packed places (packed_places of its arrays), made once: its arrays stay where they are.
+_PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class LaneRead:
+    """Every row's line of the address table and the layouts: what the kernel reads."""
+
+    lines: list[list[int]]
+    formats: Any  # kvbench.kernels.cpu.batched.RowFormats
+    kv_heads: int
+
+    def attend(self, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
+        from kvbench.kernels.cpu.batched import attend_lines
+
+        return attend_lines(query, self.lines, self.formats, self.kv_heads, scaling)
+
+
+def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead | None:
+    """Append row i of keys and values (rows, kv_heads, 1, head_dim) to hosts[i] and say what the
+    kernel reads, when every row takes the lane; None (nothing appended) when any does not."""
+    policies = [host.policy for host in hosts]
+    first = policies[0]
+    rooms = [getattr(policy, "step_rooms", _none)() for policy in policies]
+    if None in rooms or keys.dtype != torch.float32 or any(
+            host.pending is not None or not host.started or host.exact_step != hosts[0].exact_step
+            or policy.value_skip_threshold or policy.observes_queries
+            or policy.key_codec is not first.key_codec or policy.value_codec is not first.value_codec
+            for host, policy in zip(hosts, policies)):
+        return None
+    found = first.fused_read()
+    if found is None or found[0] != "cpu" or is_channel(found[1]) or is_channel(found[2]):
+        return None
+    # numba is imported only when a row is read by the CPU kernel
+    from kvbench.kernels.cpu.batched import RowFormats, finished_line, raw_places, scale_dtype
+
+    _, key_fmt, value_fmt = found
+    rows = len(policies)
+    if first.key_codec is first.value_codec:  # keys and values in one encode, as append_rows
+        pk = pv = first.key_codec.encode(torch.cat([keys, values]))
+        value_row = rows
+    else:
+        pk, pv, value_row = first.key_codec.encode(keys), first.value_codec.encode(values), 0
+    exact = hosts[0].exact_step
+    lines = []
+    for row, (policy, (key_room, value_room)) in enumerate(zip(policies, rooms)):
+        key_room.write(packed_row(pk, row), policy.ops)
+        value_room.write(packed_row(pv, value_row + row), policy.ops)
+        policy.stepped()
+        places = [*_places(key_room, key_fmt), *_places(value_room, value_fmt)]
+        if exact:  # the step's own keys and values, after the tokens packed before it
+            places += [*raw_places(keys, row), *raw_places(values, row)]
+        lines.append(finished_line(places, key_room.tokens - exact, int(exact)))
+    for host in hosts:
+        host.started = True
+    formats = RowFormats(key_fmt, value_fmt, scale_dtype(pk.tensors, key_fmt),
+                         scale_dtype(pv.tensors, value_fmt))
+    return LaneRead(lines, formats, keys.shape[1])
+
+
+def _none() -> None:
+    return None
+
+
+def _places(room: Any, fmt) -> list[int]:
+    places = _PLACES.get(room)
+    if places is None:
+        from kvbench.kernels.cpu.batched import packed_places
+
+        places = _PLACES[room] = packed_places(room.tensors, fmt)
+    return places

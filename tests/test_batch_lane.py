@@ -1,0 +1,143 @@
+"""Packed blocks with room (kvbench.methods.core.room) and the batched step's lane for rows that
+write into it (kvbench.models.batch_lane): what a reserving cache stores and reads is what a
+plain one stores and reads, its steps write in place, its measured bytes count the room; and the
+lane gives every row the logits the general way gives, bit for bit, on the tiny model."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbench[torch])")
+
+import kvbench.models.batch_step as batch_step  # noqa: E402
+from kvbench.methods import build_method, implementation  # noqa: E402
+from kvbench.methods.core.codec_cache import ROOM_TOKENS  # noqa: E402
+from kvbench.models.session import TorchSession, prefill  # noqa: E402
+from tests.plugins.tensors import randn  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# head_dim 16 on the tiny model
+LAYOUTS = [("intq", {"bits": 4, "group_size": 16, "axis": "token"}),
+           ("turbo", {"bits": 3, "block": 16}), ("lloydmax", {"bits": 3})]
+IDS = [name for name, _ in LAYOUTS]
+
+
+def _method(name: str, params: dict):
+    return implementation(build_method(name, params))
+
+
+def _filled(cache, reserve: int | None, steps: int, seed: int):
+    """A layer cache of intq4 after a 40-token chunk and `steps` one-token appends."""
+    if reserve is not None:
+        cache.reserve(reserve)
+    cache.append(randn(1, 2, 40, 64, seed=seed), randn(1, 2, 40, 64, seed=seed + 1))
+    for step in range(steps):
+        cache.append(randn(1, 2, 1, 64, seed=seed + 2 + 2 * step),
+                     randn(1, 2, 1, 64, seed=seed + 3 + 2 * step))
+    return cache
+
+
+def test_a_reserving_cache_stores_and_reads_what_a_plain_one_does_and_writes_in_place():
+    method = _method("intq", {"bits": 4, "group_size": 32, "axis": "token"})
+    plain = _filled(method.new_layer_cache(0), None, 9, seed=3)
+    roomy = _filled(method.new_layer_cache(0), 60, 0, seed=3)
+    codes = roomy.attention_segments().segments[0].keys["codes"]
+    address = codes.untyped_storage().data_ptr()
+    for step in range(9):
+        roomy.append(randn(1, 2, 1, 64, seed=5 + 2 * step), randn(1, 2, 1, 64, seed=6 + 2 * step))
+    # every step went where the block ends: the block never moved
+    codes = roomy.attention_segments().segments[0].keys["codes"]
+    assert codes.untyped_storage().data_ptr() == address and codes.shape[-2] == 49
+    for got, want in zip(roomy.attention_inputs()[:2], plain.attention_inputs()[:2]):
+        assert torch.equal(got, want)
+    assert roomy.retained_bytes == plain.retained_bytes
+    # the room is held: 11 more tokens of codes (32 B), scales and mins (2 fp16 each) per head
+    per_token = 2 * 2 * (32 + 2 * 2 + 2 * 2)
+    assert roomy.measured_bytes() - plain.measured_bytes() == 11 * per_token
+
+
+def test_room_never_passes_the_reservation_and_a_full_room_moves_on():
+    method = _method("intq", {"bits": 4, "group_size": 32, "axis": "token"})
+    cache = _filled(method.new_layer_cache(0), 41 + ROOM_TOKENS * 2, 0, seed=7)
+    rooms = cache.step_rooms()
+    assert rooms[0].capacity == 40 + ROOM_TOKENS  # ROOM_TOKENS past the packed block
+    for step in range(ROOM_TOKENS + 1):
+        cache.append(randn(1, 2, 1, 64, seed=step), randn(1, 2, 1, 64, seed=step + 1))
+    assert cache.step_rooms()[0] is not rooms[0]  # the full room was joined into a new one
+    plain = method.new_layer_cache(0)
+    plain.append(randn(1, 2, 40, 64, seed=7), randn(1, 2, 40, 64, seed=8))
+    for step in range(ROOM_TOKENS + 1):
+        plain.append(randn(1, 2, 1, 64, seed=step), randn(1, 2, 1, 64, seed=step + 1))
+    assert torch.equal(cache.attention_inputs()[0], plain.attention_inputs()[0])
+    # never past the reservation: the second room ends there
+    assert cache.step_rooms()[0].capacity == 41 + ROOM_TOKENS * 2
+
+
+@pytest.fixture(scope="module")
+def session(tiny_llama):
+    return TorchSession(tiny_llama, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def prompts(session):
+    from kvbench.data.text import load_text
+
+    ids = session.tokenizer.encode(load_text("pydoc"))
+    return [ids[i * 300 : i * 300 + 30 + 9 * i] for i in range(5)]  # 30 .. 66 tokens
+
+
+def _decode(session, method, prompts, steps: int, lane: bool, monkeypatch,
+            reserve: list[int | None]) -> tuple[torch.Tensor, list[bool]]:
+    """Every step's logits of the prompts decoded together, greedily, with the lane or without
+    it; and whether each step took it."""
+    took = []
+    lane_step = batch_step.lane_step
+
+    def watched(*args):
+        read = lane_step(*args) if lane else None
+        took.append(read is not None)
+        return read
+
+    monkeypatch.setattr(batch_step, "lane_step", watched)
+    caches = []
+    for prompt, room in zip(prompts, reserve):
+        cache = session.new_cache(method)
+        if room is not None:
+            cache.reserve(len(prompt) + room)
+        prefill(session, cache, prompt, method)
+        caches.append(cache)
+    ids, logits = [p[-1] for p in prompts], []
+    for _ in range(steps):
+        out = session.step_rows(ids, caches)
+        logits.append(out)
+        ids = out.argmax(-1).tolist()
+    monkeypatch.undo()
+    return torch.stack(logits), took
+
+
+@pytest.mark.parametrize("reads", ["exact", "stored"])
+@pytest.mark.parametrize("name,params", LAYOUTS, ids=IDS)
+def test_the_lane_gives_every_row_the_general_ways_logits(session, prompts, name, params, reads,
+                                                           monkeypatch):
+    method = _method(name, {**params, "prefill_reads": reads})
+    reserve = [12] * len(prompts)
+    general, _ = _decode(session, method, prompts, 8, False, monkeypatch, reserve)
+    laned, took = _decode(session, method, prompts, 8, True, monkeypatch, reserve)
+    assert all(took)
+    assert torch.equal(laned, general)
+
+
+def test_a_step_with_a_row_that_has_no_room_goes_the_general_way(session, prompts, monkeypatch):
+    method = _method(*LAYOUTS[0])
+    reserve = [12, None, 12, 12, 3]  # one never reserved; one whose room fills after 3 steps
+    general, _ = _decode(session, method, prompts, 6, False, monkeypatch, reserve)
+    laned, took = _decode(session, method, prompts, 6, True, monkeypatch, reserve)
+    assert not any(took)
+    assert torch.equal(laned, general)
+    without_it, took = _decode(session, method, [prompts[i] for i in (0, 2, 4)], 6, True,
+                               monkeypatch, [12, 12, 3])
+    # the room of 3 fills at the fourth step: from then on every step goes the general way
+    steps = len(took) // 6
+    assert all(took[: 3 * steps]) and not any(took[3 * steps :])
+    assert torch.equal(without_it, general[:, [0, 2, 4]])
