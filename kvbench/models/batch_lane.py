@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvbench.kernels.formats import is_channel
-from kvbench.methods.core.codec_cache import packed_row
+from kvbench.methods.core.codec_cache import CodecCache, packed_row
 
 # A room's packed places (packed_places of its arrays), made once: its arrays stay where they are.
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -32,6 +32,7 @@ class LaneRead:
     lines: list[list[int]]
     formats: Any  # kvbench.kernels.cpu.batched.RowFormats
     kv_heads: int
+    step: tuple  # the step's keys and values, which the lines may point into: held till read
 
     def attend(self, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
         from kvbench.kernels.cpu.batched import attend_lines
@@ -44,7 +45,8 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
     kernel reads, when every row takes the lane; None (nothing appended) when any does not."""
     policies = [host.policy for host in hosts]
     first = policies[0]
-    rooms = [getattr(policy, "step_rooms", _none)() for policy in policies]
+    rooms = [policy.step_rooms() if isinstance(policy, CodecCache) else None
+             for policy in policies]
     if None in rooms or keys.dtype != torch.float32 or any(
             host.pending is not None or not host.started or host.exact_step != hosts[0].exact_step
             or policy.value_skip_threshold or policy.observes_queries
@@ -74,15 +76,9 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
         if exact:  # the step's own keys and values, after the tokens packed before it
             places += [*raw_places(keys, row), *raw_places(values, row)]
         lines.append(finished_line(places, key_room.tokens - exact, int(exact)))
-    for host in hosts:
-        host.started = True
     formats = RowFormats(key_fmt, value_fmt, scale_dtype(pk.tensors, key_fmt),
                          scale_dtype(pv.tensors, value_fmt))
-    return LaneRead(lines, formats, keys.shape[1])
-
-
-def _none() -> None:
-    return None
+    return LaneRead(lines, formats, keys.shape[1], (keys, values))
 
 
 def _places(room: Any, fmt) -> list[int]:
