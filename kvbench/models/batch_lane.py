@@ -16,10 +16,11 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvbench.kernels.formats import is_channel
-from kvbench.methods.core.codec_cache import CodecCache, packed_row
+from kvbench.methods.core.codec_cache import CodecCache
 
 # A room's packed places (packed_places of its arrays), made once: its arrays stay where they are.
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -66,13 +67,12 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
         value_row = rows
     else:
         pk, pv, value_row = first.key_codec.encode(keys), first.value_codec.encode(values), 0
+    _write_tokens(pk, pv, value_row, rooms, key_fmt, value_fmt)
     exact = hosts[0].exact_step
     lines = []
     for row, (policy, (key_room, value_room)) in enumerate(zip(policies, rooms)):
-        key_room.write(packed_row(pk, row), policy.ops)
-        value_room.write(packed_row(pv, value_row + row), policy.ops)
         policy.stepped()
-        places = [*_places(key_room, key_fmt), *_places(value_room, value_fmt)]
+        places = [*_places(key_room, key_fmt)[0], *_places(value_room, value_fmt)[0]]
         if exact:  # the step's own keys and values, after the tokens packed before it
             places += [*raw_places(keys, row), *raw_places(values, row)]
         lines.append(finished_line(places, key_room.tokens - exact, int(exact)))
@@ -81,10 +81,39 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
     return LaneRead(lines, formats, keys.shape[1], (keys, values))
 
 
-def _places(room: Any, fmt) -> list[int]:
+def _write_tokens(pk, pv, value_row: int, rooms: list, key_fmt, value_fmt) -> None:
+    """Row i's token of the batched encodes pk and pv (values from row value_row on) written
+    where rooms[i]'s key and value rooms end, in one call."""
+    from kvbench.kernels.cpu.row_copy import copy_runs, head_starts, run_size, token_stride
+
+    rows, (key_room, value_room) = len(rooms), rooms[0]
+    # every (side, array), in the rooms' order of their arrays (_places' starts)
+    runs = [(pk.tensors[name], 0, held) for name, held in key_room.tensors.items()]
+    runs += [(pv.tensors[name], value_row, held) for name, held in value_room.tensors.items()]
+    heads = key_room.tensors["codes"].shape[1]
+    sources = np.concatenate([head_starts(packed, start, rows) for packed, start, _ in runs],
+                             axis=1)
+    sizes = np.repeat([run_size(packed) for packed, _, _ in runs], heads)
+    strides = np.repeat([token_stride(held) for _, _, held in runs], heads)
+    starts = np.stack([np.concatenate([_places(keys, key_fmt)[1], _places(values, value_fmt)[1]])
+                       for keys, values in rooms])
+    filled = np.array([keys.tokens for keys, _ in rooms], np.int64)
+    targets = starts + filled[:, None] * strides[None, :]
+    copy_runs(sources.ravel(), targets.ravel(), np.tile(sizes, rows).astype(np.int64))
+    for keys, values in rooms:
+        keys.wrote(1)
+        values.wrote(1)
+
+
+def _places(room: Any, fmt) -> tuple[list[int], np.ndarray]:
+    """A room's packed places for the kernel's line (packed_places, in `fmt`'s order) and the
+    address of token 0 of every head of every array (in the room's order), made once per room:
+    its arrays stay where they are."""
     places = _PLACES.get(room)
     if places is None:
         from kvbench.kernels.cpu.batched import packed_places
+        from kvbench.kernels.cpu.row_copy import head_starts
 
-        places = _PLACES[room] = packed_places(room.tensors, fmt)
+        starts = np.concatenate([head_starts(t, 0, 1)[0] for t in room.tensors.values()])
+        places = _PLACES[room] = (packed_places(room.tensors, fmt), starts)
     return places

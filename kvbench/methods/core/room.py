@@ -40,7 +40,12 @@ class Room:
         encode)."""
         for name, t in packed.tensors.items():
             ops.write(self.tensors[name], self.tokens, t, self.axis)
-        self.tokens += packed.shape[-2]
+        self.wrote(packed.shape[-2])
+
+    def wrote(self, tokens: int) -> None:
+        """`tokens` more were written after the filled ones (by write(), or by a kernel that
+        writes many rooms at once)."""
+        self.tokens += tokens
 
     def filled(self) -> Packed:
         """The filled tokens, as views."""
