@@ -1,8 +1,9 @@
 """The short way through a batched decode step (kvbench.models.batch_step) for rows that all pack
 every token as it comes into room kept for it (kvbench.methods.core.codec_cache.CodecCache with
 window 0, reserved by the server) and are read by the CPU batched kernel: one encode for every
-row's token, each written where its row's block ends, and one table of addresses for the kernel,
-each row's packed places kept from step to step (its rooms do not move).
+row's token, written where each row's block ends by one call for every row
+(kvbench.kernels.cpu.row_copy), and one table of addresses for the kernel, each row's packed
+places kept from step to step (its rooms do not move).
 
 It does what the general way (kvbench.models.host.append_batch, then each row's read) does to the
 same bits: the same encode of the joined rows, the same bytes stored, the same segments read
@@ -22,7 +23,7 @@ import torch
 from kvbench.kernels.formats import is_channel
 from kvbench.methods.core.codec_cache import CodecCache
 
-# A room's packed places (packed_places of its arrays), made once: its arrays stay where they are.
+# A room's packed places and where each head's token 0 lies, made once: its arrays stay put.
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -51,7 +52,8 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
     if None in rooms or keys.dtype != torch.float32 or any(
             host.pending is not None or not host.started or host.exact_step != hosts[0].exact_step
             or policy.value_skip_threshold or policy.observes_queries
-            or policy.key_codec is not first.key_codec or policy.value_codec is not first.value_codec
+            or policy.key_codec is not first.key_codec
+            or policy.value_codec is not first.value_codec
             for host, policy in zip(hosts, policies)):
         return None
     found = first.fused_read()

@@ -75,9 +75,7 @@ class RowFormats:
 def attend_lines(query: torch.Tensor, lines: list[list[int]], formats: RowFormats,
                  kv_heads: int, scaling: float | None = None) -> torch.Tensor:
     """Row i of query (rows, q_heads, [1,] head_dim) attended over the cache of `kv_heads` heads
-    whose places lines[i] gives (the address table's line: packed_places of the keys and of the values,
-    raw_places of the raw ones, then the packed and the raw token counts); query's shape and
-    dtype."""
+    whose places lines[i] gives (finished_line's); query's shape and dtype."""
     shape = query.shape
     count, q_heads, dim = shape[0], shape[1], shape[-1]
     key_fmt, value_fmt = formats.key, formats.value
