@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from kvbench.kernels.formats import is_channel
-from kvbench.methods.core.codec_cache import CodecCache
+from kvbench.methods.core.codec_cache import CodecCache, encode_rows
 
 # A room's packed places and where each head's token 0 lies, made once: its arrays stay put.
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -63,12 +63,8 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
     from kvbench.kernels.cpu.batched import RowFormats, finished_line, raw_places, scale_dtype
 
     _, key_fmt, value_fmt = found
-    rows = len(policies)
-    if first.key_codec is first.value_codec:  # keys and values in one encode, as append_rows
-        pk = pv = first.key_codec.encode(torch.cat([keys, values]))
-        value_row = rows
-    else:
-        pk, pv, value_row = first.key_codec.encode(keys), first.value_codec.encode(values), 0
+    pk, pv, value_row = encode_rows(first.key_codec, first.value_codec, [keys], [values],
+                                    first.ops)
     _write_tokens(pk, pv, value_row, rooms, key_fmt, value_fmt)
     exact = hosts[0].exact_step
     lines = []

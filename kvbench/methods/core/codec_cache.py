@@ -360,16 +360,25 @@ def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
             groups.setdefault(group, []).append((policy, spilled))
     for members in groups.values():
         first = members[0][0]
-        ops, tokens, count = first.ops, members[0][1][0].shape[-2], len(members)
-        keys = [k for _, (k, _) in members]
-        values = [v for _, (_, v) in members]
-        if first.key_codec is first.value_codec:  # keys and values in one encode too
-            pk = pv = first.key_codec.encode(ops.concat([*keys, *values], axis=0))
-        else:
-            pk = first.key_codec.encode(ops.concat(keys, axis=0))
-            pv, count = first.value_codec.encode(ops.concat(values, axis=0)), 0
+        pk, pv, value_row = encode_rows(first.key_codec, first.value_codec,
+                                        [k for _, (k, _) in members],
+                                        [v for _, (_, v) in members], first.ops)
+        tokens = members[0][1][0].shape[-2]
         for row, (policy, _) in enumerate(members):
-            policy._store(packed_row(pk, row), packed_row(pv, count + row), tokens, views=True)
+            policy._store(packed_row(pk, row), packed_row(pv, value_row + row), tokens,
+                          views=True)
+
+
+def encode_rows(key_codec: Codec, value_codec: Codec, keys: list, values: list,
+                ops) -> tuple[Packed, Packed, int]:
+    """The arrays in `keys` and in `values` joined along the batch and packed, keys and values
+    in one encode where one codec packs both: (packed keys, packed values, the row of the packed
+    values where the values begin)."""
+    if key_codec is value_codec:
+        packed = key_codec.encode(ops.concat([*keys, *values], axis=0))
+        return packed, packed, sum(k.shape[0] for k in keys)
+    return (key_codec.encode(ops.concat(keys, axis=0)),
+            value_codec.encode(ops.concat(values, axis=0)), 0)
 
 
 def packed_row(packed: Packed, row: int) -> Packed:
