@@ -13,6 +13,7 @@ import kvbench.models.batch_step as batch_step  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from kvbench.methods.core.codec_cache import ROOM_TOKENS  # noqa: E402
 from kvbench.models.session import TorchSession, prefill  # noqa: E402
+from tests.plugins.model_runs import staggered_prompts  # noqa: E402
 from tests.plugins.tensors import randn  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -81,10 +82,7 @@ def session(tiny_llama):
 
 @pytest.fixture(scope="module")
 def prompts(session):
-    from kvbench.data.text import load_text
-
-    ids = session.tokenizer.encode(load_text("pydoc"))
-    return [ids[i * 300 : i * 300 + 30 + 9 * i] for i in range(5)]  # 30 .. 66 tokens
+    return staggered_prompts(session.tokenizer)
 
 
 def _decode(session, method, prompts, steps: int, lane: bool, monkeypatch,

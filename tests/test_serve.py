@@ -14,7 +14,6 @@ require_extra("serve")
 import httpx  # noqa: E402 - after the skip: the serve extra brings it
 import torch
 
-from kvbench.data.text import load_text
 from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
@@ -22,6 +21,7 @@ from kvbench.serve.app import create_app
 from kvbench.models.batch_step import BatchStep
 from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
 from tests.plugins.cli_support import invoke
+from tests.plugins.model_runs import staggered_prompts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -52,8 +52,7 @@ def session(tiny_llama):
 
 @pytest.fixture(scope="module")
 def prompts(session):
-    ids = session.tokenizer.encode(load_text("pydoc"))
-    return [ids[i * 300 : i * 300 + 30 + 9 * i] for i in range(5)]  # 30 .. 66 tokens
+    return staggered_prompts(session.tokenizer)
 
 
 class Collect:

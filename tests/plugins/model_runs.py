@@ -66,6 +66,15 @@ def stepped_logits(model, method, ids: torch.Tensor, prefill: int):
     return logits, cache
 
 
+def staggered_prompts(tokenizer) -> list[list[int]]:
+    """Five pydoc prompts of 30 to 66 tokens from different places in the text: rows of
+    different lengths for a batched step."""
+    from kvbench.data.text import load_text
+
+    ids = tokenizer.encode(load_text("pydoc"))
+    return [ids[i * 300 : i * 300 + 30 + 9 * i] for i in range(5)]
+
+
 def logits_by_read(session, make_method, ids: list[int], prefill: int) -> tuple[dict, dict]:
     """Decode ids[prefill:] one token at a time after a prefill of ids[:prefill], once with
     make_method("torch") (the reference read) and once with make_method("auto") (the fused one
