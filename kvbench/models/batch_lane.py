@@ -81,7 +81,7 @@ def lane_step(hosts: list, keys: torch.Tensor, values: torch.Tensor) -> LaneRead
 
 def _write_tokens(pk, pv, value_row: int, rooms: list, key_fmt, value_fmt) -> None:
     """Row i's token of the batched encodes pk and pv (values from row value_row on) written
-    where rooms[i]'s key and value rooms end, in one call."""
+    where rooms[i]'s key and value rooms end, in one call (the caches then count it)."""
     from kvbench.kernels.cpu.row_copy import copy_runs, head_starts, run_size, token_stride
 
     rows, (key_room, value_room) = len(rooms), rooms[0]
@@ -98,9 +98,6 @@ def _write_tokens(pk, pv, value_row: int, rooms: list, key_fmt, value_fmt) -> No
     filled = np.array([keys.tokens for keys, _ in rooms], np.int64)
     targets = starts + filled[:, None] * strides[None, :]
     copy_runs(sources.ravel(), targets.ravel(), np.tile(sizes, rows).astype(np.int64))
-    for keys, values in rooms:
-        keys.wrote(1)
-        values.wrote(1)
 
 
 def _places(room: Any, fmt) -> tuple[list[int], np.ndarray]:

@@ -14,13 +14,12 @@ from kvbench.kernels.cpu.row_decode import as_pointer
 def run_size(tensor: torch.Tensor) -> int:
     """Bytes of one (batch, head, token) entry of `tensor` (batch, heads, tokens, ...), which
     must lie contiguous."""
-    rest = tensor.shape[3:]
-    expected = 1
+    elements = 1
     for axis in range(tensor.dim() - 1, 2, -1):
-        if tensor.shape[axis] > 1 and tensor.stride(axis) != expected:
+        if tensor.shape[axis] > 1 and tensor.stride(axis) != elements:
             raise ValueError(f"a token's entry is not contiguous: strides {tensor.stride()}")
-        expected *= tensor.shape[axis]
-    return int(np.prod(rest, dtype=np.int64)) * tensor.element_size()
+        elements *= tensor.shape[axis]
+    return elements * tensor.element_size()
 
 
 def head_starts(tensor: torch.Tensor, first_row: int, rows: int) -> np.ndarray:

@@ -191,7 +191,7 @@ class CodecCache(LayerCachePolicy):
 
     def step_rooms(self) -> tuple[Room, Room] | None:
         """The rooms a one-token step's packed token goes straight into (kvbench.models.
-        batch_lane writes it there, then calls stepped()): when the cache packs every token as
+        batch_lane writes it there, then calls stepped() to count it): when the cache packs every token as
         it comes (window 0, blocks of one token, no decoded copies) and the rooms have space."""
         if self.window or self._block != 1 or self._decoded is not None or self._rooms is None \
                 or not self._rooms[0].fits(1) or self._raw_k is None or self._raw_k.shape[-2]:
@@ -199,8 +199,10 @@ class CodecCache(LayerCachePolicy):
         return self._rooms
 
     def stepped(self) -> None:
-        """One token was written to each of step_rooms()."""
+        """One token was written after the filled ones of each of step_rooms()."""
         self._packed_tokens += 1
+        for room in self._rooms:
+            room.wrote(1)
 
     def _make_rooms(self, pk: Packed, pv: Packed) -> tuple[Room, Room] | None:
         """Rooms holding the packed block with space for ROOM_TOKENS more (never past the

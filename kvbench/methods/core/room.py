@@ -44,7 +44,7 @@ class Room:
 
     def wrote(self, tokens: int) -> None:
         """`tokens` more were written after the filled ones (by write(), or by a kernel that
-        writes many rooms at once)."""
+        writes many rooms at once: the cache counts them, CodecCache.stepped)."""
         self.tokens += tokens
 
     def filled(self) -> Packed:
