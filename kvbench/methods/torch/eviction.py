@@ -72,9 +72,10 @@ class SnapKVCache(ScorerCache):
     method: SnapKV
 
     def observe(self, queries: torch.Tensor) -> None:
-        # only the observation window is needed: keep the newest `window` queries
+        # only the observation window is needed: keep the newest `window` queries, copied so
+        # that the chunk's queries they were cut from are freed
         super().observe(queries)
-        self.observed = [self.observed_queries(last=self.method.window)]
+        self.observed = [self.observed_queries(last=self.method.window).clone()]
 
     def _window(self) -> int:
         """The prompt's last queries vote, or a probe taken back (then no window is kept)."""
