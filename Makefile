@@ -11,7 +11,19 @@ $(BIN)/kvbench: pyproject.toml
 	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray]"
 	touch $@
 
-.PHONY: install demo test site
+# kvpress's presses (the kvpress extra) need transformers below 5.3: their environment is
+# .venv-kvpress, which sees .venv's packages through a path file and installs its own
+# transformers and kvpress in front of them (torch is not installed twice).
+KVPRESS_VENV ?= .venv-kvpress
+SITE = lib/python$(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages
+
+$(KVPRESS_VENV)/bin/kvbench: $(BIN)/kvbench
+	$(BIN)/python -m venv --without-pip $(KVPRESS_VENV)
+	echo "$(abspath $(VENV))/$(SITE)" > $(KVPRESS_VENV)/$(SITE)/kvbench_base.pth
+	$(KVPRESS_VENV)/bin/python -m pip install -e ".[kvpress]"
+	touch $@
+
+.PHONY: install demo test test-kvpress site
 install: $(BIN)/kvbench
 
 demo: install
@@ -20,6 +32,12 @@ demo: install
 test: install
 	$(BIN)/kvbench models prepare smollm2-135m
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The kvpress adapter's tests (and the method contract) in kvpress's own environment.
+test-kvpress: $(KVPRESS_VENV)/bin/kvbench
+	$(BIN)/kvbench models prepare smollm2-135m
+	$(KVPRESS_VENV)/bin/python -m pytest -q -n 2 --dist loadfile tests/test_kvpress.py \
+	  tests/test_conformance.py -k "kvpress or KVPress"
 
 # The results page of every committed run (reports/index.html, linking each run's folder in
 # place), and its screenshot where Chromium is installed.

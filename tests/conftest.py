@@ -42,6 +42,7 @@ EXTRA_OF = {
     **dict.fromkeys(("fastapi", "uvicorn", "sse_starlette", "httpx", "prometheus_client"),
                     "serve"),
     "triton": "cuda", "ray": "ray", "matplotlib": "plots", "datasets": "datasets",
+    "kvpress": "kvpress",
 }
 
 

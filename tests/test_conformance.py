@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvbench.config.extras import lacks
 from kvbench.methods import METHODS, has_implementation
 from kvbench.methods.core.wrappers import SparseVMethod
 from kvbench.methods.settings import implements
@@ -30,8 +31,12 @@ def _ids(case):
 
 
 def _method(case):
+    """The case's settings; skipped, naming the install line, where its extra is absent."""
     name, i = case
     cls = METHODS.get(name)
+    missing = cls.extra and lacks(cls.extra, f"method {name!r}")
+    if missing:
+        pytest.skip(missing)
     return cls(**cls.conformance_params[i])
 
 

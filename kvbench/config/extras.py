@@ -8,6 +8,7 @@ import importlib.util
 EXTRAS: dict[str, tuple[str, ...]] = {
     "torch": ("torch", "transformers"),
     "serve": ("fastapi", "uvicorn", "sse_starlette", "httpx", "prometheus_client"),
+    "kvpress": ("kvpress",),
 }
 
 

@@ -24,8 +24,10 @@ from kvbench.models.host import AttentionRead, BatchRead
 NAME = "kvbench"
 
 
-def kvbench_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                       kvbench_cache: Any = None, **kwargs):
+    # transformers' order of the arguments (sdpa_attention_forward's): kvpress's wrapper of
+    # every attention function passes dropout by position
     read = None if kvbench_cache is None else kvbench_cache.read(module.layer_idx)
     if read is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,

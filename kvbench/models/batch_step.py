@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.models.hf_cache import KVBenchCache, with_cache
+from kvbench.models.hf_cache import KVBenchCache, step_length, with_cache
 from kvbench.models.batch_lane import lane_step
 from kvbench.models.host import BatchRead, append_batch
 
@@ -56,15 +56,17 @@ class BatchLayer(CacheLayerMixin):
         # attention reads each row's own keys from the BatchRead; these only carry the shapes
         return key_states, value_states
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
         # kvbench's attention attends each row over its own keys; this only sizes the model's mask
-        return max(host.kept_keys for host in self.hosts) + query_length, 0
+        return max(host.kept_keys for host in self.hosts) + step_length(query_length), 0
 
     def get_seq_length(self) -> int:
         return max(host.seen_tokens for host in self.hosts)
 
     def get_max_length(self) -> int:
         return -1
+
+    get_max_cache_shape = get_max_length  # its name before transformers 5.3
 
 
 class BatchStep(Cache):

@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.external.library_prefill import LibraryPrefill
 from kvbench.models.host import CacheHost, LayerHost
 
 
@@ -33,6 +34,12 @@ def with_cache(model, cache) -> dict[str, Any]:
 def _cache_keyword(model_type: type) -> str:
     takes = inspect.signature(model_type.forward).parameters
     return "cache" if "cache" in takes else "past_key_values"
+
+
+def step_length(asked: int | torch.Tensor) -> int:
+    """The tokens of the step a mask is sized for: transformers from 5.3 passes their count,
+    earlier versions the step's cache_position."""
+    return asked if isinstance(asked, int) else asked.shape[0]
 
 
 class PolicyLayer(LayerHost, CacheLayerMixin):
@@ -78,9 +85,10 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
             raise ValueError(f"layer {self.layer_idx}: {type(self.policy).__name__} can take back"
                              f" only {dropped} of the {wanted} newest tokens")
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
         # Keys returned = summaries + retained + new. The offset maps the new keys to their true
         # positions (seen .. seen+q-1) so they stay causal; every retained key lies before them.
+        query_length = step_length(query_length)
         kept = self.kept_keys
         return kept + query_length, self.seen_tokens - kept
 
@@ -90,6 +98,8 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    get_max_cache_shape = get_max_length  # its name before transformers 5.3
+
 
 class KVBenchCache(CacheHost, Cache):
     """The cache of a transformers model, one `method.new_layer_cache(i)` per layer (method: a
@@ -97,16 +107,23 @@ class KVBenchCache(CacheHost, Cache):
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
+        self.method = method
         CacheHost.__init__(self, method, num_layers,
                            lambda policy, i: PolicyLayer(policy, i, self), decoded_reads)
         Cache.__init__(self, layers=self.layers)
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int | torch.Tensor, layer_idx: int) -> tuple[int, int]:
         sizes = super().get_mask_sizes(query_length, layer_idx)
         # The model builds one mask (from one layer) and shares it with every layer.
         self.mask_kv_length = sizes[0]
         return sizes
 
     def forward(self, model, ids: torch.Tensor, **kwargs) -> Any:
-        """`model` run on `ids` through this cache, its attention handed the cache's reads."""
+        """`model` run on `ids` through this cache, its attention handed the cache's reads; a
+        prompt's first forward run by the method's library where it runs it (LibraryPrefill)."""
+        if isinstance(self.method, LibraryPrefill) and self.get_seq_length() == 0:
+            output = self.method.prefill_forward(model, ids, self.policies, **kwargs)
+            for layer in self.layers:
+                layer.filled_elsewhere()
+            return output
         return model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self, **kwargs)

@@ -136,6 +136,11 @@ class LayerHost:
         if self.policy.observes_queries:
             self.policy.observe_queries(queries)
 
+    def filled_elsewhere(self) -> None:
+        """The policy was filled without an append (a library ran the prompt's forward:
+        kvbench.methods.external.library_prefill)."""
+        self.started = True
+
     def hold(self, read: AttentionRead) -> AttentionRead:
         """Keep `read` for this layer's attention, unless plain attention serves it."""
         if not read.plain:

@@ -308,8 +308,10 @@ class Engine:
             self._caches.add(request.cache)
             if request.seed is not None:
                 request.generator = torch.Generator().manual_seed(request.seed)
+            # a method that compresses only a prompt's first forward (kvpress) takes it whole
+            chunk = self.prefill_chunk if self.method.supports().chunked_prefill else 0
             logits = prefill(self.session, request.cache, request.prompt, self.method,
-                             chunk=self.prefill_chunk, after_chunk=between_chunks)[0]
+                             chunk=chunk, after_chunk=between_chunks)[0]
         except Abandoned:
             request.cache = None
             self.totals.count("cancelled")

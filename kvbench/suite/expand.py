@@ -261,7 +261,7 @@ def _needs(cls: type, params: Any, defaults: Defaults) -> list[tuple[str, str | 
     `needs` (parameter -> (capability, the value that needs nothing)) and the device."""
     needed = [(capability, name, f"{name}: {value_text(getattr(params, name))}")
               for name, (capability, neutral) in getattr(cls, "needs", {}).items()
-              if getattr(params, name) != neutral]
+              if not (neutral(params) if callable(neutral) else getattr(params, name) == neutral)]
     device = defaults.device.partition(":")[0]
     if device not in ("auto", "cpu"):
         needed.append((device, None, f"device: {defaults.device}"))

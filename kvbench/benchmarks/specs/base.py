@@ -45,9 +45,9 @@ class Benchmark:
     uses_model: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
     extras: ClassVar[tuple[str, ...]] = ()  # kvbench extras it needs (kvbench.config.extras)
-    # parameter -> (method capability it needs, the value that needs none): checked against
-    # each method's supports() when a suite is validated
-    # (kvbench.methods.settings.base.Capabilities)
+    # parameter -> (method capability it needs, the value that needs none or a test of the
+    # params that says they need none): checked against each method's supports() when a suite
+    # is validated (kvbench.methods.settings.base.Capabilities)
     needs: ClassVar[dict[str, tuple[str, Any]]] = {}
     # its part of the report: the sections after its table in report.md (with their figures),
     # its leaderboard's columns on the results page, its metrics in the by-method table; the

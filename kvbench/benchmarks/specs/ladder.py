@@ -36,6 +36,8 @@ class Ladder(TextModelBenchmark):
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = LadderParams
+    # a prompt fed in several forwards
+    needs = {"prefill_chunk": ("chunked_prefill", lambda p: p.prefill_chunk >= p.length)}
     metrics = {
         "prefill_s": MetricSpec("s", "lower", "prompt forwards plus end_prefill",
                                 timing="absolute"),

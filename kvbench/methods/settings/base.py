@@ -38,6 +38,7 @@ class Capabilities:
     trim: bool = False  # takes back any of its newest tokens before end_prefill (parity's trim,
     # a probe fed and taken back)
     probes: bool = False  # reads the queries of a probe fed and taken back before end_prefill
+    chunked_prefill: bool = True  # a prompt fed in several forwards (the ladder's prefill_chunk)
     devices: tuple[str, ...] = DEVICE_TYPES  # torch device types its tensors may live on
 
     def lacks(self, wanted: str) -> bool:
@@ -54,6 +55,7 @@ class MethodSettings(Settings):
     kvbench.testing.check_method runs it with (by default once, with its defaults)."""
 
     name: ClassVar[str] = ""
+    extra: ClassVar[str | None] = None  # the kvbench extra its implementation needs (kvpress)
     capabilities: ClassVar[Capabilities] = Capabilities()
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
