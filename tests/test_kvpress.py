@@ -41,22 +41,25 @@ PRESSES = [
     ("StreamingLLMPress", 0.5, {}),
     ("TOVAPress", 0.5, {}),
     ("ExpectedAttentionPress", 0.5, {}),
-    ("KeyDiffPress", 0.5, {}),
-    ("LagKVPress", 0.5, {"lag_size": 32}),
-    ("RandomPress", 0.5, {"seed": 0}),
-    ("LeverageScorePress", 0.5, {}),
-    ("CURPress", 0.5, {}),
-    ("CompactorPress", 0.5, {}),
-    ("NonCausalAttnPress", 0.5, {}),
-    ("CapPress", 0.5, {}),
+    ("LeverageScorePress", 0.5, {}),  # draws a random sketch
     ("BlockPress", None, {"press": {"press": "KnormPress", "compression_ratio": 0.5},
                           "block_size": 64}),
-    ("ChunkPress", None, {"press": {"press": "SnapKVPress", "compression_ratio": 0.5,
-                                    "window_size": 16}, "chunk_length": 128}),
     ("KeyRerotationPress", None, {"press": {"press": "KnormPress", "compression_ratio": 0.5}}),
     ("ComposedPress", None, {"presses": [{"press": "KnormPress", "compression_ratio": 0.25},
                                          {"press": "StreamingLLMPress",
                                           "compression_ratio": 0.25}]}),
+    # the rest in the slow run (CI time)
+    *(pytest.param(*press, marks=pytest.mark.slow, id=press[0]) for press in [
+        ("KeyDiffPress", 0.5, {}),
+        ("LagKVPress", 0.5, {"lag_size": 32}),
+        ("RandomPress", 0.5, {"seed": 0}),
+        ("CURPress", 0.5, {}),
+        ("CompactorPress", 0.5, {}),
+        ("NonCausalAttnPress", 0.5, {}),
+        ("CapPress", 0.5, {}),
+        ("ChunkPress", None, {"press": {"press": "SnapKVPress", "compression_ratio": 0.5,
+                                        "window_size": 16}, "chunk_length": 128}),
+    ]),
 ]
 
 
@@ -104,7 +107,8 @@ def _kvbench_answer(session, method, context_ids: list[int], question_ids: list[
     return tokens, cache
 
 
-@pytest.mark.parametrize("press, ratio, args", PRESSES, ids=[p[0] for p in PRESSES])
+@pytest.mark.parametrize("press, ratio, args", PRESSES,
+                         ids=[p if isinstance(p, str) else p[0] for p in PRESSES])
 def test_greedy_answer_is_the_pipelines_token_for_token(pipeline, bundled_session, press, ratio,
                                                         args):
     settings = _settings(press, ratio, args)
@@ -112,11 +116,13 @@ def test_greedy_answer_is_the_pipelines_token_for_token(pipeline, bundled_sessio
     context_ids = inputs["context_ids"][0].tolist()
     question_ids = inputs["questions_ids"][0][0].tolist()
     max_new = 12
+    torch.manual_seed(0)  # presses that draw (sketches) draw alike on both sides
     theirs = pipeline(CONTEXT, question=QUESTION, press=settings.build_press(),
                       max_new_tokens=max_new)["answer"]
     stop = pipeline.model.generation_config.eos_token_id
     stop = set(stop if isinstance(stop, list) else [stop])
     method = implementation(settings)
+    torch.manual_seed(0)
     ours, cache = _kvbench_answer(bundled_session, method, context_ids, question_ids, max_new,
                                   stop)
     assert bundled_session.tokenizer.decode(ours, skip_special_tokens=True) == theirs
