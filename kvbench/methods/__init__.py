@@ -14,8 +14,10 @@ from kvbench.methods.core.contracts import Implementation
 from kvbench.methods.settings import METHODS, Capabilities, MethodSettings, build_method
 from kvbench.methods.settings.base import BACKENDS, registered_implementation
 
-# What registers each backend's built-in implementations (imported on first use).
-_BUILTIN = {"torch": "kvbench.methods.torch", "mlx": "kvbench.methods.mlx"}
+# What registers each backend's built-in implementations (imported on first use): kvbench's
+# own, and the adapters that run a library's (kvbench.methods.external).
+_BUILTIN = {"torch": ("kvbench.methods.torch", "kvbench.methods.external.kvpress"),
+            "mlx": ("kvbench.methods.mlx",)}
 
 
 class OnBackend:
@@ -34,7 +36,7 @@ class OnBackend:
 def has_implementation(settings_cls: type, backend: str) -> bool:
     """Whether `settings_cls` (exactly) has an implementation on `backend`; ImportError when the
     backend itself cannot be imported (MLX not installed)."""
-    importlib.import_module(_BUILTIN[backend])
+    _register(backend)
     return registered_implementation(settings_cls, backend) is not None
 
 
@@ -42,7 +44,7 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
     """The method `settings` configure, as `backend` ("torch" or "mlx") runs it."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    importlib.import_module(_BUILTIN[backend])
+    _register(backend)
     factory = registered_implementation(type(settings), backend)
     if factory is None:
         name = type(settings).name or type(settings).__name__
@@ -50,6 +52,11 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
             f"method {name!r} has no {backend} implementation (register one for its exact"
             f" settings class with kvbench.methods.settings.implements)")
     return factory(settings, _backends.setdefault(backend, OnBackend(backend)))
+
+
+def _register(backend: str) -> None:
+    for module in _BUILTIN[backend]:
+        importlib.import_module(module)
 
 
 _backends: dict[str, OnBackend] = {}

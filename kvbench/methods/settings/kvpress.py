@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from kvbench.config.extras import lacks
 from kvbench.config.fields import SettingError, between, param
 from kvbench.methods.settings.base import Capabilities, MethodSettings, register_method
 
-INSTALL = "pip install 'kvbench[kvpress]' (kvpress 0.5 needs transformers<5.3)"
+# kvpress 0.5 allows transformers below 5.3 only: an environment of its own (make test-kvpress)
+ENVIRONMENT = "kvpress 0.5 needs transformers<5.3: `make test-kvpress` builds .venv-kvpress"
 
 
 @register_method("kvpress")
@@ -151,10 +152,11 @@ def _nested(value: Any) -> Any:
 
 def _kvpress() -> Any:
     """The kvpress module; SettingError naming the install line where it is absent or broken."""
-    if importlib.util.find_spec("kvpress") is None:
-        raise SettingError("press", f"kvpress is not installed: {INSTALL}")
+    missing = lacks("kvpress", "method 'kvpress'")
+    if missing:
+        raise SettingError("press", f"{missing} ({ENVIRONMENT})")
     try:
         return importlib.import_module("kvpress")
     except Exception as exc:  # noqa: BLE001 - an installed kvpress that fails to import says why
         raise SettingError("press", f"kvpress does not import ({type(exc).__name__}: {exc});"
-                                    f" {INSTALL}") from None
+                                    f" {ENVIRONMENT}") from None
