@@ -11,7 +11,6 @@ from kvbench.config.extras import lacks
 from kvbench.config.fields import SettingError, between, param
 from kvbench.methods.settings.base import Capabilities, MethodSettings, register_method
 
-# kvpress 0.5 allows transformers below 5.3 only: an environment of its own (make test-kvpress)
 ENVIRONMENT = "kvpress 0.5 needs transformers<5.3: `make test-kvpress` builds .venv-kvpress"
 
 
