@@ -39,8 +39,6 @@ PRESSES = [
     ("SnapKVPress", 0.5, {"window_size": 16}),
     ("KnormPress", 0.5, {}),
     ("StreamingLLMPress", 0.5, {}),
-    ("TOVAPress", 0.5, {}),
-    ("ExpectedAttentionPress", 0.5, {}),
     ("LeverageScorePress", 0.5, {}),  # draws a random sketch
     ("BlockPress", None, {"press": {"press": "KnormPress", "compression_ratio": 0.5},
                           "block_size": 64}),
@@ -50,6 +48,8 @@ PRESSES = [
                                           "compression_ratio": 0.25}]}),
     # the rest in the slow run (CI time)
     *(pytest.param(*press, marks=pytest.mark.slow, id=press[0]) for press in [
+        ("TOVAPress", 0.5, {}),
+        ("ExpectedAttentionPress", 0.5, {}),
         ("KeyDiffPress", 0.5, {}),
         ("LagKVPress", 0.5, {"lag_size": 32}),
         ("RandomPress", 0.5, {"seed": 0}),
