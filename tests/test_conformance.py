@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.config.extras import lacks
 from kvbench.methods import METHODS, has_implementation
 from kvbench.methods.core.wrappers import SparseVMethod
 from kvbench.methods.settings import implements
@@ -20,6 +19,7 @@ from kvbench.methods.settings.sparse_v import SparseV
 from kvbench.methods.settings.tokens import TokenMethod
 from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
 from kvbench.testing import ConformanceError, check_method
+from tests.plugins.extras import method_extra_missing
 
 CASES = [(name, i) for name in METHODS.names()
          for i in range(len(METHODS.get(name).conformance_params))]
@@ -34,7 +34,7 @@ def _method(case):
     """The case's settings; skipped, naming the install line, where its extra is absent."""
     name, i = case
     cls = METHODS.get(name)
-    missing = cls.extra and lacks(cls.extra, f"method {name!r}")
+    missing = method_extra_missing(cls)
     if missing:
         pytest.skip(missing)
     return cls(**cls.conformance_params[i])

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
-from kvbench.config.extras import lacks
 from kvbench.methods import METHODS, has_implementation, implementation
 from kvbench.methods.core.codec_cache import CodecCache
 from kvbench.methods.core.contracts import Implementation
@@ -28,6 +27,7 @@ from kvbench.methods.core.decay_cache import DecayCache
 from kvbench.methods.core.kivi_cache import KiviCache
 from kvbench.methods.settings import MethodSettings, build_method
 from kvbench.methods.torch.intq import IntQCodec
+from tests.plugins.extras import method_extra_missing
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -55,7 +55,7 @@ def _conformance_cases() -> list[Case]:
     cases = []
     for name in METHODS.names():
         cls = METHODS.get(name)
-        if cls.extra and lacks(cls.extra, name):  # test_conformance says it skipped them
+        if method_extra_missing(cls):  # test_conformance says it skipped them
             continue
         for params in cls.conformance_params:
             cases.append(Case(f"{name}{params}",

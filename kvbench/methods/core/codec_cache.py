@@ -191,8 +191,9 @@ class CodecCache(LayerCachePolicy):
 
     def step_rooms(self) -> tuple[Room, Room] | None:
         """The rooms a one-token step's packed token goes straight into (kvbench.models.
-        batch_lane writes it there, then calls stepped() to count it): when the cache packs every token as
-        it comes (window 0, blocks of one token, no decoded copies) and the rooms have space."""
+        batch_lane writes it there, then calls stepped() to count it): when the cache packs every
+        token as it comes (window 0, blocks of one token, no decoded copies) and the rooms have
+        space."""
         if self.window or self._block != 1 or self._decoded is not None or self._rooms is None \
                 or not self._rooms[0].fits(1) or self._raw_k is None or self._raw_k.shape[-2]:
             return None

@@ -22,8 +22,8 @@ class KVPress(MethodSettings):
     the press compresses each layer's cache after that layer's attention, and the keys and
     values it leaves become the cache kvbench decodes through (full precision; positions go on
     from the prompt's length, as the pipeline's position_ids do). Bytes are those of the kept
-    keys and values. In a suite:
-    `{name: kvpress, params: {press: SnapKVPress, compression_ratio: 0.75, args: {window_size: 32}}}`.
+    keys and values. In a suite: `{name: kvpress, params: {press: SnapKVPress,
+    compression_ratio: 0.75, args: {window_size: 32}}}`.
 
     A press compresses the first forward of a prompt only (kvpress's is_prefilling), so a
     benchmark that feeds the prompt in chunks is refused (the server feeds such a method's
@@ -80,25 +80,21 @@ class KVPress(MethodSettings):
 
 # Presses the adapter refuses, and why: they hold the cache some other way than by removing
 # tokens after the prompt's forward, or need what this machine cannot give them.
+_MASKS = "it keeps every key and hides some from kvpress's patched attention"
+_UNEVEN = ("its layers keep different counts, which SDPA's one mask cannot serve (kvpress's own"
+           " pipeline fails the same way with SDPA)")
 UNHOSTED = {
-    "AdaKVPress": "it keeps every key and hides some from kvpress's patched attention: its cache"
-                  " is not smaller",
-    "CriticalAdaKVPress": "it keeps every key and hides some from kvpress's patched attention:"
-                          " its cache is not smaller",
-    "DuoAttentionPress": "it keeps every key and hides some from kvpress's patched attention, and"
-                         " loads its head patterns from the Hugging Face hub",
+    "AdaKVPress": f"{_MASKS}: its cache is not smaller",
+    "CriticalAdaKVPress": f"{_MASKS}: its cache is not smaller",
+    "DuoAttentionPress": f"{_MASKS}, and loads its head patterns from the Hugging Face hub",
     "ObservedAttentionPress": "it reads the attention weights, which only eager attention"
                               " returns",
     "QFilterPress": "it downloads its Q-filters from the Hugging Face hub",
     "KVzapPress": "it downloads its trained scorer from the Hugging Face hub",
     "ExpectedAttentionStatsPress": "it downloads a dataset for its statistics",
     "DMSPress": "it compresses while decoding, which kvbench's session does not hand it",
-    # layers keep different counts: the one causal mask transformers builds (from layer 0) fits
-    # no other layer, and kvpress's own pipeline fails the same way with SDPA (tested here)
-    "PyramidKVPress": "its layers keep different counts, which SDPA's one mask cannot serve"
-                      " (kvpress's own pipeline fails the same way with SDPA)",
-    "ChunkKVPress": "its layers keep different counts, which SDPA's one mask cannot serve"
-                    " (kvpress's own pipeline fails the same way with SDPA)",
+    "PyramidKVPress": _UNEVEN,
+    "ChunkKVPress": _UNEVEN,
 }
 
 
@@ -107,9 +103,10 @@ def _press(name: str, kwargs: dict[str, Any], blamed: str) -> Any:
     and args for the arguments."""
     presses = _kvpress()
     base = presses.BasePress
-    cls = _own_press(name, blamed) if ":" in name else getattr(presses, name, None)
+    own = ":" in name
+    cls = _own_press(name, blamed) if own else getattr(presses, name, None)
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        if ":" in name:
+        if own:
             raise SettingError(blamed, f"{name} is not a press (a subclass of kvpress's"
                                        " BasePress)")
         known = sorted(n for n in dir(presses) if n.endswith("Press") and n not in UNHOSTED
