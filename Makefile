@@ -8,7 +8,7 @@ $(BIN)/kvbench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray]"
+	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray,quanto,hqq]"
 	touch $@
 
 # kvpress's presses (the kvpress extra) need transformers below 5.3: their environment is

@@ -25,7 +25,8 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1 is read for reports and compare; the gate refuses to mix them
 
 Direction = Literal["higher", "lower", "none"]
-Status = Literal["ok", "error", "timeout"]
+# refused: not run, its method's library is not installed here (its error says which)
+Status = Literal["ok", "error", "timeout", "refused"]
 # unmet: a claim stated as a goal not met yet (its reason in ClaimResult.goal): not a failure
 Verdict = Literal["held", "failed", "missing", "unmet"]
 # absolute: a wall-clock figure (ms, s, tok/s); ratio: a timing divided by a reference timed in

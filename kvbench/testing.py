@@ -61,7 +61,7 @@ def check_method(settings: MethodSettings, backend: str = "torch", device: str =
     method = implementation(settings, backend)
     arrays = array_backend(backend, torch.device(device))
     subject = _Subject(method, method.new_layer_cache, arrays,
-                       stores_inputs=method.key_codec() is None)
+                       stores_inputs=method.stores_reads)
     drives = _drives(method.supports())
     checks: list[tuple[str, Callable[[], None]]] = [
         (name, lambda drive=drive: drive(subject)) for name, drive in drives]

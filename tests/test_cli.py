@@ -19,7 +19,7 @@ import kvbench
 from kvbench import cli
 from kvbench.results import SCHEMA_VERSION
 from tests.plugins.cli_support import invoke, load_json, wide_consoles  # noqa: F401
-from tests.plugins.kvb_testplugin import CRASH_MESSAGE
+from tests.plugins.kvb_testplugin import ABSENT_LIBRARY, CRASH_MESSAGE
 from tests.plugins.suites import ROOT, line_of
 
 SUITES = ROOT / "tests" / "suites" / "cli"
@@ -287,6 +287,25 @@ def test_run_exits_3_when_a_case_crashes_and_runs_the_others(tmp_path):
     assert "errors 1" in result.output and CRASH_MESSAGE in result.output
     jsonl = (out / "results.jsonl").read_text().splitlines()
     assert len(jsonl) == 4
+
+
+def test_cases_whose_library_is_missing_are_refused_and_the_others_run(tmp_path):
+    result = invoke("validate", SUITES / "refused.yaml")
+    assert result.exit_code == 0, result.output
+    assert "2 case(s) refused" in result.output and ABSENT_LIBRARY in result.output
+    out = tmp_path / "out"
+    result = invoke("run", SUITES / "refused.yaml", "--out", out)
+    assert result.exit_code == 0, result.output
+    cases = load_json(out / "results.json")["cases"]
+    step = "tests.plugins.kvb_testplugin:Step"
+    assert [(c["id"], c["status"]) for c in cases] == [
+        (f"{step}/identity", "ok"), (f"{step}/Unbuildable-knob1", "refused"),
+        (f"{step}/Unbuildable-knob2", "refused")]
+    assert cases[1]["error"]["message"] == ABSENT_LIBRARY and cases[1]["metrics"] == {}
+    assert cases[1]["claims"] == [] and cases[0]["claims"][0]["verdict"] == "held"
+    assert "refused 2" in result.output
+    report = (out / "report.md").read_text()
+    assert "1 ok, 2 refused" in report and ABSENT_LIBRARY in report
 
 
 def test_missing_baseline_exits_4_and_runs_nothing(tmp_path):

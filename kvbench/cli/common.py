@@ -26,7 +26,7 @@ def load_suite_or_exit(path: str, **defaults):
     from kvbench.suite.loader import load_suite
 
     try:
-        return load_suite(path, **defaults)
+        suite = load_suite(path, **defaults)
     except SuiteError as exc:
         err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
         for line in str(exc).splitlines():
@@ -34,6 +34,14 @@ def load_suite_or_exit(path: str, **defaults):
             # an emoji and markup-like text into styles)
             err.print(f"  {line}", soft_wrap=True, markup=False, emoji=False, highlight=False)
         sys.exit(EXIT_INVALID)
+    refused = [case for case in suite.cases if case.refused]
+    if refused:
+        err.print(f"[yellow]{len(refused)} case(s) refused[/], their library not installed here"
+                  " (recorded as refused, not run):")
+        for case in refused:
+            err.print(f"  {case.id}: {case.refused}", soft_wrap=True, markup=False, emoji=False,
+                      highlight=False)
+    return suite
 
 
 def load_results_or_exit(path: str, code: int = EXIT_INVALID):

@@ -34,7 +34,8 @@ class RichProgress:
         self.bar.update(self.task, status=escape(f"{self.case_id}: {text}"))
 
     def case_finished(self, result):
-        mark = {"ok": "[green]ok[/]", "error": "[red]error[/]", "timeout": "[red]timeout[/]"}
+        mark = {"ok": "[green]ok[/]", "error": "[red]error[/]", "timeout": "[red]timeout[/]",
+                "refused": "[yellow]refused[/]"}
         line = f"{mark[result.status]} {escape(result.id)} ({result.duration_s:.1f} s)"
         if result.claims:
             held = sum(c.verdict == "held" for c in result.claims)

@@ -27,7 +27,7 @@ def claims_table(result) -> Table:
 def exit_code(result, gate_report) -> int:
     if gate_report is not None and gate_report.exit_code() == EXIT_BASELINE:
         return EXIT_BASELINE
-    if any(c.status != "ok" for c in result.cases):
+    if any(c.status not in ("ok", "refused") for c in result.cases):  # refused: reported
         return EXIT_CRASHED
     claims_ok = all(cl.verdict in ("held", "unmet") for c in result.cases for cl in c.claims)
     if not claims_ok or (gate_report is not None and gate_report.exit_code() != EXIT_OK):
@@ -72,7 +72,8 @@ def summary(result, gate_report, out_dir: Path) -> None:
     claims = [cl for c in result.cases for cl in c.claims]
     held = sum(cl.verdict == "held" for cl in claims)
     unmet = sum(cl.verdict == "unmet" for cl in claims)
-    errors = [c for c in result.cases if c.status != "ok"]
+    errors = [c for c in result.cases if c.status not in ("ok", "refused")]
+    refused = sum(c.status == "refused" for c in result.cases)
     if claims:
         console.print(claims_table(result))
     parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held - unmet}"]
@@ -82,6 +83,8 @@ def summary(result, gate_report, out_dir: Path) -> None:
         parts.append(f"regressions {len(gate_report.regressions)}")
         parts.append(f"improvements {len(gate_report.improvements)}")
     parts.append(f"errors {len(errors)}")
+    if refused:
+        parts.append(f"refused {refused} (library not installed)")
     console.print("[bold]summary:[/] " + ", ".join(parts))
     for kind, text in _cases_and_gate(result, gate_report):
         mark = "[yellow]gate:[/]" if kind == "gate" else f"[red]{kind}[/]"

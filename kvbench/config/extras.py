@@ -9,12 +9,24 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "torch": ("torch", "transformers"),
     "serve": ("fastapi", "uvicorn", "sse_starlette", "httpx", "prometheus_client"),
     "kvpress": ("kvpress",),
+    "mlx": ("mlx", "mlx_lm"),
+    "quanto": ("optimum.quanto",),
+    "hqq": ("hqq",),
+    # llama-cpp-python's server as a stress or perplexity target (kvbench.serve.llama_cpp)
+    "llama-cpp": ("llama_cpp", "pydantic_settings", "starlette_context"),
 }
 
 
 def missing_modules(extra: str) -> list[str]:
     """The extra's modules that cannot be imported here."""
-    return [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    return [name for name in EXTRAS[extra] if not _importable(name)]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a dotted name whose parent package is absent
+        return False
 
 
 def lacks(extra: str, who: str) -> str | None:

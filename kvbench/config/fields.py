@@ -40,6 +40,12 @@ class SettingError(ValueError):
         return (self.field,) if isinstance(self.field, str) else tuple(self.field)
 
 
+class LibraryMissing(SettingError):
+    """A setting this installation cannot build: the library it runs (an optional extra) is not
+    installed. A suite refuses the cases that need it, naming the install line, and runs the
+    rest."""
+
+
 @dataclass(frozen=True)
 class Range:
     """The numbers a parameter takes: bounds, each open or closed, or a set of values."""

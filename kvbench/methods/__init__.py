@@ -16,7 +16,8 @@ from kvbench.methods.settings.base import BACKENDS, registered_implementation
 
 # What registers each backend's built-in implementations (imported on first use): kvbench's
 # own, and the adapters that run a library's (kvbench.methods.external).
-_BUILTIN = {"torch": ("kvbench.methods.torch", "kvbench.methods.external.kvpress"),
+_BUILTIN = {"torch": ("kvbench.methods.torch", "kvbench.methods.external.kvpress",
+                      "kvbench.methods.external.hf_quantized"),
             "mlx": ("kvbench.methods.mlx",)}
 
 

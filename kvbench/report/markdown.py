@@ -15,7 +15,7 @@ from kvbench.report.kit.tables import (
 from kvbench.files import atomic_write_text
 from kvbench.results import RunResult
 
-STATUSES = ("ok", "error", "timeout")
+STATUSES = ("ok", "error", "timeout", "refused")
 VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing",
                  "unmet": "◻ goal not met"}
 GENERIC_REPORT = BenchmarkReport()  # a benchmark's table alone

@@ -4,6 +4,7 @@ at a time. Where the cases run is an executor's business (kvbench.run.executors)
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -192,9 +193,10 @@ def _run_cases(suite: LoadedSuite, cases: list[Case], out_dir: Path, header: Run
     result = RunResult(**header.model_dump(), cases=list(finished))
     progress.start(total=len(todo), skipped=len(cases) - len(todo))
     keep = functools.partial(_keep_line, out_dir / PREDICTIONS)
-    records = executor.run(todo, progress, keep, out_dir / FILES)
+    refused = [c.record() for c in todo if c.refused]  # recorded first, never run
+    records = executor.run([c for c in todo if not c.refused], progress, keep, out_dir / FILES)
     try:
-        for record in records:
+        for record in itertools.chain(refused, records):
             _append(out_dir / JSONL, case_line(record), kept=len(result.cases))
             result.cases.append(record)
             progress.case_finished(record)

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvbench.judge.claims import Claim
 from kvbench.judge.tolerance import Tolerance
-from kvbench.results import CaseResult
+from kvbench.results import CaseError, CaseResult
 
 
 @dataclass
@@ -26,14 +26,20 @@ class Case:
     threads: int | None = None  # torch CPU threads; None: torch's default
     model_dtype: str = "float32"
     claims: list[Claim] = field(default_factory=list)
+    # why it cannot run here (its method's library is not installed): recorded, never run
+    refused: str | None = None
 
     def record(self) -> CaseResult:
-        """The record of this case before it runs: what defines it, nothing measured yet."""
+        """The record of this case before it runs: what defines it, nothing measured yet (for a
+        refused case, its refusal)."""
         return CaseResult(
             id=self.id, benchmark=self.benchmark, bench_params=self.bench_params,
             method=self.method, method_label=self.method_label, method_params=self.method_params,
             model=self.model, device=self.device, backend=self.backend, threads=self.threads,
-            model_dtype=self.model_dtype, seed=self.seed, status="ok",
+            model_dtype=self.model_dtype, seed=self.seed,
+            status="refused" if self.refused else "ok",
+            error=self.refused and CaseError(type="LibraryMissing", message=self.refused,
+                                             traceback=""),
         )
 
 

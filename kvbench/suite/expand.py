@@ -20,7 +20,7 @@ from kvbench.methods import METHODS, has_implementation
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, Placed
 from kvbench.suite.models import ModelDescriber, model_spec
-from kvbench.suite.params import blame, matrix_combos, settings_of, value_text
+from kvbench.suite.params import Unavailable, blame, matrix_combos, settings_of, value_text
 from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim
 from kvbench.suite.yaml_lines import YamlDoc
 
@@ -37,7 +37,8 @@ class _Variant:
     label: str
     params: dict[str, Any] | None  # None: the method or these params are invalid
     claims: list[Placed[Claim]] = field(default_factory=list)
-    method: Any = None  # the configured method (None when params is)
+    method: Any = None  # the configured method (None when params is, or when refused)
+    refused: str | None = None  # why its cases cannot run here (its library is missing)
 
 
 def expand_cases(
@@ -122,10 +123,15 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
                     else [None] * len(combos))
         base = entry.label or entry.name.rpartition(":")[2]  # module:Class -> Class
         for combo, instance in zip(combos, settings, strict=True):
+            label = base + "".join(f"-{k}{value_text(v)}" for k, v in combo.items())
+            kept = [c for c in claims if c is not None]
+            if isinstance(instance, Unavailable):
+                variants.append(_Variant(placed, cls, label, instance.params, kept,
+                                         refused=instance.reason))
+                continue
             variants.append(_Variant(
-                placed, cls, base + "".join(f"-{k}{value_text(v)}" for k, v in combo.items()),
-                None if instance is None else dataclasses.asdict(instance),
-                [c for c in claims if c is not None], instance,
+                placed, cls, label, None if instance is None else dataclasses.asdict(instance),
+                kept, instance,
             ))
     first: dict[str, _Variant] = {}
     for variant in variants:
@@ -219,6 +225,9 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     benchmark = cls()
     settings = settings_of(cls.Params, bench, f"benchmark {entry.kind!r}", issues)
     for combo, suffix, params in zip(combos, suffixes, settings, strict=True):
+        if isinstance(params, Unavailable):  # a benchmark's library: reported, not refused
+            issues.add(bench.doc, bench.at("params"), params.reason)
+            continue
         if params is None:
             continue
         params = benchmark.resolve_paths(params, Path(bench.doc.file).parent)
@@ -249,6 +258,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 backend=defaults.backend,
                 threads=defaults.threads,
                 model_dtype=defaults.model_dtype,
+                refused=variant.refused,
                 claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
                 + [c.value for c, pattern, _ in claims
                    if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],

@@ -6,19 +6,31 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from kvbench.config.fields import SettingError, each_error, field_errors
+from kvbench.config.fields import LibraryMissing, SettingError, each_error, field_errors
 from kvbench.config.registry import did_you_mean
 from kvbench.config.strict import validate
 from kvbench.suite.errors import Issues, Placed
 from kvbench.suite.schema import explain_error
 
 
-def settings_of(cls: type, placed: Placed, what: str, issues: Issues) -> list[Any | None]:
-    """One validated `cls` instance (or None) per combination of the entry's matrix."""
+@dataclass
+class Unavailable:
+    """A combination whose settings need a library not installed here (LibraryMissing): its
+    cases are refused with `reason`, the suite's others run."""
+
+    params: dict[str, Any]
+    reason: str
+
+
+def settings_of(cls: type, placed: Placed, what: str, issues: Issues
+                ) -> list[Any | Unavailable | None]:
+    """One validated `cls` instance (None where invalid, Unavailable where its library is
+    missing) per combination of the entry's matrix."""
     params, matrix = placed.value.params, placed.value.matrix
     combos = matrix_combos(matrix)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
@@ -44,6 +56,10 @@ def settings_of(cls: type, placed: Placed, what: str, issues: Issues) -> list[An
         try:
             out.append(validate(cls, {**params, **combo}))
         except ValidationError as exc:
+            missing = _library_missing(exc)
+            if missing is not None:
+                out.append(Unavailable({**params, **combo}, str(missing)))
+                continue
             out.append(None)
             for refused in _errors_beside(cls, {**params, **combo}, exc):
                 _refused(refused, combo, placed, issues)
@@ -54,10 +70,19 @@ def settings_of(cls: type, placed: Placed, what: str, issues: Issues) -> list[An
                     continue
                 path = param_path(err["loc"], combo, placed)
                 issues.add(placed.doc, path, explain_error(err, path)[0])
-        except (TypeError, ValueError) as exc:  # raised outside pydantic's validation
+        except LibraryMissing as exc:  # raised outside pydantic's validation
+            out.append(Unavailable({**params, **combo}, str(exc)))
+        except (TypeError, ValueError) as exc:
             out.append(None)
             _refused(exc, combo, placed, issues)
     return out
+
+
+def _library_missing(exc: ValidationError) -> LibraryMissing | None:
+    """The settings' own LibraryMissing, where that is their only error."""
+    errors = exc.errors()
+    refused = errors[0].get("ctx", {}).get("error") if len(errors) == 1 else None
+    return refused if isinstance(refused, LibraryMissing) and not errors[0]["loc"] else None
 
 
 def _refused(exc: Exception, combo: dict, placed: Placed, issues: Issues) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from kvbench.benchmarks.measure.context import BenchmarkOutput
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
-from kvbench.config.fields import at_least, param
+from kvbench.config.fields import LibraryMissing, at_least, param
 from kvbench.methods.core.contracts import WrappedPolicy
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity
@@ -38,6 +38,17 @@ class Nop(MethodSettings):
 class NopMethod(TorchMethod):
     def new_layer_cache(self, layer_idx):
         raise NotImplementedError("Nop is for test benchmarks only")
+
+
+ABSENT_LIBRARY = "method 'Unbuildable' needs the absentlib extra (no module absentlib)"
+
+
+@dataclass
+class Unbuildable(Nop):
+    """A method whose library is never installed: the suite refuses its cases, not itself."""
+
+    def check(self) -> None:
+        raise LibraryMissing("knob", ABSENT_LIBRARY)
 
 
 @dataclass

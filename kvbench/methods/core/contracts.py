@@ -301,6 +301,13 @@ class Implementation(ABC):
         """The codec behind this method, if it has one (the proofs benchmark needs it)."""
         return None
 
+    @property
+    def stores_reads(self) -> bool:
+        """Its policies store exactly the keys, values and bias attention reads (nothing packs
+        them), so their accounted bytes are those of the read: by default, when it has no
+        codec. kvbench.testing.check_method holds it to that."""
+        return self.key_codec() is None
+
     def key_codec(self) -> Codec | None:
         """The codec for keys; methods that treat keys and values differently override both."""
         return self.codec()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvbench.config.extras import lacks
-from kvbench.config.fields import SettingError, between, param
+from kvbench.config.fields import LibraryMissing, SettingError, between, param
 from kvbench.methods.settings.base import Capabilities, MethodSettings, register_method
 
 ENVIRONMENT = "kvpress 0.5 needs transformers<5.3: `make test-kvpress` builds .venv-kvpress"
@@ -150,9 +150,9 @@ def _kvpress() -> Any:
     """The kvpress module; SettingError naming the install line where it is absent or broken."""
     missing = lacks("kvpress", "method 'kvpress'")
     if missing:
-        raise SettingError("press", f"{missing} ({ENVIRONMENT})")
+        raise LibraryMissing("press", f"{missing} ({ENVIRONMENT})")
     try:
         return importlib.import_module("kvpress")
     except Exception as exc:  # noqa: BLE001 - an installed kvpress that fails to import says why
-        raise SettingError("press", f"kvpress does not import ({type(exc).__name__}: {exc});"
-                                    f" {ENVIRONMENT}") from None
+        raise LibraryMissing("press", f"kvpress does not import ({type(exc).__name__}: {exc});"
+                                      f" {ENVIRONMENT}") from None

@@ -1,0 +1,78 @@
+"""transformers' quantized cache layers on torch (settings: kvbench.methods.settings.hf_quantized).
+Each policy holds one layer object of the library's own class and hands attention exactly what
+its update() returns, as transformers' QuantizedCache does inside generate()."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvbench.backends.torch_arrays import storage_bytes
+from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.hf_quantized import HFQuantized
+from kvbench.methods.torch.base import TorchMethod
+
+
+def stored_bytes(held: Any) -> int:
+    """Bytes of every tensor in `held` (tensors, tuples, dicts: HQQ's (codes, meta)), a tensor
+    subclass (quanto's packed tensors) counted by the inner tensors it stores."""
+    if isinstance(held, (tuple, list)):
+        return sum(stored_bytes(item) for item in held)
+    if isinstance(held, dict):
+        return sum(stored_bytes(item) for item in held.values())
+    if not isinstance(held, torch.Tensor):
+        return 0
+    if type(held) is not torch.Tensor and hasattr(held, "__tensor_flatten__"):
+        names, _ = held.__tensor_flatten__()
+        return sum(stored_bytes(getattr(held, name)) for name in names)
+    return held.numel() * held.element_size()
+
+
+class LibraryQuantizedLayer(LayerCachePolicy):
+    """One model layer's transformers cache layer: what it quantized, its full-precision
+    residual, and the keys and values its last update() returned for attention."""
+
+    def __init__(self, layer: Any):
+        self.layer = layer
+        self.read: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def append(self, keys, values, queries=None) -> None:
+        self.read = self.layer.update(keys, values)
+
+    def attention_inputs(self):
+        return (*self.read, None)
+
+    @property
+    def seen_tokens(self) -> int:
+        return self.layer.cumulative_length
+
+    @property
+    def retained_tokens(self) -> int:
+        return self.layer.cumulative_length  # quantized, never dropped
+
+    @property
+    def retained_bytes(self) -> int:
+        return stored_bytes([self.layer._quantized_keys, self.layer._quantized_values,
+                             self.residual()])
+
+    def measured_bytes(self) -> int:
+        return self.retained_bytes + storage_bytes(*(self.read or ()))
+
+    def residual(self) -> list[torch.Tensor]:
+        """The full-precision tokens the layer holds beside its quantized ones (none in FP8's,
+        and an empty placeholder before the first flush)."""
+        held = [getattr(self.layer, "keys", None), getattr(self.layer, "values", None)]
+        return [t for t in held if t is not None and t.dim() == 4]
+
+
+@implements(HFQuantized)
+class TorchHFQuantized(TorchMethod):
+    def new_layer_cache(self, layer_idx: int) -> LibraryQuantizedLayer:
+        return LibraryQuantizedLayer(self.settings.new_layer())
+
+    # the library's layers pack what they hold (no kvbench Codec): less than attention reads
+    stores_reads = False
+
+    def layout(self) -> str:
+        return self.settings.layout()
