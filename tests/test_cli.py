@@ -292,7 +292,7 @@ def test_run_exits_3_when_a_case_crashes_and_runs_the_others(tmp_path):
 def test_cases_whose_library_is_missing_are_refused_and_the_others_run(tmp_path):
     result = invoke("validate", SUITES / "refused.yaml")
     assert result.exit_code == 0, result.output
-    assert "2 case(s) refused" in result.output and ABSENT_LIBRARY in result.output
+    assert "3 case(s) refused" in result.output and ABSENT_LIBRARY in result.output
     out = tmp_path / "out"
     result = invoke("run", SUITES / "refused.yaml", "--out", out)
     assert result.exit_code == 0, result.output
@@ -300,12 +300,13 @@ def test_cases_whose_library_is_missing_are_refused_and_the_others_run(tmp_path)
     step = "tests.plugins.kvb_testplugin:Step"
     assert [(c["id"], c["status"]) for c in cases] == [
         (f"{step}/identity", "ok"), (f"{step}/Unbuildable-knob1", "refused"),
-        (f"{step}/Unbuildable-knob2", "refused")]
+        (f"{step}/Unbuildable-knob2", "refused"),
+        ("tests.plugins.kvb_testplugin:Unreachable/identity", "refused")]
     assert cases[1]["error"]["message"] == ABSENT_LIBRARY and cases[1]["metrics"] == {}
     assert cases[1]["claims"] == [] and cases[0]["claims"][0]["verdict"] == "held"
-    assert "refused 2" in result.output
+    assert "refused 3" in result.output
     report = (out / "report.md").read_text()
-    assert "1 ok, 2 refused" in report and ABSENT_LIBRARY in report
+    assert "1 ok, 3 refused" in report and ABSENT_LIBRARY in report
 
 
 def test_missing_baseline_exits_4_and_runs_nothing(tmp_path):

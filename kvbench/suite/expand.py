@@ -223,10 +223,33 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                    "set defaults.model, or model: on this benchmark, e.g. tiny:llama")
     cases = []
     benchmark = cls()
+
+    def case(variant: _Variant, suffix: str, bench_params: dict[str, Any],
+             refused: str | None) -> Case:
+        case_id = f"{entry.kind}/{variant.label}{suffix}"
+        return Case(
+            id=case_id, benchmark=entry.kind, bench_params=bench_params,
+            method=variant.entry.value.name, method_label=variant.label,
+            method_params=variant.params,
+            model=model_spec(model) if model else None,
+            device=defaults.device,
+            seed=_first(entry.seed, defaults.seed),
+            repeats=_first(entry.repeats, defaults.repeats),
+            timeout_s=_first(entry.timeout_s, defaults.timeout_s),
+            backend=defaults.backend,
+            threads=defaults.threads,
+            model_dtype=defaults.model_dtype,
+            refused=refused,
+            claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
+            + [c.value for c, pattern, _ in claims
+               if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
+        )
+
     settings = settings_of(cls.Params, bench, f"benchmark {entry.kind!r}", issues)
     for combo, suffix, params in zip(combos, suffixes, settings, strict=True):
-        if isinstance(params, Unavailable):  # a benchmark's library: reported, not refused
-            issues.add(bench.doc, bench.at("params"), params.reason)
+        if isinstance(params, Unavailable):  # the library the benchmark's settings name
+            cases += [case(variant, suffix, params.params, params.reason) for variant in chosen
+                      if variant.params is not None]
             continue
         if params is None:
             continue
@@ -245,24 +268,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 continue
             if head_dim is not None and not _fits(variant, head_dim, bench, issues):
                 continue
-            case_id = f"{entry.kind}/{variant.label}{suffix}"
-            cases.append(Case(
-                id=case_id, benchmark=entry.kind, bench_params=dataclasses.asdict(params),
-                method=variant.entry.value.name, method_label=variant.label,
-                method_params=variant.params,
-                model=model_spec(model) if model else None,
-                device=defaults.device,
-                seed=_first(entry.seed, defaults.seed),
-                repeats=_first(entry.repeats, defaults.repeats),
-                timeout_s=_first(entry.timeout_s, defaults.timeout_s),
-                backend=defaults.backend,
-                threads=defaults.threads,
-                model_dtype=defaults.model_dtype,
-                refused=variant.refused,
-                claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
-                + [c.value for c, pattern, _ in claims
-                   if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
-            ))
+            cases.append(case(variant, suffix, dataclasses.asdict(params), variant.refused))
     return cases
 
 

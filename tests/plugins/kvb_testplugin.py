@@ -17,7 +17,7 @@ import torch
 
 from kvbench.benchmarks.measure.context import BenchmarkOutput
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
-from kvbench.config.fields import LibraryMissing, at_least, param
+from kvbench.config.fields import LibraryMissing, Settings, at_least, param
 from kvbench.methods.core.contracts import WrappedPolicy
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity
@@ -102,6 +102,20 @@ class Step(Benchmark):
             },
             info={"seed": ctx.seed, "method": type(method.settings).__name__},
         )
+
+
+@dataclass
+class UnbuildableParams(StepParams, Settings):
+    """Step's parameters, needing a library that is never installed."""
+
+    def check(self) -> None:
+        raise LibraryMissing(None, ABSENT_LIBRARY)
+
+
+class Unreachable(Step):
+    """A benchmark whose settings need a library not installed: its cases are refused."""
+
+    Params = UnbuildableParams
 
 
 class Crash(Step):
