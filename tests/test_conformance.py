@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvbench.config.fields import SettingError
 from kvbench.methods import METHODS, has_implementation
 from kvbench.methods.core.wrappers import SparseVMethod
 from kvbench.methods.settings import implements
 from kvbench.methods.settings.sparse_v import SparseV
 from kvbench.methods.settings.tokens import TokenMethod
 from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
-from kvbench.testing import ConformanceError, check_method
+from kvbench.testing import HEAD_DIM, ConformanceError, check_method
 from tests.plugins.extras import method_extra_missing
 
 CASES = [(name, i) for name in METHODS.names()
@@ -30,35 +31,41 @@ def _ids(case):
     return f"{name}[{METHODS.get(name).conformance_params[i]}]"
 
 
-def _method(case):
-    """The case's settings; skipped, naming the install line, where its extra is absent."""
+def _method(case, backend: str):
+    """The case's settings; skipped, saying why, where its extra is absent (with the install
+    line), it has no implementation on `backend` (mlx-lm's caches: MLX only), or it cannot hold
+    the kit's vectors of HEAD_DIM values (mlx-lm's quantized cache: groups of 32 and more)."""
     name, i = case
     cls = METHODS.get(name)
     missing = method_extra_missing(cls)
     if missing:
         pytest.skip(missing)
-    return cls(**cls.conformance_params[i])
+    if not has_implementation(cls, backend):
+        pytest.skip(f"{name} has no {backend} implementation")
+    settings = cls(**cls.conformance_params[i])
+    try:
+        settings.check_head_dim(HEAD_DIM)
+    except SettingError as exc:
+        pytest.skip(f"the kit's vectors have {HEAD_DIM} values: {exc}")
+    return settings
 
 
 @pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
 def test_torch_cpu(case):
-    check_method(_method(case), backend="torch", device="cpu")
+    check_method(_method(case, "torch"), backend="torch", device="cpu")
 
 
 @pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
 def test_mlx_cpu(case):
     pytest.importorskip("mlx.core")
 
-    settings = _method(case)
-    if not has_implementation(type(settings), "mlx"):
-        pytest.skip(f"{case[0]} has no MLX implementation")
-    check_method(settings, backend="mlx")
+    check_method(_method(case, "mlx"), backend="mlx")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("case", CASES, ids=map(_ids, CASES))
 def test_torch_cuda(case):
-    check_method(_method(case), backend="torch", device="cuda")
+    check_method(_method(case, "torch"), backend="torch", device="cuda")
 
 
 def test_the_example_plugin_package_installs_and_passes(tmp_path):

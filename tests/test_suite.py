@@ -365,10 +365,19 @@ def test_backend_mlx_refuses_methods_and_benchmarks_without_mlx_support():
     pytest.importorskip("mlx.core")
     issues = _issues("mlx_unsupported.yaml")
     by_key = {issue.key: issue for issue in issues}
-    assert "no MLX implementation" in by_key["methods[1].name"].message
+    assert "no mlx implementation" in by_key["methods[1].name"].message
     assert by_key["methods[1].name"].line == line_of(SUITES / "mlx_unsupported.yaml", "kvb_testplugin:Nop")
     assert "does not run on backend 'mlx'" in by_key["benchmarks[0].kind"].message
     assert "methods[0].name" not in by_key  # identity has one
+
+
+def test_backend_torch_refuses_methods_without_a_torch_implementation():
+    issues = _issues("torch_unsupported.yaml")
+    by_key = {issue.key: issue for issue in issues}
+    refused = by_key["methods[1].name"]
+    assert "method 'mlx-lm-quantized' has no torch implementation" in refused.message
+    assert refused.line == line_of(SUITES / "torch_unsupported.yaml", "mlx-lm-quantized")
+    assert "backend: mlx" in refused.hint and "methods[0].name" not in by_key
 
 
 def test_backend_override_reaches_every_case():

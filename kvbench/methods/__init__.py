@@ -18,7 +18,7 @@ from kvbench.methods.settings.base import BACKENDS, registered_implementation
 # own, and the adapters that run a library's (kvbench.methods.external).
 _BUILTIN = {"torch": ("kvbench.methods.torch", "kvbench.methods.external.kvpress",
                       "kvbench.methods.external.hf_quantized"),
-            "mlx": ("kvbench.methods.mlx",)}
+            "mlx": ("kvbench.methods.mlx", "kvbench.methods.external.mlx_lm_cache")}
 
 
 class OnBackend:

@@ -7,6 +7,8 @@ attention_inputs(), the compressed state itself, no shadow copy. A key bias, spa
 queries a policy observes reach mlx-lm's attention through kvbench.models.mlx_attention, which
 takes the read from the layer it is handed. RoPE positions come from `offset`, which is the
 tokens the policy has seen, so positions continue after eviction or compaction. Batch size 1.
+A method that is one of mlx-lm's own caches is hosted so that the model reads what that cache
+returns, as under mlx-lm's generate (MLXLibraryLayer).
 
 Specs are those of kvbench.models.loading: bundled:NAME (prepared on first use), a local
 checkpoint folder, a hub id already in the local cache, and tiny:llama / tiny:qwen3 (the torch
@@ -27,6 +29,7 @@ import numpy as np
 
 from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
+from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
 from kvbench.models.host import CacheHost, LayerHost
 from kvbench.models.mlx_attention import install
 
@@ -180,16 +183,53 @@ class MLXPolicyLayer(LayerHost):
         return self.policy.measured_bytes() if self.started else 0
 
 
+class MLXLibraryLayer(MLXPolicyLayer):
+    """A layer whose policy is one of mlx-lm's own caches (kvbench.methods.external.mlx_lm_cache),
+    so that the model computes what it computes with that cache under mlx-lm's generate_step.
+    The policy's generic read (attention_inputs) cannot give that: mlx-lm's attention
+    (mlx_lm.models.base.scaled_dot_product_attention) takes its quantized path, over the
+    (codes, scales, biases) that update_and_fetch returns, by hasattr(cache, "bits") on the
+    layer object it is handed, which is this one; and the rotating cache's mask has its sliding
+    window. So this layer returns the cache's update_and_fetch as it is, makes the cache's own
+    mask, and carries the cache's bits and group_size where the cache has them. It never holds
+    a read: kvbench's attention (kvbench.models.mlx_attention) passes it to mlx-lm's as is."""
+
+    def __init__(self, policy: MLXLMLayer, layer_idx: int, owner: "MLXKVBenchCache"):
+        super().__init__(policy, layer_idx, owner)
+        cache = policy.cache
+        if hasattr(cache, "bits"):
+            self.bits, self.group_size = cache.bits, cache.group_size
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        fetched = self.policy.update_and_fetch(keys, values)
+        self.started = True
+        return fetched
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        return self.policy.cache.make_mask(N, return_array=return_array, window_size=window_size)
+
+    @MLXPolicyLayer.state.getter
+    def state(self) -> list[mx.array]:
+        return self.policy.held()
+
+    def is_trimmable(self) -> bool:
+        return self.policy.cache.is_trimmable()
+
+
 class MLXKVBenchCache(CacheHost):
     """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
     a method's MLX implementation, kvbench.methods.implementation(settings, "mlx")). Pass
     `cache.layers` (or the cache itself) as mlx-lm's `cache=`: kvbench's attention takes each
-    layer's read from the layer it is given. decoded_reads as kvbench.models.host.CacheHost."""
+    layer's read from the layer it is given. A policy that is one of mlx-lm's own caches gets
+    an MLXLibraryLayer. decoded_reads as kvbench.models.host.CacheHost."""
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
-        super().__init__(method, num_layers, lambda policy, i: MLXPolicyLayer(policy, i, self),
-                         decoded_reads)
+        super().__init__(method, num_layers, self._layer, decoded_reads)
+
+    def _layer(self, policy: LayerCachePolicy, layer_idx: int) -> MLXPolicyLayer:
+        kind = MLXLibraryLayer if isinstance(policy, MLXLMLayer) else MLXPolicyLayer
+        return kind(policy, layer_idx, self)
 
     def __len__(self) -> int:
         return len(self.layers)

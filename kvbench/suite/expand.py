@@ -57,8 +57,7 @@ def expand_cases(
     if _too_many(methods, sizes, "method variants", issues):
         return []
     variants = _method_variants(methods, METHODS, issues)
-    if defaults.backend == "mlx":
-        _check_mlx_methods(variants, issues)
+    _check_implementations(variants, defaults.backend, issues)
     selections = [_select(bench, variants, issues) for bench in benchmarks]
     # A benchmark's matrix is expanded to check its params even when it runs no method.
     sizes = [_size(b.value.matrix) * max(1, len(c)) for b, c in zip(benchmarks, selections)]
@@ -149,18 +148,20 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
     return variants
 
 
-def _check_mlx_methods(variants: list[_Variant], issues: Issues) -> None:
-    """Every method must have an MLX implementation (and MLX must be installed)."""
+def _check_implementations(variants: list[_Variant], backend: str, issues: Issues) -> None:
+    """Every method must run on the suite's backend: on mlx, have an MLX implementation (and MLX
+    be installed); on torch, not be declared for no torch device (a method of the MLX backend
+    only, e.g. mlx-lm's caches)."""
     if not variants:
         return
     try:
-        supported = {v.cls: has_implementation(v.cls, "mlx") for v in variants
-                     if v.cls is not None}
+        supported = {v.cls: _runs_on(v.cls, backend) for v in variants if v.cls is not None}
     except ImportError as exc:
         first = variants[0].entry
         issues.add(first.doc, ("defaults", "backend"), f"backend 'mlx' needs MLX ({exc})",
                    "pip install 'kvbench[mlx]' (on Linux: mlx[cpu]), or use backend: torch")
         return
+    other = "torch" if backend == "mlx" else "mlx"
     seen = set()
     for variant in variants:
         entry = variant.entry
@@ -169,8 +170,15 @@ def _check_mlx_methods(variants: list[_Variant], issues: Issues) -> None:
         seen.add(entry.path)
         if variant.cls is not None and not supported[variant.cls]:
             issues.add(entry.doc, entry.at("name"),
-                       f"method {entry.value.name!r} has no MLX implementation",
-                       "run it with backend: torch")
+                       f"method {entry.value.name!r} has no {backend} implementation",
+                       f"run it with backend: {other}")
+
+
+def _runs_on(cls: type, backend: str) -> bool:
+    if backend == "mlx":
+        return has_implementation(cls, "mlx")
+    capabilities = getattr(cls, "capabilities", None)  # None: a stand-in, not checked
+    return capabilities is None or bool(capabilities.devices)
 
 
 def _select(bench: Placed[BenchmarkEntry], variants: list[_Variant], issues: Issues):
