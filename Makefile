@@ -13,14 +13,15 @@ $(BIN)/kvbench: pyproject.toml
 
 # kvpress's presses (the kvpress extra) need transformers below 5.3: their environment is
 # .venv-kvpress, which sees .venv's packages through a path file and installs its own
-# transformers and kvpress in front of them (torch is not installed twice).
+# transformers and kvpress in front of them (torch is not installed twice), and the example
+# plug-in (knorm), which suites/implementations.yaml sets beside KnormPress.
 KVPRESS_VENV ?= .venv-kvpress
 SITE = lib/python$(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages
 
 $(KVPRESS_VENV)/bin/kvbench: $(BIN)/kvbench
 	$(BIN)/python -m venv --without-pip $(KVPRESS_VENV)
 	echo "$(abspath $(VENV))/$(SITE)" > $(KVPRESS_VENV)/$(SITE)/kvbench_base.pth
-	$(KVPRESS_VENV)/bin/python -m pip install -e ".[kvpress]"
+	$(KVPRESS_VENV)/bin/python -m pip install -e ".[kvpress]" -e tests/data/example_plugin
 	touch $@
 
 .PHONY: install demo test test-kvpress site
