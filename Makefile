@@ -4,17 +4,20 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
+# kvbench with its extras, and the example plug-in (knorm), which suites/implementations.yaml
+# sets beside KnormPress.
 $(BIN)/kvbench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray,quanto,hqq]"
+	$(BIN)/pip install -e tests/data/example_plugin
 	touch $@
 
 # kvpress's presses (the kvpress extra) need transformers below 5.3: their environment is
 # .venv-kvpress, which sees .venv's packages through a path file and installs its own
 # transformers and kvpress in front of them (torch is not installed twice), and the example
-# plug-in (knorm), which suites/implementations.yaml sets beside KnormPress.
+# plug-in again (an editable install is not seen through the path file).
 KVPRESS_VENV ?= .venv-kvpress
 SITE = lib/python$(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages
 
