@@ -15,7 +15,6 @@ import math
 import socket
 import sys
 import textwrap
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from kvbench.benchmarks import measurement
 from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, Reference, RequestRecord
 from kvbench.benchmarks.measure.servers import (
-    ManagedServer, RunningServer, ServerError, ServerPool, free_port,
+    POOL_MEMO_KEY, ManagedServer, RunningServer, ServerError, ServerPool, free_port,
 )
 from kvbench.benchmarks.measure.stress import (
     import_root, make_prompts, method_name, request_body,
@@ -39,6 +38,7 @@ from kvbench.benchmarks.specs.server_target import check_loopback_url, parse_ser
 from kvbench.benchmarks.specs.stress import Stress, StressParams
 from kvbench.methods import implementation
 from kvbench.methods.settings.identity import Identity
+from tests.plugins.asgi import AppInThread
 from tests.plugins.cli_support import invoke
 from tests.plugins.model_runs import cpu_context
 from tests.plugins.suites import ROOT, line_of
@@ -122,30 +122,12 @@ def fake_app(fake: Fake):
                              Route("/v1/chat/completions", complete, methods=["POST"])])
 
 
-class FakeServer:
+class FakeServer(AppInThread):
     """The fake app under uvicorn in a thread, on a free loopback port."""
 
     def __init__(self, fake: Fake):
-        import uvicorn
-
-        self.fake, self.port = fake, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(fake_app(fake), host="127.0.0.1", port=self.port,
-                                log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "FakeServer":
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the fake server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(fake_app(fake))
+        self.fake = fake
 
 
 def serve_fake(port: int) -> None:
@@ -732,7 +714,7 @@ def test_mlx_lm_server_managed_on_loopback(tmp_path):
                           server={"command": command, "url": "http://127.0.0.1:{port}"})
     try:
         out = measurement(Stress).run(params, implementation(Identity()), ctx)
-        [server] = ctx.memo.get(("stress_servers",), ServerPool).servers.values()
+        [server] = ctx.memo.get(POOL_MEMO_KEY, ServerPool).servers.values()
         pid, port = server.process.pid, int(server.url.rsplit(":", 1)[1])
     finally:
         ctx.memo.close()

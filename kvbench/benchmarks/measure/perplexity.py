@@ -22,11 +22,19 @@ With time_against_plain, the plain cache also runs in lockstep with the method's
 and each decode step feeds the plain cache and then the method's, so the speed ratios between
 the two compare work done moments apart, under the same load on the machine. Without it no
 plain decode is timed and the ratios are not reported.
+
+With `server`, the same windows are scored by another engine behind an OpenAI-compatible server
+(llama.cpp with its quantized KV cache, say): each window is one request with the prompt as
+token ids and its logprobs echoed (kvbench.benchmarks.measure.prompt_logprobs), and the NLL sums
+go through the same arithmetic, against the same in-process plain reference. The server is the
+run's, shared with stress cases that name the same command (kvbench.benchmarks.measure.servers).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -34,6 +42,10 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
+from kvbench.benchmarks.measure.prompt_logprobs import (
+    ScoringError, continuation_nll, prompt_logprobs,
+)
+from kvbench.benchmarks.measure.servers import pooled_server
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.perplexity import (
     DECODE_SEGMENT, Perplexity, PerplexityParams, window_offsets,
@@ -80,6 +92,10 @@ class PerplexityRun(Perplexity):
                                  ctx.seed)
         read = [token_window(ctx.memo, session, params.text, offset, need) for offset in offsets]
         windows = [window for window, _ in read]
+        comparable = {"tokens_sha256": tokens_sha256([t for w in windows for t in w]),
+                      "model": session.spec, "model_dtype": session.dtype}
+        if params.target is not None:
+            return self._through_server(params, ctx, session, offsets, windows, comparable)
         calibration = read[-1][1][: params.calibration]  # after the last window
         ctx.status("calibrate")
         session.calibrate(method, calibration)
@@ -87,41 +103,96 @@ class PerplexityRun(Perplexity):
 
         session.reset_peak_memory()
         nll, timed, kept = _method_passes(session, windows, params, method, ctx, plain_nll)
-        scored = params.continuation * len(windows)
-        ppl = math.exp(sum(nll[0]) / scored)
-        reference = math.exp(sum(plain_nll) / scored)
+        figures, info = _perplexity_figures(self.metrics, params, offsets, nll[0], plain_nll,
+                                            ctx.seed)
         peak_bytes, peak_what = session.peak_memory()
         m = self.metrics
-        info: dict[str, Any] = {
-            "layout": method.layout(),
-            "tokens": need,  # per window
-            "text": params.text,
-            "windows": [{"offset": offset, "nll": a, "nll_plain": b}
-                        for offset, a, b in zip(offsets, nll[0], plain_nll)],
-        }
-        spread = {}
-        if len(windows) > 1:
-            spread, info["perplexity_interval"], info["vs_plain"] = _over_windows(
-                m, nll[0], plain_nll, params.continuation, ctx.seed)
         counters = _mean_counters(kept)
         lockstep = ("; the plain reference cache, run in lockstep, included"
                     if params.time_against_plain else "")
         return BenchmarkOutput(
             metrics={
-                "perplexity": m["perplexity"].of(ppl),
-                "ppl_reference": m["ppl_reference"].of(reference),
-                "ppl_rel_delta": m["ppl_rel_delta"].of((ppl - reference) / reference),
-                **spread,
+                **figures,
                 **_bytes_metrics(m, kept, counters),
                 **_timing_metrics(m, timed, params.time_against_plain),
             },
-            info={**info, "peak_memory_bytes": peak_bytes,
+            info={"layout": method.layout(), **info, "peak_memory_bytes": peak_bytes,
                   "peak_memory": f"{peak_what}{lockstep}",
                   **counters},
-            comparable={"tokens_sha256": tokens_sha256([t for w in windows for t in w]),
-                        "model": session.spec,
-                        "model_dtype": session.dtype},
+            comparable=comparable,
         )
+
+    def _through_server(self, params: PerplexityParams, ctx: RunContext, session: Session,
+                        offsets: list[int], windows: list[list[int]],
+                        comparable: dict[str, Any]) -> BenchmarkOutput:
+        """The windows scored through params.server (see its meaning); the plain reference is
+        still kvbench's, in process."""
+        import httpx
+
+        target = params.target
+        plain_nll = [_plain_nll(ctx, session, params, i, windows) for i in range(len(windows))]
+        server, info = pooled_server(ctx.memo, ctx.files_dir, target)
+        nll: list[list[float]] = []
+        request_s: list[float] = []
+        with httpx.Client(trust_env=False) as client:
+            for repeat in range(ctx.repeats):
+                nll.append([])
+                for i, window in enumerate(windows):
+                    _in_window(ctx.status, i, len(windows))(f"scored by the server (repeat"
+                                                           f" {repeat + 1}/{ctx.repeats})")
+                    started = time.perf_counter()
+                    try:
+                        logprobs = prompt_logprobs(client, server.url, window, target.model)
+                    except ScoringError as exc:
+                        raise RuntimeError(f"window {i + 1} (offset {offsets[i]}): {exc}") \
+                            from None
+                    request_s.append(time.perf_counter() - started)
+                    nll[-1].append(continuation_nll(logprobs, params.context))
+        _check_repeats(nll)
+        figures, more = _perplexity_figures(self.metrics, params, offsets, nll[0], plain_nll,
+                                            ctx.seed)
+        info.update(more)
+        info.update({
+            "server_uses_method": False,
+            "scored_by": "the server: each window one /v1/completions request (token ids,"
+                         " echo, logprobs), its continuation scored by the echoed logprobs",
+            "request_s": request_s,
+        })
+        return BenchmarkOutput(
+            metrics=figures, info=info,
+            comparable={**comparable, "server": json.dumps(params.server, sort_keys=True)})
+
+
+def _perplexity_figures(m: dict, params: PerplexityParams, offsets: list[int],
+                        nll: list[float], plain_nll: list[float],
+                        seed: int) -> tuple[dict, dict[str, Any]]:
+    """(perplexity, ppl_reference, ppl_rel_delta and, over windows, its interval; what info
+    says of the windows) from the NLL sums of each window's continuation, the method's (or the
+    server's) and the plain model's. Windows pool: exp(total NLL / all scored tokens)."""
+    scored = params.continuation * len(nll)
+    ppl = math.exp(sum(nll) / scored)
+    reference = math.exp(sum(plain_nll) / scored)
+    info: dict[str, Any] = {
+        "tokens": params.context + params.continuation,  # per window
+        "text": params.text,
+        "windows": [{"offset": offset, "nll": a, "nll_plain": b}
+                    for offset, a, b in zip(offsets, nll, plain_nll)],
+    }
+    spread = {}
+    if len(nll) > 1:
+        spread, info["perplexity_interval"], info["vs_plain"] = _over_windows(
+            m, nll, plain_nll, params.continuation, seed)
+    return ({"perplexity": m["perplexity"].of(ppl),
+             "ppl_reference": m["ppl_reference"].of(reference),
+             "ppl_rel_delta": m["ppl_rel_delta"].of((ppl - reference) / reference),
+             **spread}, info)
+
+
+def _check_repeats(nll: list[list[float]]) -> None:
+    """Fresh caches on the same tokens must agree; otherwise state leaks between runs."""
+    for repeat in nll:
+        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(repeat, nll[0])):
+            raise RuntimeError(f"perplexity differs across repeats: NLL per window {nll}")
 
 
 def _method_passes(
@@ -149,10 +220,7 @@ def _method_passes(
             if plain is not None and not math.isclose(plain.nll, plain_nll[i], rel_tol=1e-6):
                 raise RuntimeError(f"window {i + 1}: the plain cache in lockstep scored NLL"
                                    f" {plain.nll}, the shared plain reference {plain_nll[i]}")
-    for repeat in nll:
-        # Fresh caches on the same tokens must agree; otherwise state leaks between runs.
-        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(repeat, nll[0])):
-            raise RuntimeError(f"perplexity differs across repeats: NLL per window {nll}")
+    _check_repeats(nll)
     return nll, timed, kept
 
 

@@ -1,29 +1,39 @@
-"""The stress benchmark's servers (targets: kvbench.benchmarks.specs.server_target): a server
-kvbench starts and stops (`kvbench serve`, or any command), or one someone else runs.
+"""The servers of the stress and perplexity benchmarks (targets:
+kvbench.benchmarks.specs.server_target): a server kvbench starts and stops (`kvbench serve`, or
+any command), or one someone else runs.
 
 A managed server runs in its own session (so its process group is its own): stopping it is
 SIGTERM to the group, a wait, then SIGKILL, and nothing it started is left behind. It is ready
 when GET /health (or, for servers without one, /v1/models) answers 200; the wait is bounded, and
 a server that exits early or never gets ready fails with the tail of its log. Its stdout and
-stderr go to a log file the caller names (beside the run's results).
+stderr go to a log file beside the run's results.
 
 The run's servers are kept in a pool (ServerPool, in the run's memo, which closes it when the run
 ends): the cases of a suite come level by level, each level for every method, so each method's
 server is started once and waits, idle (memory, no CPU), while the others are measured. Past
-the pool's size the least recently used one is stopped first.
+the pool's size the least recently used one is stopped first. A command's server is one server
+for every case that names the same command, of either benchmark.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable, Hashable
+from typing import Any, Callable, Hashable
 
-from kvbench.benchmarks.specs.server_target import READY_TIMEOUT_S, check_loopback_url
+from kvbench.benchmarks.specs.server_target import (
+    GGUF_PLACEHOLDER, READY_TIMEOUT_S, ServerTarget, check_loopback_url,
+)
+from kvbench.memo import Memo
 
 STOP_WAIT_S = 10.0  # after SIGTERM, before SIGKILL
 LOG_TAIL_CHARS = 3000
@@ -42,6 +52,20 @@ def free_port() -> int:
 
 def fill_port(text: str, port: int) -> str:
     return text.replace("{port}", str(port))
+
+
+def fill_command(part: str, port: int) -> str:
+    """One word of a server command with its placeholders filled: "{port}" with the port,
+    "{python}" with this interpreter (kvbench's environment), "{gguf:NAME}" with the path of
+    bundled model NAME's GGUF on this machine."""
+    part = fill_port(part, port).replace("{python}", sys.executable)
+    return GGUF_PLACEHOLDER.sub(lambda found: str(_bundled_gguf(found.group(1))), part)
+
+
+def _bundled_gguf(name: str) -> Path:
+    from kvbench.models.bundled import bundled_gguf
+
+    return bundled_gguf(name)
 
 
 def kvbench_serve_command(model: str, method: str, params_json: str, port: int, device: str,
@@ -217,3 +241,82 @@ class ServerPool:
         servers, self.servers = list(self.servers.values()), {}
         for server in servers:
             server.close()
+
+
+# ---- the run's servers: one per target, kept in the run's pool --------------------------------
+
+POOL_MEMO_KEY = ("servers",)  # where the run's memo holds its ServerPool
+
+
+@dataclass
+class Launch:
+    """How to start one server on the port kvbench picked."""
+
+    command: list[str]
+    url: str
+    description: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def command_launch(target: ServerTarget, port: int) -> Launch:
+    """A `command` target's launch: its command and url with their placeholders filled."""
+    return Launch([fill_command(part, port) for part in target.command],
+                  fill_port(target.url, port), target.describe())
+
+
+def pooled_server(memo: Memo, files_dir: Path | None, target: ServerTarget,
+                  key: tuple[Hashable, ...] | None = None, label: str = "",
+                  launch: Callable[[int], Launch] | None = None,
+                  ) -> tuple[RunningServer, dict[str, Any]]:
+    """(the run's server for `target` from the pool in `memo`, what a case's info says of it).
+    A managed one is started (and waited for) when the pool has none for `key` or it died, its
+    log in `files_dir`. key, label (the log's name) and launch(port) default to the target's:
+    (kind, command, url), the command's program (`program`), `command_launch`."""
+    key = key or (target.kind, target.command, target.url)
+    if target.kind == "url":
+        make: Callable[[], RunningServer] = partial(ExternalServer, target.url,
+                                                    target.describe())
+    else:
+        label = label or f"{target.kind}-{program(target.command)}"
+        make = partial(_start, files_dir, label, key, launch or partial(command_launch, target),
+                       target.ready_timeout_s)
+    server, fresh = memo.get(POOL_MEMO_KEY, ServerPool).acquire(key, make)
+    info: dict[str, Any] = {
+        "server": target.describe(),
+        "server_log": None if server.log_path is None else str(server.log_path),
+    }
+    if server.log_note:
+        info["server_log_note"] = server.log_note
+    info["server_started_for_this_case"] = fresh
+    if fresh and isinstance(server, ManagedServer):
+        info["server_ready_s"] = server.ready_s
+        info["server_command"] = server.command
+    return server, info
+
+
+def program(command: tuple[str, ...] | list[str]) -> str:
+    """What a command runs, for a log's name: its module for `python -m module`, else its
+    program's file name."""
+    if len(command) > 2 and command[1] == "-m":
+        return command[2]
+    return Path(command[0]).name
+
+
+def server_log_path(files_dir: Path | None, label: str,
+                    key: tuple[Hashable, ...]) -> tuple[Path, str]:
+    """(where a started server's log goes, a note when that is not beside the results)."""
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
+    name = re.sub(r"[^\w.-]+", "_", label)[:80] + f"-{digest}.log"
+    if files_dir is not None:
+        return Path(files_dir) / name, ""
+    folder = Path(tempfile.mkdtemp(prefix="kvbench-server-"))
+    return folder / name, "no run folder (outside a run): the server's log is a temp file"
+
+
+def _start(files_dir: Path | None, label: str, key: tuple[Hashable, ...],
+           launch: Callable[[int], Launch], ready_timeout_s: float) -> ManagedServer:
+    log, note = server_log_path(files_dir, label, key)
+    how = launch(free_port())
+    server = ManagedServer(how.command, how.url, log, how.description, how.env, ready_timeout_s)
+    server.log_note = note
+    return server.start()

@@ -18,14 +18,11 @@ suite is validated.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import re
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,8 +39,7 @@ from kvbench.benchmarks.measure.load_generator import (
     Level, Prompt, Reference, candidates_at, compare, count_tokens, level_figures, run_level,
 )
 from kvbench.benchmarks.measure.servers import (
-    ExternalServer, ManagedServer, RunningServer, ServerPool, fill_port, free_port,
-    kvbench_serve_command, kvbench_server_impl,
+    Launch, RunningServer, kvbench_serve_command, kvbench_server_impl, pooled_server,
 )
 from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.methods.core.contracts import Implementation
@@ -119,68 +115,36 @@ class StressRun(Stress):
         """(the server's key, the running server, what info says of it)."""
         import torch
 
+        key, label, launch = None, "", None
         if target.kind == "kvbench":
             name, method_params = method_name(method.settings), json.dumps(
                 method.settings.params(), sort_keys=True, default=str)
             key = ("kvbench", ctx.model, ctx.model_dtype, name, method_params, params.kv_budget,
                    torch.get_num_threads(), str(ctx.device), params.prefill_chunk)
             label = f"kvbench-serve-{name}"
-        else:
-            key = (target.kind, target.command, target.url)
-            label = f"{target.kind}-{Path(target.command[0]).name if target.command else ''}"
-        info: dict[str, Any] = {"server": target.describe(),
-                                "server_uses_method": target.kind == "kvbench"}
-        if target.kind == "url":
-            make = partial(ExternalServer, target.url, target.describe())
-        else:
-            make = partial(self._start, ctx, params, method, target, label, key)
-        pool = ctx.memo.get(("stress_servers",), ServerPool)
-        server, fresh = pool.acquire(key, make)
-        info["server_log"] = None if server.log_path is None else str(server.log_path)
-        if getattr(server, "log_note", ""):
-            info["server_log_note"] = server.log_note
-        info["server_started_for_this_case"] = fresh
-        if fresh and isinstance(server, ManagedServer):
-            info["server_ready_s"] = server.ready_s
-            info["server_command"] = server.command
-        return key, server, info
+            launch = partial(self._kvbench_launch, ctx, params, method)
+        server, info = pooled_server(ctx.memo, ctx.files_dir, target, key, label, launch)
+        info["server_uses_method"] = target.kind == "kvbench"
+        return key or (target.kind, target.command, target.url), server, info
 
     @staticmethod
-    def _log_path(ctx: RunContext, label: str, key: tuple) -> tuple[Path, str]:
-        """(where a started server's log goes, a note when that is not beside the results)."""
-        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
-        name = re.sub(r"[^\w.-]+", "_", label)[:80] + f"-{digest}.log"
-        if ctx.files_dir is not None:
-            return Path(ctx.files_dir) / name, ""
-        folder = Path(tempfile.mkdtemp(prefix="kvbench-stress-"))
-        return folder / name, "no run folder (outside a run): the server's log is a temp file"
-
-    @staticmethod
-    def _start(ctx: RunContext, params: StressParams, method: Implementation, target: ServerTarget,
-               label: str, key: tuple) -> ManagedServer:
+    def _kvbench_launch(ctx: RunContext, params: StressParams, method: Implementation,
+                        port: int) -> Launch:
+        """`kvbench serve` with the case's model and method on `port`."""
         import torch
 
-        log, note = StressRun._log_path(ctx, label, key)
-        port = free_port()
+        name = method_name(method.settings)
+        command = kvbench_serve_command(
+            str(ctx.model), name, json.dumps(method.settings.params(), sort_keys=True,
+                                             default=str),
+            port, ctx.device.type, torch.get_num_threads(), params.kv_budget, ctx.model_dtype,
+            params.prefill_chunk)
         env = {}
-        if target.kind == "kvbench":
-            command = kvbench_serve_command(
-                str(ctx.model), method_name(method.settings),
-                json.dumps(method.settings.params(), sort_keys=True, default=str), port,
-                ctx.device.type, torch.get_num_threads(), params.kv_budget, ctx.model_dtype,
-                params.prefill_chunk)
-            url = f"http://127.0.0.1:{port}"
-            root = import_root(type(method.settings))
-            if root is not None:  # a module:Class method: the server imports it from there
-                env["PYTHONPATH"] = _path_join(root, os.environ.get("PYTHONPATH", ""))
-            description = f"kvbench serve {method_name(method.settings)} on 127.0.0.1:{port}"
-        else:
-            command = [fill_port(part, port) for part in target.command]
-            url = fill_port(target.url, port)
-            description = target.describe()
-        server = ManagedServer(command, url, log, description, env, target.ready_timeout_s)
-        server.log_note = note
-        return server.start()
+        root = import_root(type(method.settings))
+        if root is not None:  # a module:Class method: the server imports it from there
+            env["PYTHONPATH"] = _path_join(root, os.environ.get("PYTHONPATH", ""))
+        return Launch(command, f"http://127.0.0.1:{port}",
+                      f"kvbench serve {name} on 127.0.0.1:{port}", env)
 
     # ---- the figures -------------------------------------------------------------------------
 
@@ -221,7 +185,8 @@ class StressRun(Stress):
                 sources[record.count_source] = sources.get(record.count_source, 0) + 1
                 id_sources[record.ids_source] = id_sources.get(record.ids_source, 0) + 1
                 answer = reference.answers[record.prompt]
-                result = compare(record.ids, answer, params.tie_margin, params.shift_nats, record.tops)
+                result = compare(record.ids, answer, params.tie_margin, params.shift_nats,
+                                 record.tops)
                 agreements.append(result.agreement)
                 if result.identical:
                     continue
@@ -235,7 +200,8 @@ class StressRun(Stress):
                     "margin_there": result.margin, "difference": result.kind,
                     "flagged": result.flagged,
                     "candidates_there": candidates_at(answer.tops, result.first_difference),
-                    "response_candidates_there": candidates_at(record.tops, result.first_difference),
+                    "response_candidates_there": candidates_at(record.tops,
+                                                               result.first_difference),
                     "response": record.text[:KEEP_CHARS],
                     "single_user": answer.text[:KEEP_CHARS],
                 })

@@ -1,12 +1,18 @@
 """`perplexity`: the continuation is scored through the method's cache, never around it
 (the protocol: kvbench.benchmarks.measure.perplexity), over one window of the text or several
-drawn with the case's seed (window_offsets)."""
+drawn with the case's seed (window_offsets); or, with `server`, through another engine's cache
+behind an OpenAI-compatible server, on the same windows."""
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from kvbench.config.fields import SettingError, at_least, param
+from kvbench.benchmarks.specs.server_target import (
+    ServerTarget, missing_server_library, parse_server,
+)
+from kvbench.config.extras import lacks
+from kvbench.config.fields import LibraryMissing, SettingError, at_least, param
 from kvbench.benchmarks.reports.perplexity import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
@@ -36,6 +42,51 @@ class PerplexityParams(TextWindowParams):
     time_against_plain: bool = param(False, meaning="also decode the plain cache in lockstep"
                                      " with the method's, for prefill_s_vs_plain and"
                                      " decode_tok_s_vs_plain (twice the model work)")
+    server: str | dict[str, Any] | None = param(
+        None, rule="none, or a mapping as stress's server (not kvbench: kvbench serve does not"
+        " echo a prompt's logprobs); decode_chunk 1 and time_against_plain false with it",
+        meaning="none: the method measured in process, as above. {command: [...], url: ...} (a"
+        " server kvbench starts, as stress does: {port}, {python} and {gguf:NAME} filled, one"
+        " server per command in the run, its log beside the results) or {url: ...} (one someone"
+        " else runs): the same windows (the same token ids, at the same offsets) are scored through"
+        " that server instead, the method unused: each window is one /v1/completions request"
+        " with the prompt as token ids, echo, logprobs 1 and max_tokens 1, and each"
+        " continuation token is scored by its echoed logprob. The protocol differs: the server"
+        " evaluates the whole window as a prompt (llama.cpp in batches of n_batch tokens, each"
+        " batch's K and V written to its cache, quantized with --type_k/--type_v, before"
+        " attention reads them back), where kvbench prefills the context in one forward and then"
+        " scores the continuation one token at a time through the cache. ppl_reference stays"
+        " kvbench's plain model on the same tokens; no bytes or timings are reported."
+        " llama-cpp-python's own server takes no token ids and misaligns echoed logprobs: start"
+        " it as `python -m kvbench.serve.llama_cpp`. Loopback hosts only")
+
+    def check(self) -> None:
+        super().check()
+        if self.server is None:
+            return
+        try:
+            target = parse_server(self.server)  # loopback only
+        except ValueError as exc:
+            raise SettingError("server", str(exc)) from None
+        if target.kind == "kvbench":
+            raise SettingError("server", "server: kvbench serve does not return a prompt's"
+                               " logprobs (echo); leave server out to measure the method in"
+                               " process, or name another server ({command: [...], url: ...})")
+        if self.decode_chunk != 1:
+            raise SettingError("decode_chunk", "decode_chunk: a server scores the whole window"
+                               " in one request; decode_chunk applies in process only (leave"
+                               " it 1 with server)")
+        if self.time_against_plain:
+            raise SettingError("time_against_plain", "time_against_plain: nothing is timed"
+                               " through a server; leave it false with server")
+        missing = lacks("serve", "perplexity through a server") or missing_server_library(target)
+        if missing:  # its cases are refused, the suite's others run
+            raise LibraryMissing("server", missing)
+
+    @property
+    def target(self) -> ServerTarget | None:
+        """The server that scores the windows; None: the method, in process."""
+        return None if self.server is None else parse_server(self.server)
 
 
 def window_offsets(params: PerplexityParams, text_tokens: int, seed: int) -> list[int]:

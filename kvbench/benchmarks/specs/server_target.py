@@ -1,15 +1,27 @@
-"""The stress benchmark's server targets as a suite names them (`server:`): a server kvbench starts
-(`kvbench serve`, or any command) or one someone else runs (a bare url). Every url is on the
-loopback interface: anything else is refused when the suite is validated."""
+"""The server targets of the stress and perplexity benchmarks as a suite names them (`server:`): a
+server kvbench starts (`kvbench serve`, or any command) or one someone else runs (a bare url).
+Every url is on the loopback interface: anything else is refused when the suite is validated.
+
+A command's placeholders are filled when the server starts: "{port}" with a free port (in the url
+too), "{python}" with the interpreter running kvbench (a server from kvbench's environment),
+"{gguf:NAME}" with the path of bundled model NAME's GGUF (e.g. "{gguf:smollm2-135m}"), so that a
+suite names them without writing one machine's paths."""
 from __future__ import annotations
 
+import re
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.config.extras import importable, lacks
+from kvbench.models.info import bundled_model
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 READY_TIMEOUT_S = 300.0  # for a server to load its model and answer /health
 SERVER_KEYS = ("command", "url", "model", "logprobs", "ready_timeout_s")
+GGUF_PLACEHOLDER = re.compile(r"\{gguf:([^{}]*)\}")  # "{gguf:NAME}": bundled model NAME's GGUF
+# servers whose module comes with a kvbench extra, named with its install line when missing
+SERVER_EXTRAS = {"kvbench.serve.llama_cpp": "llama-cpp", "llama_cpp.server": "llama-cpp"}
 
 
 def check_loopback_url(url: str) -> None:
@@ -21,7 +33,7 @@ def check_loopback_url(url: str) -> None:
                          " http://127.0.0.1:8000)")
     host = parsed.hostname
     if host not in LOOPBACK_HOSTS:
-        raise ValueError(f"server url {url!r}: host {host!r} is not loopback; stress sends"
+        raise ValueError(f"server url {url!r}: host {host!r} is not loopback; kvbench sends"
                          f" requests only to {', '.join(LOOPBACK_HOSTS)}")
     try:
         parsed.port
@@ -69,6 +81,11 @@ def parse_server(value: str | dict[str, Any]) -> ServerTarget:
                                 or not all(isinstance(part, str) for part in command)):
         raise ValueError("server command must be a non-empty list of strings, e.g."
                          " [python, -m, mlx_lm.server, --port, '{port}']")
+    for name in GGUF_PLACEHOLDER.findall(" ".join(command or ())):
+        try:
+            bundled_model(name)
+        except ValueError as exc:
+            raise ValueError(f"server command: {{gguf:{name}}}: {exc}") from None
     if command is None and "{port}" in url:
         raise ValueError("server url has {port} but no command: only a server kvbench starts"
                          " gets a port filled in")
@@ -84,3 +101,16 @@ def parse_server(value: str | dict[str, Any]) -> ServerTarget:
         raise ValueError(f"server ready_timeout_s must be a number > 0, got {ready!r}")
     return ServerTarget("url" if command is None else "command", tuple(command or ()), url,
                         model, logprobs, float(ready))
+
+
+def missing_server_library(target: ServerTarget) -> str | None:
+    """Why the command's Python server cannot start here (`... -m MODULE ...` whose module, or
+    the kvbench extra it needs, is not installed: its cases are refused), else None."""
+    command = target.command
+    if "-m" not in command[:-1]:
+        return None
+    module = command[command.index("-m") + 1]
+    extra = SERVER_EXTRAS.get(module)
+    if extra:
+        return lacks(extra, f"the server {module}")
+    return None if importable(module) else f"the server's module {module} is not installed here"

@@ -10,8 +10,12 @@ from typing import Any, Literal
 
 from kvbench.benchmarks.reports.stress import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
-from kvbench.benchmarks.specs.server_target import ServerTarget, parse_server
-from kvbench.config.fields import Settings, SettingError, above, at_least, param
+from kvbench.benchmarks.specs.server_target import (
+    ServerTarget, missing_server_library, parse_server,
+)
+from kvbench.config.fields import (
+    LibraryMissing, Settings, SettingError, above, at_least, param,
+)
 from kvbench.data.text import parse_hf_source, resolve_text
 from kvbench.models.info import ModelInfo
 
@@ -46,7 +50,9 @@ class StressParams(Settings):
         ' serve` with the case\'s model and method on a free loopback port (one server per'
         " method setting, kept for the method's next case, its log beside the results)."
         ' {command: [...], url: ...}: kvbench starts `command` the same way ("{port}" in command'
-        " and url is filled with a free port). {url: ...}: a server someone else runs. Optional"
+        ' and url is filled with a free port, "{python}" with kvbench\'s interpreter,'
+        ' "{gguf:NAME}" with bundled model NAME\'s GGUF). {url: ...}: a server someone else'
+        " runs. Optional"
         " keys: model (the `model` sent in requests; default: left out, except the suite's"
         " model for kvbench), logprobs (true: ask for top-2 logprobs, which tell float noise"
         " from real differences; kvbench servers always get them), ready_timeout_s (300). Hosts"
@@ -99,6 +105,9 @@ class StressParams(Settings):
             if getattr(self, name) and target.kind != "kvbench":
                 raise SettingError(name, f"{name} is passed to kvbench serve: it needs"
                                          " server: kvbench")
+        missing = missing_server_library(target)
+        if missing:  # its cases are refused, the suite's others run
+            raise LibraryMissing("server", missing)
 
     @property
     def target(self) -> ServerTarget:
