@@ -84,9 +84,10 @@ def test_the_example_plugin_package_installs_and_passes(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
     # the README shows the package's source as it is, so its example is what ran here
-    source = (example / "kvbench_knorm" / "__init__.py").read_text()
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert f"`kvbench_knorm/__init__.py`:\n\n```python\n{source}```\n" in readme
+    for name in ("__init__.py", "torch_cache.py"):
+        source = (example / "kvbench_knorm" / name).read_text()
+        assert f"`kvbench_knorm/{name}`" in readme and f"```python\n{source}```\n" in readme
 
 
 # ---- the checks fail a method that breaks the contract -----------------------------------------

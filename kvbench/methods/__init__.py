@@ -37,7 +37,7 @@ class OnBackend:
 def has_implementation(settings_cls: type, backend: str) -> bool:
     """Whether `settings_cls` (exactly) has an implementation on `backend`; ImportError when the
     backend itself cannot be imported (MLX not installed)."""
-    _register(backend)
+    _register(backend, settings_cls)
     return registered_implementation(settings_cls, backend) is not None
 
 
@@ -45,7 +45,7 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
     """The method `settings` configure, as `backend` ("torch" or "mlx") runs it."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    _register(backend)
+    _register(backend, type(settings))
     factory = registered_implementation(type(settings), backend)
     if factory is None:
         name = type(settings).name or type(settings).__name__
@@ -55,8 +55,11 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
     return factory(settings, _backends.setdefault(backend, OnBackend(backend)))
 
 
-def _register(backend: str) -> None:
-    for module in _BUILTIN[backend]:
+def _register(backend: str, settings_cls: type) -> None:
+    """Import what registers the backend's built-in implementations and, for a plug-in's
+    settings, the module it names for that backend (MethodSettings.implemented_in)."""
+    own = getattr(settings_cls, "implemented_in", {}).get(backend)
+    for module in (*_BUILTIN[backend], *([own] if own else [])):
         importlib.import_module(module)
 
 

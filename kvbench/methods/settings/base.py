@@ -58,6 +58,10 @@ class MethodSettings(Settings):
     extra: ClassVar[str | None] = None  # the kvbench extra its implementation needs (kvpress)
     capabilities: ClassVar[Capabilities] = Capabilities()
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+    # A plug-in's modules that register its implementations, by backend, imported when one is
+    # first asked for: the settings' own module then needs no torch (a suite naming the method
+    # validates without it), e.g. {"torch": "my_package.torch_impl"}.
+    implemented_in: ClassVar[dict[str, str]] = {}
 
     # transformers' QuantizedCache returns the step's own key and value states to attention and
     # stores them quantized; KIVI's reference attends the prompt in full precision and packs it

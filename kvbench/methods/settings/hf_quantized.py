@@ -56,7 +56,8 @@ class HFQuantized(MethodSettings):
         if self.prefill_reads != "stored":
             raise SettingError("prefill_reads", "hf-quantized reads what transformers' layer"
                                                 " returns: prefill_reads must be stored")
-        self.new_layer()  # the library's own constructor checks its arguments
+        if lacks("torch", "") is None:  # without torch (`kvbench validate`): not checked here
+            self.new_layer()  # the library's own constructor checks its arguments
 
     def layer_kwargs(self) -> dict[str, Any]:
         """The group-wise arguments set, as QuantizedCache passes them (unset: left out)."""
@@ -67,8 +68,7 @@ class HFQuantized(MethodSettings):
         """A fresh layer of transformers' class for the backend; SettingError naming the field
         for what the library or this installation refuses."""
         class_name, extra = BACKENDS[self.backend]
-        missing = lacks("torch", "method 'hf-quantized'") or (
-            extra and lacks(extra, f"hf-quantized's {self.backend} backend"))
+        missing = extra and lacks(extra, f"hf-quantized's {self.backend} backend")
         if missing:
             raise LibraryMissing("backend", missing)
         cache_utils = importlib.import_module("transformers.cache_utils")

@@ -1,11 +1,11 @@
-"""A kvbench method from another package: keep the tokens whose keys have the smallest norm."""
+"""A kvbench method from another package: keep the tokens whose keys have the smallest norm.
+Its settings, torch-free (a suite naming it validates without torch); the torch implementation is
+in kvbench_knorm.torch_cache."""
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvbench.config.fields import SettingError, at_least, param
-from kvbench.methods.settings import implements
 from kvbench.methods.settings.tokens import TokenMethod
-from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
 
 
 @dataclass
@@ -16,6 +16,8 @@ class Knorm(TokenMethod):
     # the settings kvbench.testing.check_method is run with by the plug-in's own test
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"ratio": 0.5}, {"budget": 9, "keep_first": 2})
+    # imported when kvbench first builds it on torch
+    implemented_in: ClassVar[dict[str, str]] = {"torch": "kvbench_knorm.torch_cache"}
 
     keep_first: int = param(0, range=at_least(0), meaning="tokens always kept, within the"
                             " budget")
@@ -25,19 +27,3 @@ class Knorm(TokenMethod):
         if self.budget is not None and self.keep_first >= self.budget:
             raise SettingError("keep_first", f"keep_first {self.keep_first} leaves nothing of"
                                f" the budget of {self.budget} to choose")
-
-
-class KnormCache(ScorerCache):
-    reads_queries = False  # scores come from the keys alone
-
-    def protected(self, size):
-        return self.method.keep_first, 0  # (sinks, window): kept whatever their scores
-
-    def scores(self):
-        # self.keys: (1, kv_heads, tokens, head_dim); scores: (kv_heads, tokens), higher kept
-        return -self.keys[0].float().norm(dim=-1)
-
-
-@implements(Knorm)
-class TorchKnorm(TorchTokenMethod):
-    cache = KnormCache
