@@ -233,7 +233,7 @@ def test_a_full_disk_stops_the_run_with_exit_3_and_loses_nothing(tmp_path, monke
     (lambda text: text.replace('"schema_version": 2', '"schema_version": 99'),
      "schema_version 99; this kvbench reads 1 and 2"),
     (lambda text: text.replace('"status": "ok"', '"status": "fine"', 1),
-     "not a kvbench results file (cases.0.status: Input should be 'ok', 'error' or 'timeout'"),
+     "not a kvbench results file (cases.0.status: Input should be 'ok', 'error', 'timeout' or 'refused'"),
 ])
 def test_a_corrupt_or_truncated_baseline_exits_4_naming_the_file_and_the_fault(
         tmp_path, monkeypatch, damage, fault):
