@@ -53,6 +53,7 @@ class LibraryQuantizedLayer(LayerCachePolicy):
 
     @property
     def retained_bytes(self) -> int:
+        # the layer keeps its quantized tensors in these attributes only (transformers 4.56-5.x)
         return stored_bytes([self.layer._quantized_keys, self.layer._quantized_values,
                              self.residual()])
 
