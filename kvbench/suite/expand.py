@@ -121,9 +121,9 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
         settings = (settings_of(cls, placed, f"method {entry.name!r}", issues) if cls
                     else [None] * len(combos))
         base = entry.label or entry.name.rpartition(":")[2]  # module:Class -> Class
+        kept = [c for c in claims if c is not None]
         for combo, instance in zip(combos, settings, strict=True):
             label = base + "".join(f"-{k}{value_text(v)}" for k, v in combo.items())
-            kept = [c for c in claims if c is not None]
             if isinstance(instance, Unavailable):
                 variants.append(_Variant(placed, cls, label, instance.params, kept,
                                          refused=instance.reason))

@@ -271,8 +271,8 @@ def pooled_server(memo: Memo, files_dir: Path | None, target: ServerTarget,
     """(the run's server for `target` from the pool in `memo`, what a case's info says of it).
     A managed one is started (and waited for) when the pool has none for `key` or it died, its
     log in `files_dir`. key, label (the log's name) and launch(port) default to the target's:
-    (kind, command, url), the command's program (`program`), `command_launch`."""
-    key = key or (target.kind, target.command, target.url)
+    (target_key), the command's program (`program`), `command_launch`."""
+    key = key or target_key(target)
     if target.kind == "url":
         make: Callable[[], RunningServer] = partial(ExternalServer, target.url,
                                                     target.describe())
@@ -292,6 +292,11 @@ def pooled_server(memo: Memo, files_dir: Path | None, target: ServerTarget,
         info["server_ready_s"] = server.ready_s
         info["server_command"] = server.command
     return server, info
+
+
+def target_key(target: ServerTarget) -> tuple[Hashable, ...]:
+    """The pool's key of a command or url target: one server for every case that names it."""
+    return (target.kind, target.command, target.url)
 
 
 def program(command: tuple[str, ...] | list[str]) -> str:

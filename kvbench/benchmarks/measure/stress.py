@@ -40,6 +40,7 @@ from kvbench.benchmarks.measure.load_generator import (
 )
 from kvbench.benchmarks.measure.servers import (
     Launch, RunningServer, kvbench_serve_command, kvbench_server_impl, pooled_server,
+    target_key,
 )
 from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.methods.core.contracts import Implementation
@@ -125,7 +126,7 @@ class StressRun(Stress):
             launch = partial(self._kvbench_launch, ctx, params, method)
         server, info = pooled_server(ctx.memo, ctx.files_dir, target, key, label, launch)
         info["server_uses_method"] = target.kind == "kvbench"
-        return key or (target.kind, target.command, target.url), server, info
+        return key or target_key(target), server, info
 
     @staticmethod
     def _kvbench_launch(ctx: RunContext, params: StressParams, method: Implementation,

@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from kvbench.config.extras import lacks
+from kvbench.config.extras import lacks, missing_modules
 from kvbench.config.fields import LibraryMissing, SettingError, at_least, param
 from kvbench.methods.settings.base import MethodSettings, PrefillReads, register_method
 
@@ -56,7 +56,7 @@ class HFQuantized(MethodSettings):
         if self.prefill_reads != "stored":
             raise SettingError("prefill_reads", "hf-quantized reads what transformers' layer"
                                                 " returns: prefill_reads must be stored")
-        if lacks("torch", "") is None:  # without torch (`kvbench validate`): not checked here
+        if not missing_modules("torch"):  # without torch (`kvbench validate`): not checked here
             self.new_layer()  # the library's own constructor checks its arguments
 
     def layer_kwargs(self) -> dict[str, Any]:
