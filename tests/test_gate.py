@@ -254,6 +254,31 @@ def test_records_without_a_fingerprint_are_compared_field_by_field():
     assert gate(run(new), run(old), [REL5]).exit_code() == 4
 
 
+def test_a_setting_added_since_the_baseline_left_unset_keeps_the_case_comparable():
+    """The baseline predates a benchmark setting whose unset value is None (perplexity's
+    server): the case is the same; set to anything, it is another case."""
+    old = case(m=lower(1))
+    new = case(m=lower(1.01))
+    new.bench_params = {"server": None}
+    new.fingerprint = fingerprint(new)
+    assert new.fingerprint != old.fingerprint
+    assert gate(run(new), run(old), [REL5]).exit_code() == 0
+    new.bench_params = {"server": "llama.cpp"}
+    report = gate(run(new), run(old), [REL5])
+    assert report.reasons == ["proofs/m/x=1: not comparable, its definition differs: "
+                              "bench_params.server: (absent) -> 'llama.cpp'"]
+
+
+def test_a_baseline_record_edited_by_hand_is_not_comparable():
+    old, new = case(m=lower(1)), case(m=lower(1))
+    old.method_params = {"bits": 4}  # its stored fingerprint is of method_params {}
+    new.method_params = {"bits": 4}
+    new.fingerprint = fingerprint(new)
+    report = gate(run(new), run(old), [REL5])
+    assert report.exit_code() == 4
+    assert "edited by hand" in report.reasons[0]
+
+
 def test_machine_key_mismatch_exits_4():
     report = gate(run(case(m=lower(1)), key="darwin-arm64-apple-mps"),
                   run(case(m=lower(1))), [REL5])

@@ -9,8 +9,8 @@ Each row names the rule that judged it:
   has to beat both.
 - absolute timing: shown, not gated, unless the suite's gate sets absolute_timings; then judged
   as a ratio is.
-A case whose fingerprint differs from the baseline's (another method setting, benchmark
-setting, model, data, backend) is not comparable: never a regression, never an improvement.
+A case defined otherwise than the baseline's (another method setting, benchmark setting,
+model, data, backend) is not comparable: never a regression, never an improvement.
 
 Reads result records only (no runner, no suite loader, no torch), so a gate can be re-run from
 two JSON files.
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvbench.results import CaseResult, Metric, RunResult, defining_parts
+from kvbench.results import CaseResult, Metric, RunResult, defining_parts, fingerprint
 from kvbench.judge.significance import shift_p_value, smallest_p_value
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 
@@ -201,15 +201,22 @@ def _compare_case(old: CaseResult, new: CaseResult, policies: Sequence[GatePolic
 
 def fingerprint_differences(old: CaseResult, new: CaseResult) -> list[str]:
     """What makes two results of one case id not comparable, as "key: before -> after"; empty
-    when they define the same case. The records' fields are compared, not only their stored
-    fingerprints: a record edited by hand (or written before schema 2, with none) is judged by
-    what it says."""
+    when they define the same case. The records' fields are compared, not their fingerprints:
+    a setting added to kvbench since the baseline, left unset (None), defines nothing new, so
+    it matches its absence. A baseline record whose stored fingerprint is not that of its own
+    fields was edited by hand (one written before schema 2 has none)."""
     before, after = _flatten(defining_parts(old)), _flatten(defining_parts(new))
-    changed = [f"{key}: {before.get(key, '(absent)')!r} -> {after.get(key, '(absent)')!r}"
-               for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
-    if not changed and old.fingerprint and new.fingerprint and old.fingerprint != new.fingerprint:
-        changed = ["the stored fingerprints differ, though the records agree (edited by hand?)"]
+    changed = [f"{key}: {_shown(before, key)} -> {_shown(after, key)}"
+               for key in sorted(before.keys() | after.keys())
+               if before.get(key) != after.get(key)]
+    if not changed and old.fingerprint and old.fingerprint != fingerprint(old):
+        changed = ["the baseline record's stored fingerprint is not that of its fields "
+                   "(edited by hand?)"]
     return changed
+
+
+def _shown(parts: dict[str, Any], key: str) -> str:
+    return repr(parts[key]) if key in parts else "(absent)"
 
 
 def _flatten(parts: dict[str, Any], prefix: str = "") -> dict[str, Any]:
