@@ -15,8 +15,8 @@ from kvbench.report.compare import render_compare
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.report.kit.figures import MATPLOTLIB_MISSING
 from kvbench.report.readme import inject_section, markers, render_section_table
-from kvbench.report.kit.tables import fmt_number
-from kvbench.results import Metric, RunResult
+from kvbench.report.kit.tables import benchmark_table, fmt_number, fmt_param
+from kvbench.results import CaseResult, Metric, RunResult
 from tests.plugins.suites import DATA
 
 GOLDEN = DATA / "report_small.md"
@@ -165,3 +165,24 @@ def test_by_method_table_joins_the_headline_metrics_of_each_benchmark(small):
     assert table[2:] == ["| a | 0.5 | 0.125 |"]  # only methods in both; headline metrics only
     assert method_table(cases[:2], headlines) is None
     assert "## by method" not in render_markdown(small)
+
+
+def test_a_table_leaves_unset_settings_out_and_writes_long_ones_below_it():
+    """perplexity's server: unset (None) in process, a launch command through llama.cpp."""
+    command = {"command": ["{python}", "-m", "kvbench.serve.llama_cpp", "--type_k", "2"],
+               "url": "http://127.0.0.1:{port}"}
+
+    def row(label: str, server) -> CaseResult:
+        return CaseResult(id=f"perplexity/{label}", benchmark="perplexity",
+                          bench_params={"windows": 6, "server": server}, method="identity",
+                          method_label=label, method_params={}, status="ok",
+                          metrics={"ppl": Metric(value=11.0, direction="lower")})
+
+    table = benchmark_table([row("identity", None), row("q4_0", command), row("q4_0b", command)])
+    lines = table.splitlines()
+    assert "null" not in table and "None" not in table
+    assert lines[0] == "<sub>all rows: windows=6 · device=cpu · seed=0</sub>"
+    assert "| identity |  | 11 |" in lines and "| q4_0 | [1] | 11 |" in lines
+    assert "| q4_0b | [1] | 11 |" in lines
+    written = f"- [1] server: `{fmt_param(command)}`"
+    assert lines.count(written) == 1 and lines.index(written) > lines.index("| q4_0b | [1] | 11 |")

@@ -12,6 +12,7 @@ ARROWS = {"higher": "↑", "lower": "↓", "none": ""}
 BYTE_UNITS = {"B", "bytes"}
 _BINARY_PREFIXES = ["KiB", "MiB", "GiB", "TiB"]
 ERROR_CHARS = 120  # an error's first line is cut here so the table stays readable
+LONG_SETTING = 40  # a setting's value longer than this is written out below its table
 
 
 def fmt_number(value: float | None, unit: str = "") -> str:
@@ -128,7 +129,9 @@ def by_benchmark(cases: list[CaseResult]) -> dict[str, list[CaseResult]]:
 def benchmark_table(cases: list[CaseResult]) -> str:
     """One row per case (method and the settings that vary), one column per metric, then a legend.
 
-    Settings (bench params, model, device) equal in every row are stated once above the table.
+    Settings (bench params, model, device) equal in every row are stated once above the table;
+    unset ones (None) are not shown; a value too long for a cell is marked [n] and written out
+    below the table.
     """
     labels = [_settings(case) for case in cases]
     keys = _ordered_keys(labels)
@@ -139,22 +142,30 @@ def benchmark_table(cases: list[CaseResult]) -> str:
         for name, metric in case.metrics.items():
             metrics.setdefault(name, metric)
     show_status = any(case.status != "ok" for case in cases)
+    long_values: dict[tuple[str, str], str] = {}  # (setting, value) -> its mark, e.g. "[1]"
+
+    def shown(key: str, value: str) -> str:
+        if len(value) <= LONG_SETTING:
+            return value
+        return long_values.setdefault((key, value), f"[{len(long_values) + 1}]")
 
     header = ["method", *varying, *(metric_header(n, m.unit, m.direction) for n, m in metrics.items())]
     if show_status:
         header.append("status")
     rows = []
     for case, label in zip(cases, labels):
-        row = [case.method_label, *(label.get(k, "") for k in varying)]
+        row = [case.method_label, *(shown(k, label.get(k, "")) for k in varying)]
         row += [metric_cell(case.metrics[n]) if n in case.metrics else _absent(case, n)
                 for n in metrics]
         if show_status:
             row.append(_status_cell(case))
         rows.append(row)
     right = set(range(1 + len(varying), 1 + len(varying) + len(metrics)))
-    caption = " · ".join(f"{k}={labels[0][k]}" for k in fixed)
+    caption = " · ".join(f"{k}={shown(k, labels[0][k])}" for k in fixed)
+    written_out = "\n".join(f"- {mark} {key}: `{value}`"
+                             for (key, value), mark in long_values.items())
     parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
-             _legend(cases, metrics)]
+             written_out, _legend(cases, metrics)]
     return "\n\n".join(part for part in parts if part)
 
 
@@ -165,7 +176,7 @@ def _absent(case: CaseResult, metric: str) -> str:
 
 
 def _settings(case: CaseResult) -> dict[str, str]:
-    shown = {k: fmt_param(v) for k, v in case.bench_params.items()}
+    shown = {k: fmt_param(v) for k, v in case.bench_params.items() if v is not None}  # unset
     shown.update({k: v for k, v in (("model", case.model), ("device", case.device)) if v})
     if case.model_dtype != "float32":
         shown["model_dtype"] = case.model_dtype
