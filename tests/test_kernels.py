@@ -353,20 +353,33 @@ def test_exact_reads_of_a_packed_step_read_it_as_given_through_the_fused_attenti
     assert (logits["triton"] - logits["torch"]).abs().max() < 1e-5 * scale
 
 
-def test_every_kernel_compiles_for_a_gpu():
-    """The GPU compiler (PTX and cubin for sm_90, by the ptxas triton ships) accepts what the
-    interpreter runs: no GPU needed (tests/plugins/kernel_compile.py)."""
+def _compile_for_hopper(*flags: str) -> str:
+    """What tests/plugins/kernel_compile.py compiled for sm_90 (PTX and cubin by the ptxas
+    triton ships): the GPU compiler accepts what the interpreter runs, no GPU needed."""
     from tests.plugins.suites import ROOT
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-m", "tests.plugins.kernel_compile", "90"], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "tests.plugins.kernel_compile", *flags, "90"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = done.stdout.split()
     for kernel in ("_encode", "_decode", "_split", "_combine"):
         assert kernel in compiled
-    assert done.stdout.count("_split") == 4 * len(attention._tuned().configs) + 4
+    return done.stdout
+
+
+def test_every_kernel_compiles_for_a_gpu():
+    """Four attention layouts (plain, intq, lloydmax, turbo3) in the first tile configuration,
+    each configuration in turbo3's, bfloat16; float32 in the first."""
+    tiles = len(attention._tuned().configs)
+    assert _compile_for_hopper().count("_split") == (4 + tiles - 1) + 4
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_a_gpu_in_every_tile_configuration():
+    tiles = len(attention._tuned().configs)
+    assert _compile_for_hopper("--every-tile").count("_split") == 4 * tiles + 4
 
 
 def test_the_interpreter_runs_here_or_the_gpu_does():

@@ -1,9 +1,11 @@
 """Compile every Triton kernel kvbench launches for a CUDA GPU, on a machine without one.
 
-`python -m tests.plugins.kernel_compile [ARCH ...]` (default 90: Hopper) runs the kernels' host code
-on CPU tensors with each launch replaced by triton.compile for the target (PTX and cubin by the
-ptxas that triton ships), and prints one line per compiled kernel: the GPU compiler accepts what
-the interpreter ran. Must run without TRITON_INTERPRET (the kernels compile only then).
+`python -m tests.plugins.kernel_compile [--every-tile] [ARCH ...]` (default 90: Hopper) runs the
+kernels' host code on CPU tensors with each launch replaced by triton.compile for the target (PTX
+and cubin by the ptxas that triton ships), and prints one line per compiled kernel: the GPU
+compiler accepts what the interpreter ran. Must run without TRITON_INTERPRET (the kernels compile
+only then). Attention compiles each layout in the first tile configuration and each
+configuration in the last layout; --every-tile: each configuration in each layout.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def _compile_instead(arch: int):
     return run
 
 
-def _launch_everything() -> None:
+def _launch_everything(every_tile: bool) -> None:
     """Each codec kernel in each layout and every attention layout, bf16 and fp32."""
     generator = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
@@ -62,20 +64,22 @@ def _launch_everything() -> None:
         for config in configs if dtype == torch.bfloat16 else configs[:1]:
             attention._TILE = {**config.kwargs, "num_warps": config.num_warps,
                                "num_stages": config.num_stages}
-            attention.decode_attention(query, segments, splits=2,
-                                       bias=torch.zeros(1, 2, 40 * len(segments)))
+            layouts = segments if every_tile or config is configs[0] else segments[-1:]
+            attention.decode_attention(query, layouts, splits=2,
+                                       bias=torch.zeros(1, 2, 40 * len(layouts)))
 
 
-def main(arches: list[int]) -> int:
+def main(arches: list[int], every_tile: bool = False) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("run without TRITON_INTERPRET=1: the interpreter compiles nothing", file=sys.stderr)
         return 2
     for arch in arches:
         JITFunction.run = _compile_instead(arch)
-        _launch_everything()
+        _launch_everything(every_tile)
     print("\n".join(COMPILED))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main([int(a) for a in sys.argv[1:]] or [90]))
+    args = sys.argv[1:]
+    sys.exit(main([int(a) for a in args if a != "--every-tile"] or [90], "--every-tile" in args))
