@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
-from kvbench.methods import implementation
 from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecCache
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity

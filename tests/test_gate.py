@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from kvbench.judge.gate import SIGNIFICANCE, GatePolicy, gate, judge_metric
+from kvbench.judge.gate import SIGNIFICANCE, GatePolicy, gate
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord, fingerprint
 from kvbench.judge.significance import shift_p_value, smallest_p_value
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
