@@ -663,6 +663,15 @@ def test_a_server_that_exits_early_fails_with_its_log(tmp_path):
     assert server.process is None
 
 
+def test_a_server_killed_by_a_signal_names_it(tmp_path):
+    """As llama.cpp built for another CPU dies on its first vector instruction."""
+    script = "import os, signal; os.kill(os.getpid(), signal.SIGILL)"
+    server = ManagedServer([sys.executable, "-c", script], "http://127.0.0.1:1",
+                           tmp_path / "s.log", "t")
+    with pytest.raises(ServerError, match=r"exited \(killed by SIGILL: an instruction this CPU"):
+        server.start()
+
+
 def test_a_server_never_ready_is_stopped_after_its_wait(tmp_path):
     server = ManagedServer([sys.executable, "-c", "import time; time.sleep(60)"],
                            f"http://127.0.0.1:{free_port()}", tmp_path / "s.log", "t",

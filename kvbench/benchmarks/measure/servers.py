@@ -106,6 +106,19 @@ def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
     return text[-chars:] if text.strip() else "(the log is empty)"
 
 
+def _exit_text(code: int) -> str:
+    """A process's exit status as a person reads it: "code 3", or the signal that killed it."""
+    try:
+        name = signal.Signals(-code).name if code < 0 else None
+    except ValueError:
+        name = None
+    if name is None:
+        return f"code {code}"
+    if name == "SIGILL":  # what a native build for another CPU's instruction set dies of
+        return "killed by SIGILL: an instruction this CPU lacks; built for another CPU?"
+    return f"killed by {name}"
+
+
 class RunningServer:
     """A server the load generator can talk to: its base url and how to stop it."""
 
@@ -167,8 +180,8 @@ class ManagedServer(RunningServer):
             while True:
                 code = self.process.poll()
                 if code is not None:
-                    raise ServerError(f"the server exited (code {code}) before it was ready:"
-                                      f" {self._what()}")
+                    raise ServerError(f"the server exited ({_exit_text(code)}) before it was"
+                                      f" ready: {self._what()}")
                 try:
                     status = client.get(self.url + "/health").status_code
                     if status in (404, 405):  # no /health: a server that lists its models is up
