@@ -116,7 +116,7 @@ class StressRun(Stress):
         """(the server's key, the running server, what info says of it)."""
         import torch
 
-        key, label, launch = None, "", None
+        key, label, launch = target_key(target), "", None
         if target.kind == "kvbench":
             name, method_params = method_name(method.settings), json.dumps(
                 method.settings.params(), sort_keys=True, default=str)
@@ -126,7 +126,7 @@ class StressRun(Stress):
             launch = partial(self._kvbench_launch, ctx, params, method)
         server, info = pooled_server(ctx.memo, ctx.files_dir, target, key, label, launch)
         info["server_uses_method"] = target.kind == "kvbench"
-        return key or target_key(target), server, info
+        return key, server, info
 
     @staticmethod
     def _kvbench_launch(ctx: RunContext, params: StressParams, method: Implementation,
