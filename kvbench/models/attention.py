@@ -8,7 +8,9 @@ Models are loaded with attn_implementation="kvbench"; the cache reaches this fun
 forward's `kvbench_cache` keyword (KVBenchCache.forward passes it), and the read is taken from
 the cache's layer by the module's layer index. With nothing held (a DynamicCache, or a policy
 with none of these), this is exactly transformers' SDPA attention, so the identity method stays
-bit-exact; a policy that only observes queries also gets SDPA's output.
+bit-exact; a policy that only observes queries also gets SDPA's output. A layer whose model
+attention SDPA does not compute (logit softcapping, Gemma 2; learned sinks, gpt-oss's `s_aux`)
+is attended by biased_attention with the same softcap and sinks, on every read.
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     # transformers' order of the arguments (sdpa_attention_forward's): kvpress's wrapper of
     # every attention function passes dropout by position
     read = None if kvbench_cache is None else kvbench_cache.read(module.layer_idx)
+    features = _features(kwargs)
+    if read is None and features:
+        return biased_attention(query, key, value, attention_mask, None, scaling,
+                                **features)[0].transpose(1, 2).contiguous(), None
     if read is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
@@ -39,6 +45,13 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         return _attend_rows(module, read, query, scaling, dropout, **kwargs), None
     return _attend(module, read, query, key, value, attention_mask, scaling, dropout,
                    **kwargs), None
+
+
+def _features(kwargs: dict) -> dict:
+    """What the model's own attention adds to softmax(q k^T) that SDPA lacks: softcap, sinks
+    (taken out of kwargs, which go on to SDPA)."""
+    features = {"softcap": kwargs.pop("softcap", None), "sinks": kwargs.pop("s_aux", None)}
+    return {name: value for name, value in features.items() if value is not None}
 
 
 def _attend_rows(module, read: BatchRead, query, scaling, dropout, **kwargs) -> torch.Tensor:
@@ -88,18 +101,20 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
                                                       scaling=scaling)
         return out.transpose(1, 2).contiguous()
     sparse = None
-    if read.bias is None and not read.skip_below:
+    features = _features(kwargs)
+    if features or (read.bias is not None and not _one_mask_for_every_head(read.bias)) \
+            or read.skip_below:
+        out, sparse = biased_attention(query, key, value, attention_mask, read.bias, scaling,
+                                       read.skip_below, **features)
+        out = out.transpose(1, 2).contiguous()
+    elif read.bias is None:
         out = sdpa_attention_forward(module, query, key, value, attention_mask,
                                      dropout=dropout, scaling=scaling, **kwargs)[0]
-    elif _one_mask_for_every_head(read.bias) and not read.skip_below:
+    else:
         # a policy's own causal mask (streamingllm making room mid-prefill): SDPA never holds
         # the chunk's float32 attention weights, which set the peak of a chunked prefill
         out = sdpa_attention_forward(module, query, key, value, read.bias[:, :1],
                                      dropout=dropout, scaling=scaling, **kwargs)[0]
-    else:
-        out, sparse = biased_attention(query, key, value, attention_mask, read.bias, scaling,
-                                       read.skip_below)
-        out = out.transpose(1, 2).contiguous()
     read.attended(query, sparse)
     return out
 
@@ -121,13 +136,17 @@ def decode_attention_of(kernel: str):
 
 def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      mask: torch.Tensor | None, bias: torch.Tensor | None,
-                     scaling: float | None = None, skip_below: float = 0.0):
+                     scaling: float | None = None, skip_below: float = 0.0,
+                     softcap: float | None = None, sinks: torch.Tensor | None = None):
     """softmax(q k^T * scaling + mask + bias) v in float32, GQA by head groups.
 
     query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T) or None; mask bool (True =
     attend) or additive, broadcastable to (B, Hq, q, T), or None: causal, as SDPA's is_causal,
     with the q queries at the last q positions. A bias (B, Hkv, q, T) is per query and replaces
     the mask: it is the policy's own visibility (-inf = hidden), causality included.
+    softcap: the logits q k^T * scaling become softcap * tanh(logits / softcap) first (Gemma 2).
+    sinks (Hq,): one more logit per query head that takes its share of the softmax and adds no
+    value (gpt-oss's s_aux).
     With skip_below > 0 and a single query, value rows whose weight is below it are left out of
     the sum (no renormalisation, as sparse-V kernels skip them).
     Returns (output in query's dtype, None or (rows skipped, rows, mean relative squared error
@@ -138,6 +157,8 @@ def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     k = key.float().repeat_interleave(groups, dim=1)
     v = value.float().repeat_interleave(groups, dim=1)
     logits = query.float() @ k.transpose(-1, -2) * scaling
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     queries, keys = query.shape[-2], key.shape[-2]
     if bias is not None and bias.dim() == 4:
         mask, bias = bias.float().repeat_interleave(groups, dim=1), None
@@ -150,7 +171,11 @@ def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
     if bias is not None:
         logits = logits + bias.float().repeat_interleave(groups, dim=1).unsqueeze(-2)
-    weights = torch.softmax(logits, dim=-1)
+    if sinks is not None:
+        sink = sinks.float().reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(logits, dim=-1)
     out = weights @ v
     if not skip_below or queries != 1:
         return out.to(query.dtype), None

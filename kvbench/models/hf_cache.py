@@ -7,6 +7,11 @@ packed cache itself through the fused decode attention where the policy offers i
 serve reaches kvbench's attention (kvbench.models.attention) through the forward's
 `kvbench_cache` keyword: run the model with forward(). Positions continue from the tokens the
 policy has seen, and the causal mask is sized to the keys it actually returns. Batch size 1.
+
+Only the layers a method compresses (full attention: kvbench.models.layer_kinds) hold its
+policies; the others are transformers' own layer objects, built as DynamicCache(config=...)
+builds them (a sliding window's, a linear-attention or Mamba state), so the model drives them as
+it does without kvbench.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.methods.external.library_prefill import LibraryPrefill
 from kvbench.models.host import CacheHost, LayerHost
+from kvbench.models.layer_kinds import LayerKind
 
 
 def with_cache(model, cache) -> dict[str, Any]:
@@ -48,10 +54,13 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
     is_sliding = False
     arrays = TORCH_ARRAYS
 
-    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache"):
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache",
+                 fusable: bool = True):
         LayerHost.__init__(self, policy, layer_idx)
         CacheLayerMixin.__init__(self)
         self._owner = owner
+        # the fused decode attention is plain softmax: not taken under softcap, sinks or MLA
+        self.fusable = fusable
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -65,7 +74,7 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         read = self.hold(self.append(key_states, value_states, self._owner.mask_kv_length,
-                                     fused=True))
+                                     fused=self.fusable))
         if read.packed is not None:
             return key_states, value_states  # placeholders: attention reads the segments
         return read.keys, read.values
@@ -102,21 +111,31 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
 
 
 class KVBenchCache(CacheHost, Cache):
-    """The cache of a transformers model, one `method.new_layer_cache(i)` per layer (method: a
-    method's torch implementation); decoded_reads as kvbench.models.host.CacheHost."""
+    """The cache of a transformers model, one `method.new_layer_cache(i)` per layer it compresses
+    (method: a method's torch implementation), transformers' own layer for every other (kinds:
+    kvbench.models.layer_kinds, read from `config`; None: every layer full attention);
+    decoded_reads as kvbench.models.host.CacheHost."""
 
-    def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
+    def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False,
+                 config: Any = None, kinds: list[LayerKind] | None = None):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
         self.method = method
+        fusable = [kind.fusable for kind in kinds] if kinds else [True] * num_layers
         CacheHost.__init__(self, method, num_layers,
-                           lambda policy, i: PolicyLayer(policy, i, self), decoded_reads)
+                           lambda policy, i: PolicyLayer(policy, i, self, fusable[i]),
+                           decoded_reads, library_layers(config, kinds) if kinds else None)
         Cache.__init__(self, layers=self.layers)
 
     def get_mask_sizes(self, query_length: int | torch.Tensor, layer_idx: int) -> tuple[int, int]:
         sizes = super().get_mask_sizes(query_length, layer_idx)
-        # The model builds one mask (from one layer) and shares it with every layer.
-        self.mask_kv_length = sizes[0]
+        # The model builds one mask per layer type (from its first layer) and shares it with
+        # every layer of that type; a library layer's (a sliding window's) is its own.
+        if isinstance(self.layers[layer_idx], LayerHost):
+            self.mask_kv_length = sizes[0]
         return sizes
+
+    def library_bytes(self) -> int:
+        return sum(held_bytes(layer) for layer in self.library_layers)
 
     def forward(self, model, ids: torch.Tensor, **kwargs) -> Any:
         """`model` run on `ids` through this cache, its attention handed the cache's reads; a
@@ -127,3 +146,26 @@ class KVBenchCache(CacheHost, Cache):
                 layer.filled_elsewhere()
             return output
         return model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self, **kwargs)
+
+
+def library_layers(config: Any, kinds: list[LayerKind]) -> dict[int, Any]:
+    """transformers' own layer objects for the layers a method does not compress, by index, as
+    DynamicCache(config=config) builds them."""
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
+
+    text = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    return {i: DYNAMIC_LAYER_TYPE_MAPPING[types[i]](**kwargs[i])
+            for i, kind in enumerate(kinds) if not kind.compressed}
+
+
+def held_bytes(layer: Any) -> int:
+    """Bytes of the tensors a library layer holds: its keys and values, its conv and recurrent
+    states (bookkeeping attributes, named with a leading underscore, left out)."""
+    total = 0
+    for name, value in vars(layer).items():
+        items = value.values() if isinstance(value, dict) else [value]
+        if not name.startswith("_"):
+            total += sum(t.numel() * t.element_size() for t in items
+                         if isinstance(t, torch.Tensor))
+    return total

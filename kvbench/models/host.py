@@ -181,8 +181,11 @@ def append_batch(hosts: list[LayerHost], keys: Any, values: Any) -> list[Attenti
 
 
 class CacheHost:
-    """Every layer's host for one sequence, `layers[i]` built by `make_layer(policy, i)` from
-    `method.new_layer_cache(i)` (method: a method's implementation on the adapter's backend).
+    """Every layer's host for one sequence: `layers[i]` built by `make_layer(policy, i)` from
+    `method.new_layer_cache(i)` (method: a method's implementation on the adapter's backend)
+    for the layers a method compresses, and library_layers[i], the library's own layer object,
+    for the others (sliding-window, linear-attention and Mamba layers:
+    kvbench.models.layer_kinds), which the model drives as it drives them without kvbench.
 
     decoded_reads: ask every layer's policy for its decoded-once read path
     (LayerCachePolicy.keep_decoded: the same attention inputs, bit for bit, without decoding the
@@ -191,20 +194,28 @@ class CacheHost:
 
     layers: list
 
-    def __init__(self, method: Any, num_layers: int, make_layer, decoded_reads: bool = False):
-        self.layers = [make_layer(method.new_layer_cache(i), i) for i in range(num_layers)]
-        for layer in self.layers:
-            layer.exact_step = method.prefill_reads == "exact"
+    def __init__(self, method: Any, num_layers: int, make_layer, decoded_reads: bool = False,
+                 library_layers: dict[int, Any] | None = None):
+        library = library_layers or {}
+        self.layers = [library[i] if i in library else make_layer(method.new_layer_cache(i), i)
+                       for i in range(num_layers)]
+        self.hosts: list[LayerHost] = [layer for layer in self.layers
+                                       if isinstance(layer, LayerHost)]
+        self.library_layers = [layer for layer in self.layers if not isinstance(layer, LayerHost)]
+        for host in self.hosts:
+            host.exact_step = method.prefill_reads == "exact"
         self.decoded_reads = decoded_reads and any(
-            [layer.policy.keep_decoded() for layer in self.layers])
+            [host.policy.keep_decoded() for host in self.hosts])
 
     def read(self, layer_idx: int) -> AttentionRead | None:
         """What layer `layer_idx`'s attention reads now (None: plain attention)."""
-        return self.layers[layer_idx].take_read()
+        layer = self.layers[layer_idx]
+        return layer.take_read() if isinstance(layer, LayerHost) else None
 
     @property
     def policies(self) -> list[LayerCachePolicy]:
-        return [layer.policy for layer in self.layers]
+        """The method's policies, one per layer it compresses."""
+        return [host.policy for host in self.hosts]
 
     def begin_prompt(self, tokens: int) -> None:
         for policy in self.policies:
@@ -219,13 +230,18 @@ class CacheHost:
         for policy in self.policies:
             policy.end_prefill()
 
+    def library_bytes(self) -> int:
+        """Bytes the library's own layers hold (the adapter counts them: their arrays)."""
+        return 0
+
     def accounted_bytes(self) -> int:
-        """What the methods' layouts store, keys and values, summed over layers."""
-        return sum(policy.retained_bytes for policy in self.policies)
+        """What the methods' layouts store, keys and values, summed over layers, and what the
+        library's layers hold (a sliding window, a recurrent state), as they hold it."""
+        return sum(policy.retained_bytes for policy in self.policies) + self.library_bytes()
 
     def measured_bytes(self) -> int:
-        """Bytes of the arrays the policies actually hold right now."""
-        return sum(policy.measured_bytes() for policy in self.policies)
+        """Bytes of the arrays the policies and the library's layers actually hold right now."""
+        return sum(policy.measured_bytes() for policy in self.policies) + self.library_bytes()
 
     def retained_tokens(self) -> list[int]:
         return [policy.retained_tokens for policy in self.policies]

@@ -2,7 +2,8 @@
 
 A spec is one of:
   bundled:NAME      the bundled checkpoint, prepared on first use (kvbench.models.bundled)
-  tiny:llama|qwen3  tiny random-weight models for tests (kvbench.models.tiny)
+  tiny:KIND         tiny random-weight models for tests (kvbench.models.tiny; the kinds in
+                    kvbench.models.tiny_configs)
   PATH              a local transformers checkpoint folder with a config.json
   ORG/NAME          a hub id, only if already in the local Hugging Face cache (no network at run)
 """
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.config.registry import did_you_mean
+from kvbench.models.layer_kinds import LayerKind, config_layer_kinds
+from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, TINY_MAX_CONTEXT
 
-TINY_KINDS = ("llama", "qwen3")
-TINY_MAX_CONTEXT = 4096
-TINY_HEAD_DIM = 16
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -26,6 +26,9 @@ class ModelInfo:
     spec: str  # as written in the suite: bundled:NAME, a checkpoint path, tiny:NAME or a hub id
     max_context: int | None  # tokens the model is good for; longer settings are refused
     head_dim: int | None = None  # each attention head's width, where the config says it
+    # what each layer caches (kvbench.models.layer_kinds); empty where the config does not say
+    layer_kinds: list[LayerKind] = field(default_factory=list)
+    value_dim: int | None = None  # each cached value's width, where it differs (MLA)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def describe_model(spec: str) -> ModelInfo:
     if kind == "bundled":
         return ModelInfo(spec, BUNDLED[target].max_context, BUNDLED[target].head_dim)
     if kind == "tiny":
-        return ModelInfo(spec, TINY_MAX_CONTEXT, TINY_HEAD_DIM)
+        return _described(spec, TINY_CONFIGS[target], TINY_MAX_CONTEXT)
     try:
         config = json.loads(Path(target, "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -74,8 +77,22 @@ def describe_model(spec: str) -> ModelInfo:
     if not isinstance(config, dict):
         raise ValueError(f"model {spec!r}: its config.json is not a mapping")
     limit = config.get("max_position_embeddings")
-    return ModelInfo(spec=spec, max_context=limit if type(limit) is int else None,
-                     head_dim=_head_dim(config))
+    return _described(spec, config, limit if type(limit) is int else None)
+
+
+def _described(spec: str, config: dict, max_context: int | None) -> ModelInfo:
+    kinds = config_layer_kinds(config)
+    mla = next((kind for kind in kinds if kind.mla), None)
+    head_dim = mla.key_dim if mla else _head_dim(config.get("text_config") or config)
+    return ModelInfo(spec=spec, max_context=max_context, head_dim=head_dim, layer_kinds=kinds,
+                     value_dim=mla.value_dim if mla else None)
+
+
+def gguf_message(spec: str) -> str:
+    return (f"model {spec!r} is a GGUF file; kvbench hosts transformers (and mlx-lm)"
+            " checkpoints, folders with a config.json. Give the checkpoint it was converted"
+            " from, or serve the GGUF with llama.cpp as a perplexity or stress `server:`"
+            " (suites/llama_cpp.yaml runs `python -m kvbench.serve.llama_cpp --model FILE.gguf`)")
 
 
 def _head_dim(config: dict) -> int | None:
@@ -103,6 +120,8 @@ def resolve_spec(spec: str) -> tuple[str, str]:
             )
         return "tiny", kind
     path = expand_home(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        raise ValueError(gguf_message(spec))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(

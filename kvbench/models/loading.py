@@ -13,6 +13,7 @@ from kvbench.backends.torch_backend import DTYPES
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
 from kvbench.models.info import TINY_MAX_CONTEXT, describe_model, resolve_spec
+from kvbench.models.layer_kinds import LayerKind, config_layer_kinds, with_sinks
 from kvbench.models.tiny import build_tiny
 
 
@@ -23,9 +24,11 @@ class LoadedModel:
     tokenizer: Any  # .encode(text) -> list[int], .decode(ids) -> str
     num_layers: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # each cached key's width
     max_context: int | None
     dtype: torch.dtype
+    layer_kinds: list[LayerKind]  # what each layer caches (kvbench.models.layer_kinds)
+    value_dim: int  # each cached value's width: head_dim, except under MLA
 
 
 def load_model(
@@ -47,16 +50,35 @@ def load_model(
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     torch_dtype = DTYPES[dtype]
+    kinds = model_layer_kinds(model)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    mla = next((kind for kind in kinds if kind.mla), None)
     return LoadedModel(
         spec=spec,
         model=model.to(device=device, dtype=torch_dtype),
         tokenizer=tokenizer,
         num_layers=config.num_hidden_layers,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        # MLA caches one latent "head" per layer
+        num_kv_heads=1 if mla else getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=mla.key_dim if mla else head_dim,
         max_context=max_context,
         dtype=torch_dtype,
+        layer_kinds=kinds,
+        value_dim=mla.value_dim if mla else head_dim,
     )
+
+
+def model_layer_kinds(model) -> list[LayerKind]:
+    """Each layer's kind: from the model's config, with what its attention modules hold (learned
+    sink logits: gpt-oss's `sinks`)."""
+    kinds = config_layer_kinds(model.config.to_dict())
+    sinks = [False] * len(kinds)
+    for module in model.modules():
+        index = getattr(module, "layer_idx", None)
+        if isinstance(getattr(module, "sinks", None), torch.nn.Parameter) and \
+                type(index) is int and index < len(kinds):
+            sinks[index] = True
+    return with_sinks(kinds, sinks)
 
 
 def _load_transformers(folder: str):

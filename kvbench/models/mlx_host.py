@@ -50,6 +50,7 @@ class MLXLoaded:
     max_context: int | None
     # Modules whose scaled_dot_product_attention is kvbench's (empty: bias / sparse-V refused).
     attention: tuple[str, ...] = ()
+    layer_kinds: list = dataclasses.field(default_factory=list)  # kvbench.models.layer_kinds
 
 
 def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLoaded:

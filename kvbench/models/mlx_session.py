@@ -26,7 +26,8 @@ class MLXSession:
         self.loaded = loaded
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
-        self.head_dim = loaded.head_dim
+        self.head_dim = self.value_dim = loaded.head_dim
+        self.layer_kinds = loaded.layer_kinds
         # K/V come out of the projections at the weights' float dtype
         weight = next(w for _, w in tree_flatten(loaded.model.parameters())
                       if mx.issubdtype(w.dtype, mx.floating))

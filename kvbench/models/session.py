@@ -18,7 +18,9 @@ class Session(Protocol):
     tokenizer: Any
     num_layers: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # each cached key's width
+    value_dim: int  # each cached value's width (head_dim, except under MLA)
+    layer_kinds: list  # what each layer caches (kvbench.models.layer_kinds.LayerKind)
     kv_element_size: int  # bytes per cached K/V element in the plain cache (the model's dtype)
     dtype: str  # the model's float dtype: "float32", "bfloat16", ...
     # What the model's outputs depend on: (backend, spec, device, dtype), the start of every
@@ -72,7 +74,8 @@ class TorchSession:
         self.loaded, self.device, self._timed = loaded, device, timed
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
-        self.head_dim = loaded.head_dim
+        self.head_dim, self.value_dim = loaded.head_dim, loaded.value_dim
+        self.layer_kinds = loaded.layer_kinds
         self.kv_element_size = torch.empty((), dtype=loaded.dtype).element_size()
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.memo_key = ("torch", self.spec, str(device), self.dtype)
@@ -84,7 +87,8 @@ class TorchSession:
 
         if method is None:
             return DynamicCache(config=self.loaded.model.config)
-        return KVBenchCache(method, self.num_layers, decoded_reads=decoded_reads)
+        return KVBenchCache(method, self.num_layers, decoded_reads=decoded_reads,
+                            config=self.loaded.model.config, kinds=self.layer_kinds)
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
@@ -174,16 +178,18 @@ class CalibrationStats:
 
 def kv_bytes_per_layer_token(session: Session, element_size: int) -> int:
     """K and V of one token in one layer, at `element_size` bytes a value."""
-    return 2 * session.num_kv_heads * session.head_dim * element_size
+    return session.num_kv_heads * (session.head_dim + session.value_dim) * element_size
 
 
 def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
-    """(K and V of every token the cache's layers have seen at 16 bits, the same at the model's
-    dtype): what the ratios against 16-bit and against the plain cache stand on. Counted from
-    the tokens seen, so a method that evicts is credited with what it dropped."""
+    """(K and V of every token the cache's compressed layers have seen at 16 bits, the same at
+    the model's dtype, each plus what the library's own layers hold, at 16 bits and as held):
+    what the ratios against 16-bit and against the plain cache stand on. Counted from the tokens
+    seen, so a method that evicts is credited with what it dropped."""
     seen = sum(policy.seen_tokens for policy in cache.policies)
-    return (kv_bytes_per_layer_token(session, 2) * seen,
-            kv_bytes_per_layer_token(session, session.kv_element_size) * seen)
+    library = cache.library_bytes()
+    return (kv_bytes_per_layer_token(session, 2) * seen + library * 2 // session.kv_element_size,
+            kv_bytes_per_layer_token(session, session.kv_element_size) * seen + library)
 
 
 class ProbeNotTakenBack(ValueError):

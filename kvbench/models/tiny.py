@@ -1,32 +1,17 @@
 """Tiny random-weight models built in code (no files, no network) for fast tests.
 
-`tiny:llama` and `tiny:qwen3`: 2 layers, hidden 64, 4 query heads, 2 KV heads of 16, a byte-level
-vocabulary of 260. The weights come from a fixed seed, so they are the same on every call.
+`tiny:llama` and `tiny:qwen3`: 2 layers, hidden 64, 4 query heads, 2 KV heads of 16; the
+architecture families (kvbench.models.tiny_configs): hidden 128, heads of 32. All have a
+byte-level vocabulary of 260, and weights from a fixed seed, the same on every call.
 """
 from __future__ import annotations
 
 import torch
 
 from kvbench.models.attention import NAME as ATTENTION
-from kvbench.models.info import TINY_HEAD_DIM, TINY_KINDS, TINY_MAX_CONTEXT
+from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS
 
 _SEED = 1234
-_SHAPE = dict(
-    vocab_size=260,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=TINY_HEAD_DIM,
-    max_position_embeddings=TINY_MAX_CONTEXT,
-    # Wider than the usual 0.02 so attention is peaked enough for cache errors to show in logits.
-    initializer_range=0.2,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
 
 
 class ByteTokenizer:
@@ -45,25 +30,25 @@ class ByteTokenizer:
         return bytes(i - self.offset for i in ids if i >= self.offset).decode("utf-8", "replace")
 
 
-def _config(kind: str):
-    if kind == "llama":
-        from transformers import LlamaConfig
+def tiny_config(kind: str, attn_implementation: str = ATTENTION):
+    """The transformers config of a tiny kind, built by transformers' own config class."""
+    from transformers import AutoConfig
 
-        return LlamaConfig(**_SHAPE)
-    if kind == "qwen3":
-        from transformers import Qwen3Config
+    if kind not in TINY_CONFIGS:
+        raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_KINDS)}")
+    config = AutoConfig.for_model(**TINY_CONFIGS[kind])
+    config._attn_implementation = attn_implementation
+    return config
 
-        return Qwen3Config(**_SHAPE)
-    raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_KINDS)}")
 
-
-def build_tiny(kind: str):
+def build_tiny(kind: str, attn_implementation: str = ATTENTION):
     """(model, tokenizer) for a tiny kind, float32, eval mode: a new model every call (a few
-    ms), so that moving or changing one never reaches another caller's."""
+    ms), so that moving or changing one never reaches another caller's. attn_implementation:
+    kvbench's attention, or the model's own ("eager": the reference every family is checked
+    against)."""
     from transformers import AutoModelForCausalLM
 
-    config = _config(kind)
-    config._attn_implementation = ATTENTION
+    config = tiny_config(kind, attn_implementation)
     with torch.random.fork_rng():  # leave the caller's RNG stream untouched
         torch.manual_seed(_SEED)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -17,6 +17,8 @@ from kvbench.config.fields import SettingError
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
 from kvbench.judge.claims import Claim, parse_claim
 from kvbench.methods import METHODS, has_implementation
+from kvbench.models.info import ModelInfo
+from kvbench.models.layer_kinds import refusal
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, Placed
 from kvbench.suite.models import ModelDescriber, model_spec
@@ -278,6 +280,11 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 continue
             if head_dim is not None and not _fits(variant, head_dim, bench, issues):
                 continue
+            if info is not None and info.value_dim and head_dim == info.head_dim \
+                    and not _fits(variant, info.value_dim, bench, issues):
+                continue
+            if model_ok and cls.uses_model and not _runs_on_layers(variant, info, bench, issues):
+                continue
             cases.append(case(variant, suffix, dataclasses.asdict(params), variant.refused))
     return cases
 
@@ -328,6 +335,19 @@ def _fits(variant: _Variant, head_dim: int, bench: Placed[BenchmarkEntry],
                    f" {bench.value.kind!r})")
         return False
     return True
+
+
+def _runs_on_layers(variant: _Variant, info: ModelInfo, bench: Placed[BenchmarkEntry],
+             issues: Issues) -> bool:
+    """Whether the method runs on the model's layers (kvbench.models.layer_kinds); if not, the
+    issue is at the method, naming the layers and the reason."""
+    why = refusal(variant.method, info.layer_kinds)
+    if why:
+        issues.add(variant.entry.doc, variant.entry.at("name"),
+                   f"method {variant.label!r} cannot run on {info.spec} (benchmark"
+                   f" {bench.value.kind!r}): {why}",
+                   f"see `kvbench models inspect {info.spec}`")
+    return not why
 
 
 def _first(override, default):

@@ -62,6 +62,9 @@ class MethodSettings(Settings):
     # first asked for: the settings' own module then needs no torch (a suite naming the method
     # validates without it), e.g. {"torch": "my_package.torch_impl"}.
     implemented_in: ClassVar[dict[str, str]] = {}
+    # A library's own cache or press (kvbench.methods.external), which kvbench hosts on plain
+    # full-attention models only (kvbench.models.layer_kinds.refusal).
+    library_cache: ClassVar[bool] = False
 
     # transformers' QuantizedCache returns the step's own key and value states to attention and
     # stores them quantized; KIVI's reference attends the prompt in full precision and packs it

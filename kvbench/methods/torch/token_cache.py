@@ -84,9 +84,11 @@ class TokenCache(LayerCachePolicy):
         if not 0 < t < self.keys.shape[-2]:
             raise RuntimeError(f"{type(self).__name__} kept {t} of {self.keys.shape[-2]} tokens;"
                                " a token-reduction policy must keep some and drop some")
-        gather = index.unsqueeze(-1).expand(*index.shape, self.keys.shape[-1])
-        self.keys = self.keys.gather(-2, gather)
-        self.values = self.values.gather(-2, gather) if values is None else values
+        gather = index.unsqueeze(-1)
+        self.keys = self.keys.gather(-2, gather.expand(*index.shape, self.keys.shape[-1]))
+        if values is None:  # values may be narrower than keys (an MLA latent's RoPE part)
+            values = self.values.gather(-2, gather.expand(*index.shape, self.values.shape[-1]))
+        self.values = values
         if bias is not None:
             self.bias = bias
         elif self.bias is not None:
