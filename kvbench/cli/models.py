@@ -26,3 +26,58 @@ def models_prepare(name, force):
              f"Known: {', '.join(BUNDLED)}")
     path = prepare_bundled(name, force=force, log=lambda m: console.print(escape(m)))
     console.print(f"[green]ready:[/] bundled:{name} at {path}")
+
+
+@models.command("inspect")
+@click.argument("spec")
+def models_inspect(spec):
+    """Each layer's kind (full, sliding window, linear attention or Mamba state, softcap, sinks,
+    MLA), read from the model's config, and whether each shipped method runs on it or is refused,
+    and why. SPEC: a checkpoint folder, bundled:NAME, tiny:KIND or a cached hub id. The weights
+    are not loaded (with torch, the model is built on the meta device to read its attention
+    modules)."""
+    from rich.table import Table
+
+    from kvbench.methods import METHODS, build_method
+    from kvbench.models.info import describe_model, method_refusal
+    from kvbench.models.layer_kinds import layers_text
+
+    try:
+        info = describe_model(spec)
+    except ValueError as exc:
+        fail(str(exc))
+    kinds = _with_modules(spec, info.layer_kinds)
+    layers = Table(title=f"{spec}: {len(kinds)} layers")
+    layers.add_column("layer", justify="right")
+    layers.add_column("type (the library's name)")
+    layers.add_column("kind")
+    layers.add_column("hosted by")
+    for i, kind in enumerate(kinds):
+        layers.add_row(str(i), kind.layer_type, escape(kind.describe()),
+                       "the method's policy" if kind.compressed else "the library's own layer")
+    console.print(layers)
+    compressed = [i for i, kind in enumerate(kinds) if kind.compressed]
+    methods = Table(title="shipped methods (default settings)")
+    methods.add_column("method")
+    methods.add_column("on this model")
+    for name in METHODS.names():
+        try:
+            settings = build_method(name, METHODS.get(name).conformance_params[0])
+        except ValueError as exc:
+            methods.add_row(name, escape(f"not built: {exc}"))
+            continue
+        why = method_refusal(settings, info, kinds)
+        verdict = (f"[red]refused[/]: {escape(why)}" if why else
+                   f"runs, compressing {layers_text(compressed)}" if compressed else "runs")
+        methods.add_row(name, verdict)
+    console.print(methods)
+
+
+def _with_modules(spec: str, kinds: list) -> list:
+    """The kinds with what the attention modules say (sinks), where torch is installed."""
+    try:
+        from kvbench.models.loading import meta_layer_kinds
+    except ImportError:
+        return kinds
+    return meta_layer_kinds(spec) or kinds
+

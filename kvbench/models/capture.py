@@ -83,9 +83,11 @@ def entropy_sums(weights: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def attention_entropy(model: Any, tokens: list[int]) -> torch.Tensor:
+def attention_entropy(model: Any, tokens: list[int],
+                      without_attention: frozenset[int] = frozenset()) -> torch.Tensor:
     """Mean entropy, in bits, of each query head's attention rows over `tokens` (one causal
-    forward pass of a transformers causal LM): float64 (layers, query heads), on the CPU.
+    forward pass of a transformers causal LM): float64 (layers, query heads), on the CPU; NaN
+    rows for the layers `without_attention` (linear attention, Mamba), which have no weights.
 
     Attention weights come from transformers' eager attention: the model is switched to it for
     the pass and back to its own implementation afterwards (also on error). A forward hook on each
@@ -116,9 +118,13 @@ def attention_entropy(model: Any, tokens: list[int]) -> torch.Tensor:
             handle.remove()
         model.set_attn_implementation(previous)
     layers = model.config.get_text_config().num_hidden_layers
-    if sorted(entropies) != list(range(layers)):
+    attending = [i for i in range(layers) if i not in without_attention]
+    if sorted(entropies) != attending:
         raise RuntimeError(
             f"eager attention gave weights for layers {sorted(entropies)} of {layers};"
             " cannot measure attention entropy on this model"
         )
-    return torch.stack([entropies[i] for i in range(layers)])
+    heads = entropies[attending[0]].shape
+    return torch.stack([entropies[i] if i in entropies
+                        else torch.full(heads, float("nan"), dtype=torch.float64)
+                        for i in range(layers)])

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.config.registry import did_you_mean
-from kvbench.models.layer_kinds import LayerKind, config_layer_kinds
+from kvbench.config.fields import SettingError
+from kvbench.models.layer_kinds import LayerKind, config_layer_kinds, refusal
 from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, TINY_MAX_CONTEXT
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -86,6 +87,19 @@ def _described(spec: str, config: dict, max_context: int | None) -> ModelInfo:
     head_dim = mla.key_dim if mla else _head_dim(config.get("text_config") or config)
     return ModelInfo(spec=spec, max_context=max_context, head_dim=head_dim, layer_kinds=kinds,
                      value_dim=mla.value_dim if mla else None)
+
+
+def method_refusal(settings, info: ModelInfo, kinds: list[LayerKind] | None = None) -> str | None:
+    """Why a method (its settings) cannot run on the model `info` describes, as validation
+    refuses it: its layers (kinds, by default info's), or vectors of a width its configuration
+    cannot hold (the cached keys' and values' widths); None where it runs."""
+    why = refusal(settings, info.layer_kinds if kinds is None else kinds)
+    for width in sorted({info.head_dim, info.value_dim} - {None}):
+        try:
+            settings.check_head_dim(width)
+        except SettingError as exc:
+            why = why or f"{exc} (the cache holds vectors of {width})"
+    return why
 
 
 def gguf_message(spec: str) -> str:

@@ -117,6 +117,11 @@ def with_sinks(kinds: list[LayerKind], sinks: list[bool]) -> list[LayerKind]:
             for kind, has in zip(kinds, sinks, strict=True)]
 
 
+def every_layer_compressed(kinds: list[LayerKind]) -> bool:
+    """Every layer hosted by the method's policies (no kinds known: a plain model)."""
+    return all(kind.compressed for kind in kinds)
+
+
 def layers_text(indices: list[int]) -> str:
     return ("layer " if len(indices) == 1 else "layers ") + ", ".join(map(str, indices))
 
@@ -142,9 +147,8 @@ def refusal(method: Any, kinds: list[LayerKind]) -> str | None:
         mixers = sorted({kinds[i].describe() for i in range(len(kinds))})
         return (f"no layer to compress: every layer is {' or '.join(mixers)}, kept as the"
                 " library keeps it, and methods compress full-attention layers only")
-    if any(kinds[i].mla for i in compressed):
-        why = getattr(method, "mla_refusal", lambda: None)()
-        if why:
-            mla = [i for i in compressed if kinds[i].mla]
-            return f"{layers_text(mla)}: {kinds[mla[0]].describe()}; {why}"
+    mla = [i for i in compressed if kinds[i].mla]
+    if mla and getattr(method, "scores_by_keys", False):
+        return (f"{layers_text(mla)}: {kinds[mla[0]].describe()}; {name!r} scores tokens from the"
+                " cached keys, and these layers cache the latent in their place")
     return None

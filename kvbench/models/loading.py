@@ -81,6 +81,29 @@ def model_layer_kinds(model) -> list[LayerKind]:
     return with_sinks(kinds, sinks)
 
 
+def meta_layer_kinds(spec: str) -> list[LayerKind]:
+    """The layer kinds of the model a spec names, built on the meta device (no weights read,
+    no memory): what its attention modules hold, for `kvbench models inspect`. Empty where the
+    config cannot be built."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kind, target = resolve_spec(spec)
+    if kind == "tiny":
+        from kvbench.models.tiny import tiny_config
+
+        config = tiny_config(target)
+    else:
+        if kind == "bundled":
+            target = str(prepared_dir(target, _stderr))
+        try:
+            config = AutoConfig.from_pretrained(target, local_files_only=True)
+        except (OSError, ValueError):
+            return []
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return model_layer_kinds(model)
+
+
 def _load_transformers(folder: str):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

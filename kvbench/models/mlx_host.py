@@ -10,14 +10,20 @@ tokens the policy has seen, so positions continue after eviction or compaction. 
 A method that is one of mlx-lm's own caches is hosted so that the model reads what that cache
 returns, as under mlx-lm's generate (MLXLibraryLayer).
 
+Only the full-attention layers hold the method's policies; every other layer (a sliding
+window, a linear-attention or Mamba state, both: kvbench.models.layer_kinds) is mlx-lm's own
+cache object for it, as its make_cache() builds it, which the model drives as it does without
+kvbench; its arrays count in the cache's bytes as it holds them.
+
 Specs are those of kvbench.models.loading: bundled:NAME (prepared on first use), a local
-checkpoint folder, a hub id already in the local cache, and tiny:llama / tiny:qwen3 (the torch
-tiny model's weights copied into the mlx-lm architecture, so tests can compare the backends).
+checkpoint folder, a hub id already in the local cache, and tiny:KIND (the torch tiny model's
+weights copied into the mlx-lm architecture of its model type, so tests can compare the
+backends). A model mlx-lm would run otherwise than torch (a sliding window or a softcap it
+ignores, MLA cached otherwise; kvbench.models.mlx_architectures) is refused at load.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 from dataclasses import dataclass
@@ -31,6 +37,21 @@ from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
 from kvbench.models.host import CacheHost, LayerHost
+from kvbench.models.layer_kinds import LayerKind, config_layer_kinds, with_sinks
+from kvbench.models.mlx_architectures import (
+    architecture,
+    check_layers,
+    check_mla,
+    library_caches,
+    mlx_layer_kind,
+    mlx_overrides,
+    mlx_sinks,
+    mlx_weights,
+    model_args,
+    refuse_ignored_features,
+    text_config,
+    torch_checkpoint_weights,
+)
 from kvbench.models.mlx_attention import install
 
 # Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
@@ -46,11 +67,12 @@ class MLXLoaded:
     tokenizer: Any  # the checkpoint's transformers tokenizer: the same ids as the torch loader
     num_layers: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # each cached key's width
     max_context: int | None
     # Modules whose scaled_dot_product_attention is kvbench's (empty: bias / sparse-V refused).
     attention: tuple[str, ...] = ()
     layer_kinds: list = dataclasses.field(default_factory=list)  # kvbench.models.layer_kinds
+    value_dim: int | None = None  # each cached value's width (None: head_dim; MLA's differs)
 
 
 def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLoaded:
@@ -62,24 +84,52 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLo
     log = log or _stderr
     kind, target = resolve_spec(spec)
     if kind == "tiny":
-        model, tokenizer = _build_tiny(target)
+        model, tokenizer, config, kinds = _build_tiny(target)
     else:
         if kind == "bundled":
             target = str(prepared_dir(target, log))
-        model, tokenizer = _load_folder(Path(target), log)
+        model, tokenizer, config, kinds = _load_folder(Path(target), log)
     attention = install(model)
-    args = model.args
-    heads = args.num_attention_heads
+    kv_heads, head_dim = _dimensions(model, config)
+    check_mla(model, config, kinds)
+    sinks = mlx_sinks(model)
+    if len(sinks) == len(kinds):
+        kinds = with_sinks(kinds, sinks)
+    mla = next((layer for layer in kinds if layer.mla), None)
     return MLXLoaded(
         spec=spec,
         model=model,
         tokenizer=tokenizer,
         num_layers=len(model.layers),
-        num_kv_heads=getattr(args, "num_key_value_heads", None) or heads,
-        head_dim=getattr(args, "head_dim", None) or args.hidden_size // heads,
+        num_kv_heads=1 if mla else kv_heads,  # MLA caches one latent "head" per layer
+        head_dim=mla.key_dim if mla else head_dim,
         max_context=describe_model(spec).max_context,
         attention=attention,
+        layer_kinds=kinds,
+        value_dim=mla.value_dim if mla else head_dim,
     )
+
+
+def _dimensions(model, config: dict) -> tuple[int, int]:
+    """(KV heads, head width) from the config mlx-lm was given, else its model arguments."""
+    text = text_config(config)
+    args = getattr(model, "args", None)
+
+    def setting(name):
+        return text.get(name) or getattr(args, name, None)
+
+    heads = setting("num_attention_heads")
+    return (setting("num_key_value_heads") or heads,
+            setting("head_dim") or setting("hidden_size") // heads)
+
+
+def _checked_architecture(config: dict, kinds: list[LayerKind]):
+    """mlx-lm's model of `config` (weights not loaded), refused where it would run otherwise
+    than torch (kvbench.models.mlx_architectures)."""
+    refuse_ignored_features(config)
+    model = architecture(config).Model(model_args(config))
+    check_layers(model, config, kinds)
+    return model
 
 
 def _load_folder(folder: Path, log: Callable[[str], None]):
@@ -87,22 +137,43 @@ def _load_folder(folder: Path, log: Callable[[str], None]):
     from transformers import AutoTokenizer
 
     config = json.loads((folder / "config.json").read_text())
-    overrides = rope_overrides(config)
-    if overrides:
-        log(f"{folder}: config.json has {', '.join(overrides)} only under rope_parameters"
+    overrides = mlx_overrides(config)
+    rope = [key for key in overrides if key in rope_overrides(config)]
+    if rope:
+        log(f"{folder}: config.json has {', '.join(rope)} only under rope_parameters"
             " (transformers 5); passing it to mlx-lm, which reads the top-level key only")
+    derived = {key: value for key, value in overrides.items() if key not in rope}
+    if derived:
+        log(f"{folder}: passing mlx-lm {derived}, which config.json says only as"
+            " layer_types / a text-only model type")
+    kinds = config_layer_kinds(config)
+    config = {**config, **overrides}
+    _checked_architecture(config, kinds)
     model, _ = load_model(folder, model_config=overrides)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     tokenizer.model_max_length = sys.maxsize  # as the torch loader: whole texts, then windows
-    return model, tokenizer
+    return model, tokenizer, config, kinds
 
 
 def rope_overrides(config: dict) -> dict[str, Any]:
-    """What mlx-lm would miss in a transformers 5 config: rope_theta (and a non-default scaling)
-    nested under rope_parameters. Without them mlx-lm silently uses its default RoPE base."""
+    """What mlx-lm would miss in a transformers 5 config: rope_theta (and a non-default scaling,
+    and the partial rotary factor) nested under rope_parameters; per layer type (Gemma 3), the
+    full layers' as rope_theta and the sliding layers' base as rope_local_base_freq. Without
+    them mlx-lm silently uses its default RoPE."""
     params = config.get("rope_parameters") or {}
     overrides: dict[str, Any] = {}
+    if isinstance(params.get("full_attention"), dict):
+        full, sliding = params["full_attention"], params.get("sliding_attention") or {}
+        if "rope_theta" not in config and "rope_theta" in full:
+            overrides["rope_theta"] = full["rope_theta"]
+        if "rope_local_base_freq" not in config and "rope_theta" in sliding:
+            overrides["rope_local_base_freq"] = sliding["rope_theta"]
+        if full.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
+            overrides["rope_scaling"] = dict(full)
+        return overrides
+    if "partial_rotary_factor" not in config and "partial_rotary_factor" in params:
+        overrides["partial_rotary_factor"] = params["partial_rotary_factor"]
     if "rope_theta" not in config and "rope_theta" in params:
         overrides["rope_theta"] = params["rope_theta"]
     if params.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
@@ -111,20 +182,26 @@ def rope_overrides(config: dict) -> dict[str, Any]:
 
 
 def _build_tiny(kind: str):
-    """The torch tiny model's config and weights in the mlx-lm architecture of the same name."""
+    """The torch tiny model's config and weights in the mlx-lm architecture of its model type:
+    (model, tokenizer, the config mlx-lm was given, the layers' kinds). The config is the
+    family's as its checkpoints write it (kvbench.models.tiny_configs), transformers' defaults
+    filled in; the weights as the torch model's checkpoint stores them."""
     from kvbench.models.tiny import build_tiny
+    from kvbench.models.tiny_configs import TINY_CONFIGS
 
     torch_model, tokenizer = build_tiny(kind)
-    config = torch_model.config.to_dict()
-    config.update(rope_overrides(config))
-    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    model = arch.Model(arch.ModelArgs.from_dict(config))
-    weights = {name: mx.array(np.ascontiguousarray(t.detach().float().numpy()))
-               for name, t in torch_model.state_dict().items()}
-    model.load_weights(list(model.sanitize(weights).items()), strict=True)
+    written = TINY_CONFIGS[kind]
+    config = {**torch_model.config.to_dict(), **written}
+    config.update(mlx_overrides(config))
+    kinds = config_layer_kinds(written)
+    model = _checked_architecture(config, kinds)
+    weights = {name: mx.array(np.ascontiguousarray(
+                   (t.detach().float() if t.is_floating_point() else t.detach()).numpy()))
+               for name, t in torch_checkpoint_weights(torch_model).items()}
+    model.load_weights(mlx_weights(model, config, weights), strict=True)
     mx.eval(model.parameters())
     model.eval()
-    return model, tokenizer
+    return model, tokenizer, config, kinds
 
 
 class MLXPolicyLayer(LayerHost):
@@ -150,8 +227,12 @@ class MLXPolicyLayer(LayerHost):
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
         """The mask for N new queries over retained + N keys, the queries last (causal)."""
-        if window_size is not None:
-            raise NotImplementedError("MLXKVBenchCache does not host sliding-window layers")
+        if window_size is not None:  # sliding layers are mlx-lm's own caches, never a policy's
+            raise NotImplementedError(
+                f"layer {self.layer_idx} holds a method's policy, but the model asks it for a"
+                f" sliding window's mask ({window_size}); build the cache with the model and"
+                " its layer kinds (MLXKVBenchCache(..., model=, kinds=)), which leaves sliding"
+                " layers to mlx-lm's own caches")
         retained = self.kept_keys
         self._owner.mask_kv_length = retained + N
         if N == 1:
@@ -218,15 +299,20 @@ class MLXLibraryLayer(MLXPolicyLayer):
 
 
 class MLXKVBenchCache(CacheHost):
-    """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer (`method`:
-    a method's MLX implementation, kvbench.methods.implementation(settings, "mlx")). Pass
+    """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer it
+    compresses (`method`: a method's MLX implementation, kvbench.methods.implementation(settings,
+    "mlx")), mlx-lm's own cache for every other: `model`'s make_cache() entry for that layer
+    (kinds: kvbench.models.layer_kinds, MLXLoaded.layer_kinds; None: as that make_cache() says,
+    a plain KVCache being full attention; no model: every layer full attention). Pass
     `cache.layers` (or the cache itself) as mlx-lm's `cache=`: kvbench's attention takes each
     layer's read from the layer it is given. A policy that is one of mlx-lm's own caches gets
     an MLXLibraryLayer. decoded_reads as kvbench.models.host.CacheHost."""
 
-    def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False):
+    def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False,
+                 model: Any = None, kinds: list[LayerKind] | None = None):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
-        super().__init__(method, num_layers, self._layer, decoded_reads)
+        super().__init__(method, num_layers, self._layer, decoded_reads,
+                         library_layers(model, kinds, num_layers))
 
     def _layer(self, policy: LayerCachePolicy, layer_idx: int) -> MLXPolicyLayer:
         kind = MLXLibraryLayer if isinstance(policy, MLXLMLayer) else MLXPolicyLayer
@@ -243,7 +329,46 @@ class MLXKVBenchCache(CacheHost):
 
     @property
     def state(self) -> list[mx.array]:
-        return [a for layer in self.layers for a in layer.state]
+        return [a for layer in self.layers for a in layer_arrays(layer)]
+
+    def library_bytes(self) -> int:
+        """Bytes of the arrays mlx-lm's own layer caches hold, as they hold them (nbytes: a
+        window's buffer, a recurrent state)."""
+        return sum(library_nbytes(layer) for layer in self.library_layers)
+
+
+def library_layers(model: Any, kinds: list[LayerKind] | None,
+                   num_layers: int) -> dict[int, Any] | None:
+    """mlx-lm's own cache objects for the layers a method does not compress, by index, as
+    `model`'s make_cache() builds them (None: every layer compressed)."""
+    if model is None:
+        if kinds and not all(kind.compressed for kind in kinds):
+            raise ValueError("this model has layers a method does not compress (sliding-window,"
+                             " linear-attention or Mamba layers): pass the model, whose"
+                             " make_cache() builds mlx-lm's own caches for them")
+        return None
+    caches = library_caches(model)
+    kinds = kinds or [mlx_layer_kind(cache) for cache in caches]
+    if len(caches) != num_layers or len(kinds) != num_layers:
+        raise ValueError(f"the model builds {len(caches)} layer caches and has {len(kinds)}"
+                         f" layer kinds for {num_layers} layers")
+    return {i: caches[i] for i, kind in enumerate(kinds) if not kind.compressed}
+
+
+def layer_arrays(layer: Any) -> list[mx.array]:
+    """The arrays one prompt-cache layer holds: a kvbench layer's state, or every array in an
+    mlx-lm cache's state (keys and values, a rotating buffer, an ArraysCache's states, a
+    CacheList's parts)."""
+    from mlx.utils import tree_flatten
+
+    return [a for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)]
+
+
+def library_nbytes(layer: Any) -> int:
+    try:
+        return int(layer.nbytes)
+    except NotImplementedError:  # a cache class without it: its state's arrays
+        return sum(a.nbytes for a in layer_arrays(layer))
 
 
 def held_arrays(obj: Any, _seen: set[int] | None = None, _depth: int = 0) -> list[mx.array]:
@@ -281,7 +406,7 @@ def mlx_logits(model, ids: mx.array, cache, last_only: bool = False) -> mx.array
 def cache_arrays(cache) -> list[mx.array]:
     if isinstance(cache, MLXKVBenchCache):
         return cache.state
-    return [a for layer in cache for a in (layer.keys, layer.values) if a is not None]
+    return [a for layer in cache for a in layer_arrays(layer)]
 
 
 def _stderr(message: str) -> None:

@@ -1,5 +1,6 @@
 """kvbench.models.session's Session on MLX: the model on mlx-lm, the method's cache an
-MLXKVBenchCache, the reference mlx-lm's own KVCache. Every clock read follows an mx.eval of the
+MLXKVBenchCache, the reference mlx-lm's own caches (make_prompt_cache: a KVCache per full-attention
+layer, its own cache for every other, as the method's cache has them too). Every clock read follows an mx.eval of the
 logits and of every array the cache holds (MLX is lazy: unevaluated work is not done work).
 Logits go to torch as float32 on the CPU; benchmarks do their arithmetic in float64 there (MLX's
 float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
@@ -26,7 +27,8 @@ class MLXSession:
         self.loaded = loaded
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
-        self.head_dim = self.value_dim = loaded.head_dim
+        self.head_dim = loaded.head_dim
+        self.value_dim = loaded.value_dim or loaded.head_dim
         self.layer_kinds = loaded.layer_kinds
         # K/V come out of the projections at the weights' float dtype
         weight = next(w for _, w in tree_flatten(loaded.model.parameters())
@@ -40,7 +42,8 @@ class MLXSession:
 
         if method is None:
             return make_prompt_cache(self.loaded.model)
-        return MLXKVBenchCache(method, self.num_layers, decoded_reads=decoded_reads)
+        return MLXKVBenchCache(method, self.num_layers, decoded_reads=decoded_reads,
+                               model=self.loaded.model, kinds=self.layer_kinds)
 
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
         x = mx.array([ids])
@@ -74,6 +77,12 @@ class MLXSession:
         from mlx_lm.models.cache import trim_prompt_cache
 
         layers = cache.layers if isinstance(cache, MLXKVBenchCache) else cache
+        fixed = [i for i, layer in enumerate(layers) if not layer.is_trimmable()]
+        if fixed:
+            raise ValueError(
+                f"cannot take back the {n} newest tokens: mlx-lm's"
+                f" {type(layers[fixed[0]]).__name__} of layer {fixed[0]} cannot (a recurrent"
+                " state, or a sliding window already full)")
         trimmed = trim_prompt_cache(layers, n)
         if trimmed != n:
             raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")

@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.layer_kinds import LINEAR, NONE, every_layer_compressed
 from kvbench.models.shared_prefill import PrefilledPrompt, ingest
 
 
@@ -106,9 +107,13 @@ class TorchSession:
 
     @torch.inference_mode()
     def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
-        """One batched forward (kvbench.models.batch_step), a single row included."""
+        """One batched forward (kvbench.models.batch_step), a single row included; one forward
+        a row where the library hosts some layers (its layer objects hold one sequence)."""
         from kvbench.models.batch_step import BatchStep
 
+        if not every_layer_compressed(self.layer_kinds):
+            return torch.cat([self.step([token], cache)[0][-1:] for token, cache
+                              in zip(ids, caches, strict=True)])
         return BatchStep(caches).forward(self.loaded.model, ids).cpu()
 
     @torch.inference_mode()
@@ -135,8 +140,10 @@ class TorchSession:
     def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         from kvbench.models.capture import attention_entropy
 
+        without = frozenset(i for i, kind in enumerate(self.layer_kinds)
+                            if kind.mixer in (LINEAR, NONE))
         stats = CalibrationStats(tokens, self.num_kv_heads,
-                                 lambda ids: attention_entropy(self.loaded.model, ids))
+                                 lambda ids: attention_entropy(self.loaded.model, ids, without))
         method.calibrate(stats, tokens)
 
     def weights_bytes(self) -> int:
@@ -170,7 +177,8 @@ class CalibrationStats:
 
     def attention_entropy(self) -> torch.Tensor:
         """float64 (layers, query heads): the mean entropy, in bits, of each query head's
-        attention rows in one causal pass over the tokens (row i attends to i + 1 keys)."""
+        attention rows in one causal pass over the tokens (row i attends to i + 1 keys); NaN
+        for a layer without attention (linear attention, Mamba)."""
         if self._attention_entropy is None:
             self._attention_entropy = self._measure_attention_entropy(self.tokens)
         return self._attention_entropy
@@ -190,6 +198,13 @@ def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
     library = cache.library_bytes()
     return (kv_bytes_per_layer_token(session, 2) * seen + library * 2 // session.kv_element_size,
             kv_bytes_per_layer_token(session, session.kv_element_size) * seen + library)
+
+
+def shares_prefill(session: Session, method: Implementation) -> bool:
+    """Whether the method's cache can be handed a prompt recorded in one plain forward
+    (kvbench.models.shared_prefill), which records the method's layers only: not where the
+    library hosts some layers."""
+    return method.shares_prefill and every_layer_compressed(session.layer_kinds)
 
 
 class ProbeNotTakenBack(ValueError):
@@ -213,7 +228,7 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
     forward_s = 0.0
     session.begin_prompt(cache, len(ids))
     if prefilled is not None:
-        if chunk or refeed or method is None or not method.shares_prefill:
+        if chunk or refeed or method is None or not shares_prefill(session, method):
             raise ValueError("a shared prefill is one plain forward, for a method that"
                              " shares_prefill")
         ingest(cache, prefilled)

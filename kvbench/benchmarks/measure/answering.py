@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import Session, plain_kv_bytes, prefill
+from kvbench.models.session import Session, plain_kv_bytes, prefill, shares_prefill
 from kvbench.models.shared_prefill import PrefillStore
 
 _SLOT = "\uE000kvbench-message\uE000"  # private-use marks: no chat template contains them
@@ -87,7 +87,8 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
         status(f"prefill {number}/{len(prompts)}")
         cache = session.new_cache(method, decoded_reads=reads == "decoded")
         prefix = prompt.compressed(compress)
-        prefilled = shared.get(session, prefix) if shared and method.shares_prefill else None
+        prefilled = shared.get(session, prefix) if shared and shares_prefill(session, method) \
+            else None
         last, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
         if compress == "context":
             last, _ = session.step(prompt.question, cache, last_only=True)

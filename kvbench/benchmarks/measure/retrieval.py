@@ -16,7 +16,7 @@ from kvbench.data.ruler import TASKS, RulerSample, make_sample
 from kvbench.data.text import load_text, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import Session, kv_bytes_per_layer_token
+from kvbench.models.session import Session, kv_bytes_per_layer_token, shares_prefill
 from kvbench.models.shared_prefill import PrefillStore
 
 METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part"}
@@ -71,7 +71,7 @@ class Reader:
         prompts = [frame(self.session.tokenizer, self.chat, sample.context, sample.question,
                          sample.answer_prefix) for sample in samples]
         extras = extras or [{} for _ in samples]
-        if method.shares_prefill:
+        if shares_prefill(self.session, method):
             self.shared_prefill().expect(self.session, [p.compressed(params.compress)
                                                         for p in prompts])
         records, replies = [], []

@@ -138,11 +138,14 @@ class AdaptiveMethod(SharesExactPrefill):
         docstring."""
         s = self.settings
         sensitivity = -entropy.double()
-        std = sensitivity.std(unbiased=False) if sensitivity.numel() > 1 else 0.0
-        if std <= 1e-12 * max(1.0, sensitivity.abs().max().item()):
+        # a layer without attention (NaN: linear attention, Mamba) is not compressed; it takes
+        # no part in the statistics and gets base_bits
+        measured = sensitivity[sensitivity.isfinite()]
+        std = measured.std(unbiased=False) if measured.numel() > 1 else 0.0
+        if std <= 1e-12 * max(1.0, measured.abs().max().item()):
             z = sensitivity.new_zeros(sensitivity.shape)
         else:
-            z = (sensitivity - sensitivity.mean()) / std
+            z = ((sensitivity - measured.mean()) / std).nan_to_num(0.0)
         target = (s.base_bits + s.scale * z + 0.5).floor().clamp(1, MAX_BITS)
         widths = s.widths()
         return [[nearest_width(int(t), widths, tie_toward=s.base_bits) for t in row]

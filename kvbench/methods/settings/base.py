@@ -65,6 +65,9 @@ class MethodSettings(Settings):
     # A library's own cache or press (kvbench.methods.external), which kvbench hosts on plain
     # full-attention models only (kvbench.models.layer_kinds.refusal).
     library_cache: ClassVar[bool] = False
+    # Scores tokens from the cached keys (the queries against them, or their norms): meaningless
+    # where a layer caches something else in their place (an MLA latent), so refused there.
+    scores_by_keys: ClassVar[bool] = False
 
     # transformers' QuantizedCache returns the step's own key and value states to attention and
     # stores them quantized; KIVI's reference attends the prompt in full precision and packs it

@@ -56,6 +56,8 @@ class StreamingLLM(EvictionMethod):
     before it is fed, which kvbench's benchmarks and server give (session.prefill).
     """
 
+    scores_by_keys: ClassVar[bool] = False  # its positions alone
+
     sinks: int = param(4, range=at_least(0), meaning="the first tokens always kept (attention"
                        " sinks), within the budget")
 

@@ -17,6 +17,7 @@ class TokenMethod(MethodSettings):
 
     capabilities: ClassVar[Capabilities] = Capabilities(trim=True)
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({"ratio": 0.5}, {"budget": 9})
+    scores_by_keys: ClassVar[bool] = True  # a scorer's tokens are chosen from their keys
 
     ratio: float | None = param(None, range=between(0, 1, low_open=True, high_open=True),
                                 meaning="the fraction of the prompt's tokens kept per head")

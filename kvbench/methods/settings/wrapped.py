@@ -88,6 +88,15 @@ class BitWidths:
     def token_block(self) -> int | None:
         return self.variants[self.base_bits].token_block()
 
+    def check_head_dim(self, head_dim: int) -> None:
+        """The base's check, at every width it stores (blamed at base_params)."""
+        for settings in self.variants.values():
+            try:
+                settings.check_head_dim(head_dim)
+            except SettingError as exc:
+                raise SettingError("base_params", f"base {type(settings).name!r}: {exc}"
+                                   ) from None
+
 
 def nearest_width(target: float, widths: list[int], tie_toward: float) -> int:
     """The width in `widths` nearest to `target`; a tie goes to the one nearer `tie_toward`."""

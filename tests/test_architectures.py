@@ -1,0 +1,231 @@
+"""Every architecture family users bring, on tiny random-weight checkpoints built from
+transformers' own config classes (kvbench.models.tiny_configs): identity equals the model's own
+eager attention, full forward and incremental decode; KIVI below its residual is lossless; every
+shipped method runs or is refused at validate, with the layers and the reason; the library's own
+layers are counted in the bytes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvbench.methods import METHODS, build_method, implementation
+from kvbench.models.attention import biased_attention
+from kvbench.models.hf_cache import held_bytes, with_cache
+from kvbench.models.info import describe_model, method_refusal
+from kvbench.models.layer_kinds import (FULL, LINEAR, SLIDING, config_layer_kinds,
+                                         refusal)
+from kvbench.models.loading import load_model
+from kvbench.models.session import TorchSession, prefill
+from kvbench.models.tiny import build_tiny
+from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, WINDOW
+from tests.plugins.cli_support import invoke
+
+PROMPT, STEPS = 40, 8  # the prompt passes the sliding window (32), then one-token steps
+IDS = torch.randint(4, 260, (PROMPT + STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    made = {}
+
+    def session(kind: str) -> TorchSession:
+        if kind not in made:
+            made[kind] = TorchSession(load_model(f"tiny:{kind}"), torch.device("cpu"))
+        return made[kind]
+    return session
+
+
+@torch.inference_mode()
+def eager_logits(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own attention (eager): (one full forward's logits at the prompt's last
+    position and every step's, the same by incremental decode through transformers' own
+    cache)."""
+    from transformers import DynamicCache
+
+    model, _ = build_tiny(kind, "eager")
+    full = model(torch.tensor([IDS])).logits[0, PROMPT - 1 : -1].float()
+    cache = DynamicCache(config=model.config)
+    steps = [model(torch.tensor([IDS[:PROMPT]]), **with_cache(model, cache)).logits[0, -1]]
+    for token in IDS[PROMPT:-1]:
+        steps.append(model(torch.tensor([[token]]), **with_cache(model, cache)).logits[0, -1])
+    return full, torch.stack(steps).float()
+
+
+def method_logits(session: TorchSession, settings) -> tuple[torch.Tensor, object]:
+    """The prompt's last logits and every step's through the method's cache."""
+    method = implementation(settings)
+    cache = session.new_cache(method)
+    last, _, _ = prefill(session, cache, IDS[:PROMPT], method)
+    steps = [last[-1]]
+    for token in IDS[PROMPT:-1]:
+        steps.append(session.step([token], cache)[0][-1])
+    return torch.stack(steps), cache
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_identity_equals_the_models_own_eager_attention(kind, sessions):
+    full, incremental = eager_logits(kind)
+    mine, _ = method_logits(sessions(kind), build_method("identity"))
+    assert relative(mine, incremental) <= 1e-5
+    # A linear-attention layer's full forward (chunked) and its decode (recurrent) differ in
+    # rounding by themselves (1.6e-5 on qwen3_5): within that of the full forward.
+    assert relative(mine, full) <= max(1e-5, 1.5 * relative(incremental, full))
+
+
+@pytest.mark.parametrize("kind", [k for k in TINY_KINDS if k not in ("mistral", "falcon_h1")])
+def test_kivi_below_its_residual_is_lossless(kind, sessions):
+    full, _ = eager_logits(kind)
+    mine, cache = method_logits(sessions(kind), build_method("kivi", {"residual": 128}))
+    assert (mine - full).abs().max().item() <= 1e-3
+    assert cache.policies  # it compressed (hosted) some layer
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "gpt_oss", "qwen3_5", "jamba", "deepseek_v3"])
+def test_a_lossy_method_reads_what_it_stores_on_every_family(kind, sessions):
+    """intq 2-bit moves the logits on the layers it compresses (attention really reads them)."""
+    full, _ = eager_logits(kind)
+    mine, cache = method_logits(sessions(kind), build_method("intq", {"bits": 2}))
+    assert (mine - full).abs().max().item() > 1e-3
+    assert len(cache.policies) == sum(k.compressed for k in sessions(kind).layer_kinds)
+
+
+def test_the_library_hosts_sliding_and_linear_layers_and_their_bytes_count(sessions):
+    from transformers import DynamicCache
+
+    session = sessions("qwen3_5")
+    assert [k.mixer for k in session.layer_kinds] == [LINEAR, FULL]
+    _, cache = method_logits(session, build_method("intq", {"bits": 4}))
+    plain = DynamicCache(config=session.loaded.model.config)
+    session.step(IDS, plain)
+    linear_state = held_bytes(plain.layers[0])
+    assert linear_state > 0 and cache.library_bytes() == linear_state
+    assert cache.accounted_bytes() == cache.policies[0].retained_bytes + linear_state
+
+    session = sessions("gemma3")
+    _, cache = method_logits(session, build_method("identity"))
+    window = cache.layers[0]
+    assert window.is_sliding and window.keys.shape[-2] == WINDOW - 1  # transformers' own layer
+    assert cache.layers[1].policy.retained_tokens == PROMPT + STEPS - 1
+
+
+SHIPPED = [name for name in METHODS.names() if not METHODS.get(name).library_cache]
+
+
+def shipped_settings(name: str):
+    return build_method(name, METHODS.get(name).conformance_params[0])
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS)
+def test_every_shipped_method_runs_or_is_refused(kind, sessions):
+    """What refusal() lets through runs (a few steps, every byte counted), on every family."""
+    session, info = sessions(kind), describe_model(f"tiny:{kind}")
+    failures = {}
+    for name in SHIPPED:
+        settings = shipped_settings(name)
+        if method_refusal(settings, info):
+            continue
+        method = implementation(settings)
+        if hasattr(method, "calibrate"):
+            session.calibrate(method, IDS[:PROMPT])
+        cache = session.new_cache(method)
+        try:
+            prefill(session, cache, IDS[:PROMPT], method)
+            for token in IDS[PROMPT : PROMPT + 2]:
+                session.step([token], cache)
+        except Exception as exc:  # noqa: BLE001 - every failure is listed, not the first
+            failures[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        assert all(policy.retained_bytes > 0 for policy in cache.policies)
+        assert (cache.library_bytes() > 0) == bool(cache.library_layers)
+    assert not failures
+
+
+def test_refusals_name_the_layers_and_the_reason():
+    mistral = describe_model("tiny:mistral").layer_kinds
+    assert [k.mixer for k in mistral] == [SLIDING, SLIDING]
+    assert refusal(build_method("identity"), mistral) is None
+    why = refusal(build_method("intq"), mistral)
+    assert "every layer is sliding window of 32" in why
+    deepseek = describe_model("tiny:deepseek_v3").layer_kinds
+    assert "layers 0, 1: full attention, MLA latent of 32" in refusal(build_method("snapkv", {"ratio": 0.5}),
+                                                                      deepseek)
+    assert refusal(build_method("streamingllm", {"ratio": 0.5}), deepseek) is None
+    gemma2 = describe_model("tiny:gemma2").layer_kinds
+    assert "layers 0, 1: sliding window of 32, softcap 50" in refusal(
+        build_method("hf-quantized"), gemma2)
+
+
+def test_validate_refuses_at_the_method_with_the_layers(tmp_path):
+    suite = tmp_path / "s.yaml"
+    suite.write_text("kvbench: 1\nname: t\ndefaults: {model: tiny:mistral}\nmethods:\n"
+                     "  - name: identity\n  - name: intq\n"
+                     "benchmarks:\n  - kind: parity\n")
+    result = invoke("validate", suite)
+    assert result.exit_code == 2
+    assert f"{suite}:6: methods[1].name: method 'intq' cannot run on tiny:mistral" in result.output
+    assert "sliding window of 32" in result.output
+
+
+def test_a_checkpoints_config_json_gives_its_layers(tmp_path):
+    """From the config.json a checkpoint folder holds, as validation reads it; and without
+    transformers, from the mapping's own layer_types."""
+    from kvbench.models.tiny import tiny_config
+
+    tiny_config("gemma3").save_pretrained(tmp_path)
+    kinds = describe_model(str(tmp_path)).layer_kinds
+    assert [(k.mixer, k.window) for k in kinds] == [(SLIDING, WINDOW), (FULL, None)]
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = "not-a-model-transformers-knows"
+    assert [(k.mixer, k.window) for k in config_layer_kinds(config)] == [(SLIDING, WINDOW),
+                                                                         (FULL, None)]
+    # Jamba's layer types come from its period and offset: transformers' class knows them
+    assert [k.mixer for k in config_layer_kinds(TINY_CONFIGS["jamba"])] == [LINEAR, FULL]
+
+
+def test_a_gguf_model_says_what_to_do(tmp_path):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="is a GGUF file.*llama.cpp"):
+        describe_model(str(gguf))
+
+
+def test_models_inspect_prints_the_layers_and_each_methods_verdict():
+    result = invoke("models", "inspect", "tiny:gpt_oss")
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "sliding window of 32, sinks" in text  # sinks read from the attention modules
+    assert "runs, compressing layer 1" in text
+    assert "refused" in text  # the libraries' caches
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
+def test_sinks_and_softcap_are_the_models_own(family):
+    """biased_attention with sinks / softcap equals the family's own eager attention function on
+    fresh random inputs (a causal mask included)."""
+    import importlib
+
+    module_name = {"gpt_oss": "gpt_oss", "gemma2": "gemma2"}[family]
+    eager = importlib.import_module(
+        f"transformers.models.{module_name}.modeling_{module_name}").eager_attention_forward
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, t, 16, generator=g) for h, t in ((4, 5), (2, 9), (2, 9)))
+    visible = torch.ones(5, 9, dtype=torch.bool).tril(4)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 2, False
+    features = {}
+    if family == "gpt_oss":
+        module.sinks = torch.randn(4, generator=g)
+        features["sinks"] = module.sinks
+        theirs = eager(module, q, k, v, torch.where(visible, 0.0, float("-inf")), 0.25)[0]
+    else:
+        features["softcap"] = 5.0
+        theirs = eager(module, q, k, v, torch.where(visible, 0.0, float("-inf")), scaling=0.25,
+                       softcap=5.0)[0]
+    mine = biased_attention(q, k, v, visible, None, 0.25, **features)[0].transpose(1, 2)
+    assert torch.allclose(mine, theirs, atol=1e-6)
