@@ -78,7 +78,7 @@ def test_identity_equals_the_models_own_eager_attention(kind, sessions):
     assert relative(mine, full) <= max(1e-5, 1.5 * relative(incremental, full))
 
 
-@pytest.mark.parametrize("kind", [k for k in TINY_KINDS if k not in ("mistral", "falcon_h1")])
+@pytest.mark.parametrize("kind", [k for k in TINY_KINDS if k != "mistral"])
 def test_kivi_below_its_residual_is_lossless(kind, sessions):
     full, _ = eager_logits(kind)
     mine, cache = method_logits(sessions(kind), build_method("kivi", {"residual": 128}))
@@ -86,7 +86,8 @@ def test_kivi_below_its_residual_is_lossless(kind, sessions):
     assert cache.policies  # it compressed (hosted) some layer
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "gpt_oss", "qwen3_5", "jamba", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["gemma3", "gpt_oss", "qwen3_5", "jamba", "deepseek_v3",
+                                  "falcon_h1"])
 def test_a_lossy_method_reads_what_it_stores_on_every_family(kind, sessions):
     """intq 2-bit moves the logits on the layers it compresses (attention really reads them)."""
     full, _ = eager_logits(kind)
@@ -106,6 +107,15 @@ def test_the_library_hosts_sliding_and_linear_layers_and_their_bytes_count(sessi
     linear_state = held_bytes(plain.layers[0])
     assert linear_state > 0 and cache.library_bytes() == linear_state
     assert cache.accounted_bytes() == cache.policies[0].retained_bytes + linear_state
+
+    # Falcon-H1: each layer attends (the method's policy) and keeps a Mamba state (the library's)
+    session = sessions("falcon_h1")
+    _, cache = method_logits(session, build_method("intq", {"bits": 4}))
+    plain = DynamicCache(config=session.loaded.model.config)
+    session.step(IDS, plain)
+    mamba = sum(held_bytes(layer) - layer.keys.nbytes - layer.values.nbytes
+                for layer in plain.layers)
+    assert len(cache.policies) == 2 and mamba > 0 and cache.library_bytes() == mamba
 
     session = sessions("gemma3")
     _, cache = method_logits(session, build_method("identity"))
@@ -142,7 +152,9 @@ def test_every_shipped_method_runs_or_is_refused(kind, sessions):
             failures[name] = f"{type(exc).__name__}: {exc}"
             continue
         assert all(policy.retained_bytes > 0 for policy in cache.policies)
-        assert (cache.library_bytes() > 0) == bool(cache.library_layers)
+        # the library's layers, or the Mamba state beside a hybrid layer's attention
+        library = any(not kind.compressed or kind.mixer != FULL for kind in session.layer_kinds)
+        assert (cache.library_bytes() > 0) == library
     assert not failures
 
 
@@ -161,15 +173,21 @@ def test_refusals_name_the_layers_and_the_reason():
         build_method("hf-quantized"), gemma2)
 
 
-def test_validate_refuses_at_the_method_with_the_layers(tmp_path):
+def test_validate_lists_the_refused_cases_with_the_layers(tmp_path):
+    """Refused before any work and recorded as refused with the reason: a suite over several
+    models still runs every pair that can run."""
+    from kvbench import load_suite
+
     suite = tmp_path / "s.yaml"
     suite.write_text("kvbench: 1\nname: t\ndefaults: {model: tiny:mistral}\nmethods:\n"
                      "  - name: identity\n  - name: intq\n"
                      "benchmarks:\n  - kind: parity\n")
     result = invoke("validate", suite)
-    assert result.exit_code == 2
-    assert f"{suite}:6: methods[1].name: method 'intq' cannot run on tiny:mistral" in result.output
-    assert "sliding window of 32" in result.output
+    assert result.exit_code == 0
+    assert "parity/intq: tiny:mistral: no layer to compress: every layer is sliding window" \
+        in " ".join(result.output.split())
+    cases = {case.id: case.refused for case in load_suite(suite).cases}
+    assert cases["parity/identity"] is None and "sliding window of 32" in cases["parity/intq"]
 
 
 def test_a_checkpoints_config_json_gives_its_layers(tmp_path):

@@ -26,7 +26,6 @@ pytest.importorskip("mlx_lm")
 import torch  # noqa: E402
 
 from kvbench.methods import build_method, implementation  # noqa: E402
-from kvbench.models.layer_kinds import FULL  # noqa: E402
 from kvbench.models.mlx_host import (  # noqa: E402
     MLXKVBenchCache,
     cache_arrays,
@@ -96,8 +95,8 @@ def test_identity_is_mlx_lm_and_torch(kind):
     model = loaded(kind)
     ids = _ids()
     got, cache = _method_logits(kind, "identity")
-    # only the full-attention layers hold policies; the others are mlx-lm's own caches
-    full = [i for i, k in enumerate(model.layer_kinds) if k.mixer == FULL]
+    # only full-attention and hybrid layers' attention hold policies; the rest is mlx-lm's
+    full = [i for i, k in enumerate(model.layer_kinds) if k.compressed]
     assert [h.layer_idx for h in cache.hosts] == full
     reference = make_prompt_cache(model.model)
     assert [type(layer) for layer in cache.library_layers] == \
@@ -112,11 +111,14 @@ def test_identity_is_mlx_lm_and_torch(kind):
     np.testing.assert_allclose(got, eager, rtol=0, atol=rtol * np.abs(eager).max())
 
 
-@pytest.mark.parametrize("kind", ["qwen3_next", "gemma3"])  # linear + full; sliding + full
+# linear + full; sliding + full; hybrid (attention and Mamba state in every layer)
+@pytest.mark.parametrize("kind", ["qwen3_next", "gemma3", "falcon_h1"])
 def test_a_lossy_method_runs_and_counts_the_library_layers(kind):
     got, cache = _method_logits(kind, "intq", {"bits": 4})
     assert np.isfinite(got).all()
-    library = sum(library_nbytes(layer) for layer in cache.library_layers)
+    states = [part for host in cache.hosts for part in getattr(host, "library_parts", ())]
+    assert bool(states) == (kind == "falcon_h1")
+    library = sum(library_nbytes(layer) for layer in [*cache.library_layers, *states])
     assert library > 0 and cache.library_bytes() == library
     assert cache.accounted_bytes() == \
         sum(policy.retained_bytes for policy in cache.policies) + library
@@ -185,3 +187,18 @@ def test_an_architecture_mlx_lm_lacks_is_refused():
 
     with pytest.raises(ValueError, match="mlx-lm has no not_a_model architecture"):
         architecture({"model_type": "not_a_model"})
+
+
+def test_attention_entropy_skips_the_linear_layers_and_keeps_the_window():
+    import math
+
+    from kvbench.models.mlx_session import MLXSession, attention_entropy
+
+    ids = _ids()
+    hybrid = MLXSession(loaded("qwen3_next"))
+    entropy = attention_entropy(hybrid.loaded, ids, frozenset({0}))
+    assert entropy.shape == (2, 4) and entropy[0].isnan().all() and entropy[1].isfinite().all()
+    # a sliding layer's rows see at most the window: less entropy than log2 of the keys allows
+    sliding = attention_entropy(loaded("gemma3"), ids)
+    assert sliding.isfinite().all()
+    assert (sliding[0] <= math.log2(WINDOW) + 1e-9).all()

@@ -36,8 +36,9 @@ def load_suite_or_exit(path: str, **defaults):
         sys.exit(EXIT_INVALID)
     refused = [case for case in suite.cases if case.refused]
     if refused:
-        err.print(f"[yellow]{len(refused)} case(s) refused[/], their library not installed here"
-                  " (recorded as refused, not run):")
+        err.print(f"[yellow]{len(refused)} case(s) refused[/] (recorded as refused, not run):"
+                  " their library is not installed here, or the method cannot run on the"
+                  " model's layers")
         for case in refused:
             err.print(f"  {case.id}: {case.refused}", soft_wrap=True, markup=False, emoji=False,
                       highlight=False)

@@ -1,6 +1,7 @@
 """How a finished run ends on the terminal: its claims table, its summary, its exit code."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from rich.markup import escape
@@ -73,7 +74,9 @@ def summary(result, gate_report, out_dir: Path) -> None:
     held = sum(cl.verdict == "held" for cl in claims)
     unmet = sum(cl.verdict == "unmet" for cl in claims)
     errors = [c for c in result.cases if c.status not in ("ok", "refused")]
-    refused = sum(c.status == "refused" for c in result.cases)
+    refused = Counter("the library not installed" if c.error.type == "LibraryMissing"
+                      else "layers the method cannot run on"
+                      for c in result.cases if c.status == "refused" and c.error)
     if claims:
         console.print(claims_table(result))
     parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held - unmet}"]
@@ -84,7 +87,8 @@ def summary(result, gate_report, out_dir: Path) -> None:
         parts.append(f"improvements {len(gate_report.improvements)}")
     parts.append(f"errors {len(errors)}")
     if refused:
-        parts.append(f"refused {refused} (library not installed)")
+        why = ", ".join(f"{count}: {reason}" for reason, count in sorted(refused.items()))
+        parts.append(f"refused {sum(refused.values())} ({why})")
     console.print("[bold]summary:[/] " + ", ".join(parts))
     for kind, text in _cases_and_gate(result, gate_report):
         mark = "[yellow]gate:[/]" if kind == "gate" else f"[red]{kind}[/]"

@@ -31,6 +31,11 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     # transformers' order of the arguments (sdpa_attention_forward's): kvpress's wrapper of
     # every attention function passes dropout by position
     read = None if kvbench_cache is None else kvbench_cache.read(module.layer_idx)
+    if query.shape[-2] == 1 and getattr(kvbench_cache, "hosts_layer", lambda i: False)(
+            module.layer_idx):
+        # one newest query sees every key its policy kept; a model that builds its mask at
+        # one-token steps (Falcon-H1) sizes it before the policy made room for the token
+        attention_mask = None
     features = _features(kwargs)
     if read is None and features:
         return biased_attention(query, key, value, attention_mask, None, scaling,

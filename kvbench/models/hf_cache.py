@@ -26,7 +26,7 @@ from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.methods.external.library_prefill import LibraryPrefill
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import LayerKind
+from kvbench.models.layer_kinds import HYBRID, LayerKind
 
 
 def with_cache(model, cache) -> dict[str, Any]:
@@ -110,6 +110,34 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
     get_max_cache_shape = get_max_length  # its name before transformers 5.3
 
 
+def hybrid_layer_class():
+    """PolicyLayer with transformers' linear-attention state beside it: a layer that attends
+    and keeps a Mamba state (Falcon-H1), as transformers' LinearAttentionAndFullAttentionLayer
+    is its DynamicLayer with that state."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    class HybridPolicyLayer(LinearAttentionLayer, PolicyLayer):
+        def __init__(self, policy, layer_idx, owner, fusable=True, number_of_states=1):
+            PolicyLayer.__init__(self, policy, layer_idx, owner, fusable)
+            LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+
+        def lazy_initialization(self, *args, **kwargs) -> None:
+            if len(args) == 2 and not kwargs:  # the attention's update
+                PolicyLayer.lazy_initialization(self, *args)
+            elif not args:  # update_conv_state / update_recurrent_state
+                LinearAttentionLayer.lazy_initialization(self, **kwargs)
+
+        def crop(self, tokens_to_remove: int) -> None:
+            LinearAttentionLayer.crop(self, tokens_to_remove)
+            PolicyLayer.crop(self, tokens_to_remove)
+
+        get_seq_length = PolicyLayer.get_seq_length
+        get_max_length = PolicyLayer.get_max_length
+        get_mask_sizes = PolicyLayer.get_mask_sizes
+
+    return HybridPolicyLayer
+
+
 class KVBenchCache(CacheHost, Cache):
     """The cache of a transformers model, one `method.new_layer_cache(i)` per layer it compresses
     (method: a method's torch implementation), transformers' own layer for every other (kinds:
@@ -120,10 +148,18 @@ class KVBenchCache(CacheHost, Cache):
                  config: Any = None, kinds: list[LayerKind] | None = None):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
         self.method = method
-        fusable = [kind.fusable for kind in kinds] if kinds else [True] * num_layers
-        CacheHost.__init__(self, method, num_layers,
-                           lambda policy, i: PolicyLayer(policy, i, self, fusable[i]),
-                           decoded_reads, library_layers(config, kinds) if kinds else None)
+        kinds = kinds or [None] * num_layers
+        states = layer_states(config, kinds)
+
+        def make_layer(policy, i):
+            if kinds[i] is None:
+                return PolicyLayer(policy, i, self)
+            if kinds[i].mixer == HYBRID:
+                return hybrid_layer_class()(policy, i, self, kinds[i].fusable, states[i])
+            return PolicyLayer(policy, i, self, kinds[i].fusable)
+
+        CacheHost.__init__(self, method, num_layers, make_layer, decoded_reads,
+                           library_layers(config, kinds))
         Cache.__init__(self, layers=self.layers)
 
     def get_mask_sizes(self, query_length: int | torch.Tensor, layer_idx: int) -> tuple[int, int]:
@@ -135,7 +171,9 @@ class KVBenchCache(CacheHost, Cache):
         return sizes
 
     def library_bytes(self) -> int:
-        return sum(held_bytes(layer) for layer in self.library_layers)
+        """The library's layers, and the linear-attention state of hybrid policy layers."""
+        hybrid = [host for host in self.hosts if hasattr(host, "conv_states")]
+        return sum(held_bytes(layer) for layer in [*self.library_layers, *hybrid])
 
     def forward(self, model, ids: torch.Tensor, **kwargs) -> Any:
         """`model` run on `ids` through this cache, its attention handed the cache's reads; a
@@ -148,15 +186,26 @@ class KVBenchCache(CacheHost, Cache):
         return model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self, **kwargs)
 
 
-def library_layers(config: Any, kinds: list[LayerKind]) -> dict[int, Any]:
+def library_layers(config: Any, kinds: list[LayerKind | None]) -> dict[int, Any]:
     """transformers' own layer objects for the layers a method does not compress, by index, as
     DynamicCache(config=config) builds them."""
+    if all(kind is None or kind.compressed for kind in kinds):
+        return {}
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
-    text = config.get_text_config(decoder=True)
-    types, kwargs = get_layer_types_and_kwargs(text)
+    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     return {i: DYNAMIC_LAYER_TYPE_MAPPING[types[i]](**kwargs[i])
             for i, kind in enumerate(kinds) if not kind.compressed}
+
+
+def layer_states(config: Any, kinds: list[LayerKind | None]) -> list[int]:
+    """How many conv / recurrent states each hybrid layer keeps (transformers' reading)."""
+    if not any(kind is not None and kind.mixer == HYBRID for kind in kinds):
+        return [1] * len(kinds)
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    _, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return [k.get("number_of_states", 1) for k in kwargs]
 
 
 def held_bytes(layer: Any) -> int:

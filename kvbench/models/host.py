@@ -212,6 +212,10 @@ class CacheHost:
         layer = self.layers[layer_idx]
         return layer.take_read() if isinstance(layer, LayerHost) else None
 
+    def hosts_layer(self, layer_idx: int) -> bool:
+        """Whether a method's policy (not the library) holds layer `layer_idx`'s keys."""
+        return isinstance(self.layers[layer_idx], LayerHost)
+
     @property
     def policies(self) -> list[LayerCachePolicy]:
         """The method's policies, one per layer it compresses."""

@@ -8,7 +8,8 @@ A layer is one of:
             window-bounded layer), so every method reads it as the model does
   linear    no per-token keys and values: linear attention or Mamba, a constant-size state
             kept in the library's own object
-  hybrid    both in one layer (Falcon-H1): hosted by the library
+  hybrid    both in one layer (Falcon-H1): the attention is the method's, the state the
+            library's (with a sliding window: the library's, both)
   none      caches nothing (a layer that shares another's cache, or has no attention)
   other     an attention kvbench does not host (indexed, compressed sparse): refused
 and may have logit softcapping (Gemma 2), attention sinks (gpt-oss; known from the attention
@@ -39,8 +40,9 @@ class LayerKind:
 
     @property
     def compressed(self) -> bool:
-        """A method's policy hosts this layer (every other kind is hosted by the library)."""
-        return self.mixer == FULL
+        """A method's policy hosts this layer's attention (every other kind is hosted by the
+        library)."""
+        return self.mixer == FULL or (self.mixer == HYBRID and self.window is None)
 
     @property
     def mla(self) -> bool:
@@ -53,7 +55,9 @@ class LayerKind:
 
     def describe(self) -> str:
         text = {FULL: "full attention", SLIDING: f"sliding window of {self.window}",
-                LINEAR: "linear attention / Mamba state", HYBRID: "attention + Mamba state",
+                LINEAR: "linear attention / Mamba state",
+                HYBRID: "attention + Mamba state" + (f", sliding window of {self.window}"
+                                                     if self.window else ""),
                 NONE: "no cache", OTHER: f"{self.layer_type} (not hosted)"}[self.mixer]
         extras = [f"softcap {self.softcap:g}"] if self.softcap else []
         extras += ["sinks"] if self.sinks else []
@@ -83,7 +87,7 @@ def config_layer_kinds(config: dict[str, Any]) -> list[LayerKind]:
         mixer = _MIXERS.get(layer_type, OTHER)
         attends = mixer in (FULL, SLIDING, HYBRID)
         kinds.append(LayerKind(
-            layer_type, mixer, window if mixer == SLIDING else None,
+            layer_type, mixer, window if mixer in (SLIDING, HYBRID) else None,
             softcap if attends else None, None,
             key_dim if attends else None, text.get("qk_rope_head_dim") if attends and mla else None))
     return kinds
@@ -118,8 +122,9 @@ def with_sinks(kinds: list[LayerKind], sinks: list[bool]) -> list[LayerKind]:
 
 
 def every_layer_compressed(kinds: list[LayerKind]) -> bool:
-    """Every layer hosted by the method's policies (no kinds known: a plain model)."""
-    return all(kind.compressed for kind in kinds)
+    """Every layer full attention, all of it hosted by the method's policies (no kinds known: a
+    plain model)."""
+    return all(kind.mixer == FULL for kind in kinds)
 
 
 def layers_text(indices: list[int]) -> str:

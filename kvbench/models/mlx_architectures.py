@@ -128,7 +128,8 @@ def refuse_ignored_features(config: dict[str, Any]) -> None:
 def mlx_layer_kind(cache: Any) -> LayerKind:
     """A layer's kind as mlx-lm's make_cache() entry for it says: its plain KVCache is full
     attention (the layers a method's policies host), a RotatingKVCache a sliding window of its
-    size, an ArraysCache a linear-attention or Mamba state, a CacheList of both hybrid."""
+    size, an ArraysCache a linear-attention or Mamba state, a CacheList of both hybrid (with
+    the window of a RotatingKVCache in it)."""
     from mlx_lm.models import cache as caches
 
     kind = type(cache)
@@ -141,8 +142,11 @@ def mlx_layer_kind(cache: Any) -> LayerKind:
     if isinstance(cache, caches.ArraysCache):
         return LayerKind("linear_attention", LINEAR)
     if isinstance(cache, caches.CacheList):
-        inner = {mlx_layer_kind(c).mixer for c in cache.caches}
-        return LayerKind("hybrid", HYBRID) if inner - {LINEAR} else LayerKind("mamba", LINEAR)
+        inner = [mlx_layer_kind(c) for c in cache.caches]
+        if all(kind.mixer == LINEAR for kind in inner):
+            return LayerKind("mamba", LINEAR)
+        window = next((kind.window for kind in inner if kind.mixer == SLIDING), None)
+        return LayerKind("hybrid_sliding" if window else "hybrid", HYBRID, window=window)
     return LayerKind(kind.__name__, OTHER)
 
 
@@ -176,7 +180,7 @@ def check_layers(model: Any, config: dict[str, Any], kinds: list[LayerKind]) -> 
     for i, (want, got) in enumerate(zip(kinds, built)):
         if want.mixer in (OTHER, NONE):
             continue  # refused per method (layer_kinds.refusal), or nothing to host
-        if want.mixer != got.mixer or (want.mixer == SLIDING and want.window != got.window):
+        if want.mixer != got.mixer or want.window != got.window:
             raise ValueError(
                 f"layer {i}: the config makes it {want.describe()} (as torch runs it), mlx-lm's"
                 f" {name} {got.describe()}; run this model on the torch backend")

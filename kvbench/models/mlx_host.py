@@ -10,10 +10,11 @@ tokens the policy has seen, so positions continue after eviction or compaction. 
 A method that is one of mlx-lm's own caches is hosted so that the model reads what that cache
 returns, as under mlx-lm's generate (MLXLibraryLayer).
 
-Only the full-attention layers hold the method's policies; every other layer (a sliding
-window, a linear-attention or Mamba state, both: kvbench.models.layer_kinds) is mlx-lm's own
-cache object for it, as its make_cache() builds it, which the model drives as it does without
-kvbench; its arrays count in the cache's bytes as it holds them.
+Only the attention of full-attention and hybrid layers is held by the method's policies; every
+other layer (a sliding window, a linear-attention or Mamba state: kvbench.models.layer_kinds),
+and a hybrid layer's state, is mlx-lm's own cache object for it, as its make_cache() builds it,
+which the model drives as it does without kvbench; its arrays count in the cache's bytes as it
+holds them.
 
 Specs are those of kvbench.models.loading: bundled:NAME (prepared on first use), a local
 checkpoint folder, a hub id already in the local cache, and tiny:KIND (the torch tiny model's
@@ -37,7 +38,7 @@ from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import LayerKind, config_layer_kinds, with_sinks
+from kvbench.models.layer_kinds import FULL, HYBRID, LayerKind, config_layer_kinds, with_sinks
 from kvbench.models.mlx_architectures import (
     architecture,
     check_layers,
@@ -298,25 +299,71 @@ class MLXLibraryLayer(MLXPolicyLayer):
         return self.policy.cache.is_trimmable()
 
 
+class MLXHybridLayer(MLXPolicyLayer):
+    """A layer that attends and keeps a Mamba state (Falcon-H1: mlx-lm's CacheList of an
+    ArraysCache and a KVCache): the method's policy hosts the attention, mlx-lm's own caches
+    the rest. The model indexes it as it indexes that CacheList, the KVCache's place being this
+    layer, as transformers' hybrid layer is its attention layer with the state beside it
+    (kvbench.models.hf_cache.hybrid_layer_class)."""
+
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache",
+                 parts: Any):
+        from mlx_lm.models.cache import KVCache
+
+        super().__init__(policy, layer_idx, owner)
+        caches = list(getattr(parts, "caches", ()))
+        if [type(c) for c in caches].count(KVCache) != 1:
+            inside = ", ".join(type(c).__name__ for c in caches)
+            raise ValueError(f"layer {layer_idx}: mlx-lm's cache for this hybrid layer is"
+                             f" {type(parts).__name__}({inside}), not one KVCache beside its"
+                             " state; kvbench cannot host its attention")
+        self.parts = [self if type(c) is KVCache else c for c in caches]
+        self.library_parts = [c for c in self.parts if c is not self]
+
+    def __getitem__(self, index):
+        return self.parts[index]
+
+    @MLXPolicyLayer.state.getter
+    def state(self) -> list[mx.array]:
+        return [*held_arrays(self.policy),
+                *(a for part in self.library_parts for a in layer_arrays(part))]
+
+    def is_trimmable(self) -> bool:
+        return all(part.is_trimmable() for part in self.library_parts)
+
+    def trim(self, n: int) -> int:
+        for part in self.library_parts:
+            part.trim(n)
+        return super().trim(n)
+
+
 class MLXKVBenchCache(CacheHost):
     """The prompt cache of an mlx-lm model, one `method.new_layer_cache(i)` per layer it
     compresses (`method`: a method's MLX implementation, kvbench.methods.implementation(settings,
     "mlx")), mlx-lm's own cache for every other: `model`'s make_cache() entry for that layer
     (kinds: kvbench.models.layer_kinds, MLXLoaded.layer_kinds; None: as that make_cache() says,
-    a plain KVCache being full attention; no model: every layer full attention). Pass
-    `cache.layers` (or the cache itself) as mlx-lm's `cache=`: kvbench's attention takes each
-    layer's read from the layer it is given. A policy that is one of mlx-lm's own caches gets
-    an MLXLibraryLayer. decoded_reads as kvbench.models.host.CacheHost."""
+    a plain KVCache being full attention; no model: every layer full attention). A hybrid layer
+    (attention and a Mamba state) is an MLXHybridLayer: the policy for its attention, mlx-lm's
+    own cache for its state. Pass `cache.layers` (or the cache itself) as mlx-lm's `cache=`:
+    kvbench's attention takes each layer's read from the layer it is given. A policy that is
+    one of mlx-lm's own caches gets an MLXLibraryLayer. decoded_reads as
+    kvbench.models.host.CacheHost."""
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False,
                  model: Any = None, kinds: list[LayerKind] | None = None):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
-        super().__init__(method, num_layers, self._layer, decoded_reads,
-                         library_layers(model, kinds, num_layers))
+        caches, kinds = model_caches(model, kinds, num_layers)
 
-    def _layer(self, policy: LayerCachePolicy, layer_idx: int) -> MLXPolicyLayer:
-        kind = MLXLibraryLayer if isinstance(policy, MLXLMLayer) else MLXPolicyLayer
-        return kind(policy, layer_idx, self)
+        def make_layer(policy: LayerCachePolicy, i: int) -> MLXPolicyLayer:
+            if isinstance(policy, MLXLMLayer):
+                return MLXLibraryLayer(policy, i, self)
+            if kinds is not None and kinds[i].mixer == HYBRID:
+                return MLXHybridLayer(policy, i, self, caches[i])
+            return MLXPolicyLayer(policy, i, self)
+
+        library = (None if kinds is None else
+                   {i: caches[i] for i, kind in enumerate(kinds) if not kind.compressed})
+        super().__init__(method, num_layers, make_layer, decoded_reads, library)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -332,27 +379,30 @@ class MLXKVBenchCache(CacheHost):
         return [a for layer in self.layers for a in layer_arrays(layer)]
 
     def library_bytes(self) -> int:
-        """Bytes of the arrays mlx-lm's own layer caches hold, as they hold them (nbytes: a
-        window's buffer, a recurrent state)."""
-        return sum(library_nbytes(layer) for layer in self.library_layers)
+        """Bytes of the arrays mlx-lm's own caches hold, as they hold them (nbytes: a window's
+        buffer, a recurrent state): its layers', and the states beside hybrid layers'
+        attention."""
+        parts = [part for host in self.hosts for part in getattr(host, "library_parts", ())]
+        return sum(library_nbytes(layer) for layer in [*self.library_layers, *parts])
 
 
-def library_layers(model: Any, kinds: list[LayerKind] | None,
-                   num_layers: int) -> dict[int, Any] | None:
-    """mlx-lm's own cache objects for the layers a method does not compress, by index, as
-    `model`'s make_cache() builds them (None: every layer compressed)."""
+def model_caches(model: Any, kinds: list[LayerKind] | None,
+                 num_layers: int) -> tuple[list | None, list[LayerKind] | None]:
+    """(mlx-lm's own cache for every layer of `model`, as its make_cache() builds them; the
+    layers' kinds: `kinds`, else as those caches say), or (None, None) without a model, where
+    every layer must be full attention."""
     if model is None:
-        if kinds and not all(kind.compressed for kind in kinds):
-            raise ValueError("this model has layers a method does not compress (sliding-window,"
+        if kinds and not all(kind.mixer == FULL for kind in kinds):
+            raise ValueError("this model has layers other than full attention (sliding-window,"
                              " linear-attention or Mamba layers): pass the model, whose"
                              " make_cache() builds mlx-lm's own caches for them")
-        return None
+        return None, None
     caches = library_caches(model)
     kinds = kinds or [mlx_layer_kind(cache) for cache in caches]
     if len(caches) != num_layers or len(kinds) != num_layers:
         raise ValueError(f"the model builds {len(caches)} layer caches and has {len(kinds)}"
                          f" layer kinds for {num_layers} layers")
-    return {i: caches[i] for i, kind in enumerate(kinds) if not kind.compressed}
+    return caches, kinds
 
 
 def layer_arrays(layer: Any) -> list[mx.array]:

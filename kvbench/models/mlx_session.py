@@ -1,13 +1,15 @@
 """kvbench.models.session's Session on MLX: the model on mlx-lm, the method's cache an
-MLXKVBenchCache, the reference mlx-lm's own caches (make_prompt_cache: a KVCache per full-attention
-layer, its own cache for every other, as the method's cache has them too). Every clock read follows an mx.eval of the
-logits and of every array the cache holds (MLX is lazy: unevaluated work is not done work).
+MLXKVBenchCache, the reference mlx-lm's own caches (make_prompt_cache: a KVCache per
+full-attention layer, its own cache for every other, as the method's cache has them too). Every
+clock read follows an mx.eval of the logits and of every array the cache holds (MLX is lazy:
+unevaluated work is not done work).
 Logits go to torch as float32 on the CPU; benchmarks do their arithmetic in float64 there (MLX's
 float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
 """
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -17,7 +19,8 @@ import torch
 from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
-from kvbench.models.mlx_attention import ATTENTION_ATTR
+from kvbench.models.layer_kinds import LINEAR, NONE
+from kvbench.models.mlx_attention import ATTENTION_ATTR, original_attention
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
 from kvbench.models.session import CalibrationStats
 
@@ -60,6 +63,19 @@ class MLXSession:
         logits = self.loaded.model(mx.array([ids]))[0, -last:, :]
         return _to_torch(logits)
 
+    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        """full_logits with mlx-lm's own attention function in the model's modules (kvbench's
+        wrapper, kvbench.models.mlx_attention, taken out for the call)."""
+        modules = [sys.modules[name] for name in self.loaded.attention]
+        installed = [getattr(module, ATTENTION_ATTR) for module in modules]
+        try:
+            for module in modules:
+                setattr(module, ATTENTION_ATTR, original_attention(module))
+            return self.full_logits(ids, last)
+        finally:
+            for module, attend in zip(modules, installed):
+                setattr(module, ATTENTION_ATTR, attend)
+
     def begin_prompt(self, cache, tokens: int) -> None:
         if isinstance(cache, MLXKVBenchCache):
             cache.begin_prompt(tokens)
@@ -88,8 +104,10 @@ class MLXSession:
             raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")
 
     def calibrate(self, method: Implementation, tokens: list[int]) -> None:
+        without = frozenset(i for i, kind in enumerate(self.layer_kinds)
+                            if kind.mixer in (LINEAR, NONE))
         stats = CalibrationStats(tokens, self.num_kv_heads,
-                                 lambda ids: attention_entropy(self.loaded, ids))
+                                 lambda ids: attention_entropy(self.loaded, ids, without))
         method.calibrate(stats, tokens)
 
     def weights_bytes(self) -> int:
@@ -102,14 +120,17 @@ class MLXSession:
         return peak_memory_bytes(), "mx.get_peak_memory (MLX allocator)"
 
 
-def attention_entropy(loaded: MLXLoaded, tokens: list[int]) -> torch.Tensor:
+def attention_entropy(loaded: MLXLoaded, tokens: list[int],
+                      without_attention: frozenset[int] = frozenset()) -> torch.Tensor:
     """kvbench.models.capture.attention_entropy on the MLX model: float64 (layers, query heads),
-    the mean entropy in bits of each query head's rows in one causal pass over `tokens`.
+    the mean entropy in bits of each query head's rows in one causal pass over `tokens`; NaN
+    rows for the layers `without_attention` (linear attention, Mamba), which have no weights.
 
     For the pass, the attention function of the modules that carry kvbench's attention
     (loaded.attention) is wrapped by one that reduces each layer's weights, softmax(q k^T *
-    scale) under the causal mask in float32 as mlx-lm's attention computes them, to entropies
-    before attention goes on; the layers attend in order, one call each."""
+    scale) under the model's mask (causal, a sliding window's) in float32 as mlx-lm's attention
+    computes them, to entropies before attention goes on; the attending layers attend in order,
+    one call each."""
     if not loaded.attention:
         raise ValueError(f"cannot measure attention entropy on {loaded.spec}: its model file"
                          " does not call attention through kvbench.models.mlx_attention")
@@ -118,7 +139,8 @@ def attention_entropy(loaded: MLXLoaded, tokens: list[int]) -> torch.Tensor:
     def recording(attend):
         def scaled_dot_product_attention(queries, keys, values, *args, **kwargs):
             scale = kwargs["scale"] if "scale" in kwargs else args[1]
-            entropies.append(_mean_row_entropy(queries, keys, scale))
+            mask = kwargs["mask"] if "mask" in kwargs else (args[2] if len(args) > 2 else None)
+            entropies.append(_mean_row_entropy(queries, keys, scale, mask))
             return attend(queries, keys, values, *args, **kwargs)
 
         return scaled_dot_product_attention
@@ -132,15 +154,22 @@ def attention_entropy(loaded: MLXLoaded, tokens: list[int]) -> torch.Tensor:
     finally:
         for module, attend in zip(modules, installed):
             setattr(module, ATTENTION_ATTR, attend)
-    if len(entropies) != loaded.num_layers:
-        raise RuntimeError(f"attention ran {len(entropies)} times for {loaded.num_layers} layers;"
-                           " cannot measure attention entropy on this model")
-    return torch.stack(entropies)
+    attending = [i for i in range(loaded.num_layers) if i not in without_attention]
+    if len(entropies) != len(attending):
+        raise RuntimeError(f"attention ran {len(entropies)} times for {len(attending)} attending"
+                           " layers; cannot measure attention entropy on this model")
+    by_layer = dict(zip(attending, entropies))
+    heads = entropies[0].shape
+    return torch.stack([by_layer[i] if i in by_layer
+                        else torch.full(heads, float("nan"), dtype=torch.float64)
+                        for i in range(loaded.num_layers)])
 
 
-def _mean_row_entropy(queries: mx.array, keys: mx.array, scale: float) -> torch.Tensor:
+def _mean_row_entropy(queries: mx.array, keys: mx.array, scale: float,
+                      mask: Any = None) -> torch.Tensor:
     """Per query head, the mean entropy of its causal attention rows: queries (1, Hq, T, D) and
-    keys (1, Hkv, T, D) of one prompt from position 0; ROWS_PER_CHUNK rows at a time."""
+    keys (1, Hkv, T, D) of one prompt from position 0, under the model's mask where it gave an
+    array (a sliding window's, True = attend; or additive); ROWS_PER_CHUNK rows at a time."""
     heads, rows = queries.shape[1], queries.shape[2]
     k = mx.repeat(keys[0].astype(mx.float32), heads // keys.shape[1], axis=0)
     total = torch.zeros(heads, dtype=torch.float64)
@@ -148,6 +177,13 @@ def _mean_row_entropy(queries: mx.array, keys: mx.array, scale: float) -> torch.
         q = queries[0, :, start : start + ROWS_PER_CHUNK].astype(mx.float32)
         logits = q @ k.swapaxes(-1, -2) * scale
         visible = mx.arange(start, start + q.shape[1])[:, None] >= mx.arange(k.shape[1])[None]
+        if isinstance(mask, mx.array):
+            rows_mask = mask[..., start : start + q.shape[1], :]
+            rows_mask = rows_mask[0] if rows_mask.ndim == 4 else rows_mask
+            if rows_mask.dtype == mx.bool_:
+                visible = visible & rows_mask
+            else:
+                logits = logits + rows_mask.astype(mx.float32)
         logits = mx.where(visible, logits, mx.array(-mx.inf, dtype=mx.float32))
         total += entropy_sums(_to_torch(mx.softmax(logits, axis=-1, precise=True)))
     return total / rows

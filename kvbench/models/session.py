@@ -45,6 +45,10 @@ class Session(Protocol):
         """Logits (last, vocab) at the last `last` positions of one forward over `ids` without a
         cache."""
 
+    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        """full_logits through the model's own attention (transformers' eager; mlx-lm's own):
+        the reference every architecture is checked against, not kvbench's attention."""
+
     def begin_prompt(self, cache: Any, tokens: int) -> None:
         """Tell the method's policies the length of the prompt about to be fed."""
 
@@ -120,6 +124,16 @@ class TorchSession:
     def full_logits(self, ids: list[int], last: int) -> torch.Tensor:
         x = torch.tensor([ids], device=self.device)
         return self.loaded.model(x, use_cache=False, logits_to_keep=last).logits[0].float().cpu()
+
+    @torch.inference_mode()
+    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        model = self.loaded.model
+        previous = model.config._attn_implementation
+        try:
+            model.set_attn_implementation("eager")
+            return self.full_logits(ids, last)
+        finally:
+            model.set_attn_implementation(previous)
 
     def begin_prompt(self, cache, tokens: int) -> None:
         from kvbench.models.hf_cache import KVBenchCache

@@ -26,8 +26,10 @@ class Case:
     threads: int | None = None  # torch CPU threads; None: torch's default
     model_dtype: str = "float32"
     claims: list[Claim] = field(default_factory=list)
-    # why it cannot run here (its method's library is not installed): recorded, never run
+    # why it cannot run here (its method's library is not installed, or the method cannot run
+    # on the model's layers): recorded, never run
     refused: str | None = None
+    refused_as: str = "LibraryMissing"  # or "LayersUnsupported": the record's error type
 
     def record(self) -> CaseResult:
         """The record of this case before it runs: what defines it, nothing measured yet (for a
@@ -38,7 +40,7 @@ class Case:
             model=self.model, device=self.device, backend=self.backend, threads=self.threads,
             model_dtype=self.model_dtype, seed=self.seed,
             status="refused" if self.refused else "ok",
-            error=self.refused and CaseError(type="LibraryMissing", message=self.refused,
+            error=self.refused and CaseError(type=self.refused_as, message=self.refused,
                                              traceback=""),
         )
 

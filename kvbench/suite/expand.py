@@ -17,8 +17,7 @@ from kvbench.config.fields import SettingError
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
 from kvbench.judge.claims import Claim, parse_claim
 from kvbench.methods import METHODS, has_implementation
-from kvbench.models.info import ModelInfo
-from kvbench.models.layer_kinds import refusal
+from kvbench.models.info import ModelInfo, method_refusal
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, Placed
 from kvbench.suite.models import ModelDescriber, model_spec
@@ -210,7 +209,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     combos = matrix_combos(entry.matrix)
     suffixes = ["/" + ",".join(f"{k}={value_text(v)}" for k, v in c.items()) if c else ""
                 for c in combos]
-    ids = [f"{entry.kind}/{v.label}{s}" for s in suffixes for v in chosen]
+    ids = [_case_id(entry, v.label, s) for s in suffixes for v in chosen]
     _check_scopes(bench, claims, ids, issues)
     labels = [v.label for v in chosen]
     for claim in [c for c, _, _ in claims] + [c for v in chosen for c in v.claims
@@ -237,8 +236,8 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     benchmark = cls()
 
     def case(variant: _Variant, suffix: str, bench_params: dict[str, Any],
-             refused: str | None) -> Case:
-        case_id = f"{entry.kind}/{variant.label}{suffix}"
+             refused: str | None, refused_as: str = "LibraryMissing") -> Case:
+        case_id = _case_id(entry, variant.label, suffix)
         return Case(
             id=case_id, benchmark=entry.kind, bench_params=bench_params,
             method=variant.entry.value.name, method_label=variant.label,
@@ -252,6 +251,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             threads=defaults.threads,
             model_dtype=defaults.model_dtype,
             refused=refused,
+            refused_as=refused_as,
             claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
             + [c.value for c, pattern, _ in claims
                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
@@ -280,13 +280,21 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 continue
             if head_dim is not None and not _fits(variant, head_dim, bench, issues):
                 continue
-            if info is not None and info.value_dim and head_dim == info.head_dim \
-                    and not _fits(variant, info.value_dim, bench, issues):
-                continue
-            if model_ok and cls.uses_model and not _runs_on_layers(variant, info, bench, issues):
-                continue
-            cases.append(case(variant, suffix, dataclasses.asdict(params), variant.refused))
+            unsupported = None if variant.refused or not (model_ok and cls.uses_model) \
+                else layer_refusal(variant, info)
+            cases.append(case(variant, suffix, dataclasses.asdict(params),
+                              variant.refused or unsupported,
+                              "LayersUnsupported" if unsupported else "LibraryMissing"))
     return cases
+
+
+def _case_id(entry: BenchmarkEntry, label: str, suffix: str) -> str:
+    """kind/label and the matrix suffix; then @ the benchmark's own model where it names one (a
+    suite may run a benchmark on several models): the spec, or a checkpoint folder's name."""
+    model = entry.model
+    if model and not model.startswith(("bundled:", "tiny:")):
+        model = Path(model).name or model
+    return f"{entry.kind}/{label}{suffix}" + (f"@{model}" if model else "")
 
 
 def _needs(cls: type, params: Any, defaults: Defaults) -> list[tuple[str, str | None, str]]:
@@ -337,17 +345,11 @@ def _fits(variant: _Variant, head_dim: int, bench: Placed[BenchmarkEntry],
     return True
 
 
-def _runs_on_layers(variant: _Variant, info: ModelInfo, bench: Placed[BenchmarkEntry],
-             issues: Issues) -> bool:
-    """Whether the method runs on the model's layers (kvbench.models.layer_kinds); if not, the
-    issue is at the method, naming the layers and the reason."""
-    why = refusal(variant.method, info.layer_kinds)
-    if why:
-        issues.add(variant.entry.doc, variant.entry.at("name"),
-                   f"method {variant.label!r} cannot run on {info.spec} (benchmark"
-                   f" {bench.value.kind!r}): {why}",
-                   f"see `kvbench models inspect {info.spec}`")
-    return not why
+def layer_refusal(variant: _Variant, info: ModelInfo) -> str | None:
+    """Why the method cannot run on the model's layers (kvbench.models.layer_kinds), naming the
+    layers: its cases are refused before any work, recorded with the reason."""
+    why = method_refusal(variant.method, info) if variant.method is not None else None
+    return f"{info.spec}: {why} (kvbench models inspect {info.spec})" if why else None
 
 
 def _first(override, default):

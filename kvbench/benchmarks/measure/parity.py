@@ -6,7 +6,9 @@ it back (kvbench.models.session.prefill, as every benchmark does), end_prefill, 
 tokens greedily, one at a time through the cache. Then run the plain model once over the whole
 sequence (no cache) and compare its logits at the same positions. A lossless method must match to
 float tolerance and pick the same tokens (this is where wrong RoPE positions, masks or cache
-order show); a lossy one reports how far each step diverges.
+order show); a lossy one reports how far each step diverges. The same steps are also compared
+with one forward through the model's own attention (transformers' eager, mlx-lm's own), so a
+feature kvbench's attention missed (a window, sinks, softcap) shows even for identity.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class ParityRun(Parity):
 
         ctx.status("full recompute")
         full = session.full_logits(prompt + tokens[:-1], last=params.steps).double()
+        own = session.own_attention_logits(prompt + tokens[:-1], last=params.steps).double()
         kl = kl_divergence(full, cached)
         agree = [int(row.argmax()) == token for row, token in zip(full, tokens)]
         first = agree.index(False) if False in agree else len(agree)
@@ -49,6 +52,8 @@ class ParityRun(Parity):
         return BenchmarkOutput(
             metrics={
                 "max_logit_diff": m["max_logit_diff"].of(float((cached - full).abs().max())),
+                "own_attention_max_logit_diff": m["own_attention_max_logit_diff"].of(
+                    float((cached - own).abs().max())),
                 "mean_kl": m["mean_kl"].of(float(kl.mean())),
                 "max_kl": m["max_kl"].of(float(kl.max())),
                 "greedy_agreement": m["greedy_agreement"].of(sum(agree) / len(agree)),
