@@ -247,3 +247,35 @@ def test_sinks_and_softcap_are_the_models_own(family):
                        softcap=5.0)[0]
     mine = biased_attention(q, k, v, visible, None, 0.25, **features)[0].transpose(1, 2)
     assert torch.allclose(mine, theirs, atol=1e-6)
+
+
+@pytest.mark.model
+def test_a_multimodal_gemma3_checkpoint_runs_its_text_model(tmp_path, bundled):
+    """Gemma 3 as its multimodal checkpoints are (Gemma3ForConditionalGeneration, the text
+    config under text_config), saved and loaded from its folder with the bundled tokenizer:
+    the layers read from text_config, identity equal to the model's own eager attention."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration
+
+    from kvbench.models.bundled import prepared_dir
+
+    text = {k: v for k, v in TINY_CONFIGS["gemma3"].items() if k != "model_type"}
+    config = Gemma3Config(text_config={**text, "vocab_size": bundled.tokenizer.vocab_size + 300},
+                          vision_config=dict(hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2,
+                                             image_size=28, patch_size=14),
+                          mm_tokens_per_image=4)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        Gemma3ForConditionalGeneration(config).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(prepared_dir("smollm2-135m", print) / name, tmp_path)
+    assert [(k.mixer, k.window) for k in describe_model(str(tmp_path)).layer_kinds] == \
+        [(SLIDING, WINDOW), (FULL, None)]
+    session = TorchSession(load_model(str(tmp_path)), torch.device("cpu"))
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        full = eager(torch.tensor([IDS])).logits[0, PROMPT - 1 : -1].float()
+    mine, cache = method_logits(session, build_method("identity"))
+    assert relative(mine, full) <= 1e-5 and cache.layers[0].is_sliding

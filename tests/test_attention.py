@@ -15,7 +15,7 @@ from kvbench.methods.settings.sparse_v import SparseV
 from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.identity import CastCodec
 from kvbench.models.attention import biased_attention
-from kvbench.models.tiny import _config
+from kvbench.models.tiny import tiny_config
 from tests.plugins.model_runs import stepped_logits
 from tests.plugins.tensors import token_ids
 
@@ -167,8 +167,7 @@ def test_sparse_v_inside_the_model(tiny):
 def test_a_model_without_kvbench_attention_is_refused():
     from transformers import AutoModelForCausalLM
 
-    config = _config("llama")
-    config._attn_implementation = "sdpa"
+    config = tiny_config("llama", "sdpa")
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(RuntimeError, match="did not read the kvbench cache's state of layer 0.*"
                        "load the model with kvbench.models.load_model"):

@@ -32,8 +32,8 @@ from kvbench.models.mlx_host import (  # noqa: E402
     library_nbytes,
     load_mlx_model,
     mlx_logits,
-    rope_overrides,
 )
+from kvbench.models.mlx_architectures import rope_overrides  # noqa: E402
 from kvbench.models.tiny_configs import WINDOW  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -202,3 +202,55 @@ def test_attention_entropy_skips_the_linear_layers_and_keeps_the_window():
     sliding = attention_entropy(loaded("gemma3"), ids)
     assert sliding.isfinite().all()
     assert (sliding[0] <= math.log2(WINDOW) + 1e-9).all()
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_validate_refuses_on_mlx_what_loading_would(kind, tmp_path):
+    """The same check before any work (mlx-lm's model built without weights): every case of the
+    family refused with the reason, on backend mlx only."""
+    import re
+
+    from kvbench import load_suite
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"kvbench: 1\nname: t\ndefaults: {{model: tiny:{kind}, backend: mlx}}\n"
+                     "methods:\n  - name: identity\nbenchmarks:\n  - kind: parity\n")
+    [case] = load_suite(suite).cases
+    assert case.refused_as == "LayersUnsupported" and re.search(REFUSED[kind], case.refused)
+    suite.write_text(suite.read_text().replace(", backend: mlx", ""))
+    [case] = load_suite(suite).cases
+    assert case.refused is None  # torch runs it
+
+
+@pytest.mark.parametrize("kind", HOSTED)
+def test_every_shipped_method_runs_or_is_refused_on_mlx(kind):
+    """What validation lets through on backend mlx runs a prefill and two steps in mlx-lm's
+    cache, each byte counted."""
+    from kvbench.methods import METHODS, has_implementation
+    from kvbench.models.info import describe_model, method_refusal
+    from kvbench.models.mlx_session import MLXSession
+    from kvbench.models.session import prefill
+
+    session, info, ids = MLXSession(loaded(kind)), describe_model(f"tiny:{kind}"), _ids()
+    failures, ran = {}, []
+    for name in METHODS.names():
+        if METHODS.get(name).library_cache:  # refused on every family here but the plain ones
+            continue
+        settings = build_method(name, METHODS.get(name).conformance_params[0])
+        if method_refusal(settings, info, backend="mlx") or \
+                not has_implementation(type(settings), "mlx"):
+            continue
+        method = implementation(settings, "mlx")
+        try:
+            if hasattr(method, "calibrate"):
+                session.calibrate(method, ids[:PREFILL])
+            cache = session.new_cache(method)
+            prefill(session, cache, ids[:PREFILL], method)
+            for token in ids[PREFILL : PREFILL + 2]:
+                session.step([token], cache)
+        except Exception as exc:  # noqa: BLE001 - every failure is listed, not the first
+            failures[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        ran.append(name)
+        assert all(policy.retained_bytes > 0 for policy in cache.policies)
+    assert not failures and "identity" in ran

@@ -29,8 +29,8 @@ from kvbench.models.mlx_attention import biased_attention  # noqa: E402
 from kvbench.models.mlx_host import (  # noqa: E402
     MLXKVBenchCache,
     load_mlx_model,
-    rope_overrides,
 )
+from kvbench.models.mlx_architectures import rope_overrides  # noqa: E402
 
 # torch's OpenMP workers spin-wait: on a busy 2-core machine a bundled-model decode step took
 # 1.6 s with 2 threads and 0.07 s with one. Nothing here is timed.

@@ -186,3 +186,29 @@ def test_a_table_leaves_unset_settings_out_and_writes_long_ones_below_it():
     assert "| q4_0b | [1] | 11 |" in lines
     written = f"- [1] server: `{fmt_param(command)}`"
     assert lines.count(written) == 1 and lines.index(written) > lines.index("| q4_0b | [1] | 11 |")
+
+
+def test_a_grid_puts_models_in_rows_and_methods_in_columns_and_reasons_below():
+    """kvbench report --grid: a refusal's reason written once below, whatever cells it refuses."""
+    from kvbench.report.kit.tables import model_grid
+    from kvbench.results import CaseError
+
+    def case(model: str, label: str, diff: float | None = None) -> CaseResult:
+        refused = diff is None
+        return CaseResult(
+            id=f"parity/{label}@{model}", benchmark="parity", bench_params={}, method=label,
+            method_label=label, method_params={}, model=model,
+            status="refused" if refused else "ok",
+            error=CaseError(type="LayersUnsupported", message=f"{model}: every layer slides",
+                            traceback="") if refused else None,
+            metrics={} if refused else {"max_logit_diff": Metric(value=diff, unit="logit",
+                                                                 direction="lower")})
+
+    grid = model_grid([case("tiny:llama", "identity", 4e-6), case("tiny:llama", "intq4", 0.94),
+                       case("tiny:mistral", "identity", 1e-5), case("tiny:mistral", "intq4"),
+                       case("tiny:mistral", "kivi")], "max_logit_diff")
+    lines = grid.splitlines()
+    assert "| model | identity | intq4 | kivi |" in lines
+    assert "| tiny:llama | 4.000e-06 | 0.94 |  |" in lines
+    assert "| tiny:mistral | 1.000e-05 | refused [1] | refused [1] |" in lines
+    assert lines[-1] == "- [1] every layer slides" and grid.count("every layer slides") == 1

@@ -34,7 +34,8 @@ EOS = 0
 class _ScriptedSession:
     """A Session whose model answers a fixed token script; it records every call."""
 
-    num_kv_heads, head_dim, kv_element_size = 1, 2, 4
+    num_kv_heads, head_dim, value_dim, kv_element_size = 1, 2, 2, 4
+    layer_kinds: list = []  # a plain model
 
     def __init__(self, script: list[int]):
         self.script, self.calls = iter(script), []
@@ -43,7 +44,8 @@ class _ScriptedSession:
 
     def new_cache(self, method, decoded_reads=False):
         self.cache = SimpleNamespace(policies=[SimpleNamespace(seen_tokens=0)],
-                                     accounted_bytes=lambda: 8, decoded_reads=False)
+                                     accounted_bytes=lambda: 8, library_bytes=lambda: 0,
+                                     decoded_reads=False)
         return self.cache
 
     def step(self, ids, cache, last_only=False):
@@ -303,7 +305,8 @@ def test_samples_are_grouped_within_the_row_and_memory_budgets():
     from kvbench.benchmarks.measure import retrieval
 
     # 1 layer, 1 head of 512 at 2 bytes: 2 KiB of K+V a token
-    session = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=512, kv_element_size=2)
+    session = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=512, value_dim=512,
+                              kv_element_size=2)
     reader = retrieval.Reader(ctx=None, session=session, chat=None, essay="")
     per_token = 2 << 10
     long = retrieval.DECODE_KV_BUDGET // per_token // 3  # three rows this long fit, not four

@@ -30,7 +30,11 @@ def models_prepare(name, force):
 
 @models.command("inspect")
 @click.argument("spec")
-def models_inspect(spec):
+@click.option("--backend", type=click.Choice(["torch", "mlx"]), default="torch",
+              show_default=True, help="mlx: also what mlx-lm would run otherwise than torch "
+                                      "(the model refused there), and which methods have an MLX "
+                                      "implementation.")
+def models_inspect(spec, backend):
     """Each layer's kind (full, sliding window, linear attention or Mamba state, softcap, sinks,
     MLA), read from the model's config, and whether each shipped method runs on it or is refused,
     and why. SPEC: a checkpoint folder, bundled:NAME, tiny:KIND or a cached hub id. The weights
@@ -38,7 +42,7 @@ def models_inspect(spec):
     modules)."""
     from rich.table import Table
 
-    from kvbench.methods import METHODS, build_method
+    from kvbench.methods import METHODS, build_method, has_implementation
     from kvbench.models.info import describe_model, method_refusal
     from kvbench.models.layer_kinds import layers_text
 
@@ -57,7 +61,11 @@ def models_inspect(spec):
                        "the method's policy" if kind.compressed else "the library's own layer")
     console.print(layers)
     compressed = [i for i, kind in enumerate(kinds) if kind.compressed]
-    methods = Table(title="shipped methods (default settings)")
+    everything = _mlx_refusal(spec) if backend == "mlx" else None
+    if everything:
+        console.print(f"[red]refused on mlx[/]: {escape(everything)}")
+        return
+    methods = Table(title=f"shipped methods (default settings), on {backend}")
     methods.add_column("method")
     methods.add_column("on this model")
     for name in METHODS.names():
@@ -66,11 +74,21 @@ def models_inspect(spec):
         except ValueError as exc:
             methods.add_row(name, escape(f"not built: {exc}"))
             continue
-        why = method_refusal(settings, info, kinds)
+        why = method_refusal(settings, info, kinds, backend)
+        if backend == "mlx" and not why and not has_implementation(type(settings), "mlx"):
+            why = "no MLX implementation"
         verdict = (f"[red]refused[/]: {escape(why)}" if why else
                    f"runs, compressing {layers_text(compressed)}" if compressed else "runs")
         methods.add_row(name, verdict)
     console.print(methods)
+
+
+def _mlx_refusal(spec: str) -> str | None:
+    try:
+        from kvbench.models.mlx_host import mlx_refusal
+    except ImportError as exc:
+        fail(f"--backend mlx needs mlx-lm ({exc}): pip install 'kvbench[mlx]'")
+    return mlx_refusal(spec)
 
 
 def _with_modules(spec: str, kinds: list) -> list:

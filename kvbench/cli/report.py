@@ -21,7 +21,11 @@ from kvbench.cli.common import console, fail, load_results_or_exit
 @click.option("--readme", type=click.Path(dir_okay=False),
               help="Inject the tables into this file between kvbench markers.")
 @click.option("--section", help="The marker name in --readme: <!-- kvbench:start NAME -->.")
-def report(results_paths, fmt, out_dir, link, readme, section):
+@click.option("--grid", "grids", multiple=True, metavar="BENCHMARK:METRIC",
+              help="Instead of the tables: METRIC of BENCHMARK's cases as a grid, a row per "
+                   "model and a column per method (refused cases marked, their reasons below); "
+                   "repeatable. For a suite that runs its methods on several models.")
+def report(results_paths, fmt, out_dir, link, readme, section, grids):
     """Render a report from results.json (or results.jsonl) alone, without re-running.
 
     `kvbench report reports/*/results.json --format html --out reports/site` makes the results
@@ -45,11 +49,17 @@ def report(results_paths, fmt, out_dir, link, readme, section):
     result = load_results_or_exit(results_paths[0])
     if bool(readme) != bool(section):
         fail("--readme and --section go together")
-    if readme:
-        from kvbench.report.readme import inject_section, render_section_table
+    if grids and fmt != "md":
+        fail("--grid renders Markdown: leave --format at md")
+    if readme or grids:
+        from kvbench.report.readme import inject_section, render_grids, render_section_table
 
         try:
-            inject_section(readme, section, render_section_table(result))
+            text = render_grids(result, list(grids)) if grids else render_section_table(result)
+            if not readme:
+                click.echo(text)
+                return
+            inject_section(readme, section, text)
         except (ValueError, OSError) as exc:
             fail(str(exc))
         console.print(f"updated section {section!r} in {readme}")

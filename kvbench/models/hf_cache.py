@@ -104,6 +104,10 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
     def get_seq_length(self) -> int:
         return self.seen_tokens
 
+    def state_bytes(self) -> int:
+        """Bytes the library holds beside the policy in this layer (a hybrid's Mamba state)."""
+        return 0
+
     def get_max_length(self) -> int:
         return -1
 
@@ -134,6 +138,9 @@ def hybrid_layer_class():
         get_seq_length = PolicyLayer.get_seq_length
         get_max_length = PolicyLayer.get_max_length
         get_mask_sizes = PolicyLayer.get_mask_sizes
+
+        def state_bytes(self) -> int:
+            return held_bytes(self)  # its tensors are the conv and recurrent states
 
     return HybridPolicyLayer
 
@@ -172,8 +179,8 @@ class KVBenchCache(CacheHost, Cache):
 
     def library_bytes(self) -> int:
         """The library's layers, and the linear-attention state of hybrid policy layers."""
-        hybrid = [host for host in self.hosts if hasattr(host, "conv_states")]
-        return sum(held_bytes(layer) for layer in [*self.library_layers, *hybrid])
+        return (sum(held_bytes(layer) for layer in self.library_layers)
+                + sum(host.state_bytes() for host in self.hosts))
 
     def forward(self, model, ids: torch.Tensor, **kwargs) -> Any:
         """`model` run on `ids` through this cache, its attention handed the cache's reads; a

@@ -89,11 +89,12 @@ def _described(spec: str, config: dict, max_context: int | None) -> ModelInfo:
                      value_dim=mla.value_dim if mla else None)
 
 
-def method_refusal(settings, info: ModelInfo, kinds: list[LayerKind] | None = None) -> str | None:
-    """Why a method (its settings) cannot run on the model `info` describes, as validation
-    refuses it: its layers (kinds, by default info's), or vectors of a width its configuration
-    cannot hold (the cached keys' and values' widths); None where it runs."""
-    why = refusal(settings, info.layer_kinds if kinds is None else kinds)
+def method_refusal(settings, info: ModelInfo, kinds: list[LayerKind] | None = None,
+                   backend: str = "torch") -> str | None:
+    """Why a method (its settings) cannot run on the model `info` describes on `backend`, as
+    validation refuses it: its layers (kinds, by default info's), or vectors of a width its
+    configuration cannot hold (the cached keys' and values' widths); None where it runs."""
+    why = refusal(settings, info.layer_kinds if kinds is None else kinds, backend)
     for width in sorted({info.head_dim, info.value_dim} - {None}):
         try:
             settings.check_head_dim(width)

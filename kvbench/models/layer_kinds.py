@@ -121,19 +121,19 @@ def with_sinks(kinds: list[LayerKind], sinks: list[bool]) -> list[LayerKind]:
             for kind, has in zip(kinds, sinks, strict=True)]
 
 
-def every_layer_compressed(kinds: list[LayerKind]) -> bool:
-    """Every layer full attention, all of it hosted by the method's policies (no kinds known: a
-    plain model)."""
-    return all(kind.mixer == FULL for kind in kinds)
+def every_layer_plain(kinds: list[LayerKind]) -> bool:
+    """Every layer plain full attention, hosted by the method's policies, read by plain softmax
+    (no kinds known: a plain model): what the batched step and the shared prefill serve."""
+    return all(kind.mixer == FULL and kind.fusable for kind in kinds)
 
 
 def layers_text(indices: list[int]) -> str:
     return ("layer " if len(indices) == 1 else "layers ") + ", ".join(map(str, indices))
 
 
-def refusal(method: Any, kinds: list[LayerKind]) -> str | None:
-    """Why `method` (a method's settings) cannot run on a model of these layers, naming the
-    layers; None where it runs (on the layers it compresses)."""
+def refusal(method: Any, kinds: list[LayerKind], backend: str = "torch") -> str | None:
+    """Why `method` (a method's settings) cannot run on a model of these layers on `backend`,
+    naming the layers; None where it runs (on the layers it compresses)."""
     if not kinds or method is None:
         return None
     other = [i for i, kind in enumerate(kinds) if kind.mixer == OTHER]
@@ -156,4 +156,7 @@ def refusal(method: Any, kinds: list[LayerKind]) -> str | None:
     if mla and getattr(method, "scores_by_keys", False):
         return (f"{layers_text(mla)}: {kinds[mla[0]].describe()}; {name!r} scores tokens from the"
                 " cached keys, and these layers cache the latent in their place")
+    if mla and backend == "mlx" and getattr(method, "adds_keys", False):
+        return (f"{layers_text(mla)}: {kinds[mla[0]].describe()}; mlx-lm's MLA masks the RoPE"
+                f" scores itself before attention, which cannot take {name!r}'s added keys")
     return None

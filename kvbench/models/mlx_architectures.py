@@ -76,8 +76,6 @@ def mlx_overrides(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _text_overrides(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
-    from kvbench.models.mlx_host import rope_overrides
-
     overrides = rope_overrides(config)
     types = config.get("layer_types")
     if types and "full_attention" in types:
@@ -87,6 +85,31 @@ def _text_overrides(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         for key in _PERIODS:
             if key in fields and periodic and config.get(key) != period:
                 overrides[key] = period
+    return overrides
+
+
+def rope_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """What mlx-lm would miss in a transformers 5 config: rope_theta (and a non-default scaling,
+    and the partial rotary factor) nested under rope_parameters; per layer type (Gemma 3), the
+    full layers' as rope_theta and the sliding layers' base as rope_local_base_freq. Without
+    them mlx-lm silently uses its default RoPE."""
+    params = config.get("rope_parameters") or {}
+    overrides: dict[str, Any] = {}
+    if isinstance(params.get("full_attention"), dict):
+        full, sliding = params["full_attention"], params.get("sliding_attention") or {}
+        if "rope_theta" not in config and "rope_theta" in full:
+            overrides["rope_theta"] = full["rope_theta"]
+        if "rope_local_base_freq" not in config and "rope_theta" in sliding:
+            overrides["rope_local_base_freq"] = sliding["rope_theta"]
+        if full.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
+            overrides["rope_scaling"] = dict(full)
+        return overrides
+    if "partial_rotary_factor" not in config and "partial_rotary_factor" in params:
+        overrides["partial_rotary_factor"] = params["partial_rotary_factor"]
+    if "rope_theta" not in config and "rope_theta" in params:
+        overrides["rope_theta"] = params["rope_theta"]
+    if params.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
+        overrides["rope_scaling"] = dict(params)
     return overrides
 
 

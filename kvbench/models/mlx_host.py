@@ -25,6 +25,7 @@ ignores, MLA cached otherwise; kvbench.models.mlx_architectures) is refused at l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from kvbench.models.mlx_architectures import (
     mlx_weights,
     model_args,
     refuse_ignored_features,
+    rope_overrides,
     text_config,
     torch_checkpoint_weights,
 )
@@ -157,29 +159,29 @@ def _load_folder(folder: Path, log: Callable[[str], None]):
     return model, tokenizer, config, kinds
 
 
-def rope_overrides(config: dict) -> dict[str, Any]:
-    """What mlx-lm would miss in a transformers 5 config: rope_theta (and a non-default scaling,
-    and the partial rotary factor) nested under rope_parameters; per layer type (Gemma 3), the
-    full layers' as rope_theta and the sliding layers' base as rope_local_base_freq. Without
-    them mlx-lm silently uses its default RoPE."""
-    params = config.get("rope_parameters") or {}
-    overrides: dict[str, Any] = {}
-    if isinstance(params.get("full_attention"), dict):
-        full, sliding = params["full_attention"], params.get("sliding_attention") or {}
-        if "rope_theta" not in config and "rope_theta" in full:
-            overrides["rope_theta"] = full["rope_theta"]
-        if "rope_local_base_freq" not in config and "rope_theta" in sliding:
-            overrides["rope_local_base_freq"] = sliding["rope_theta"]
-        if full.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
-            overrides["rope_scaling"] = dict(full)
-        return overrides
-    if "partial_rotary_factor" not in config and "partial_rotary_factor" in params:
-        overrides["partial_rotary_factor"] = params["partial_rotary_factor"]
-    if "rope_theta" not in config and "rope_theta" in params:
-        overrides["rope_theta"] = params["rope_theta"]
-    if params.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
-        overrides["rope_scaling"] = dict(params)
-    return overrides
+@functools.cache
+def mlx_refusal(spec: str) -> str | None:
+    """Why mlx-lm would run the model a spec names otherwise than torch does (the checks made
+    when it is loaded, on its config and mlx-lm's model built without weights: mlx arrays are
+    lazy, so nothing is computed or held), or None: what validation refuses on backend mlx."""
+    from transformers import AutoConfig
+
+    from kvbench.models.info import resolve_spec
+    from kvbench.models.tiny_configs import TINY_CONFIGS
+
+    kind, target = resolve_spec(spec)
+    if kind == "bundled":
+        return None  # a Llama, as mlx-lm runs it
+    if kind == "tiny":
+        written = TINY_CONFIGS[target]
+        config = {**AutoConfig.for_model(**written).to_dict(), **written}
+    else:
+        config = written = json.loads(Path(target, "config.json").read_text())
+    try:
+        _checked_architecture({**config, **mlx_overrides(config)}, config_layer_kinds(written))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _build_tiny(kind: str):

@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.layer_kinds import LINEAR, NONE, every_layer_compressed
+from kvbench.models.layer_kinds import LINEAR, NONE, every_layer_plain
 from kvbench.models.shared_prefill import PrefilledPrompt, ingest
 
 
@@ -112,10 +112,11 @@ class TorchSession:
     @torch.inference_mode()
     def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
         """One batched forward (kvbench.models.batch_step), a single row included; one forward
-        a row where the library hosts some layers (its layer objects hold one sequence)."""
+        a row where a layer is not plain full attention (the library's layer objects hold one
+        sequence; the batched read is plain softmax)."""
         from kvbench.models.batch_step import BatchStep
 
-        if not every_layer_compressed(self.layer_kinds):
+        if not every_layer_plain(self.layer_kinds):
             return torch.cat([self.step([token], cache)[0][-1:] for token, cache
                               in zip(ids, caches, strict=True)])
         return BatchStep(caches).forward(self.loaded.model, ids).cpu()
@@ -216,9 +217,9 @@ def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
 
 def shares_prefill(session: Session, method: Implementation) -> bool:
     """Whether the method's cache can be handed a prompt recorded in one plain forward
-    (kvbench.models.shared_prefill), which records the method's layers only: not where the
-    library hosts some layers."""
-    return method.shares_prefill and every_layer_compressed(session.layer_kinds)
+    (kvbench.models.shared_prefill), which records the method's layers only: not where a layer
+    is not plain full attention (the library's layers would be left empty)."""
+    return method.shares_prefill and every_layer_plain(session.layer_kinds)
 
 
 class ProbeNotTakenBack(ValueError):

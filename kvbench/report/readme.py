@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.report.kit.tables import benchmark_table, by_benchmark
+from kvbench.report.kit.tables import benchmark_table, by_benchmark, model_grid
 from kvbench.files import atomic_write_text
 from kvbench.results import RunResult
 
@@ -38,3 +38,18 @@ def render_section_table(result: RunResult, benchmark: str | None = None) -> str
                              f"(it has: {', '.join(groups) or 'none'})")
         return benchmark_table(groups[benchmark])
     return "\n\n".join(f"### {name}\n\n{benchmark_table(cases)}" for name, cases in groups.items())
+
+
+def render_grids(result: RunResult, grids: list[str]) -> str:
+    """Each BENCHMARK:METRIC of `grids` as a model-by-method grid (model_grid), with a heading."""
+    groups = by_benchmark(result.cases)
+    parts = []
+    for grid in grids:
+        benchmark, _, metric = grid.partition(":")
+        if benchmark not in groups:
+            raise ValueError(f"--grid {grid}: no cases of benchmark {benchmark!r} in this run"
+                             f" (it has: {', '.join(groups) or 'none'})")
+        if not any(metric in case.metrics for case in groups[benchmark]):
+            raise ValueError(f"--grid {grid}: no case of {benchmark!r} has a metric {metric!r}")
+        parts.append(f"### {benchmark}: {metric}\n\n{model_grid(groups[benchmark], metric)}")
+    return "\n\n".join(parts)

@@ -68,6 +68,9 @@ class MethodSettings(Settings):
     # Scores tokens from the cached keys (the queries against them, or their norms): meaningless
     # where a layer caches something else in their place (an MLA latent), so refused there.
     scores_by_keys: ClassVar[bool] = False
+    # Hands attention keys the tokens do not have (block summaries) with a per-query bias: not
+    # where the model applies its own mask to part of the scores first (mlx-lm's absorbed MLA).
+    adds_keys: ClassVar[bool] = False
 
     # transformers' QuantizedCache returns the step's own key and value states to attention and
     # stores them quantized; KIVI's reference attends the prompt in full precision and packs it

@@ -44,6 +44,8 @@ class Butterfly(MethodSettings):
     cast each float32 block mean back to the cache dtype (kept float32 here).
     """
 
+    adds_keys: ClassVar[bool] = True  # the block summaries
+
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"block_size": 8, "window": 8}, {"block_size": 8, "window": 12, "partner_rule": "random"})
 

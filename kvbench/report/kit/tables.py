@@ -246,3 +246,31 @@ def method_table(cases: list[CaseResult], headlines: dict[str, tuple[str, ...]])
             row.append("" if metric is None else metric_cell(metric))
         rows.append(row)
     return md_table(header, rows, set(range(1, len(header))))
+
+
+def model_grid(cases: list[CaseResult], metric: str) -> str:
+    """One benchmark's cases as a grid: a row per model, a column per method, each cell the
+    metric, or the status of a case that did not run (a refusal marked [n], its reason written
+    out below: the same reason once, whatever the cells it refuses)."""
+    models = list(dict.fromkeys(case.model or "" for case in cases))
+    methods = list(dict.fromkeys(case.method_label for case in cases))
+    cells = {(case.model or "", case.method_label): case for case in cases}
+    reasons: dict[str, str] = {}  # reason -> its mark
+
+    def cell(case: CaseResult | None) -> str:
+        if case is None:
+            return ""
+        if case.status == "ok":
+            return metric_cell(case.metrics[metric]) if metric in case.metrics else ""
+        why = case.error.message if case.error else case.status
+        why = why.removeprefix(f"{case.model}: ")
+        return f"{case.status} {reasons.setdefault(why, f'[{len(reasons) + 1}]')}"
+
+    rows = [[model, *(cell(cells.get((model, method))) for method in methods)]
+            for model in models]
+    known = next((c.metrics[metric] for c in cases if metric in c.metrics), None)
+    title = metric_header(metric, known.unit, known.direction) if known else metric
+    written_out = "\n".join(f"- {mark} {escape(why)}" for why, mark in reasons.items())
+    parts = [f"<sub>{title}, by model and method</sub>",
+             md_table(["model", *methods], rows, set(range(1, len(methods) + 1))), written_out]
+    return "\n\n".join(part for part in parts if part)
