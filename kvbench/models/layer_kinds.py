@@ -79,17 +79,15 @@ def config_layer_kinds(config: dict[str, Any]) -> list[LayerKind]:
             ["sliding_attention" if window else "full_attention"] * count
             if type(count) is int else [])
         windows = [window if _MIXERS.get(t) == SLIDING else None for t in types]
-    softcap = text.get("attn_logit_softcapping") or None
-    mla = type(text.get("kv_lora_rank")) is int
-    key_dim = text.get("kv_lora_rank") if mla else None
+    attention = {"softcap": text.get("attn_logit_softcapping") or None}
+    if type(text.get("kv_lora_rank")) is int:  # MLA
+        attention.update(key_dim=text["kv_lora_rank"], value_dim=text.get("qk_rope_head_dim"))
     kinds = []
     for layer_type, window in zip(types, windows):
         mixer = _MIXERS.get(layer_type, OTHER)
-        attends = mixer in (FULL, SLIDING, HYBRID)
-        kinds.append(LayerKind(
-            layer_type, mixer, window if mixer in (SLIDING, HYBRID) else None,
-            softcap if attends else None, None,
-            key_dim if attends else None, text.get("qk_rope_head_dim") if attends and mla else None))
+        kinds.append(LayerKind(layer_type, mixer,
+                               window=window if mixer in (SLIDING, HYBRID) else None,
+                               **(attention if mixer in (FULL, SLIDING, HYBRID) else {})))
     return kinds
 
 
