@@ -5,8 +5,8 @@ batched step's BatchRead, whose rows are attended one by one, except those the C
 kernel reads all at once).
 
 Models are loaded with attn_implementation="kvbench"; the cache reaches this function as the
-forward's `kvbench_cache` keyword (KVBenchCache.forward passes it), and the read is taken from
-the cache's layer by the module's layer index. With nothing held (a DynamicCache, or a policy
+forward's `kvbench_cache` keyword (KVBenchCache.forward passes it: read(layer) and
+hosts_layer(layer)), and the read is taken from the cache's layer by the module's layer index. With nothing held (a DynamicCache, or a policy
 with none of these), this is exactly transformers' SDPA attention, so the identity method stays
 bit-exact; a policy that only observes queries also gets SDPA's output. A layer whose model
 attention SDPA does not compute (logit softcapping, Gemma 2; learned sinks, gpt-oss's `s_aux`)
@@ -31,8 +31,8 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     # transformers' order of the arguments (sdpa_attention_forward's): kvpress's wrapper of
     # every attention function passes dropout by position
     read = None if kvbench_cache is None else kvbench_cache.read(module.layer_idx)
-    if query.shape[-2] == 1 and getattr(kvbench_cache, "hosts_layer", lambda i: False)(
-            module.layer_idx):
+    if query.shape[-2] == 1 and kvbench_cache is not None and \
+            kvbench_cache.hosts_layer(module.layer_idx):
         # one newest query sees every key its policy kept; a model that builds its mask at
         # one-token steps (Falcon-H1) sizes it before the policy made room for the token
         attention_mask = None

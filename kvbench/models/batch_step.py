@@ -77,6 +77,10 @@ class BatchStep(Cache):
         layers = [BatchLayer(i, caches) for i in range(len(caches[0].layers))]
         super().__init__(layers=layers)
 
+    def hosts_layer(self, layer_idx: int) -> bool:
+        """Every layer's rows are the method's policies (as CacheHost.hosts_layer)."""
+        return True
+
     def read(self, layer_idx: int) -> BatchRead | None:
         """What layer `layer_idx`'s attention reads (kvbench's attention takes it once)."""
         layer = self.layers[layer_idx]

@@ -198,21 +198,33 @@ def library_layers(config: Any, kinds: list[LayerKind | None]) -> dict[int, Any]
     DynamicCache(config=config) builds them."""
     if all(kind is None or kind.compressed for kind in kinds):
         return {}
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
-
-    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    return {i: DYNAMIC_LAYER_TYPE_MAPPING[types[i]](**kwargs[i])
-            for i, kind in enumerate(kinds) if not kind.compressed}
+    layers = _library_cache(config).layers
+    return {i: layers[i] for i, kind in enumerate(kinds) if not kind.compressed}
 
 
 def layer_states(config: Any, kinds: list[LayerKind | None]) -> list[int]:
-    """How many conv / recurrent states each hybrid layer keeps (transformers' reading)."""
+    """How many conv / recurrent states each hybrid layer keeps (as transformers builds it)."""
     if not any(kind is not None and kind.mixer == HYBRID for kind in kinds):
         return [1] * len(kinds)
-    from transformers.cache_utils import get_layer_types_and_kwargs
+    return [getattr(layer, "number_of_states", 1) for layer in _library_cache(config).layers]
 
-    _, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    return [k.get("number_of_states", 1) for k in kwargs]
+
+def _library_cache(config: Any) -> Cache:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if len(cache.layers) != config.get_text_config(decoder=True).num_hidden_layers:
+        raise ValueError(
+            f"transformers {transformers_version()} builds no cache layer per layer of this"
+            " model from its config (linear-attention and Mamba layers need transformers 5.3"
+            " or later); kvbench hosts its layers as that cache does")
+    return cache
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def held_bytes(layer: Any) -> int:

@@ -25,7 +25,8 @@ from typing import Any
 FULL, SLIDING, LINEAR, HYBRID, NONE, OTHER = "full", "sliding", "linear", "hybrid", "none", "other"
 _MIXERS = {"full_attention": FULL, "sliding_attention": SLIDING, "chunked_attention": SLIDING,
            "conv": LINEAR, "linear_attention": LINEAR, "mamba": LINEAR, "hybrid": HYBRID,
-           "hybrid_sliding": HYBRID, "dummy": NONE, "moe": NONE, "mlp": NONE}
+           "hybrid_sliding": HYBRID, "dummy": NONE, "moe": NONE, "mlp": NONE,
+           "attention": FULL}  # the last: layers_block_type's name (Jamba, before 5.3)
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,22 @@ def _library_layer_types(config: dict[str, Any]) -> tuple[list[str] | None, list
     try:
         from transformers.cache_utils import get_layer_types_and_kwargs
     except ImportError:  # transformers before 5.3: the config's own attribute
-        types = getattr(text, "layer_types", None)
+        types = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None)
         if types is None:
             return None, []
         return list(types), [getattr(text, "sliding_window", None)] * len(types)
     types, kwargs = get_layer_types_and_kwargs(text)
     return list(types), [k.get("sliding_window") for k in kwargs]
+
+
+def _transformers_hosts_states() -> bool:
+    """Whether transformers' generic cache has linear-attention / Mamba layers (from 5.3; True
+    where transformers is not installed: nothing to tell, the torch run refuses)."""
+    try:
+        import transformers.cache_utils as cache_utils
+    except ImportError:
+        return True
+    return hasattr(cache_utils, "LinearAttentionCacheLayerMixin")
 
 
 def with_sinks(kinds: list[LayerKind], sinks: list[bool]) -> list[LayerKind]:
@@ -139,6 +150,11 @@ def refusal(method: Any, kinds: list[LayerKind], backend: str = "torch") -> str 
         return (f"{layers_text(other)}: {kinds[other[0]].layer_type} attention is not hosted by"
                 " kvbench")
     name = getattr(method, "name", "") or type(method).__name__
+    stateful = [i for i, kind in enumerate(kinds) if kind.mixer in (LINEAR, HYBRID)]
+    if stateful and backend == "torch" and not _transformers_hosts_states():
+        return (f"{layers_text(stateful)}: {kinds[stateful[0]].describe()}; this transformers"
+                " keeps such layers in a model-specific cache that kvbench does not host"
+                " (transformers 5.3 or later keeps them in its generic cache layers)")
     compressed = [i for i, kind in enumerate(kinds) if kind.compressed]
     if getattr(method, "library_cache", False):
         plain = [i for i, kind in enumerate(kinds)
