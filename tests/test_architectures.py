@@ -279,3 +279,25 @@ def test_a_multimodal_gemma3_checkpoint_runs_its_text_model(tmp_path, bundled):
         full = eager(torch.tensor([IDS])).logits[0, PROMPT - 1 : -1].float()
     mine, cache = method_logits(session, build_method("identity"))
     assert relative(mine, full) <= 1e-5 and cache.layers[0].is_sliding
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen3_5"])
+def test_the_server_answers_on_a_family_with_library_layers(kind, sessions):
+    """kvbench serve's engine on a model whose window or state the library holds: each request
+    decoded one row at a time gives what it gives alone, batched or not."""
+    from tests.plugins.model_runs import staggered_prompts
+    from tests.test_serve import generate
+
+    from kvbench.serve.engine import Engine, Finished
+
+    session = sessions(kind)
+    prompts = staggered_prompts(session.tokenizer)[:3]
+    engine = Engine(session, implementation(build_method("intq", {"bits": 4})))
+    engine.start()
+    try:
+        alone = generate(engine, prompts, 6, together=False)
+        together = generate(engine, prompts, 6, together=True)
+    finally:
+        engine.stop()
+    assert [o.end for o in alone] == [Finished("length", len(p), 6) for p in prompts]
+    assert [o.tokens for o in together] == [o.tokens for o in alone]
