@@ -301,3 +301,16 @@ def test_the_server_answers_on_a_family_with_library_layers(kind, sessions):
         engine.stop()
     assert [o.end for o in alone] == [Finished("length", len(p), 6) for p in prompts]
     assert [o.tokens for o in together] == [o.tokens for o in alone]
+
+
+@pytest.mark.parametrize("kind, fused", [("gemma2", "torch (softcap: no fused kernel)"),
+                                         ("gpt_oss", "torch (sinks: no fused kernel)"),
+                                         ("llama", "cpu")])
+def test_the_fused_read_is_not_taken_where_the_model_adds_to_softmax_and_impl_says_so(
+        kind, fused, sessions):
+    method = implementation(build_method("intq", {"bits": 4}))
+    session = sessions(kind)
+    cache = session.new_cache(method)
+    prefill(session, cache, IDS[:PROMPT], method)
+    session.step([IDS[PROMPT]], cache)
+    assert method.impl_log.summary()["decode attention"] == fused

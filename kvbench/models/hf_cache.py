@@ -55,12 +55,13 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
     arrays = TORCH_ARRAYS
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache",
-                 fusable: bool = True):
+                 unfused: str = ""):
         LayerHost.__init__(self, policy, layer_idx)
         CacheLayerMixin.__init__(self)
         self._owner = owner
         # the fused decode attention is plain softmax: not taken under softcap, sinks or MLA
-        self.fusable = fusable
+        # (kvbench.models.layer_kinds.LayerKind.unfused_because), which info.impl then says
+        self.unfused = unfused
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -74,7 +75,9 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         read = self.hold(self.append(key_states, value_states, self._owner.mask_kv_length,
-                                     fused=self.fusable))
+                                     fused=not self.unfused))
+        if self.unfused and key_states.shape[-2] == 1:
+            self._owner.note_unfused(self.unfused)
         if read.packed is not None:
             return key_states, value_states  # placeholders: attention reads the segments
         return read.keys, read.values
@@ -121,8 +124,8 @@ def hybrid_layer_class():
     from transformers.cache_utils import LinearAttentionLayer
 
     class HybridPolicyLayer(LinearAttentionLayer, PolicyLayer):
-        def __init__(self, policy, layer_idx, owner, fusable=True, number_of_states=1):
-            PolicyLayer.__init__(self, policy, layer_idx, owner, fusable)
+        def __init__(self, policy, layer_idx, owner, unfused="", number_of_states=1):
+            PolicyLayer.__init__(self, policy, layer_idx, owner, unfused)
             LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
 
         def lazy_initialization(self, *args, **kwargs) -> None:
@@ -162,8 +165,9 @@ class KVBenchCache(CacheHost, Cache):
             if kinds[i] is None:
                 return PolicyLayer(policy, i, self)
             if kinds[i].mixer == HYBRID:
-                return hybrid_layer_class()(policy, i, self, kinds[i].fusable, states[i])
-            return PolicyLayer(policy, i, self, kinds[i].fusable)
+                return hybrid_layer_class()(policy, i, self, kinds[i].unfused_because(),
+                                            states[i])
+            return PolicyLayer(policy, i, self, kinds[i].unfused_because())
 
         CacheHost.__init__(self, method, num_layers, make_layer, decoded_reads,
                            library_layers(config, kinds))
@@ -176,6 +180,13 @@ class KVBenchCache(CacheHost, Cache):
         if isinstance(self.layers[layer_idx], LayerHost):
             self.mask_kv_length = sizes[0]
         return sizes
+
+    def note_unfused(self, because: str) -> None:
+        """A one-token step read without the fused kernels, for what the layer's attention adds
+        (softcap, sinks, MLA): the run's info.impl says so."""
+        log = getattr(self.method, "impl_log", None)  # a recorder (shared prefill) has none
+        if log is not None:
+            log.note("decode attention", f"torch ({because}: no fused kernel)")
 
     def library_bytes(self) -> int:
         """The library's layers, and the linear-attention state of hybrid policy layers."""

@@ -52,7 +52,12 @@ class LayerKind:
     @property
     def fusable(self) -> bool:
         """The fused decode attention computes what the model does here: plain softmax."""
-        return self.compressed and not self.softcap and not self.sinks and not self.mla
+        return self.compressed and not self.unfused_because()
+
+    def unfused_because(self) -> str:
+        """What of this layer's attention the fused kernels do not compute ("" if nothing)."""
+        return ", ".join(name for name, has in (("softcap", self.softcap), ("sinks", self.sinks),
+                                                ("MLA", self.mla)) if has)
 
     def describe(self) -> str:
         text = {FULL: "full attention", SLIDING: f"sliding window of {self.window}",
