@@ -25,7 +25,6 @@ ignores, MLA cached otherwise; kvbench.models.mlx_architectures) is refused at l
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -159,7 +158,6 @@ def _load_folder(folder: Path, log: Callable[[str], None]):
     return model, tokenizer, config, kinds
 
 
-@functools.cache
 def mlx_refusal(spec: str) -> str | None:
     """Why mlx-lm would run the model a spec names otherwise than torch does (the checks made
     when it is loaded, on its config and mlx-lm's model built without weights: mlx arrays are

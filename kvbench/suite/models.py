@@ -29,6 +29,7 @@ class ModelDescriber:
     def __init__(self, issues: Issues):
         self.issues = issues
         self.known: dict[str, tuple[ModelInfo | None, str]] = {}
+        self.mlx_refusals: dict[str, str | None] = {}
 
     def __call__(self, model: Placed[str]) -> tuple[ModelInfo | None, bool]:
         spec = model_spec(model)
@@ -41,3 +42,15 @@ class ModelDescriber:
         if problem:
             self.issues.add(model.doc, model.path, problem)
         return info, not problem
+
+    def mlx_refusal(self, spec: str) -> str | None:
+        """Why mlx-lm would run the model otherwise than torch (kvbench.models.mlx_host), once
+        per spec; None where mlx is not installed (the suite's own checks say so)."""
+        if spec not in self.mlx_refusals:
+            try:
+                from kvbench.models.mlx_host import mlx_refusal
+            except ImportError:
+                self.mlx_refusals[spec] = None
+            else:
+                self.mlx_refusals[spec] = mlx_refusal(spec)
+        return self.mlx_refusals[spec]
