@@ -59,8 +59,11 @@ def list_(what, name):
             prepared = (kvbench_home() / "models" / name / "kvbench.json").exists()
             table.add_row(f"bundled:{name}", "yes" if prepared else "no",
                           escape(meta.description))
-        for name in ("llama", "qwen3"):
-            table.add_row(f"tiny:{name}", "-", "random weights, made in code (tests)")
+        from kvbench.models.tiny_configs import TINY_CONFIGS
+
+        for name, config in TINY_CONFIGS.items():
+            table.add_row(f"tiny:{name}", "-", f"random weights, made in code (tests):"
+                          f" transformers' {config['model_type']} config")
     else:
         from kvbench.suite.loader import suite_descriptions
 

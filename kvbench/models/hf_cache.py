@@ -26,7 +26,7 @@ from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.methods.external.library_prefill import LibraryPrefill
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import HYBRID, LayerKind
+from kvbench.models.layer_kinds import FULL, HYBRID, LayerKind
 
 
 def with_cache(model, cache) -> dict[str, Any]:
@@ -159,18 +159,20 @@ class KVBenchCache(CacheHost, Cache):
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
         self.method = method
         kinds = kinds or [None] * num_layers
-        states = layer_states(config, kinds)
+        own = transformers_layers(config, kinds)
 
         def make_layer(policy, i):
-            if kinds[i] is None:
+            kind = kinds[i]
+            if kind is None:
                 return PolicyLayer(policy, i, self)
-            if kinds[i].mixer == HYBRID:
-                return hybrid_layer_class()(policy, i, self, kinds[i].unfused_because(),
-                                            states[i])
-            return PolicyLayer(policy, i, self, kinds[i].unfused_because())
+            if kind.mixer == HYBRID:
+                return hybrid_layer_class()(policy, i, self, kind.unfused_because(),
+                                            own[i].number_of_states)
+            return PolicyLayer(policy, i, self, kind.unfused_because())
 
-        CacheHost.__init__(self, method, num_layers, make_layer, decoded_reads,
-                           library_layers(config, kinds))
+        library = {i: own[i] for i, kind in enumerate(kinds)
+                   if kind is not None and not kind.compressed}
+        CacheHost.__init__(self, method, num_layers, make_layer, decoded_reads, library)
         Cache.__init__(self, layers=self.layers)
 
     def get_mask_sizes(self, query_length: int | torch.Tensor, layer_idx: int) -> tuple[int, int]:
@@ -204,38 +206,20 @@ class KVBenchCache(CacheHost, Cache):
         return model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self, **kwargs)
 
 
-def library_layers(config: Any, kinds: list[LayerKind | None]) -> dict[int, Any]:
-    """transformers' own layer objects for the layers a method does not compress, by index, as
-    DynamicCache(config=config) builds them."""
-    if all(kind is None or kind.compressed for kind in kinds):
-        return {}
-    layers = _library_cache(config).layers
-    return {i: layers[i] for i, kind in enumerate(kinds) if not kind.compressed}
-
-
-def layer_states(config: Any, kinds: list[LayerKind | None]) -> list[int]:
-    """How many conv / recurrent states each hybrid layer keeps (as transformers builds it)."""
-    if not any(kind is not None and kind.mixer == HYBRID for kind in kinds):
-        return [1] * len(kinds)
-    return [getattr(layer, "number_of_states", 1) for layer in _library_cache(config).layers]
-
-
-def _library_cache(config: Any) -> Cache:
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=config)
-    if len(cache.layers) != config.get_text_config(decoder=True).num_hidden_layers:
-        raise ValueError(
-            f"transformers {transformers_version()} builds no cache layer per layer of this"
-            " model from its config (linear-attention and Mamba layers need transformers 5.3"
-            " or later); kvbench hosts its layers as that cache does")
-    return cache
-
-
-def transformers_version() -> str:
+def transformers_layers(config: Any, kinds: list[LayerKind | None]) -> list | None:
+    """transformers' own layer objects, one per layer, as DynamicCache(config=config) builds
+    them, where some layer needs its own (a library-hosted layer, a hybrid's state); else None."""
+    if all(kind is None or kind.mixer == FULL for kind in kinds):
+        return None
     import transformers
 
-    return transformers.__version__
+    layers = transformers.DynamicCache(config=config).layers
+    if len(layers) != config.get_text_config(decoder=True).num_hidden_layers:
+        raise ValueError(
+            f"transformers {transformers.__version__} builds no cache layer per layer of this"
+            " model from its config (linear-attention and Mamba layers need transformers 5.3"
+            " or later); kvbench hosts its layers as that cache does")
+    return layers
 
 
 def held_bytes(layer: Any) -> int:

@@ -281,7 +281,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             if head_dim is not None and not _fits(variant, head_dim, bench, issues):
                 continue
             unsupported = None if variant.refused or not (model_ok and cls.uses_model) \
-                else layer_refusal(variant, info, defaults.backend, describe)
+                else _layer_refusal(variant, info, defaults.backend, describe)
             cases.append(case(variant, suffix, dataclasses.asdict(params),
                               variant.refused or unsupported,
                               "LayersUnsupported" if unsupported else "LibraryMissing"))
@@ -345,13 +345,14 @@ def _fits(variant: _Variant, head_dim: int, bench: Placed[BenchmarkEntry],
     return True
 
 
-def layer_refusal(variant: _Variant, info: ModelInfo, backend: str,
-                  describe: ModelDescriber) -> str | None:
+def _layer_refusal(variant: _Variant, info: ModelInfo, backend: str,
+                   describe: ModelDescriber) -> str | None:
     """Why the method cannot run on the model's layers (kvbench.models.layer_kinds), naming the
     layers, or on backend mlx why mlx-lm would run the model otherwise than torch: its cases
     are refused before any work, recorded with the reason."""
-    why = method_refusal(variant.method, info, backend=backend) if variant.method is not None \
-        else None
+    if variant.method is None:  # a stand-in, or refused already
+        return None
+    why = method_refusal(variant.method, info, backend=backend)
     if why:
         return f"{info.spec}: {why} (kvbench models inspect {info.spec})"
     why = describe.mlx_refusal(info.spec) if backend == "mlx" else None

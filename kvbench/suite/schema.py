@@ -65,7 +65,7 @@ class Defaults(_Strict):
 
     model: str | None = Field(
         None, description="bundled:NAME | checkpoint path (relative to the suite file) | "
-                          "tiny:llama | tiny:qwen3 | hub id")
+                          "tiny:KIND (kvbench list models) | hub id")
     device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
     backend: Literal["torch", "mlx"] = Field(
         "torch", description="torch (CPU/CUDA/MPS by device) or mlx (MLX, models on mlx-lm)")
