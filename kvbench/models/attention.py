@@ -5,12 +5,13 @@ batched step's BatchRead, whose rows are attended one by one, except those the C
 kernel reads all at once).
 
 Models are loaded with attn_implementation="kvbench"; the cache reaches this function as the
-forward's `kvbench_cache` keyword (KVBenchCache.forward passes it: read(layer) and
-hosts_layer(layer)), and the read is taken from the cache's layer by the module's layer index. With nothing held (a DynamicCache, or a policy
-with none of these), this is exactly transformers' SDPA attention, so the identity method stays
-bit-exact; a policy that only observes queries also gets SDPA's output. A layer whose model
-attention SDPA does not compute (logit softcapping, Gemma 2; learned sinks, gpt-oss's `s_aux`)
-is attended by biased_attention with the same softcap and sinks, on every read.
+forward's `kvbench_cache` keyword (KVBenchCache.forward passes it; it answers read(layer) and
+hosts_layer(layer)), and the read is taken from the cache's layer by the module's layer
+index. With nothing held (a DynamicCache, or a policy with none of these), this is exactly
+transformers' SDPA attention, so the identity method stays bit-exact; a policy that only
+observes queries also gets SDPA's output. A layer whose model attention SDPA does not compute
+(logit softcapping, Gemma 2; learned sinks, gpt-oss's `s_aux`) is attended by biased_attention
+with the same softcap and sinks, on every read.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvbench.config.registry import did_you_mean
 from kvbench.config.fields import SettingError
-from kvbench.models.layer_kinds import LayerKind, config_layer_kinds, refusal
+from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, refusal
 from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, TINY_MAX_CONTEXT
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -29,7 +29,7 @@ class ModelInfo:
     head_dim: int | None = None  # each attention head's width, where the config says it
     # what each layer caches (kvbench.models.layer_kinds); empty where the config does not say
     layer_kinds: list[LayerKind] = field(default_factory=list)
-    value_dim: int | None = None  # each cached value's width, where it differs (MLA)
+    value_dim: int | None = None  # each cached value's width (head_dim, except under MLA)
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,9 @@ def describe_model(spec: str) -> ModelInfo:
 
 def _described(spec: str, config: dict, max_context: int | None) -> ModelInfo:
     kinds = config_layer_kinds(config)
-    mla = next((kind for kind in kinds if kind.mla), None)
-    head_dim = mla.key_dim if mla else _head_dim(config.get("text_config") or config)
+    _, head_dim, value_dim = cached_widths(kinds, 0, _head_dim(config.get("text_config") or config))
     return ModelInfo(spec=spec, max_context=max_context, head_dim=head_dim, layer_kinds=kinds,
-                     value_dim=mla.value_dim if mla else None)
+                     value_dim=value_dim)
 
 
 def method_refusal(settings, info: ModelInfo, kinds: list[LayerKind] | None = None,

@@ -135,6 +135,18 @@ def with_sinks(kinds: list[LayerKind], sinks: list[bool]) -> list[LayerKind]:
             for kind, has in zip(kinds, sinks, strict=True)]
 
 
+def cached_widths(kinds: list[LayerKind], kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(heads, key width, value width) of what each attention layer caches: the config's, except
+    under MLA, where it is one latent "head" of key_dim and value_dim."""
+    mla = next((kind for kind in kinds if kind.mla), None)
+    return (1, mla.key_dim, mla.value_dim) if mla else (kv_heads, head_dim, head_dim)
+
+
+def without_attention(kinds: list[LayerKind]) -> frozenset[int]:
+    """The layers with no attention weights to measure (linear attention, Mamba, none)."""
+    return frozenset(i for i, kind in enumerate(kinds) if kind.mixer in (LINEAR, NONE))
+
+
 def every_layer_plain(kinds: list[LayerKind]) -> bool:
     """Every layer plain full attention, hosted by the method's policies, read by plain softmax
     (no kinds known: a plain model): what the batched step and the shared prefill serve."""

@@ -13,7 +13,7 @@ from kvbench.backends.torch_backend import DTYPES
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
 from kvbench.models.info import TINY_MAX_CONTEXT, describe_model, resolve_spec
-from kvbench.models.layer_kinds import LayerKind, config_layer_kinds, with_sinks
+from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, with_sinks
 from kvbench.models.tiny import build_tiny
 
 
@@ -51,20 +51,20 @@ def load_model(
     heads = config.num_attention_heads
     torch_dtype = DTYPES[dtype]
     kinds = model_layer_kinds(model)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    mla = next((kind for kind in kinds if kind.mla), None)
+    kv_heads, head_dim, value_dim = cached_widths(
+        kinds, getattr(config, "num_key_value_heads", None) or heads,
+        getattr(config, "head_dim", None) or config.hidden_size // heads)
     return LoadedModel(
         spec=spec,
         model=model.to(device=device, dtype=torch_dtype),
         tokenizer=tokenizer,
         num_layers=config.num_hidden_layers,
-        # MLA caches one latent "head" per layer
-        num_kv_heads=1 if mla else getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=mla.key_dim if mla else head_dim,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         max_context=max_context,
         dtype=torch_dtype,
         layer_kinds=kinds,
-        value_dim=mla.value_dim if mla else head_dim,
+        value_dim=value_dim,
     )
 
 

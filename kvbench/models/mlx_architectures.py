@@ -95,16 +95,12 @@ def rope_overrides(config: dict[str, Any]) -> dict[str, Any]:
     them mlx-lm silently uses its default RoPE."""
     params = config.get("rope_parameters") or {}
     overrides: dict[str, Any] = {}
-    if isinstance(params.get("full_attention"), dict):
-        full, sliding = params["full_attention"], params.get("sliding_attention") or {}
-        if "rope_theta" not in config and "rope_theta" in full:
-            overrides["rope_theta"] = full["rope_theta"]
+    if isinstance(params.get("full_attention"), dict):  # per layer type (Gemma 3)
+        sliding = params.get("sliding_attention") or {}
+        params = params["full_attention"]
         if "rope_local_base_freq" not in config and "rope_theta" in sliding:
             overrides["rope_local_base_freq"] = sliding["rope_theta"]
-        if full.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
-            overrides["rope_scaling"] = dict(full)
-        return overrides
-    if "partial_rotary_factor" not in config and "partial_rotary_factor" in params:
+    elif "partial_rotary_factor" not in config and "partial_rotary_factor" in params:
         overrides["partial_rotary_factor"] = params["partial_rotary_factor"]
     if "rope_theta" not in config and "rope_theta" in params:
         overrides["rope_theta"] = params["rope_theta"]

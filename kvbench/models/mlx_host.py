@@ -38,7 +38,9 @@ from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import FULL, HYBRID, LayerKind, config_layer_kinds, with_sinks
+from kvbench.models.layer_kinds import (
+    FULL, HYBRID, LayerKind, cached_widths, config_layer_kinds, with_sinks,
+)
 from kvbench.models.mlx_architectures import (
     architecture,
     check_layers,
@@ -97,18 +99,18 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLo
     sinks = mlx_sinks(model)
     if len(sinks) == len(kinds):
         kinds = with_sinks(kinds, sinks)
-    mla = next((layer for layer in kinds if layer.mla), None)
+    kv_heads, head_dim, value_dim = cached_widths(kinds, kv_heads, head_dim)
     return MLXLoaded(
         spec=spec,
         model=model,
         tokenizer=tokenizer,
         num_layers=len(model.layers),
-        num_kv_heads=1 if mla else kv_heads,  # MLA caches one latent "head" per layer
-        head_dim=mla.key_dim if mla else head_dim,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         max_context=describe_model(spec).max_context,
         attention=attention,
         layer_kinds=kinds,
-        value_dim=mla.value_dim if mla else head_dim,
+        value_dim=value_dim,
     )
 
 

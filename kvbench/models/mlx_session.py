@@ -19,7 +19,7 @@ import torch
 from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
-from kvbench.models.layer_kinds import LINEAR, NONE
+from kvbench.models.layer_kinds import without_attention
 from kvbench.models.mlx_attention import ATTENTION_ATTR, original_attention
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
 from kvbench.models.session import CalibrationStats
@@ -104,8 +104,7 @@ class MLXSession:
             raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")
 
     def calibrate(self, method: Implementation, tokens: list[int]) -> None:
-        without = frozenset(i for i, kind in enumerate(self.layer_kinds)
-                            if kind.mixer in (LINEAR, NONE))
+        without = without_attention(self.layer_kinds)
         stats = CalibrationStats(tokens, self.num_kv_heads,
                                  lambda ids: attention_entropy(self.loaded, ids, without))
         method.calibrate(stats, tokens)

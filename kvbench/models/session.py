@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.layer_kinds import LINEAR, NONE, every_layer_plain
+from kvbench.models.layer_kinds import every_layer_plain, without_attention
 from kvbench.models.shared_prefill import PrefilledPrompt, ingest
 
 
@@ -155,8 +155,7 @@ class TorchSession:
     def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         from kvbench.models.capture import attention_entropy
 
-        without = frozenset(i for i, kind in enumerate(self.layer_kinds)
-                            if kind.mixer in (LINEAR, NONE))
+        without = without_attention(self.layer_kinds)
         stats = CalibrationStats(tokens, self.num_kv_heads,
                                  lambda ids: attention_entropy(self.loaded.model, ids, without))
         method.calibrate(stats, tokens)
