@@ -171,7 +171,14 @@ class RunHeader(_Record):
     settings: dict[str, Any] = Field(default_factory=dict)
     # The ids of the cases the run set out to run, in order (None: written before this field).
     planned: list[str] | None = None
+    # The filters that chose them (--only, --methods, --limit); empty: the whole suite.
+    selection: dict[str, Any] = Field(default_factory=dict)
     started: str
+
+    def is_subset(self) -> bool:
+        """Whether the run left out some of its suite's cases on purpose (filters, a shard):
+        then a baseline case it lacks is not lost."""
+        return bool(self.selection) or bool(self.settings.get("shard"))
 
 
 class RunResult(RunHeader):

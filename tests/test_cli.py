@@ -373,21 +373,116 @@ benchmarks:
 """
 
 
-def test_a_changed_method_setting_under_the_same_label_is_not_comparable(tmp_path):
-    """Baseline: intq bits 4 under label q; then the suite says bits 8. Never a regression:
-    exit 4 before anything runs, naming what differs."""
+def gate_findings(output: str) -> list[str]:
+    """What a gate found, as run's summary and compare --gate both print it."""
+    return sorted(line.strip() for line in output.splitlines()
+                  if re.match(r"\s+(gate|regression|claim \w+|error|timeout): ", line))
+
+
+def test_a_changed_setting_is_marked_not_comparable_and_the_rest_are_gated(tmp_path):
+    """Baseline: intq bits 4 under label q; then the suite says bits 8. Never a regression: the
+    q cases run and are marked not comparable, identity's are still gated, and the command that
+    makes this run q's baseline is printed; --strict refuses before anything runs."""
     suite = tmp_path / "q.yaml"
-    suite.write_text(Q_SUITE.replace("BITS", "4"))
+    with_identity = Q_SUITE.replace("methods:\n", "methods:\n  - name: identity\n")
+    suite.write_text(with_identity.replace("BITS", "4"))
     first = tmp_path / "first"
     assert invoke("run", suite, "--out", first).exit_code == 0
     baseline = tmp_path / "q-bits4.json"
     assert invoke("baseline", "save", first / "results.json", "--to", baseline).exit_code == 0
-    suite.write_text(Q_SUITE.replace("BITS", "8"))
-    result = invoke("run", suite, "--out", tmp_path / "second", "--baseline", baseline)
-    assert result.exit_code == 4
-    assert "2 case(s) are defined otherwise there" in result.output
-    assert "proofs/q/data=gaussian: method_params.bits: 4 -> 8" in result.output
-    assert "regression" not in result.output and not (tmp_path / "second").exists()
+    suite.write_text(with_identity.replace("BITS", "8"))
+    strict = invoke("run", suite, "--out", tmp_path / "strict", "--baseline", baseline,
+                    "--strict")
+    assert strict.exit_code == 4
+    assert "2 case(s) are defined otherwise there" in strict.output
+    assert "proofs/q/data=gaussian: method_params.bits: 4 -> 8" in strict.output
+    assert not (tmp_path / "strict").exists()
+
+    second = tmp_path / "second"
+    result = invoke("run", suite, "--out", second, "--baseline", baseline)
+    assert result.exit_code == 0, result.output
+    assert "not comparable 2" in result.output and "regressions 0" in result.output
+    refresh = (f"kvbench baseline save {second / 'results.json'} --to {baseline} --cases "
+               "proofs/q/data=gaussian,proofs/q/data=sphere")
+    assert refresh in result.output
+    report = (second / "report.md").read_text()
+    assert "### Not comparable cases (defined otherwise: not gated)" in report
+    rows = load_json(second / "results.json")
+    gated = gate_report_of(rows, baseline)
+    identity = {r.verdict for r in gated.rows if r.case_id.startswith("proofs/identity")}
+    assert "same" in identity and "not comparable" not in identity  # judged, not set aside
+    # compare --gate on the same files: the same exit and the same findings
+    compared = invoke("compare", baseline, second / "results.json", "--gate")
+    assert compared.exit_code == 0 and gate_findings(compared.output) == gate_findings(
+        result.output) != []
+    assert invoke("compare", baseline, second / "results.json", "--gate",
+                  "--strict").exit_code == 4
+
+    # the printed command: q's cases from this run, identity's kept from the first
+    before = load_json(baseline)
+    saved = invoke(*refresh.split()[1:])
+    assert saved.exit_code == 0, saved.output
+    after = cases_by_id(load_json(baseline))
+    assert after["proofs/q/data=gaussian"]["method_params"]["bits"] == 8
+    assert after["proofs/identity/data=gaussian"] == cases_by_id(before)[
+        "proofs/identity/data=gaussian"]
+    again = invoke("run", suite, "--out", tmp_path / "third", "--baseline", baseline)
+    assert again.exit_code == 0 and "not comparable" not in again.output
+
+
+def gate_report_of(results: dict, baseline_path):
+    from kvbench.judge.gate import gate
+    from kvbench.results import RunResult, load_results
+
+    return gate(RunResult.model_validate(results), load_results(baseline_path))
+
+
+SUBSET_SUITE = """\
+kvbench: 1
+name: subset
+defaults: {device: cpu, repeats: 1}
+methods:
+  - name: identity
+  - name: tests.plugins.kvb_testplugin:Nop
+benchmarks:
+  - kind: proofs
+    methods: [identity]
+    params: {n_vectors: 64, dim: 32, n_queries: 4}
+    claims:
+      - {cases: "proofs/identity", claim: "mse == 0"}
+  - kind: tests.plugins.kvb_testplugin:Step
+    methods: ["*Nop"]
+    params: {sleep_s: 0.0}
+"""
+
+
+def test_a_subset_run_and_compare_gate_of_its_file_agree(tmp_path):
+    """A baseline of the whole suite (with a plug-in); a run of a subset that loads no plug-in:
+    run --baseline and compare --gate give the same exit code and the same findings."""
+    suite = tmp_path / "subset.yaml"
+    suite.write_text(SUBSET_SUITE)
+    full = tmp_path / "full"
+    assert invoke("run", suite, "--out", full).exit_code == 0
+    baseline = tmp_path / "base.json"
+    assert invoke("baseline", "save", full / "results.json", "--to", baseline).exit_code == 0
+    assert load_json(baseline)["plugins"]
+    part = tmp_path / "part"
+    result = invoke("run", suite, "--out", part, "--only", "proofs/*", "--baseline", baseline)
+    assert result.exit_code == 0, result.output
+    stored = load_json(part / "results.json")
+    assert stored["plugins"] == {} and stored["selection"] == {"only": "proofs/*"}
+    assert "in the baseline, not in this run" not in result.output
+    compared = invoke("compare", baseline, part / "results.json", "--gate")
+    assert compared.exit_code == result.exit_code
+    assert gate_findings(compared.output) == gate_findings(result.output)
+    assert "plug-in" not in compared.output
+    # the whole suite's run lacking a case is still a lost case, for both
+    data = load_json(full / "results.json")
+    data["cases"] = data["cases"][:-1]
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(data))
+    lost = invoke("compare", baseline, short, "--gate")
+    assert lost.exit_code == 1 and "in the baseline, not in this run" in lost.output
 
 
 def test_baseline_save_refuses_error_cases_unless_allowed(tmp_path):
@@ -525,7 +620,8 @@ def test_compare_gate_exits_as_run_baseline_would(tiny_run, tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
     result = invoke("compare", results, other, "--gate")
-    assert result.exit_code == 4 and "method_params.bits: 4 -> 2" in result.output
+    assert result.exit_code == 0 and "method_params.bits: 4 -> 2" in result.output
+    assert invoke("compare", results, other, "--gate", "--strict").exit_code == 4
     broken = tmp_path / "broken.json"
     broken.write_text(results.read_text()[:100])
     result = invoke("compare", broken, results, "--gate")

@@ -210,6 +210,31 @@ def test_missing_case_counts_only_when_expect_all():
     assert filtered.exit_code() == 0
 
 
+def test_a_run_that_recorded_its_filters_is_judged_as_a_subset_by_default():
+    """run --baseline and a later compare --gate of its file decide alike: from the file."""
+    baseline = run(case("a/m/x", m=lower(1)), case("b/m/x", m=lower(1)))
+    current = run(case("a/m/x", m=lower(1)))
+    current.selection = {"only": "a/*"}
+    assert gate(current, baseline, [REL5]).exit_code() == 0
+    current.selection = {}
+    current.settings = {"shard": "1/2"}
+    assert gate(current, baseline, [REL5]).exit_code() == 0
+    current.settings = {}
+    assert gate(current, baseline, [REL5]).exit_code() == 1
+
+
+def test_a_plug_in_only_one_run_loaded_is_no_finding():
+    """A subset that needed none of the plug-in's methods did not load it: nothing changed."""
+    entry = {"module": "mine", "distribution": "mine", "version": "1", "sha256": "a98abd0d7de8ff"}
+    baseline, current = run(case(m=lower(1))), run(case(m=lower(1)))
+    baseline.plugins = {"mine": entry}
+    assert gate(current, baseline, [REL5]).reasons == []
+    current.plugins = {"mine": {**entry, "sha256": "bbbbbbbbbbbbbb"}}
+    assert gate(current, baseline, [REL5]).reasons == [
+        "plug-in mine changed: mine 1, source sha256 a98abd0d7de8 in the baseline, mine 1, "
+        "source sha256 bbbbbbbbbbbb now"]
+
+
 def test_new_case_is_listed_and_not_gated():
     report = gate(run(case("a/m/x", m=lower(1)), case("n/m/x", m=lower(1))),
                   run(case("a/m/x", m=lower(1))), [REL5])
@@ -230,7 +255,10 @@ def test_other_data_is_not_comparable_and_exits_4():
     assert report.reasons == ["proofs/m/x=1: not comparable, its definition differs: "
                               "data.tokens_sha256: 'bbb' -> 'aaa'"]
     assert [r.verdict for r in report.rows] == ["not comparable"]
-    assert report.exit_code() == 4
+    assert report.exit_code() == 0  # marked, never judged; strict makes it exit 4
+    assert gate(run(case(comparable={"tokens_sha256": "aaa"}, m=lower(2))),
+                run(case(comparable={"tokens_sha256": "bbb"}, m=lower(1))), [REL5],
+                strict=True).exit_code() == 4
 
 
 def test_another_method_setting_under_the_same_label_is_never_a_regression():
@@ -241,9 +269,23 @@ def test_another_method_setting_under_the_same_label_is_never_a_regression():
                            mse=lower(0.006))), [REL5])
     assert report.regressions == [] and report.improvements == []
     assert {r.verdict for r in report.rows} == {"not comparable"}
-    assert report.exit_code() == 4
+    assert report.exit_code() == 0 and report.not_comparable_cases == ["proofs/m/x=1"]
     assert report.reasons == ["proofs/m/x=1: not comparable, its definition differs: "
                               "method_params.bits: 4 -> 8"]
+
+
+def test_the_comparable_cases_are_still_gated_beside_one_that_is_not():
+    """One changed setting does not blind the gate: the other case's regression counts."""
+    changed = case(method_params={"bits": 8}, m=lower(1))
+    changed.id = "proofs/other/x=1"
+    old_changed = case(method_params={"bits": 4}, m=lower(1))
+    old_changed.id = "proofs/other/x=1"
+    report = gate(run(case(m=lower(2)), changed), run(case(m=lower(1)), old_changed), [REL5])
+    assert report.not_comparable_cases == ["proofs/other/x=1"]
+    assert [r.case_id for r in report.regressions] == ["proofs/m/x=1"]
+    assert report.exit_code() == 1
+    assert gate(run(case(m=lower(2)), changed), run(case(m=lower(1)), old_changed), [REL5],
+                strict=True).exit_code() == 4
 
 
 def test_records_without_a_fingerprint_are_compared_field_by_field():
@@ -251,7 +293,7 @@ def test_records_without_a_fingerprint_are_compared_field_by_field():
     old.fingerprint = new.fingerprint = ""  # written by schema 1
     assert gate(run(new), run(old), [REL5]).exit_code() == 0
     new.method_params = {"bits": 2}
-    assert gate(run(new), run(old), [REL5]).exit_code() == 4
+    assert gate(run(new), run(old), [REL5]).not_comparable_cases == ["proofs/m/x=1"]
 
 
 def test_a_setting_added_since_the_baseline_left_unset_keeps_the_case_comparable():
@@ -275,7 +317,7 @@ def test_a_baseline_record_edited_by_hand_is_not_comparable():
     new.method_params = {"bits": 4}
     new.fingerprint = fingerprint(new)
     report = gate(run(new), run(old), [REL5])
-    assert report.exit_code() == 4
+    assert report.not_comparable_cases == ["proofs/m/x=1"]
     assert "edited by hand" in report.reasons[0]
 
 

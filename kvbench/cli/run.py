@@ -35,7 +35,12 @@ from kvbench.cli.verdicts import exit_code, summary
 @click.option("--repeats", type=click.IntRange(min=1), help="Repeats for timed metrics.")
 @click.option("--limit", type=click.IntRange(min=1), help="Run at most N cases (after filters).")
 @click.option("--baseline", type=click.Path(dir_okay=False),
-              help="Gate against this stored results file (exit 1 on regression).")
+              help="Gate against this stored results file (exit 1 on regression). A case the "
+                   "baseline defines otherwise (another setting) is run, marked not comparable "
+                   "and named with the command that refreshes its baseline; the rest are gated.")
+@click.option("--strict", is_flag=True,
+              help="With --baseline: a case the baseline defines otherwise is refused (exit 4) "
+                   "before anything runs.")
 @click.option("--resume", is_flag=True, help="Keep finished cases from --out and run the rest.")
 @click.option("--isolate", is_flag=True,
               help="Run each case in a fresh process: a crash, an out-of-memory kill or a hang "
@@ -53,14 +58,16 @@ from kvbench.cli.verdicts import exit_code, summary
               help="Run only shard I of N: a stable split of the cases by id (CI job "
                    "matrices); join the shards with `kvbench merge`.")
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
-def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, resume,
-        isolate, executor, address, shard, dry_run):
+def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, strict,
+        resume, isolate, executor, address, shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate."""
     if executor == "ray" and isolate:  # options that cannot go together: before anything else
         fail("--isolate is for --executor local: on Ray every case already runs in a "
              "worker process, and a worker that dies costs its case one retry")
     if executor != "ray" and address:
         fail("--address is for --executor ray")
+    if strict and not baseline:
+        fail("--strict is for --baseline")
     try:
         importlib.import_module("torch")  # every case needs it: refused before any work
     except ImportError as exc:
@@ -99,7 +106,7 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
     # what an interrupted run prints to continue it: the same cases, the same settings
     again = {"--only": only, "--methods": methods, "--device": device, "--backend": backend,
              "--repeats": repeats, "--limit": limit, "--baseline": baseline,
-             "--isolate": isolate, "--address": address,
+             "--strict": strict, "--isolate": isolate, "--address": address,
              "--executor": executor if executor != "local" else None,
              "--shard": shard and f"{shard.index}/{shard.count}"}
     resume_command = shlex.join(
@@ -108,8 +115,10 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
            for part in ([flag] if value is True else [flag, str(value)])] + ["--resume"])
     runner = _start_executor(executor, address, isolate)
     try:
-        _run_with(runner, suite, resume_command, cases, out_dir, baseline, resume, repeats,
-                  shard)
+        selection = {k: v for k, v in (("only", only), ("methods", methods), ("limit", limit))
+                     if v is not None}
+        _run_with(runner, suite, resume_command, cases, out_dir, baseline, strict, resume,
+                  repeats, shard, selection)
     finally:
         runner.close()
 
@@ -163,9 +172,9 @@ def _start_executor(kind: str, address: str | None, isolate: bool):
         fail(str(exc))
 
 
-def _load_baseline_or_exit(path: str, suite, key: str, cases):
+def _load_baseline_or_exit(path: str, suite, key: str, cases, strict: bool):
     """The baseline, refused (exit 4) before running when it cannot judge this run: another
-    schema, suite or machine, or a selected case defined otherwise there."""
+    schema, suite or machine, or (strict) a selected case defined otherwise there."""
     from kvbench.judge.baseline import baseline_problems, definition_problems
 
     if not Path(path).exists():
@@ -185,13 +194,17 @@ def _load_baseline_or_exit(path: str, suite, key: str, cases):
     problems = definition_problems(baseline, [case.record() for case in cases])
     if problems:
         shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
-        fail(f"baseline {path} is not comparable: {len(problems)} case(s) are defined otherwise"
-             f" there:\n  {shown}", EXIT_BASELINE)
+        if strict:
+            fail(f"baseline {path} is not comparable (--strict): {len(problems)} case(s) are "
+                 f"defined otherwise there:\n  {shown}", EXIT_BASELINE)
+        console.print(f"[yellow]baseline {escape(path)}:[/] {len(problems)} case(s) are defined "
+                      f"otherwise there; they run and are marked not comparable, the rest are "
+                      f"gated (--strict refuses them):\n  {escape(shown)}", soft_wrap=True)
     return baseline
 
 
-def _run_with(executor, suite, resume_command, cases, out_dir, baseline, resume, repeats,
-              shard):
+def _run_with(executor, suite, resume_command, cases, out_dir, baseline, strict, resume,
+              repeats, shard, selection):
     from kvbench.run.ray_executor import RayUnavailable
 
     try:
@@ -200,7 +213,8 @@ def _run_with(executor, suite, resume_command, cases, out_dir, baseline, resume,
         fail(str(exc))
     baseline_result = None
     if baseline:
-        baseline_result = _load_baseline_or_exit(baseline, suite, machine["key"], cases)
+        baseline_result = _load_baseline_or_exit(baseline, suite, machine["key"], cases,
+                                                 strict)
 
     from kvbench.judge.gate import gate
     from kvbench.report.markdown import write_reports
@@ -212,12 +226,11 @@ def _run_with(executor, suite, resume_command, cases, out_dir, baseline, resume,
         with hold_out_dir(out_dir):
             outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
                                 progress=RichProgress(), repeats_override=repeats,
-                                executor=executor, shard=shard)
+                                executor=executor, shard=shard, selection=selection)
             result = outcome.result
             gate_report = None
-            if baseline_result is not None:
-                filtered = shard is not None or len(cases) != len(suite.cases)
-                gate_report = gate(result, baseline_result, expect_all=not filtered)
+            if baseline_result is not None:  # as `compare --gate` judges the same files
+                gate_report = gate(result, baseline_result, strict=strict)
             try:
                 write_reports(result, out_dir, gate=gate_report)
             except OSError as exc:
@@ -235,7 +248,7 @@ def _run_with(executor, suite, resume_command, cases, out_dir, baseline, resume,
             f"\n[yellow]interrupted.[/] Finished cases are kept in {out_dir / JSONL}. "
             f"Continue with:\n  {escape(resume_command)}", soft_wrap=True)
         sys.exit(EXIT_INTERRUPTED)
-    summary(result, gate_report, out_dir)
+    summary(result, gate_report, out_dir, baseline)
     sys.exit(exit_code(result, gate_report))
 
 

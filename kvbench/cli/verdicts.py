@@ -1,6 +1,7 @@
 """How a finished run ends on the terminal: its claims table, its summary, its exit code."""
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -50,6 +51,15 @@ def exit_causes(result, gate_report) -> list[str]:
     return causes + [f"{kind}: {text}" for kind, text in _cases_and_gate(result, gate_report)]
 
 
+def refresh_command(gate_report, results_path, baseline_path) -> str | None:
+    """The command that makes this run the baseline of the cases the baseline defines otherwise
+    (the rest of the baseline kept); None when there are none."""
+    if gate_report is None or not gate_report.not_comparable_cases:
+        return None
+    return shlex.join(["kvbench", "baseline", "save", str(results_path), "--to",
+                       str(baseline_path), "--cases", ",".join(gate_report.not_comparable_cases)])
+
+
 def _cases_and_gate(result, gate_report) -> list[tuple[str, str]]:
     """(kind, text) for each case that did not finish and each thing the gate found."""
     from kvbench.report.kit.tables import fmt_number
@@ -67,7 +77,7 @@ def _cases_and_gate(result, gate_report) -> list[tuple[str, str]]:
     return lines
 
 
-def summary(result, gate_report, out_dir: Path) -> None:
+def summary(result, gate_report, out_dir: Path, baseline_path: str | None = None) -> None:
     from kvbench.run.files import JSON, REPORT
 
     claims = [cl for c in result.cases for cl in c.claims]
@@ -85,6 +95,8 @@ def summary(result, gate_report, out_dir: Path) -> None:
     if gate_report is not None:
         parts.append(f"regressions {len(gate_report.regressions)}")
         parts.append(f"improvements {len(gate_report.improvements)}")
+        if gate_report.not_comparable_cases:
+            parts.append(f"not comparable {len(gate_report.not_comparable_cases)}")
     parts.append(f"errors {len(errors)}")
     if refused:
         why = ", ".join(f"{count}: {reason}" for reason, count in sorted(refused.items()))
@@ -93,6 +105,10 @@ def summary(result, gate_report, out_dir: Path) -> None:
     for kind, text in _cases_and_gate(result, gate_report):
         mark = "[yellow]gate:[/]" if kind == "gate" else f"[red]{kind}[/]"
         console.print(f"  {mark} {escape(text)}")
+    refresh = refresh_command(gate_report, out_dir / JSON, baseline_path)
+    if refresh:
+        console.print("  to gate them from now on, make this run their baseline:\n    "
+                      + escape(refresh), soft_wrap=True)
     for case in result.cases:
         for warning in case.warnings:
             console.print(f"  [yellow]warning[/] {escape(case.id)}: {escape(warning)}")

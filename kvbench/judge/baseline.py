@@ -35,3 +35,34 @@ def definition_problems(baseline: RunResult, planned: list[CaseResult]) -> list[
         if differences:
             problems.append(f"{record.id}: " + "; ".join(differences))
     return problems
+
+
+class RefreshRefused(ValueError):
+    """The cases asked for cannot be taken from that run into that baseline."""
+
+
+def refreshed(baseline: RunResult, run: RunResult, case_ids: list[str]) -> RunResult:
+    """`baseline` with the cases `case_ids` taken from `run` (replaced, or added): the baseline of
+    the cases a changed setting made not comparable, the others' kept. The run-level record (the
+    suite as resolved, its gate settings, versions) is the run's, which defines those cases."""
+    problems = baseline_problems(baseline, run.suite.name, run.machine.get("key"))
+    by_id = {case.id: case for case in run.cases}
+    unknown = [case_id for case_id in case_ids if case_id not in by_id]
+    if unknown:
+        problems.append(f"not in the run: {', '.join(unknown)} (it has {len(by_id)} case(s))")
+    failed = [case_id for case_id in case_ids if case_id in by_id
+              and by_id[case_id].status != "ok"]
+    if failed:
+        problems.append(f"did not finish ok in the run: {', '.join(failed)}")
+    if run.interrupted:
+        problems.append("the run was interrupted; finish it with --resume first")
+    if problems:
+        raise RefreshRefused("; ".join(problems))
+    taken = set(case_ids)
+    kept = [by_id[case.id] if case.id in taken else case for case in baseline.cases]
+    known = {case.id for case in baseline.cases}
+    added = [by_id[case_id] for case_id in case_ids if case_id not in known]
+    return run.model_copy(update={
+        "cases": kept + added, "plugins": {**baseline.plugins, **run.plugins},
+        "planned": [case.id for case in kept + added], "selection": {},
+    })

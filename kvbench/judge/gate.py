@@ -10,7 +10,8 @@ Each row names the rule that judged it:
 - absolute timing: shown, not gated, unless the suite's gate sets absolute_timings; then judged
   as a ratio is.
 A case defined otherwise than the baseline's (another method setting, benchmark setting,
-model, data, backend) is not comparable: never a regression, never an improvement.
+model, data, backend) is not comparable: never a regression, never an improvement; the rest are
+still gated, and only a strict gate exits 4 for it.
 
 Reads result records only (no runner, no suite loader, no torch), so a gate can be re-run from
 two JSON files.
@@ -94,13 +95,14 @@ class GateReport:
     not_comparable_cases: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     expect_all: bool = True  # missing cases count as regressions
+    strict: bool = False  # a case not comparable exits 4 (else it is marked, and the rest gated)
 
     def regressed(self) -> bool:
         lost = self.failed_cases or (self.expect_all and self.missing_cases)
         return bool(self.regressions or lost)
 
     def exit_code(self) -> int:
-        if not self.comparable or self.not_comparable_cases:
+        if not self.comparable or (self.strict and self.not_comparable_cases):
             return 4
         return 1 if self.regressed() else 0
 
@@ -109,17 +111,22 @@ def gate(
     current: RunResult,
     baseline: RunResult,
     policies: Sequence[GatePolicy] | None = None,
-    expect_all: bool = True,
+    expect_all: bool | None = None,
+    strict: bool = False,
 ) -> GateReport:
     """Judge every metric of `current` against `baseline`.
 
     policies: the gate settings that apply; each metric gets the strictest. Default: both runs'
     stored suites (policies_of).
-    expect_all: the current run was not filtered, so a case (or metric) that the baseline has and
-    this run lacks counts as a regression: CI notices a dropped case.
+    expect_all: a case (or metric) that the baseline has and this run lacks counts as a
+    regression: CI notices a dropped case. Default: unless the run says it was a subset (its
+    filters or shard, RunResult.is_subset), so a run and a later gate of its file agree.
+    strict: a case not comparable makes the gate exit 4.
     """
     policies = list(policies or policies_of(current, baseline))
-    report = GateReport(expect_all=expect_all)
+    if expect_all is None:
+        expect_all = not current.is_subset()
+    report = GateReport(expect_all=expect_all, strict=strict)
     _check_run_level(current, baseline, report)
     now = {case.id: case for case in current.cases}
     before = {case.id: case for case in baseline.cases}
@@ -148,17 +155,16 @@ def _check_run_level(current: RunResult, baseline: RunResult, report: GateReport
         if now != before:
             report.comparable = False
             report.reasons.append(f"{what} differs: baseline {before!r}, current {now!r}")
-    # a plug-in's code is judged as kvbench's own is, but said: its changes explain the rows
-    for module in sorted(current.plugins.keys() | baseline.plugins.keys()):
-        before, now = baseline.plugins.get(module), current.plugins.get(module)
+    # a plug-in's code is judged as kvbench's own is, but said: its changes explain the rows.
+    # One that only one run loaded (a subset that needed none of its methods) changed nothing.
+    for module in sorted(current.plugins.keys() & baseline.plugins.keys()):
+        before, now = baseline.plugins[module], current.plugins[module]
         if before != now:
             report.reasons.append(f"plug-in {module} changed: {_code(before)} in the baseline,"
                                   f" {_code(now)} now")
 
 
-def _code(entry: dict[str, str] | None) -> str:
-    if entry is None:
-        return "absent"
+def _code(entry: dict[str, str]) -> str:
     parts = [f"{entry['distribution']} {entry['version']}"] if "distribution" in entry else []
     return ", ".join(parts + [f"source sha256 {entry.get('sha256', '?')[:12]}"])
 

@@ -125,6 +125,8 @@ def _gate_section(gate: GateReport) -> str:
     missing_note = " (count as regressions: the run was not filtered)" if gate.expect_all else ""
     for title, ids in ((f"Missing cases{missing_note}", gate.missing_cases),
                        ("New cases (not in the baseline)", gate.new_cases),
+                       ("Not comparable cases (defined otherwise: not gated)",
+                        gate.not_comparable_cases),
                        ("Failed cases", gate.failed_cases)):
         if ids:
             lines += ["", f"### {title}", ""] + [f"- `{case_id}`" for case_id in ids]

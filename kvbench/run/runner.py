@@ -129,6 +129,7 @@ def run_suite(
     isolate: bool = False,
     executor: Executor | None = None,
     shard: Shard | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """Run `cases` (default: all of the suite's) into out_dir.
 
@@ -139,7 +140,8 @@ def run_suite(
     part of `cases` (kvbench.run.shard); the header keeps all of `cases` as planned, for `kvbench
     merge` to find what no shard ran. isolate: each case in a fresh child process
     (kvbench.run.isolated); executor: where the cases run (default in this process, or as isolate
-    says); the caller closes an executor it passes.
+    says); the caller closes an executor it passes. selection: the filters that chose `cases`
+    (the command line's --only, --methods, --limit), recorded for the gate.
     """
     out_dir = Path(out_dir)
     progress = progress or Silent()
@@ -151,14 +153,14 @@ def run_suite(
     executor = executor or (ChildProcesses() if isolate else InProcess())
     try:
         return _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_override,
-                          executor, shard, device, backend)
+                          executor, shard, device, backend, selection or {})
     finally:
         if own:
             executor.close()
 
 
 def _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_override, executor,
-               shard, device, backend) -> RunOutcome:
+               shard, device, backend, selection) -> RunOutcome:
     device_name, machine = executor.machine(device, backend)
     if shard is not None and not cases:
         progress.notice(f"shard {shard} holds none of the {len(planned)} case(s); an empty run "
@@ -179,6 +181,7 @@ def _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_overrid
                 ),
                 settings=settings,
                 planned=[c.id for c in planned],
+                selection=selection,
                 started=now(),
             )
             _append(out_dir / JSONL, header_line(header), kept=0)
