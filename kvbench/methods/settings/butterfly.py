@@ -18,7 +18,7 @@ class Butterfly(MethodSettings):
     the sink block and one partner block, merged in one softmax.
 
     Source: "Compressed Butterfly" (seeds/003; its bna/topology/butterfly.py,
-    bna/mlx/attention.py, bna/mlx/compressed_cache.py), restated in METHODS.md. Upstream's
+    bna/mlx/attention.py, bna/mlx/compressed_cache.py), restated in docs/methods.md. Upstream's
     behaviour kept here: blocks of `block_size` tokens; a summary is the mean of the block's
     post-RoPE keys and the mean of its values, in float32; a query at position q in block
     b = q // B attends exactly to the last `window` tokens [q - W + 1, q] and to the summaries of

@@ -34,9 +34,10 @@ class Kivi(KernelSettings, MethodSettings):
 
     Keys and values use different codecs (key_codec() and value_codec(); codec() is None).
 
-    Defaults: METHODS.md §KIVI (bits=2, group_size=32, residual=128); upstream jy-yuan/KIVI has no
-    single default: utils/process_args.py ModelArguments (k_bits=v_bits=2, group_size=128,
-    residual_length=128), example.py (k_bits=v_bits=2, group_size=32, residual_length=32).
+    Defaults: docs/methods.md §KIVI (bits=2, group_size=32, residual=128); upstream
+    jy-yuan/KIVI has no single default: utils/process_args.py ModelArguments (k_bits=v_bits=2,
+    group_size=128, residual_length=128), example.py (k_bits=v_bits=2, group_size=32,
+    residual_length=32).
     """
 
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
