@@ -2,7 +2,8 @@
 results.jsonl cut mid-line or corrupt, two runs into one folder, a full disk, a broken baseline.
 
 Real processes are stopped while a case is blocked (the test plugin's KVB_BLOCK_AT), never
-after a sleep, so no test depends on timing luck.
+after a sleep, so no test depends on timing luck; every wait is for an event, its limit only
+catching a hang (HANG_S).
 """
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from pathlib import Path
 import pytest
 
 import kvbench.results
-from tests.plugins.cli_support import (  # noqa: F401 - wide_consoles is an autouse fixture
-    invoke, jsonl_lines, kvbench_process, logged, wait_until, wide_consoles,
-)
+from tests.plugins.cli_support import invoke, jsonl_lines, kvbench_process, logged, wait_until
 from tests.plugins.kvb_testplugin import BLOCK_AT
 from tests.plugins.suites import ROOT
+from tests.plugins.waits import HANG_S
 
 SUITE = ROOT / "tests" / "suites" / "cli" / "steps.yaml"  # five cases, each logs its index
 STEP_IDS = [f"tests.plugins.kvb_testplugin:Step/Nop/i={i}" for i in range(5)]
@@ -36,7 +36,7 @@ def reference(tmp_path_factory) -> list[dict]:
     """The cases of an uninterrupted run."""
     folder = tmp_path_factory.mktemp("reference")
     proc = kvbench_process(["run", SUITE, "--out", folder / "out"], folder)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, output
     return [deterministic(c) for c in json.loads((folder / "out" / "results.json").read_text())["cases"]]
 
@@ -45,15 +45,15 @@ def _stop_mid_case(tmp_path: Path, stop) -> tuple[Path, str, int]:
     """Run the suite until case 2 has started (and blocks), then stop it with `stop(proc)`."""
     out, log = tmp_path / "out", tmp_path / "cases.log"
     proc = kvbench_process(["run", SUITE, "--out", out], tmp_path, **{BLOCK_AT: "2"})
-    wait_until(lambda: logged(log) == [0, 1, 2], proc, "case 2 started")
+    wait_until(lambda: logged(log) == [0, 1, 2], proc, "case 2 started", timeout=HANG_S)
     stop(proc)
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=HANG_S)
     return out, output, proc.returncode
 
 
 def _resume(tmp_path: Path, out: Path) -> str:
     proc = kvbench_process(["run", SUITE, "--out", out, "--resume"], tmp_path)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, output
     return output
 
@@ -87,9 +87,9 @@ def test_the_resume_hint_keeps_the_filters_and_a_dry_run_says_what_it_would_run(
     out, log = tmp_path / "out", tmp_path / "cases.log"
     proc = kvbench_process(["run", SUITE, "--out", out, "--only", "*i=[0-3]"], tmp_path,
                            **{BLOCK_AT: "2"})
-    wait_until(lambda: logged(log) == [0, 1, 2], proc, "case 2 started")
+    wait_until(lambda: logged(log) == [0, 1, 2], proc, "case 2 started", timeout=HANG_S)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, output
     hint = output.partition("Continue with:\n")[2].splitlines()[0].strip()
     assert hint == f"kvbench run {SUITE} --out {out} --only '*i=[0-3]' --resume"
@@ -100,7 +100,7 @@ def test_the_resume_hint_keeps_the_filters_and_a_dry_run_says_what_it_would_run(
     assert [("kept" in row, "to run" in row) for row in rows] == [(True, False)] * 2 + [
         (False, True)] * 2
     proc = kvbench_process(args, tmp_path)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, output
     assert logged(log) == [0, 1, 2, 2, 3]  # case 4 was never asked for
 
@@ -180,7 +180,8 @@ def test_a_second_run_into_the_same_folder_is_refused_at_once(tmp_path, monkeypa
     out, log = tmp_path / "out", tmp_path / "cases.log"
     first = kvbench_process(["run", SUITE, "--out", out], tmp_path, **{BLOCK_AT: "0"})
     try:
-        wait_until(lambda: logged(log) == [0], first, "the first run's case 0 started")
+        wait_until(lambda: logged(log) == [0], first, "the first run's case 0 started",
+                   timeout=HANG_S)
         before = (out / "results.jsonl").read_bytes()
         second = invoke("run", SUITE, "--out", out)
         assert second.exit_code == 2

@@ -17,6 +17,7 @@ from kvbench.results import load_results
 from tests.plugins.cli_support import invoke, kvbench_process, load_json, wait_until
 from tests.plugins.extras import needs
 from tests.plugins.suites import ROOT
+from tests.plugins.waits import HANG_S
 
 # A cluster made by `ray start` asks clients for a token unless this is set (in every process).
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
@@ -73,7 +74,7 @@ def cluster():
     finally:
         for node in reversed(nodes):
             node.terminate()  # `ray start --block` stops its node's processes as it exits
-            node.wait(timeout=60)
+            node.wait(timeout=HANG_S)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -81,7 +82,7 @@ def cluster():
                 os.environ[key] = value
 
 
-def _wait_for_nodes(ray, address: str, count: int, timeout: float = 90) -> None:
+def _wait_for_nodes(ray, address: str, count: int, timeout: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -98,7 +99,7 @@ def _wait_for_nodes(ray, address: str, count: int, timeout: float = 90) -> None:
         time.sleep(0.5)
 
 
-def _on_ray(args: list, cwd: Path, timeout: float = 240) -> tuple[int, str]:
+def _on_ray(args: list, cwd: Path, timeout: float = HANG_S) -> tuple[int, str]:
     proc = kvbench_process(["run", *args], cwd, **NO_AUTH)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -157,10 +158,10 @@ def test_a_worker_killed_mid_case_costs_one_retry(cluster, tmp_path):
     proc = kvbench_process(["run", _suite(tmp_path, first), "--executor", "ray", "--address",
                             cluster, "--out", tmp_path / "out"], tmp_path, **NO_AUTH)
     wait_until(lambda: marker.exists() and marker.read_text().endswith("\n"), proc,
-               "the case's worker started", timeout=120)
+               "the case's worker started", timeout=HANG_S)
     time.sleep(1)  # for the driver to hear where the case started: the warning names the pid
     os.kill(int(marker.read_text()), signal.SIGKILL)
-    out, _ = proc.communicate(timeout=240)
+    out, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, out
     cases = {c.benchmark.rpartition(":")[2]: c for c in load_results(tmp_path / "out/results.json"
                                                                      ).cases}
@@ -181,13 +182,14 @@ def test_an_interrupted_ray_run_keeps_its_cases_stops_its_tasks_and_resumes(clus
                             "--out", out], tmp_path, **NO_AUTH)
     finished = lambda: (out / "results.jsonl").exists() and len(  # noqa: E731
         (out / "results.jsonl").read_text().splitlines()) >= 1 + 6
-    wait_until(lambda: marker.exists() and finished(), proc, "six cases finished", timeout=120)
+    wait_until(lambda: marker.exists() and finished(), proc, "six cases finished",
+               timeout=HANG_S)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, output
     assert "--resume" in output
     blocked = int(marker.read_text())
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_S
     while _alive(blocked) and time.monotonic() < deadline:  # its task was cancelled
         time.sleep(0.2)
     assert not _alive(blocked)
@@ -225,18 +227,17 @@ def test_a_hang_past_its_timeout_is_killed(cluster, tmp_path):
     from kvbench.run.runner import run_suite
     from kvbench.suite.loader import load_suite
 
-    # Only the hang has the 1-second limit, and the run must end far from both it and the
-    # hang's end: on a loaded machine the six other cases ran past 1 s, and the run past 60.
+    # Only the hang has the 1-second limit (on a loaded machine the six other cases ran past
+    # 1 s). It must end as a timeout whose worker was killed: a run that waited out the 600 s
+    # sleep could not say so, and no stopwatch is needed to tell.
     first = ("  - kind: tests.plugins.kvb_testplugin:Hang\n    params: {sleep_s: 600}\n"
              "    methods: [Nop-knob1]\n    timeout_s: 1")
     suite = load_suite(_suite(tmp_path, first))
     executor = RayExecutor(address=cluster, grace_s=1)
     try:
-        started = time.monotonic()
         run = run_suite(suite, tmp_path / "out", executor=executor).result
     finally:
         executor.close()
-    assert time.monotonic() - started < 300
     [hung] = [c for c in run.cases if c.status != "ok"]
     assert hung.status == "timeout" and "its Ray worker was killed" in hung.error.message
     assert sum(c.status == "ok" for c in run.cases) == 6
@@ -257,7 +258,7 @@ def _quick_local_and_on_ray(cluster, tmp_path, *select):
     local = invoke("run", QUICK, "--out", tmp_path / "local", *select)
     assert local.exit_code == 0, local.output
     code, out = _on_ray([QUICK, "--executor", "ray", "--address", cluster,
-                         "--out", tmp_path / "ray", *select], ROOT, timeout=900)
+                         "--out", tmp_path / "ray", *select], ROOT)
     assert code == 0, out
     ours, theirs = (_deterministic(tmp_path / f"{where}/results.json")
                     for where in ("ray", "local"))

@@ -15,7 +15,9 @@ from kvbench.cli.common import console, fail
 @click.argument("what", type=click.Choice(["methods", "benchmarks", "models", "suites"]))
 @click.argument("name", required=False)
 def list_(what, name):
-    """List registered methods, benchmarks, bundled models, or the suites under ./suites.
+    """List registered methods, benchmarks, bundled models, or suites: those shipped with
+    kvbench, by the name that runs one (`kvbench run quick`), and those under ./suites when it
+    is another folder, by their path.
 
     Each method and benchmark is shown with its parameters and the first sentence of its
     docstring.
@@ -66,11 +68,18 @@ def list_(what, name):
                           f" transformers' {config['model_type']} config")
     else:
         from kvbench.suite.loader import suite_descriptions
+        from kvbench.suite.locate import shipped_folder
 
         table.add_column("suite")
         table.add_column("description")
-        for path, description in suite_descriptions(Path("suites")):
-            table.add_row(str(path), escape(description))
+        shipped = shipped_folder()
+        for path, description in suite_descriptions(shipped):
+            table.add_row(path.relative_to(shipped).with_suffix("").as_posix(),
+                          escape(description))
+        local = Path("suites")
+        if local.is_dir() and local.resolve() != shipped:
+            for path, description in suite_descriptions(local):
+                table.add_row(escape(str(path)), escape(description))
     console.print(table)
 
 

@@ -16,6 +16,8 @@ class RichProgress:
         )
         self.task = None
         self.case_id = ""
+        # per started case: its claims against another case, judged when the run ends
+        self.judged_later: dict[str, int] = {}
 
     def start(self, total, skipped):
         if skipped:
@@ -28,6 +30,7 @@ class RichProgress:
 
     def case_started(self, case):
         self.case_id = case.id
+        self.judged_later[case.id] = sum(claim.reference is not None for claim in case.claims)
         self.bar.update(self.task, status=escape(case.id))
 
     def status(self, text):
@@ -37,9 +40,7 @@ class RichProgress:
         mark = {"ok": "[green]ok[/]", "error": "[red]error[/]", "timeout": "[red]timeout[/]",
                 "refused": "[yellow]refused[/]"}
         line = f"{mark[result.status]} {escape(result.id)} ({result.duration_s:.1f} s)"
-        if result.claims:
-            held = sum(c.verdict == "held" for c in result.claims)
-            line += f"  claims {held}/{len(result.claims)}"
+        line += _claims(result, self.judged_later.pop(result.id, 0))
         if result.error:
             line += f"  [red]{escape(result.error.type)}: {escape(result.error.message[:200])}[/]"
         self.bar.console.print(line)
@@ -47,3 +48,17 @@ class RichProgress:
 
     def stop(self):
         self.bar.stop()
+
+
+def _claims(result, judged_later: int) -> str:
+    """The claims of a finished case's line, "claims 1/1, 2 judged at the end": its own claims
+    that held, and those against another case, judged once the run has finished (an ok case's
+    only)."""
+    later = judged_later if result.status == "ok" else 0
+    parts = []
+    if result.claims:
+        held = sum(c.verdict == "held" for c in result.claims)
+        parts.append(f"{held}/{len(result.claims)}")
+    if later:
+        parts.append(f"{later} judged at the end")
+    return f"  claims {', '.join(parts)}" if parts else ""

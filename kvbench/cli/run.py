@@ -60,7 +60,10 @@ from kvbench.cli.verdicts import exit_code, summary
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
 def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, strict,
         resume, isolate, executor, address, shard, dry_run):
-    """Run a suite: every case, its claims, and the baseline gate."""
+    """Run a suite: every case, its claims, and the baseline gate.
+
+    SUITE is a YAML file, or the name of a suite shipped with kvbench (`kvbench run quick`;
+    `kvbench list suites` names them)."""
     if executor == "ray" and isolate:  # options that cannot go together: before anything else
         fail("--isolate is for --executor local: on Ray every case already runs in a "
              "worker process, and a worker that dies costs its case one retry")

@@ -1,0 +1,5 @@
+"""How long a test waits for an event (a process to end, a line to be logged) before it calls it
+a hang. Generous on purpose: a busy machine makes a test slow, never wrong. A speed target is a
+suite's claim, measured by a benchmark, not a test's stopwatch (tests/test_test_hygiene.py)."""
+
+HANG_S = 900.0
