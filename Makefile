@@ -48,5 +48,5 @@ test-kvpress: $(KVPRESS_VENV)/bin/kvbench
 site: install
 	$(BIN)/kvbench report reports/*/results.json --format html --link --out reports
 	@if command -v chromium >/dev/null; then chromium --headless --no-sandbox --disable-gpu \
-	  --hide-scrollbars --window-size=1400,2000 --screenshot=reports/site.png \
+	  --hide-scrollbars --window-size=1400,2400 --screenshot=reports/site.png \
 	  "file://$(CURDIR)/reports/index.html" 2>/dev/null; else echo "no chromium: no screenshot"; fi

@@ -191,3 +191,35 @@ def test_the_serving_block_serves_what_it_says():
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+# Each generated section and the command that makes it: what the page shows is what the
+# committed run holds (a table edited by hand, or a run remade without it, fails here).
+SECTIONS = {
+    ("README.md", "headline"): [
+        "reports/quick/results.json", "--benchmark", "perplexity,niah", "--columns",
+        "perplexity,ppl_rel_delta,score,kv_bytes,compression_ratio,retained_kv", "--claims"],
+    ("reports/quick/README.md", "quick"): ["reports/quick/results.json"],
+    ("docs/architectures.md", "architectures"): [
+        "reports/architectures/results.json", "--grid", "parity:own_attention_max_logit_diff"],
+    ("docs/architectures.md", "architectures-mlx"): [
+        "reports/architectures-mlx/results.json", "--grid",
+        "parity:own_attention_max_logit_diff"],
+}
+
+
+@pytest.mark.parametrize("page, section", list(SECTIONS), ids=[s for _, s in SECTIONS])
+def test_a_generated_section_is_what_its_command_makes(tmp_path, page, section):
+    from tests.plugins.cli_support import invoke
+
+    copy = tmp_path / Path(page).name
+    copy.write_text((ROOT / page).read_text())
+    args = [str(ROOT / SECTIONS[page, section][0]), *SECTIONS[page, section][1:]]
+    done = invoke("report", *args, "--readme", copy, "--section", section)
+    assert done.exit_code == 0, done.output
+    assert copy.read_text() == (ROOT / page).read_text()
+    if page == "README.md":  # the README names the command that made its table
+        results, *choices = SECTIONS[page, section]
+        command = " ".join(["kvbench report", results, "--readme", page, "--section", section,
+                            *choices])
+        assert command in " ".join((ROOT / page).read_text().split())

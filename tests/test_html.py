@@ -12,10 +12,12 @@ import pytest
 
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
+from kvbench.methods.settings import build_method
 from kvbench.report.html import build_site
 from kvbench.report.kit.benchmark import BenchmarkReport, Board
 from kvbench.report.kit.figures import method_family
 from kvbench.report.kit.tables import md_table, ok_cases
+from kvbench.report.markdown import render_markdown
 from kvbench.results import Metric, load_results, save_results
 from tests.plugins.browser import Browser, chromium_path
 from tests.plugins.cli_support import invoke
@@ -30,7 +32,8 @@ class _Tables(HTMLParser):
         super().__init__()
         self.tables: dict[str, list[tuple[dict, list[str], list[str]]]] = {}
         self.details: dict[str, str] = {}
-        self._table = self._row = self._cell = self._detail = None
+        self._table = self._row = self._cell = None
+        self._details: list[str | None] = []
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
@@ -43,9 +46,10 @@ class _Tables(HTMLParser):
             self._cell = []
         elif tag == "a" and self._row is not None and attrs.get("href"):
             self._row[2].append(attrs["href"])
-        elif tag == "details":
-            self._detail = attrs["id"]
-            self.details[self._detail] = ""
+        elif tag == "details":  # folds nest (the paired tables): each to its own id, if any
+            self._details.append(attrs.get("id"))
+            if attrs.get("id"):
+                self.details[attrs["id"]] = ""
 
     def handle_endtag(self, tag):
         if tag == "table":
@@ -58,13 +62,14 @@ class _Tables(HTMLParser):
                 self._table.append(self._row)
             self._row = None
         elif tag == "details":
-            self._detail = None
+            self._details.pop()
 
     def handle_data(self, data):
         if self._cell is not None:
             self._cell.append(data)
-        if self._detail is not None:
-            self.details[self._detail] += data
+        for ident in self._details:
+            if ident:
+                self.details[ident] += data
 
 
 def _body_rows(table):
@@ -309,7 +314,7 @@ def test_boards_show_settings_one_front_over_runs_contents_and_a_claims_filter(t
             _body_rows(parsed.tables["board-proofs"])}
     assert rows[("#1", "intq-4bit-g32")][1][3] == "bits=4"
     assert rows[("#1", "intq-8bit")][1][3] == "bits=8"
-    assert rows[("#1", "fp16")][1][3] == "-"  # nothing tells fp16 apart from itself
+    assert rows[("#1", "fp16")][1][3] == "dtype=float16"  # identity's default dtype is auto
     assert rows[("#1", "intq-4bit-g32")][0].get("class") != "front"  # #2's beats it
     assert rows[("#2", "intq-4bit-g32")][0].get("class") == "front"
     text = page.read_text()
@@ -362,3 +367,110 @@ def test_in_a_browser_the_contents_the_claims_filter_and_boards_that_fit(browser
     for href in full:
         browser.open(href)
         assert browser.js("document.images.length === 1 && document.images[0].naturalWidth > 0")
+
+
+# ------------------------------------------------------------ issue 48: what the page hides
+
+
+def test_settings_name_what_differs_from_the_method_s_defaults(tmp_path):
+    """The settings column read "-" for every method with one case on its board."""
+    run = load_results(SMALL_RESULTS)
+    intq = next(c for c in run.cases if c.id.startswith("perplexity/intq"))
+    wider = intq.model_copy(deep=True, update={
+        "id": intq.id + "-g64", "method_label": "intq-g64",
+        "method_params": {**intq.method_params, "group_size": 64}})
+    elsewhere = intq.model_copy(deep=True, update={
+        "id": intq.id + "-plugin", "method": "tests.nowhere:Gone", "method_label": "gone"})
+
+    def alone(method: str, **params):  # a method's one case, its settings built as a suite would
+        return intq.model_copy(deep=True, update={
+            "id": f"{intq.id}-{method}", "method": method, "method_label": method,
+            "method_params": build_method(method, params).params()})
+
+    run.cases = [c for c in run.cases if c.benchmark == "perplexity" and c.method != "intq"]
+    run.cases += [intq, wider, elsewhere, alone("kivi"), alone("snapkv", ratio=0.25)]
+    _, parsed = _site(tmp_path, run)
+    settings = {cells[1]: cells[2] for _, cells, _ in _body_rows(parsed.tables["board-perplexity"])}
+    assert settings["intq-g64"] == "group_size=64"  # the default is 32
+    assert settings["intq-4bit-g32"] == "group_size=32"  # what tells it from intq-g64
+    assert settings["snapkv"] == "ratio=0.25"  # alone on its board: "-" before
+    assert settings["kivi"] == "defaults"
+    assert settings["fp16"] == "dtype=float16"
+    assert settings["gone"] == "-"  # settings not found here: nothing to compare with
+
+
+def test_byte_ratio_columns_name_what_they_are_against(tmp_path):
+    """identity's compression_ratio read 0.5 with nothing to say it is against 16-bit K/V."""
+    run = load_results(SMALL_RESULTS)
+    page, parsed = _site(tmp_path, run)
+    head = parsed.tables["board-perplexity"][0][1]
+    assert "compression_ratio × vs 16-bit K/V ↑" in head
+    assert "retained_kv × vs the model's own cache ↓" in head
+    note = page.read_text().split("id='leaderboard-perplexity'")[1].split("<table")[0]
+    assert "a float32 model's own cache (identity) reads 0.5" in note
+
+
+def test_an_unmet_goal_says_why(tmp_path):
+    run = load_results(SMALL_RESULTS)
+    case = next(c for c in run.cases if c.claims)
+    goal = "needs the fused kernel, not written yet"
+    case.claims[0] = case.claims[0].model_copy(update={"verdict": "unmet", "goal": goal})
+    page, parsed = _site(tmp_path, run)
+    verdicts = [cells[4] for _, cells, _ in _body_rows(parsed.tables["claims"])]
+    assert f"unmet: {goal}" in verdicts
+    assert f"unmet</span>: {goal}" in page.read_text()  # and in the case's details
+
+
+def test_the_paired_verdicts_are_report_md_s(tmp_path):
+    """Each method's verdict against identity, as report.md has it, summed up at the top of the
+    page, its table folded below the summary."""
+    paths = [ROOT / "reports/niah/results.json", ROOT / "reports/eviction/results.json"]
+    runs = [load_results(path) for path in paths]
+    page = build_site([(str(p), r) for p, r in zip(paths, runs)], tmp_path / "site").read_text()
+    parsed = _Tables(page)
+    summary = {cells[1]: cells for _, cells, _ in _body_rows(parsed.tables["paired-summary"])}
+    assert set(summary) == {"niah", "perplexity"}
+    titles = dict(re.findall(r"<tr><td>#(\d)</td><td><a href='#paired-\d-(\w+)'>", page))
+    assert titles == {"1": "niah", "2": "perplexity"}
+    row = page.split("<a href='#paired-1-niah'>niah</a>")[1].split("</tr>")[0]
+    listed = dict(zip(("worse", "not separated", "better"),
+                      re.findall(r"<td class='methods'(?: title='([^']*)')?>", row)))
+    report = render_markdown(runs[0])
+    table = report.split("### NIAH: against identity, on the same samples\n\n")[1].split("\n\n")[0]
+    for line in table.splitlines()[2:]:
+        method, scope, *_, verdict = [c.strip() for c in line.strip("|").split("|")]
+        assert method in listed[verdict], (method, scope, verdict)
+    # the folded table is report.md's, row for row
+    folded = page.split("<details id='paired-1-niah' class='paired'>")[1].split("</details>")[0]
+    assert folded.count("<tr>") == len(table.splitlines()) - 1  # its head and every row
+    eviction = [c for c in runs[1].cases if isinstance(c.info.get("vs_plain"), dict)
+                and c.method != "identity"]
+    counts = re.findall(r"class='verdict (?:worse|not-separated|better)'>(\d+)</span>",
+                        page.split("<a href='#paired-2-perplexity'>")[1].split("</tr>")[0])
+    assert sum(map(int, counts)) == len(eviction)  # every method once, identity left out
+
+
+@needs_browser
+def test_in_a_browser_at_1400_px_the_page_leads_with_its_figures_and_every_table_fits(
+        browser, tmp_path):
+    """Issue 48: tables wider than the window (the ★ column off-screen at 1400 px), no figure
+    at the top. Every fold opened, no table scrolls sideways, and the first viewport holds the
+    figures and the paired summary."""
+    paths = sorted(glob.glob(str(ROOT / "reports/*/results.json")))
+    page = build_site([(p, load_results(p)) for p in paths], tmp_path / "site", link=True)
+    browser.open(page.as_uri())
+    assert browser.errors == []
+    assert browser.js("window.innerWidth") == 1400
+    browser.js("document.querySelectorAll('details').forEach(d => d.open = true)")
+    wide = browser.js("[...document.querySelectorAll('.scroll')]"
+                      ".filter(d => d.scrollWidth > d.clientWidth + 1)"
+                      ".map(d => d.closest('section, details').id)")
+    assert wide == [] and browser.js("document.documentElement.scrollWidth") <= 1400
+    stars = browser.js("[...document.querySelectorAll('.star')].map(s => "
+                       "s.getBoundingClientRect().right)")
+    assert stars and max(stars) <= 1400  # the ★ column in the window
+    browser.js("document.querySelectorAll('details').forEach(d => d.open = false)")
+    top = "(s => document.querySelector(s).getBoundingClientRect().top)"
+    assert browser.js(f"{top}('svg.chart')") < 600
+    assert browser.js(f"{top}('#paired-summary')") < 2000
+    browser.screenshot(tmp_path / "page.png")

@@ -212,3 +212,100 @@ def test_a_grid_puts_models_in_rows_and_methods_in_columns_and_reasons_below():
     assert "| tiny:llama | 4.000e-06 | 0.94 |  |" in lines
     assert "| tiny:mistral | 1.000e-05 | refused [1] | refused [1] |" in lines
     assert lines[-1] == "- [1] every layer slides" and grid.count("every layer slides") == 1
+
+
+# ------------------------------------------------------------ what --readme puts in its section
+
+
+def test_a_section_chooses_its_benchmarks_and_columns_in_the_order_given(small):
+    from kvbench.report.readme import SectionChoice, render_section
+
+    assert render_section(small) == render_section_table(small)  # the default: as before
+    text = render_section(small, SectionChoice(("perplexity", "proofs"),
+                                               ("ppl_rel_delta", "cosine", "compression_ratio")))
+    assert text.index("### perplexity") < text.index("### proofs")
+    perplexity, proofs = text.split("### proofs")
+    head = next(line for line in perplexity.splitlines() if line.startswith("| method"))
+    assert head == "| method | ppl_rel_delta ↓ | compression_ratio (x) ↑ |"  # it has no cosine
+    head = next(line for line in proofs.splitlines() if line.startswith("| method"))
+    assert head == "| method | cosine ↑ | compression_ratio (x) ↑ | status |"  # turbo3 crashed
+    assert "encode_ms" not in text and "timed metrics" not in text  # their legend goes too
+
+
+def test_an_unknown_benchmark_or_column_names_the_choices(small):
+    from kvbench.report.readme import SectionChoice, render_section
+
+    with pytest.raises(ValueError, match=r"'niah'.*it has: proofs, perplexity"):
+        render_section(small, SectionChoice(("niah",)))
+    with pytest.raises(ValueError) as info:
+        render_section(small, SectionChoice(("proofs",), ("cosine", "cosinus")))
+    message = str(info.value)
+    assert "'cosinus'" in message and "'cosine'," not in message
+    assert "proofs: compression_ratio, bits_per_value, mse, cosine" in message
+
+
+def test_the_paired_table_and_the_claims_are_report_md_s():
+    """--paired takes each benchmark's comparisons against identity from its part of report.md;
+    --claims its cases' claims."""
+    from kvbench.report.readme import SectionChoice, render_section
+    from kvbench.results import load_results
+    from tests.plugins.suites import ROOT
+
+    niah = load_results(ROOT / "reports/niah/results.json")
+    plain = render_section(niah, SectionChoice(("niah",)))
+    text = render_section(niah, SectionChoice(("niah",), paired=True, claims=True))
+    report = render_markdown(niah)
+    paired = report.split("### NIAH: against identity, on the same samples\n\n")[1]
+    table = paired.split("\n\n")[0]
+    assert table.startswith("| method | length | pairs |") and table in text
+    assert table not in plain and "#### NIAH: against identity" in text  # under ### niah
+    claims = [c for case in niah.cases for c in case.claims]
+    assert claims and text.endswith(report.split("## Claims\n\n")[1].split("\n\n")[0])
+    assert "### Claims" in text and "### Claims" not in plain
+    with pytest.raises(ValueError, match="--paired: no comparison against identity in proofs"):
+        render_section(load_results(ROOT / "reports/quick/results.json"),
+                       SectionChoice(("proofs",), paired=True))
+
+
+def test_the_line_above_a_table_names_what_the_suite_set_not_each_default():
+    """Issue 48: `min_samples=16` above RULER's table where the suite set samples and no
+    half_width: bench_params record every default, and the line named them all."""
+    from kvbench.report.readme import SectionChoice, render_section, suite_settings
+    from kvbench.results import load_results
+    from tests.plugins.suites import ROOT
+
+    ruler = load_results(ROOT / "reports/ruler/results.json")
+    entries = [e for e in ruler.suite.resolved["benchmarks"] if e["kind"] == "ruler"]
+    set_by_suite = {k for e in entries for part in ("params", "matrix") for k in e[part]}
+    assert suite_settings(ruler, "ruler") == set_by_suite and "min_samples" not in set_by_suite
+    every_line = render_section(ruler, SectionChoice(suite_settings=False)).splitlines()[2]
+    assert "min_samples=16" in every_line  # --all-settings: every default, as before
+    line = render_section(ruler).splitlines()[2]
+    assert line.startswith("<sub>all rows: ")
+    shown = {part.split("=")[0] for part in line.removeprefix("<sub>all rows: ").split(" · ")
+             if "=" in part}
+    assert shown - {"model", "device", "seed"} <= set_by_suite and "samples" in shown
+    assert "min_samples" not in line and "the other settings at their defaults" in line
+
+
+def test_the_command_line_chooses_the_section(tmp_path, small):
+    from kvbench.results import save_results
+    from tests.plugins.cli_support import invoke
+
+    path = tmp_path / "results.json"
+    save_results(path, small)
+    readme = tmp_path / "README.md"
+    start, end = markers("mine")
+    readme.write_text(f"{start}\n{end}\n")
+    made = invoke("report", path, "--readme", readme, "--section", "mine", "--benchmark",
+                  "perplexity", "--columns", "ppl_rel_delta,kv_bytes", "--claims")
+    assert made.exit_code == 0, made.output
+    text = readme.read_text()
+    assert "### perplexity" in text and "### proofs" not in text and "### Claims" in text
+    assert "| method | ppl_rel_delta ↓ | kv_bytes ↓ |" in text
+    refused = invoke("report", path, "--columns", "ppl_rel_delta,nope")
+    assert refused.exit_code == 2 and "'nope'" in refused.output and "ppl_rel_delta" in refused.output
+    refused = invoke("report", path, "--benchmark", "ruler")
+    assert refused.exit_code == 2 and "it has: proofs, perplexity" in refused.output
+    refused = invoke("report", path, "--grid", "proofs:cosine", "--paired")
+    assert refused.exit_code == 2 and "--grid" in refused.output

@@ -25,7 +25,23 @@ from kvbench.cli.common import console, fail, load_results_or_exit
               help="Instead of the tables: METRIC of BENCHMARK's cases as a grid, a row per "
                    "model and a column per method (refused cases marked, their reasons below); "
                    "repeatable. For a suite that runs its methods on several models.")
-def report(results_paths, fmt, out_dir, link, readme, section, grids):
+@click.option("--benchmark", "benchmarks", multiple=True, metavar="NAME[,NAME...]",
+              help="The tables (with --readme, or to stdout): only these benchmarks, in this "
+                   "order; repeatable or comma-separated. Default: every benchmark of the run.")
+@click.option("--columns", metavar="METRIC[,METRIC...]",
+              help="The tables: only these metrics, in this order (each a metric of a chosen "
+                   "benchmark). Default: every metric.")
+@click.option("--paired", is_flag=True,
+              help="The tables: each benchmark's comparisons against identity on the same "
+                   "samples below its table, as report.md has them (ruler, niah, perplexity).")
+@click.option("--claims", is_flag=True,
+              help="The tables: the chosen benchmarks' claims and their verdicts after them.")
+@click.option("--all-settings", is_flag=True,
+              help="The tables: the line above each names every setting equal in all its rows, "
+                   "defaults included (default: only those the suite set, and the model, "
+                   "device and seed).")
+def report(results_paths, fmt, out_dir, link, readme, section, grids, benchmarks, columns,
+           paired, claims, all_settings):
     """Render a report from results.json (or results.jsonl) alone, without re-running.
 
     `kvbench report reports/*/results.json --format html --out reports/site` makes the results
@@ -49,13 +65,21 @@ def report(results_paths, fmt, out_dir, link, readme, section, grids):
     result = load_results_or_exit(results_paths[0])
     if bool(readme) != bool(section):
         fail("--readme and --section go together")
-    if grids and fmt != "md":
-        fail("--grid renders Markdown: leave --format at md")
-    if readme or grids:
-        from kvbench.report.readme import inject_section, render_grids, render_section_table
+    chosen = bool(benchmarks or columns or paired or claims or all_settings)
+    if (grids or chosen) and fmt != "md":
+        fail("--grid and the table options render Markdown: leave --format at md")
+    if grids and chosen:
+        fail("--grid draws its own table: leave out --benchmark, --columns, --paired, --claims "
+             "and --all-settings")
+    if readme or grids or chosen:
+        from kvbench.report.readme import (
+            SectionChoice, inject_section, render_grids, render_section,
+        )
 
+        choice = SectionChoice(_names(benchmarks), _names([columns] if columns else []),
+                               paired, claims, not all_settings)
         try:
-            text = render_grids(result, list(grids)) if grids else render_section_table(result)
+            text = render_grids(result, list(grids)) if grids else render_section(result, choice)
             if not readme:
                 click.echo(text)
                 return
@@ -70,3 +94,9 @@ def report(results_paths, fmt, out_dir, link, readme, section, grids):
         from kvbench.report.markdown import render_markdown
 
         click.echo(render_markdown(result))
+
+
+def _names(values) -> tuple[str, ...]:
+    """Names given as repeated options, comma-separated, or both, in order, once each."""
+    return tuple(dict.fromkeys(name.strip() for value in values for name in value.split(",")
+                               if name.strip()))

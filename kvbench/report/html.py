@@ -2,10 +2,16 @@
 files alone, to open from disk (no server, no network, no script or font from elsewhere).
 
 DIR/index.html holds, for every run given:
+- headline figures at the top (kvbench.report.html_figures): quality against compression with
+  the Pareto front per benchmark, the memory ladder, throughput against users;
+- the paired comparisons against identity, as each run's report.md has them, with a summary of
+  each method's verdict (worse / not separated / better);
 - a leaderboard per benchmark kind: one row per case, its compression and quality figures, the
-  Pareto front (per run and benchmark parameters) marked; sortable by any column, filterable by
-  method family;
-- the run's claims, with verdict and where each was stated (`suite.yaml:line`);
+  Pareto front (per run and benchmark parameters) marked; each method's settings that differ
+  from its defaults; a byte ratio's column names what it is against; sortable by any column,
+  filterable by method family;
+- the run's claims, with verdict (an unmet goal with its reason) and where each was stated
+  (`suite.yaml:line`);
 - its figures (the PNGs `kvbench report` draws, beside the run's files);
 - every case in full: id, parameters, suite hash, git sha, machine, every metric; each cell of a
   leaderboard links to it.
@@ -16,18 +22,20 @@ DIR/runs/<n>-<suite>/ holds each run's results.json, report.md and figures.
 """
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.judge.gate import fingerprint_differences
 from kvbench.report.html_assets import SCRIPT, STYLE
-from kvbench.report.kit.benchmark import Board
-from kvbench.report.kit.figures import method_family, pareto_front
+from kvbench.report.html_boards import leaderboard
+from kvbench.report.html_figures import headline_figures
+from kvbench.report.html_paired import against_identity_section
+from kvbench.report.html_parts import esc, row, section, table
+from kvbench.report.html_run import Run
+from kvbench.report.kit.figures import method_family
 from kvbench.report.kit.tables import fmt_number
 from kvbench.report.markdown import benchmark_report, write_reports
 from kvbench.files import atomic_write_text
@@ -35,26 +43,7 @@ from kvbench.results import CaseResult, Metric, RunResult, save_results
 
 PAGE = "index.html"
 
-
-# A benchmark's leaderboard shows the columns of its report's board; one without a board shows
-# its first metrics.
-_FALLBACK_COLUMNS = 6
-
-
-@dataclass
-class Run:
-    """One result file on the page: its number, where it came from, its folder (its
-    results.json, report.md and figures) as a path relative to the page, and its figures."""
-
-    index: int
-    source: str
-    result: RunResult
-    folder: str
-    figures: list[str]
-
-    @property
-    def label(self) -> str:
-        return f"#{self.index} {self.result.suite.name} · {self.result.machine.get('key', '?')}"
+__all__ = ["PAGE", "Run", "board_order", "build_site", "render_page"]
 
 
 def build_site(sources: list[tuple[str, RunResult]], out_dir: str | Path,
@@ -84,12 +73,16 @@ def render_page(runs: list[Run]) -> str:
     anchors = {(run.index, case.id): f"c{n}" for n, (run, case) in enumerate(cases, start=1)}
     families = sorted({method_family(case.method) for _, case in cases})
     kinds = board_order(list(dict.fromkeys(case.benchmark for _, case in cases)))
+    boards = {kind: benchmark_report(kind).board for kind in kinds}
+    figures = headline_figures(kinds, boards, runs)
     parts = [
         _head(runs),
-        _runs_table(runs),
+        section("Headline figures", figures) if figures else "",
+        against_identity_section(runs, kinds),
         _family_filter(families),
-        *(_leaderboard(kind, runs, anchors) for kind in kinds),
+        *(leaderboard(kind, runs, anchors) for kind in kinds),
         _claims(runs, anchors),
+        _runs_table(runs),
         _comparison(runs, anchors) if len(runs) > 1 else "",
         _figures(runs),
         _case_details(cases, anchors),
@@ -122,8 +115,8 @@ def _head(runs: list[Run]) -> str:
     names = ", ".join(sorted({run.result.suite.name for run in runs}))
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>kvbench: {_e(names)}</title><style>{STYLE}</style></head><body>"
-            f"<h1>kvbench results</h1><p class='lede'>{len(runs)} run(s): {_e(names)}. Made from "
+            f"<title>kvbench: {esc(names)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>kvbench results</h1><p class='lede'>{len(runs)} run(s): {esc(names)}. Made from "
             "result files alone by <code>kvbench report --format html</code>; every figure links "
             "to the case that produced it, and each run's <code>results.json</code> is beside "
             "this page.</p>")
@@ -133,94 +126,27 @@ def _runs_table(runs: list[Run]) -> str:
     rows = []
     for run in runs:
         r, machine = run.result, run.result.machine
-        rows.append(_row([
-            _e(f"#{run.index}"),
-            f"<a href='{run.folder}/results.json'>{_e(r.suite.name)}</a> "
+        sha = r.git_sha or "-"
+        rows.append(row([
+            esc(f"#{run.index}"),
+            f"<a href='{run.folder}/results.json'>{esc(r.suite.name)}</a> "
             f"(<a href='{run.folder}/report.md'>report.md</a>)",
-            f"<code>{_e(r.suite.hash[:12])}</code>", f"<code>{_e(r.git_sha or '-')}</code>",
-            _e(machine.get("key", "?")), _e(machine.get("cpu", "")),
-            _e(machine.get("device", "")), _e(r.kvbench_version), _e(r.started),
-            str(len(r.cases)), _e(run.source)]))
-    return _section("Runs", _table(["run", "suite", "suite hash", "git sha", "machine", "cpu",
+            f"<code title='{esc(r.suite.hash)}'>{esc(r.suite.hash[:12])}</code>",
+            # the full sha on hover: 40 digits would widen the table past the window
+            f"<code title='{esc(sha)}'>{esc(sha[:12])}{'+dirty' if sha.endswith('dirty') else ''}"
+            "</code>",
+            esc(machine.get("key", "?")), esc(machine.get("cpu", "")),
+            esc(machine.get("device", "")), esc(r.kvbench_version), esc(r.started),
+            str(len(r.cases)), esc(run.source)]))
+    return section("Runs", table(["run", "suite", "suite hash", "git sha", "machine", "cpu",
                                     "device", "kvbench", "started", "cases", "from"], rows))
 
 
 def _family_filter(families: list[str]) -> str:
-    boxes = "".join(f"<label><input type='checkbox' class='family' value='{_e(f)}' checked> "
-                    f"{_e(f)}</label>" for f in families)
+    boxes = "".join(f"<label><input type='checkbox' class='family' value='{esc(f)}' checked> "
+                    f"{esc(f)}</label>" for f in families)
     return (f"<fieldset id='families'><legend>method families shown</legend>{boxes}"
             "<button type='button' id='all-families'>all</button></fieldset>")
-
-
-def _leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
-    rows = [(run, case) for run in runs for case in run.result.cases
-            if case.benchmark == kind and case.status == "ok"]
-    if not rows:
-        return ""
-    board = benchmark_report(kind).board or _fallback_board(rows)
-    columns = [m for m in (board.compression, board.quality, *board.extra) if m is not None
-               and any(m in case.metrics for _, case in rows)]
-    front = _front(rows, board)
-    varying = _varying([case.bench_params for _, case in rows])
-    settings = {family: _varying([case.method_params for _, case in rows
-                                  if method_family(case.method) == family])
-                for family in {method_family(case.method) for _, case in rows}}
-    many = len(runs) > 1
-    head = (["run"] if many else []) + ["family", "method", "settings", "parameters"] + [
-        _metric_head(rows, m) for m in columns] + ["front"]
-    body = []
-    for run, case in rows:
-        link = anchors[(run.index, case.id)]
-        cells = ([_e(f"#{run.index}")] if many else []) + [
-            _e(method_family(case.method)), f"<a href='#{link}'>{_e(case.method_label)}</a>",
-            f"<td class='params'>"
-            f"{_e(_params(case.method_params, settings[method_family(case.method)]))}</td>",
-            f"<td class='params'>{_e(_params(case.bench_params, varying))}</td>"]
-        cells += [_metric_cell(case.metrics.get(m), link) for m in columns]
-        on = (run.index, case.id) in front
-        cells.append("<span class='star' title='on the Pareto front'>★</span>" if on else "")
-        body.append(_row(cells, family=method_family(case.method), front=on))
-    note = _board_note(board)
-    return _section(f"Leaderboard: {kind}", f"<p class='note'>{note}</p>" + _table(
-        head, body, sortable=True, table_id=f"board-{kind}"), level=2)
-
-
-def _fallback_board(rows: list[tuple[Run, CaseResult]]) -> Board:
-    names = list(dict.fromkeys(m for _, case in rows for m in case.metrics))
-    return Board(None, None, tuple(names[:_FALLBACK_COLUMNS]))
-
-
-def _front(rows: list[tuple[Run, CaseResult]], board: Board) -> set[tuple[int, str]]:
-    """(run, case id) of the cases on the Pareto front of the cases with their model and
-    benchmark parameters, across every run shown (one star for one board)."""
-    if board.compression is None or board.quality is None:
-        return set()
-    groups: dict[tuple, list[tuple[tuple[int, str], tuple[float, float]]]] = {}
-    for run, case in rows:
-        x, y = case.metrics.get(board.compression), case.metrics.get(board.quality)
-        if x is None or y is None or not (x.finite() and y.finite()):
-            continue
-        key = (case.model, json.dumps(case.bench_params, sort_keys=True, default=str))
-        point = (_lower_better(x), _lower_better(y))
-        groups.setdefault(key, []).append(((run.index, case.id), point))
-    on = set()
-    for members in groups.values():
-        ranked = pareto_front([point for _, point in members])
-        on |= {members[i][0] for i in ranked}
-    return on
-
-
-def _lower_better(metric: Metric) -> float:
-    return -metric.value if metric.direction == "higher" else metric.value
-
-
-def _board_note(board: Board) -> str:
-    if board.compression and board.quality:
-        return (f"★: on the Pareto front of <b>{_e(board.compression)}</b> against "
-                f"<b>{_e(board.quality)}</b>, among the cases of every run shown with the "
-                "same model and benchmark parameters: no other case is better on both. Click "
-                "a column to sort; a figure opens its case.")
-    return "Click a column to sort; a figure opens its case."
 
 
 def _claims(runs: list[Run], anchors: dict) -> str:
@@ -232,17 +158,19 @@ def _claims(runs: list[Run], anchors: dict) -> str:
                 measured = "-" if claim.measured is None else fmt_number(claim.measured)
                 if claim.measured is not None and claim.measured_as:  # a paired bound
                     measured += f" ({claim.measured_as})"
-                rows.append(_row([
-                    _e(f"#{run.index}"),
-                    f"<a href='#{anchors[(run.index, case.id)]}'>{_e(case.id)}</a>",
-                    f"<code>{_e(claim.claim)}</code>", _e(measured),
-                    f"<span class='verdict {claim.verdict}'>{claim.verdict}</span>",
-                    f"<code>{_e(claim.source or '-')}</code>"], verdict=claim.verdict))
+                verdict = f"<span class='verdict {claim.verdict}'>{claim.verdict}</span>"
+                if claim.verdict == "unmet" and claim.goal:  # a goal not met yet says why
+                    verdict += f"<span class='why'>: {esc(claim.goal)}</span>"
+                rows.append(row([
+                    esc(f"#{run.index}"),
+                    f"<a href='#{anchors[(run.index, case.id)]}'>{esc(case.id)}</a>",
+                    f"<code>{esc(claim.claim)}</code>", esc(measured), f"<td>{verdict}</td>",
+                    f"<code>{esc(claim.source or '-')}</code>"], verdict=claim.verdict))
     if not rows:
         return ""
     only = ("<label><input type='checkbox' id='claims-not-held'> only the claims not held"
             "</label>")
-    return _section("Claims", f"<p class='note'>{held} of {len(rows)} held. {only}</p>" + _table(
+    return section("Claims", f"<p class='note'>{held} of {len(rows)} held. {only}</p>" + table(
         ["run", "case", "claim", "measured", "verdict", "stated at"], rows, sortable=True,
         table_id="claims"))
 
@@ -264,26 +192,26 @@ def _comparison(runs: list[Run], anchors: dict) -> str:
                      f"<a href='#{anchors[(run.index, case.id)]}'>#{run.index}</a>")
             if differences or base.status != "ok" or case.status != "ok":
                 why = differences or [f"status {base.status} vs {case.status}"]
-                refused.append(_row([_e(case.id), links,
-                                     f"<td class='why'>{_e('; '.join(why))}</td>"]))
+                refused.append(row([esc(case.id), links,
+                                     f"<td class='why'>{esc('; '.join(why))}</td>"]))
                 continue
             for name in base.metrics.keys() & case.metrics.keys():
                 a, b = base.metrics[name], case.metrics[name]
                 ratio = b.value / a.value if a.value else None
-                rows.append(_row([_e(case.id), links, _e(name), _e(a.unit),
-                                  _e(fmt_number(a.value, a.unit)), _e(fmt_number(b.value, b.unit)),
+                rows.append(row([esc(case.id), links, esc(name), esc(a.unit),
+                                  esc(fmt_number(a.value, a.unit)), esc(fmt_number(b.value, b.unit)),
                                   _num(ratio, f"{ratio:.3g}" if ratio is not None else "-")]))
     if not rows and not refused:
         return ""
     body = ("<p class='note'>The same case id in two runs (other machines or backends), metric "
             "by metric, with B/A. Cases whose definition differs are not put side by side.</p>")
     if rows:
-        body += _table(["case", "runs A vs B", "metric", "unit", "A", "B", "B/A"], sorted(rows),
+        body += table(["case", "runs A vs B", "metric", "unit", "A", "B", "B/A"], sorted(rows),
                        sortable=True, table_id="comparison")
     if refused:
-        body += "<h3>Not comparable</h3>" + _table(["case", "runs", "why not"], refused,
+        body += "<h3>Not comparable</h3>" + table(["case", "runs", "why not"], refused,
                                                    table_id="not-comparable")
-    return _section("Side by side", body)
+    return section("Side by side", body)
 
 
 def _off_cpu(*cases: CaseResult) -> bool:
@@ -313,12 +241,12 @@ def _figures(runs: list[Run]) -> str:
             # the image opens full size: multi-panel figures are too small to read inline
             topics.setdefault(topic, []).append(
                 f"<figure><a href='{src}' title='open full size'><img src='{src}' "
-                f"alt='{_e(topic)}: {_e(what)}'></a><figcaption>{_e(topic.split(':')[0])}, "
-                f"{_e(what)} ({_e(run.label)}) · <a href='{src}'>full size</a></figcaption>"
+                f"alt='{esc(topic)}: {esc(what)}'></a><figcaption>{esc(topic.split(':')[0])}, "
+                f"{esc(what)} ({esc(run.label)}) · <a href='{src}'>full size</a></figcaption>"
                 "</figure>")
     if not topics:
         return ""
-    return _section("Figures", "".join(f"<h3>{_e(topic)}</h3>{''.join(blocks)}"
+    return section("Figures", "".join(f"<h3>{esc(topic)}</h3>{''.join(blocks)}"
                                        for topic, blocks in topics.items()))
 
 
@@ -327,37 +255,39 @@ def _case_details(cases: list[tuple[Run, CaseResult]], anchors: dict) -> str:
     for run, case in cases:
         r = run.result
         facts = [
-            ("run", f"<a href='{run.folder}/results.json'>{_e(run.label)}</a>"),
-            ("status", _e(case.status) + (f": {_e(case.error.type)}: {_e(case.error.message)}"
+            ("run", f"<a href='{run.folder}/results.json'>{esc(run.label)}</a>"),
+            ("status", esc(case.status) + (f": {esc(case.error.type)}: {esc(case.error.message)}"
                                           if case.error else "")),
-            ("benchmark", _e(case.benchmark)),
-            ("parameters", f"<code>{_e(json.dumps(case.bench_params, default=str))}</code>"),
-            ("method", f"{_e(case.method)} ({_e(case.method_label)})"),
+            ("benchmark", esc(case.benchmark)),
+            ("parameters", f"<code>{esc(json.dumps(case.bench_params, default=str))}</code>"),
+            ("method", f"{esc(case.method)} ({esc(case.method_label)})"),
             ("method parameters",
-             f"<code>{_e(json.dumps(case.method_params, default=str))}</code>"),
-            ("model", _e(f"{case.model or '-'} ({case.model_dtype})")),
-            ("backend, device", _e(f"{case.backend}, {case.device}")),
-            ("seed, threads", _e(f"{case.seed}, {case.threads or 'default'}")),
-            ("suite", f"{_e(r.suite.name)} <code>{_e(r.suite.hash[:12])}</code>"),
-            ("git sha", f"<code>{_e(r.git_sha or '-')}</code>"),
-            ("machine", _e(f"{r.machine.get('key')} · {r.machine.get('cpu', '')} · "
+             f"<code>{esc(json.dumps(case.method_params, default=str))}</code>"),
+            ("model", esc(f"{case.model or '-'} ({case.model_dtype})")),
+            ("backend, device", esc(f"{case.backend}, {case.device}")),
+            ("seed, threads", esc(f"{case.seed}, {case.threads or 'default'}")),
+            ("suite", f"{esc(r.suite.name)} <code>{esc(r.suite.hash[:12])}</code>"),
+            ("git sha", f"<code>{esc(r.git_sha or '-')}</code>"),
+            ("machine", esc(f"{r.machine.get('key')} · {r.machine.get('cpu', '')} · "
                            f"{r.machine.get('device', '')}")),
-            ("fingerprint", f"<code>{_e(case.fingerprint[:16])}</code>"),
-        ] + [("warning", _e(w)) for w in case.warnings]
+            ("fingerprint", f"<code>{esc(case.fingerprint[:16])}</code>"),
+        ] + [("warning", esc(w)) for w in case.warnings]
         facts_html = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
         metrics = "".join(
-            _row([_e(name), _e(fmt_number(m.value, m.unit)), _e(m.unit), _e(m.direction),
-                  _e(m.timing or "-"), _e(_spread(m))]) for name, m in case.metrics.items())
-        claims = "".join(f"<li><code>{_e(c.claim)}</code>: <span class='verdict {c.verdict}'>"
-                         f"{c.verdict}</span> ({_e(c.source)})</li>" for c in case.claims)
+            row([esc(name), esc(fmt_number(m.value, m.unit)), esc(m.unit), esc(m.direction),
+                  esc(m.timing or "-"), esc(_spread(m))]) for name, m in case.metrics.items())
+        claims = "".join(f"<li><code>{esc(c.claim)}</code>: <span class='verdict {c.verdict}'>"
+                         f"{c.verdict}</span>"
+                         + (f": {esc(c.goal)}" if c.verdict == "unmet" and c.goal else "")
+                         + f" ({esc(c.source)})</li>" for c in case.claims)
         blocks.append(
-            f"<details id='{anchors[(run.index, case.id)]}'><summary>{_e(case.id)} "
-            f"<span class='muted'>{_e(run.label)}</span></summary><table class='facts'>"
+            f"<details id='{anchors[(run.index, case.id)]}'><summary>{esc(case.id)} "
+            f"<span class='muted'>{esc(run.label)}</span></summary><table class='facts'>"
             f"{facts_html}</table>"
-            + (_table(["metric", "value", "unit", "better", "timing", "spread"],
+            + (table(["metric", "value", "unit", "better", "timing", "spread"],
                       [metrics]) if metrics else "")
             + (f"<ul>{claims}</ul>" if claims else "") + "</details>")
-    return _section("Cases", "".join(blocks))
+    return section("Cases", "".join(blocks))
 
 
 # ------------------------------------------------------------ pieces
@@ -370,64 +300,7 @@ def _spread(metric: Metric) -> str:
             f"{fmt_number(metric.max, metric.unit)}")
 
 
-def _metric_head(rows: list[tuple[Run, CaseResult]], name: str) -> str:
-    metric = next(case.metrics[name] for _, case in rows if name in case.metrics)
-    arrow = {"higher": " ↑", "lower": " ↓"}.get(metric.direction, "")
-    unit = f" [{metric.unit}]" if metric.unit else ""
-    return f"{name}{unit}{arrow}"
-
-
-def _metric_cell(metric: Metric | None, link: str) -> str:
-    if metric is None:
-        return "<td data-v=''>-</td>"
-    return (f"<td class='num' data-v='{metric.value!r}'><a href='#{link}'>"
-            f"{_e(fmt_number(metric.value, metric.unit))}</a></td>")
-
-
 def _num(value: float | None, shown: str) -> str:
-    return f"<td class='num' data-v='{'' if value is None else repr(value)}'>{_e(shown)}</td>"
+    return f"<td class='num' data-v='{'' if value is None else repr(value)}'>{esc(shown)}</td>"
 
 
-def _varying(params: list[dict]) -> set[str]:
-    """The parameters that differ between cases (a board's benchmark parameters, a family's
-    method settings): the others say nothing there (every case shows them all)."""
-    seen: dict[str, set[str]] = {}
-    for values in params:
-        for key, value in values.items():
-            seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
-    return {key for key, values in seen.items() if len(values) > 1}
-
-
-def _params(params: dict, keys: set[str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items() if k in keys) or "-"
-
-
-def _row(cells: list[str], family: str | None = None, front: bool = False,
-         verdict: str | None = None) -> str:
-    attrs = ""
-    if family is not None:
-        attrs += f" data-family='{_e(family)}'"
-    if front:
-        attrs += " class='front'"
-    if verdict is not None:
-        attrs += f" data-verdict='{verdict}'"
-    tds = "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells)
-    return f"<tr{attrs}>{tds}</tr>"
-
-
-def _table(head: list[str], rows: list[str], sortable: bool = False,
-           table_id: str | None = None) -> str:
-    ident = f" id='{table_id}'" if table_id else ""
-    cls = " class='sortable'" if sortable else ""
-    ths = "".join(f"<th>{_e(h) if not h.startswith('<') else h}</th>" for h in head)
-    return (f"<div class='scroll'><table{ident}{cls}><thead><tr>{ths}</tr></thead><tbody>"
-            f"{''.join(rows)}</tbody></table></div>")
-
-
-def _section(title: str, body: str, level: int = 2) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
-    return f"<section id='{slug}'><h{level}>{_e(title)}</h{level}>{body}</section>"
-
-
-def _e(text) -> str:
-    return html.escape(str(text), quote=True)

@@ -13,7 +13,7 @@ from kvbench.report.kit.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
 from kvbench.files import atomic_write_text
-from kvbench.results import RunResult
+from kvbench.results import CaseResult, RunResult
 
 STATUSES = ("ok", "error", "timeout", "refused")
 VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing",
@@ -37,7 +37,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
     if across:
         parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
                      f" ran it.\n\n{across}")
-    claims = _claims_section(result)
+    claims = claims_section(result.cases)
     if claims:
         parts.append(claims)
     warnings = [f"- `{case.id}`: {warning}" for case in result.cases for warning in case.warnings]
@@ -90,9 +90,11 @@ def _provenance(entry: dict[str, str]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _claims_section(result: RunResult) -> str:
+def claims_section(cases: list[CaseResult], heading: str = "## Claims") -> str:
+    """The cases' claims as a table under `heading`: measured, verdict (an unmet goal with its
+    reason) and where each was stated; "" when they have none."""
     rows = []
-    for case in result.cases:
+    for case in cases:
         for claim in case.claims:
             metric = case.metrics.get(claim.metric)
             ratio = parse_claim(claim.claim).relation == "/"  # against another case: no unit
@@ -106,7 +108,7 @@ def _claims_section(result: RunResult) -> str:
             rows.append([case.id, claim.claim, measured or "—", verdict, claim.source])
     if not rows:
         return ""
-    return "## Claims\n\n" + md_table(["case", "claim", "measured", "verdict", "source"], rows)
+    return f"{heading}\n\n" + md_table(["case", "claim", "measured", "verdict", "source"], rows)
 
 
 def _gate_section(gate: GateReport) -> str:

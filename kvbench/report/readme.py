@@ -1,11 +1,15 @@
-"""Keep README tables current: replace the text between a named pair of markers."""
+"""Keep README tables current: replace the text between a named pair of markers, with the
+tables a SectionChoice asks for (benchmarks, columns, the paired comparisons, the claims)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.report.against_identity import against_identity
 from kvbench.report.kit.tables import benchmark_table, by_benchmark, model_grid
+from kvbench.report.markdown import claims_section
 from kvbench.files import atomic_write_text
-from kvbench.results import RunResult
+from kvbench.results import CaseResult, RunResult
 
 
 def markers(section: str) -> tuple[str, str]:
@@ -33,11 +37,88 @@ def render_section_table(result: RunResult, benchmark: str | None = None) -> str
     """The compact table of one benchmark, or of each with a heading; made from the results file."""
     groups = by_benchmark(result.cases)
     if benchmark is not None:
-        if benchmark not in groups:
-            raise ValueError(f"no cases of benchmark {benchmark!r} in this run "
-                             f"(it has: {', '.join(groups) or 'none'})")
-        return benchmark_table(groups[benchmark])
-    return "\n\n".join(f"### {name}\n\n{benchmark_table(cases)}" for name, cases in groups.items())
+        return benchmark_table(_cases_of(groups, benchmark))
+    return render_section(result)
+
+
+@dataclass(frozen=True)
+class SectionChoice:
+    """What `kvbench report --readme` puts in its section; the defaults give every benchmark's
+    full table, under a line of the settings the suite set.
+
+    benchmarks: the benchmarks shown, in this order (default: every one of the run).
+    columns: the metrics shown, in this order; each must be a metric of a chosen benchmark, and
+        a benchmark's table has those it has (default: all of them).
+    paired: each benchmark's comparisons against identity, as report.md has them, below its
+        table (kvbench.report.against_identity).
+    claims: the claims of the chosen benchmarks' cases, after the tables.
+    suite_settings: the line above a table names only the settings the suite set (and the model,
+        device and seed), not every default; False: every setting equal in all rows."""
+
+    benchmarks: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+    paired: bool = False
+    claims: bool = False
+    suite_settings: bool = True
+
+
+def render_section(result: RunResult, choice: SectionChoice = SectionChoice()) -> str:
+    """The README section the choice asks for: a `### benchmark` heading and table per chosen
+    benchmark, its paired comparisons under it (paired), then the claims (claims). ValueError
+    naming the choices when a benchmark or a column is not in the run."""
+    groups = by_benchmark(result.cases)
+    chosen = {name: _cases_of(groups, name) for name in choice.benchmarks} or groups
+    columns = list(choice.columns) or None
+    if columns is not None:
+        _check_columns(chosen, columns)
+    parts, paired = [], 0
+    for name, cases in chosen.items():
+        settings = suite_settings(result, name) if choice.suite_settings else None
+        parts.append(f"### {name}\n\n{benchmark_table(cases, columns, settings)}")
+        if choice.paired:
+            blocks = against_identity(result, name)
+            paired += bool(blocks)
+            # a level below the benchmark's heading, under which they sit here
+            parts += [f"#{block}" if block.startswith("#") else block for block in blocks]
+    if choice.paired and not paired:
+        raise ValueError(f"--paired: no comparison against identity in {', '.join(chosen)} "
+                         "(ruler, niah and perplexity have one where identity ran the same "
+                         "samples)")
+    if choice.claims:
+        claims = claims_section([c for cases in chosen.values() for c in cases], "### Claims")
+        if not claims:
+            raise ValueError(f"--claims: no claim on the cases of {', '.join(chosen)}")
+        parts.append(claims)
+    return "\n\n".join(parts)
+
+
+def suite_settings(result: RunResult, benchmark: str) -> set[str] | None:
+    """The bench params the suite set for `benchmark`: its entries' params and matrix keys, as
+    the results file records the resolved suite; None when it records none (an old file)."""
+    entries = [entry for entry in result.suite.resolved.get("benchmarks") or []
+               if isinstance(entry, dict) and entry.get("kind") == benchmark]
+    if not entries:
+        return None
+    return {key for entry in entries for part in ("params", "matrix")
+            for key in (entry.get(part) or {})}
+
+
+def _cases_of(groups: dict[str, list[CaseResult]], benchmark: str) -> list[CaseResult]:
+    if benchmark not in groups:
+        raise ValueError(f"no cases of benchmark {benchmark!r} in this run "
+                         f"(it has: {', '.join(groups) or 'none'})")
+    return groups[benchmark]
+
+
+def _check_columns(chosen: dict[str, list[CaseResult]], columns: list[str]) -> None:
+    have = {name: list(dict.fromkeys(m for case in cases for m in case.metrics))
+            for name, cases in chosen.items()}
+    unknown = [c for c in columns if not any(c in metrics for metrics in have.values())]
+    if unknown:
+        listed = "; ".join(f"{name}: {', '.join(metrics) or 'none'}"
+                           for name, metrics in have.items())
+        raise ValueError(f"unknown column(s) {', '.join(map(repr, unknown))}: the metrics are "
+                         f"{listed}")
 
 
 def render_grids(result: RunResult, grids: list[str]) -> str:

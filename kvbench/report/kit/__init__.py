@@ -1,7 +1,7 @@
 """The primitives reports draw with, and that a benchmark's own report imports: Markdown tables
 and number formats (tables), what figures share (figures: family styles, the Pareto front,
-PNGs, `figure_text`), and the base of what a benchmark declares (benchmark: Board,
-BenchmarkReport). It sits below the benchmarks: nothing here names or imports one."""
+PNGs, `figure_text`), the results page's inline SVG charts in those styles (svg), and the base
+of what a benchmark declares (benchmark: Board, BenchmarkReport). It sits below the benchmarks: nothing here names or imports one."""
 from kvbench.report.kit.benchmark import BenchmarkReport, Board
 from kvbench.report.kit.figures import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, figure_text, method_family, pyplot, save_png,

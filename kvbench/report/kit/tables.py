@@ -126,21 +126,37 @@ def by_benchmark(cases: list[CaseResult]) -> dict[str, list[CaseResult]]:
     return groups
 
 
-def benchmark_table(cases: list[CaseResult]) -> str:
+# What every case has besides its bench params: the settings_set filter always keeps them.
+CASE_SETTINGS = ("model", "device", "model_dtype", "seed")
+
+
+def benchmark_table(cases: list[CaseResult], columns: list[str] | None = None,
+                    settings_set: set[str] | None = None) -> str:
     """One row per case (method and the settings that vary), one column per metric, then a legend.
 
     Settings (bench params, model, device) equal in every row are stated once above the table;
     unset ones (None) are not shown; a value too long for a cell is marked [n] and written out
-    below the table.
+    below the table. columns: the metrics shown, in that order (default: every metric of the
+    cases, in order of appearance); a case without one has an empty cell. settings_set: the
+    bench params the suite set (its benchmark entries' params and matrix): the line above the
+    table names only those, with the model, device, dtype and seed, and says the rest are at
+    their defaults (default: every setting equal in all rows).
     """
     labels = [_settings(case) for case in cases]
     keys = _ordered_keys(labels)
     fixed = [k for k in keys if _same_in_all(labels, k)]
     varying = [k for k in keys if k not in fixed]
+    at_defaults = False
+    if settings_set is not None:
+        kept = [k for k in fixed if k in settings_set or k in CASE_SETTINGS]
+        at_defaults = len(kept) < len(fixed)
+        fixed = kept
     metrics: dict[str, Metric] = {}  # first occurrence gives each column its unit and direction
     for case in cases:
         for name, metric in case.metrics.items():
             metrics.setdefault(name, metric)
+    if columns is not None:
+        metrics = {name: metrics[name] for name in columns if name in metrics}
     show_status = any(case.status != "ok" for case in cases)
     long_values: dict[tuple[str, str], str] = {}  # (setting, value) -> its mark, e.g. "[1]"
 
@@ -162,6 +178,8 @@ def benchmark_table(cases: list[CaseResult]) -> str:
         rows.append(row)
     right = set(range(1 + len(varying), 1 + len(varying) + len(metrics)))
     caption = " · ".join(f"{k}={shown(k, labels[0][k])}" for k in fixed)
+    if at_defaults:
+        caption += " · the other settings at their defaults"
     written_out = "\n".join(f"- {mark} {key}: `{value}`"
                              for (key, value), mark in long_values.items())
     parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
@@ -199,7 +217,8 @@ def _legend(cases: list[CaseResult], metrics: dict[str, Metric]) -> str:
         parts.append("↑ higher is better")
     if "lower" in directions:
         parts.append("↓ lower is better")
-    repeats = {len(m.samples) for c in cases for m in c.metrics.values() if is_timed(m)}
+    repeats = {len(m.samples) for c in cases for name, m in c.metrics.items()
+               if name in metrics and is_timed(m)}  # of the columns shown
     if repeats:
         of = f"{repeats.pop()} samples" if len(repeats) == 1 else "their samples"
         parts.append(f"timed metrics: median ± IQR/2 of {of}")
