@@ -69,8 +69,8 @@ def test_torch_cuda(case):
 
 
 def test_the_example_plugin_package_installs_and_passes(tmp_path):
-    """The README's plug-in example: installed as a package, found through the entry point,
-    checked with kvbench.testing by its own test file."""
+    """The eviction plug-in example of docs/writing-a-method.md: installed as a package, found
+    through the entry point, checked with kvbench.testing by its own test file."""
     # a copy: building it leaves build/ and egg-info beside the sources
     example = shutil.copytree(Path(__file__).parent / "data" / "example_plugin",
                               tmp_path / "example_plugin")
@@ -83,11 +83,11 @@ def test_the_example_plugin_package_installs_and_passes(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
-    # the README shows the package's source as it is, so its example is what ran here
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    # the page shows the package's source as it is, so its example is what ran here
+    page = (Path(__file__).parents[1] / "docs" / "writing-a-method.md").read_text()
     for name in ("__init__.py", "torch_cache.py"):
         source = (example / "kvbench_knorm" / name).read_text()
-        assert f"`kvbench_knorm/{name}`" in readme and f"```python\n{source}```\n" in readme
+        assert f"`kvbench_knorm/{name}`" in page and f"```python\n{source}```\n" in page
 
 
 # ---- the checks fail a method that breaks the contract -----------------------------------------

@@ -190,6 +190,7 @@ def test_kivi_base_uses_its_key_and_value_codecs():
      ("min_bits", {"min_bits": 4}), ("min_bits", {"base": "intq", "base_bits": 4, "min_bits": 3}),
      ("base_params", {"base_params": {"bits": 3}}), ("base_params", {"base_params": {"nope": 1}}),
      ("base_params", {"base_params": {"window": 8}}), ("decay_rate", {"decay_rate": 0}),
+     ("base_params", {"base": "intq", "base_bits": 4, "base_params": {"sinks": 4}}),
      ("window", {"window": -1}), ("segment", {"segment": 0}),
      ("segment", {"base": "kivi", "base_bits": 4, "segment": 48}),
      ("evict_below", {"evict_below": 0.5})],

@@ -240,3 +240,96 @@ def test_intq_errors_spread_more_at_fewer_bits():
     stds = [_values(_run(IntQ(bits=b)))["ip_error_std"] for b in (8, 4, 2)]
     kls = [_values(_run(IntQ(bits=b)))["attn_kl"] for b in (8, 4, 2)]
     assert stds[0] < stds[1] < stds[2] and kls[0] < kls[1] < kls[2]
+
+
+# --- a method's cache policy: not what proofs measure ------------------------------------------
+
+
+def test_proofs_measure_the_bare_codec_and_say_what_they_leave_out():
+    with_policy = _run(IntQ(bits=4, sinks=4, window=16))
+    bare = _run(IntQ(bits=4))
+    untimed = [name for name, spec in Proofs.metrics.items() if spec.timing is None]
+    # the same codec, so the same figures: sinks and window never reach the vectors
+    assert {n: with_policy.metrics[n].value for n in untimed} == \
+        {n: bare.metrics[n].value for n in untimed}
+    assert with_policy.info["policy_not_measured"] == [
+        "first 4 tokens full precision (sinks)", "newest 16 tokens full precision (window)"]
+    assert "policy_not_measured" not in bare.info
+
+
+def test_the_report_names_the_methods_whose_policy_proofs_leave_out(small):
+    from kvbench.benchmarks.reports.proofs import REPORT, bare_codec_note
+
+    assert bare_codec_note(small) is None  # intq without sinks or window: nothing left out
+    case = next(c for c in small.cases if c.benchmark == "proofs" and c.method == "intq")
+    case.info["policy_not_measured"] = ["newest 16 tokens full precision (window)"]
+    note = bare_codec_note(small)
+    assert note.startswith("Proofs measure the bare codecs")
+    assert f"{case.method_label} (newest 16 tokens full precision (window))" in note
+    assert note in REPORT.sections(small)
+
+
+POLICY_SUITE = """kvbench: 1
+methods:
+  - name: intq
+    label: intq-w16
+    params: {bits: 4, window: 16}
+    claims: ["mse <= 0.01", "ppl_rel_delta <= 1"]
+  - name: intq
+    label: intq4
+    params: {bits: 4}
+benchmarks:
+  - kind: proofs
+    params: {n_vectors: 64, dim: 16}
+    claims:
+      - {cases: "proofs/intq4", claim: "cosine >= 0.99"}
+      - {cases: "proofs/intq-*", claim: "cosine >= 0.98"}
+  - kind: perplexity
+    model: tiny:llama
+    methods: [intq-w16]
+    params: {context: 64, continuation: 16}
+    claims:
+      - {cases: "perplexity/intq-w16*", claim: "ppl_rel_delta <= 1"}
+"""
+
+
+def test_validate_refuses_a_proofs_claim_on_a_method_with_a_policy(tmp_path):
+    from kvbench.suite import SuiteError, load_suite
+    from tests.plugins.suites import line_of
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(POLICY_SUITE)
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    # the scoped claim that reaches intq-w16 and its own claim on a proofs metric; intq4's claim,
+    # and the claims on perplexity (a benchmark that runs the cache), stand
+    scoped, own = sorted(caught.value.issues, key=lambda i: i.line, reverse=True)
+    assert (scoped.line, scoped.key) == (line_of(path, "proofs/intq-*"),
+                                         "benchmarks[0].claims[1].claim")
+    assert (own.line, own.key) == (line_of(path, "mse <= 0.01"), "methods[0].claims[0]")
+    assert str(scoped) == (
+        f"{path}:{scoped.line}: benchmarks[0].claims[1].claim: claim 'cosine >= 0.98' is on"
+        " method 'intq-w16', whose cache does more than its codecs (newest 16 tokens full"
+        " precision (window)), and benchmark 'proofs' measures the codecs alone (its figure"
+        " would be the bare codec's: claim it in a benchmark that runs the cache (perplexity,"
+        " niah, quality), or leave the method out of the claim's cases)")
+
+
+
+@pytest.mark.parametrize("name, params, unseen", [
+    ("intq", {"sinks": 2}, ["first 2 tokens full precision (sinks)"]),
+    ("sparse_v", {"base": "intq", "base_params": {"window": 8}, "tau": 1e-4},
+     ["newest 8 tokens full precision (window)",
+      "value rows under softmax weight 0.0001 skipped at decode (sparse V)"]),
+    ("decay", {"window": 0, "evict_below": 0},
+     ["segments requantized from 3 to 2 bits as they age"]),
+    ("adaptive", {"base_params": {"block": 64, "window": 4}},
+     ["newest 4 tokens full precision (window)",
+      "per-KV-head widths set by calibration (its codecs: base_bits)"]),
+    ("adaptive", {"base_params": {"block": 64}, "scale": 0}, []),
+    ("turbo3", {}, []),
+])
+def test_what_a_method_does_beyond_its_codecs_is_named(name, params, unseen):
+    from kvbench.methods import build_method
+
+    assert build_method(name, params).policy_beyond_codec() == unseen

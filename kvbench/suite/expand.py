@@ -285,6 +285,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             cases.append(case(variant, suffix, dataclasses.asdict(params),
                               variant.refused or unsupported,
                               "LayersUnsupported" if unsupported else "LibraryMissing"))
+            _check_unseen_policy(entry.kind, cls, variant, cases[-1].id, claims, issues)
     return cases
 
 
@@ -464,6 +465,27 @@ def _check_reference(claim: Placed[Claim], labels: list[str], kind: str, issues:
         hint = did_you_mean(reference, labels).strip() or f"it runs: {', '.join(labels)}"
         issues.add(claim.doc, claim.path, f"claim {claim.value.text!r} compares with method"
                    f" {reference!r}, which benchmark {kind!r} does not run", hint)
+
+
+def _check_unseen_policy(kind: str, cls: type, variant: _Variant, case_id: str, claims,
+                         issues: Issues) -> None:
+    """A claim on a case of a benchmark that measures the codecs alone (its `codecs_only`: proofs)
+    whose method's cache does more than its codecs: refused, the figure is the bare codec's."""
+    unseen = getattr(variant.method, "policy_beyond_codec", None)
+    unseen = unseen() if getattr(cls, "codecs_only", False) and unseen is not None else []
+    if not unseen:
+        return
+    applied = [c for c in variant.claims if c.value.metric in cls.metrics]
+    applied += [c for c, pattern, _ in claims
+                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)]
+    for claim in applied:
+        issues.add(claim.doc, claim.path,
+                   f"claim {claim.value.text!r} is on method {variant.label!r}, whose cache does"
+                   f" more than its codecs ({'; '.join(unseen)}), and benchmark {kind!r}"
+                   " measures the codecs alone",
+                   "its figure would be the bare codec's: claim it in a benchmark that runs the"
+                   " cache (perplexity, niah, quality), or leave the method out of the claim's"
+                   " cases")
 
 
 def _check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues: Issues) -> None:

@@ -1,7 +1,8 @@
 """`proofs`: what a codec does to vectors: bytes, reconstruction error, inner products, attention.
 
 Keys and values (1, heads, T, D) are cast to `dtype` (the original the cache would hold), encoded
-and decoded by the method's codec; every error is measured against that original in float64.
+and decoded by the method's codecs alone, never through its cache (no full-precision sinks or
+window, no requantization or eviction); every error is measured against that original in float64.
 """
 from __future__ import annotations
 
@@ -105,6 +106,10 @@ class ProofsRun(Proofs):
         keys, values = data.keys.to(ctx.device, dtype), data.values.to(ctx.device, dtype)
         output = self._measure(key_codec, value_codec, keys, values, data, ctx)
         output.info["layout"] = method.layout()
+        # what the method's cache adds to its codecs is not in these figures: the report says so
+        unseen = method.settings.policy_beyond_codec()
+        if unseen:
+            output.info["policy_not_measured"] = unseen
         output.comparable = data.source
         return output
 

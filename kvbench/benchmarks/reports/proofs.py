@@ -1,5 +1,6 @@
-"""The proofs benchmark's part of the report: the rate-distortion figure of its cases (one
-panel per data kind, a line per method family, the Pareto front) after its table, and its
+"""The proofs benchmark's part of the report: after its table, a note naming the methods whose
+cache policy its rows leave out (they measure the bare codecs) and the rate-distortion figure of
+its cases (one panel per data kind, a line per method family, the Pareto front); its
 leaderboard's columns. Made from results alone; the figure needs matplotlib (without it, one
 line says so).
 """
@@ -276,13 +277,31 @@ def rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | Non
         f"({RATE_DISTORTION_PNG})", "rate-distortion plot")
 
 
+def bare_codec_note(result: RunResult) -> str | None:
+    """The line after the proofs table naming the methods whose cache does more than their codecs
+    (each case's info "policy_not_measured"), whose rows are their bare codecs' figures; None when
+    no proofs case has such a method."""
+    unseen: dict[str, list[str]] = {}
+    for case in result.cases:
+        policy = case.info.get("policy_not_measured") if case.benchmark == BENCHMARK else None
+        if policy:
+            unseen.setdefault(case.method_label, policy)
+    if not unseen:
+        return None
+    methods = "; ".join(f"{label} ({', '.join(policy)})" for label, policy in unseen.items())
+    return ("Proofs measure the bare codecs: every vector is encoded and decoded by the method's"
+            " codecs, never through its cache, so these rows leave out what a cache does beyond"
+            f" them. Not measured here: {methods}. The benchmarks that run the cache (perplexity,"
+            " niah, quality) measure it.")
+
+
 class ProofsReport(BenchmarkReport):
     board = Board("bits_per_value", "attn_output_error",
                   ("compression_ratio", "cosine", "mse", "ip_rel_error"))
 
     def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        figure = rate_distortion_figure(result, out_dir)
-        return [figure] if figure else []
+        parts = [bare_codec_note(result), rate_distortion_figure(result, out_dir)]
+        return [part for part in parts if part]
 
 
 REPORT = ProofsReport()

@@ -1,7 +1,8 @@
 """`proofs`: what a codec does to vectors: bytes, reconstruction error, inner products, attention.
 
 Keys and values (1, heads, T, D) are cast to `dtype` (the original the cache would hold), encoded
-and decoded by the method's codec; every error is measured against that original in float64.
+and decoded by the method's codecs alone, never through its cache (no full-precision sinks or
+window, no requantization or eviction); every error is measured against that original in float64.
 """
 from __future__ import annotations
 
@@ -49,8 +50,13 @@ class ProofsParams(Settings):
 @register_benchmark("proofs")
 class Proofs(Benchmark):
     """Codec fidelity on synthetic or captured K/V: ratio, bits/value, MSE, cosine, inner-product
-    and attention-output error, encode/decode time. Needs a method with a codec."""
+    and attention-output error, encode/decode time. Needs a method with a codec. Measures the
+    bare codecs: a method's cache policy (full-precision sinks or window, requantization,
+    eviction, sparse reads) is not applied, so a claim on a method that has one is refused."""
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    # every vector goes through the codecs, none through the cache: a suite's claim on a method
+    # whose settings' policy_beyond_codec() is not empty is refused (kvbench.suite.expand)
+    codecs_only = True
 
     Params = ProofsParams
     # Synthetic data needs no model; check() refuses data "captured" when the suite names none.

@@ -96,8 +96,10 @@ class FusedReads:
 
 
 class CodecCache(LayerCachePolicy):
-    """Stores keys and values packed by `codec`; the newest `window` tokens (and any tokens that
-    do not yet fill a whole `codec.token_block`) stay in full precision and count at their dtype.
+    """Stores keys and values packed by `codec`; the first `sinks` tokens (attention sinks), the
+    newest `window` tokens (and any tokens that do not yet fill a whole `codec.token_block`) stay
+    in full precision, as appended, and count at their dtype. Attention reads the sinks, the
+    packed tokens decoded, then the raw tail, in token order.
 
     Decoded-once path (keep_decoded(), before the first append): each chunk is also decoded when
     it is packed, cast to the raw dtype and kept, so attention_inputs() only concatenates. Offered
@@ -113,11 +115,14 @@ class CodecCache(LayerCachePolicy):
     `ops`: the arrays it holds (kvbench.backends.arrays.Arrays): torch tensors or mx.arrays, by
     the same code."""
 
-    def __init__(self, key_codec: Codec, value_codec: Codec, window: int, ops):
+    def __init__(self, key_codec: Codec, value_codec: Codec, window: int, ops, sinks: int = 0):
         self.ops = ops
         self.key_codec = key_codec
         self.value_codec = value_codec
         self.window = window
+        self.sinks = sinks
+        self._sink_k = None  # the first tokens, never packed (None: no token there yet)
+        self._sink_v = None
         self._block = max(key_codec.token_block, value_codec.token_block)
         self._packed: list[tuple[Packed, Packed]] = []
         self._packed_tokens = 0
@@ -148,6 +153,8 @@ class CodecCache(LayerCachePolicy):
 
     def _extend(self, keys, values) -> tuple | None:
         """Append raw; the (keys, values) that leave the window now, to be packed, or None."""
+        if self._sink_tokens < self.sinks:
+            keys, values = self._fill_sinks(keys, values)
         self._raw_k = self.ops.extend(self._raw_k, keys)
         self._raw_v = self.ops.extend(self._raw_v, values)
         spill = self._raw_k.shape[-2] - self.window
@@ -159,6 +166,22 @@ class CodecCache(LayerCachePolicy):
         self._raw_k = self.ops.copy(self._raw_k[..., spill:, :])
         self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
         return k_old, v_old
+
+    def _fill_sinks(self, keys, values) -> tuple:
+        """Keep the first tokens of `keys` and `values` that the sinks still lack; the rest, as
+        copies (a view would pin the whole step's storage)."""
+        take = self.sinks - self._sink_tokens
+        parts = []
+        for held, x in ((self._sink_k, keys), (self._sink_v, values)):
+            head = self.ops.copy(x[..., :take, :])
+            parts.append((head if held is None else self.ops.concat([held, head]),
+                          self.ops.copy(x[..., take:, :])))
+        (self._sink_k, keys), (self._sink_v, values) = parts
+        return keys, values
+
+    @property
+    def _sink_tokens(self) -> int:
+        return 0 if self._sink_k is None else self._sink_k.shape[-2]
 
     def reserve(self, tokens: int) -> None:
         self._reserved = tokens
@@ -193,9 +216,10 @@ class CodecCache(LayerCachePolicy):
         """The rooms a one-token step's packed token goes straight into (kvbench.models.
         batch_lane writes it there, then calls stepped() to count it): when the cache packs every
         token as it comes (window 0, blocks of one token, no decoded copies) and the rooms have
-        space."""
-        if self.window or self._block != 1 or self._decoded is not None or self._rooms is None \
-                or not self._rooms[0].fits(1) or self._raw_k is None or self._raw_k.shape[-2]:
+        space. Never with sinks: the lane reads the rooms alone."""
+        if self.window or self.sinks or self._block != 1 or self._decoded is not None \
+                or self._rooms is None or not self._rooms[0].fits(1) or self._raw_k is None \
+                or self._raw_k.shape[-2]:
             return None
         return self._rooms
 
@@ -239,15 +263,24 @@ class CodecCache(LayerCachePolicy):
             self._packed = [(keys, values)]
 
     def trim(self, n: int) -> int:
-        """Only full-precision tokens can be taken back; packed ones stay."""
+        """Only full-precision tokens can be taken back; packed ones stay (and so do the sinks
+        once any token after them is packed)."""
         keep = max(0, self._raw_k.shape[-2] - n) if self._raw_k is not None else 0
         dropped = 0 if self._raw_k is None else self._raw_k.shape[-2] - keep
         if dropped:
             self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
+        if dropped < n and self._sink_tokens and not self._packed_tokens:
+            # nothing packed: the sinks are the newest tokens
+            keep = max(0, self._sink_tokens - (n - dropped))
+            dropped += self._sink_tokens - keep
+            self._sink_k, self._sink_v = self._sink_k[..., :keep, :], self._sink_v[..., :keep, :]
         return dropped
 
     def holds_exactly(self, newest: int) -> bool:
-        return self._raw_k is not None and self._raw_k.shape[-2] >= newest
+        if self._raw_k is None:
+            return False
+        exact = self._raw_k.shape[-2] + (0 if self._packed_tokens else self._sink_tokens)
+        return exact >= newest
 
     def attention_inputs(self):
         keys, values = self._read_parts()
@@ -261,16 +294,17 @@ class CodecCache(LayerCachePolicy):
                 self.ops.concat(newest_replaced(stored_values, values)), None)
 
     def _read_parts(self) -> tuple[list, list]:
-        """Keys and values attention reads, as parts in token order: the packed chunks decoded
-        (or kept decoded) at the raw dtype, then the raw tail."""
+        """Keys and values attention reads, as parts in token order: the sinks, the packed
+        chunks decoded (or kept decoded) at the raw dtype, then the raw tail."""
         if self._decoded is not None:
-            keys, values = self._decoded
-            return [*keys.chunks, self._raw_k], [*values.chunks, self._raw_v]
-        dtype, cast = self._raw_k.dtype, self.ops.cast
-        blocks = self._blocks()
-        keys = [cast(self.key_codec.decode(pk), dtype) for pk, _ in blocks]
-        values = [cast(self.value_codec.decode(pv), dtype) for _, pv in blocks]
-        return [*keys, self._raw_k], [*values, self._raw_v]
+            keys, values = (decoded.chunks for decoded in self._decoded)
+        else:
+            dtype, cast = self._raw_k.dtype, self.ops.cast
+            blocks = self._blocks()
+            keys = [cast(self.key_codec.decode(pk), dtype) for pk, _ in blocks]
+            values = [cast(self.value_codec.decode(pv), dtype) for _, pv in blocks]
+        sink_k, sink_v = ([self._sink_k], [self._sink_v]) if self._sink_tokens else ([], [])
+        return [*sink_k, *keys, self._raw_k], [*sink_v, *values, self._raw_v]
 
     def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
         """The packed chunks and the raw tail for a fused decode attention, when both codecs
@@ -282,8 +316,9 @@ class CodecCache(LayerCachePolicy):
         if found is None:
             return None
         kernel, key_fmt, value_fmt = found
-        segments = [KVSegment(pk.tensors, pv.tensors, key_fmt, value_fmt)
-                    for pk, pv in self._blocks()]
+        segments = [KVSegment(self._sink_k, self._sink_v)] if self._sink_tokens else []
+        segments += [KVSegment(pk.tensors, pv.tensors, key_fmt, value_fmt)
+                     for pk, pv in self._blocks()]
         segments.append(KVSegment(self._raw_k, self._raw_v))
         if exact is not None:
             segments = [*newest_dropped(segments, exact[0].shape[-2]), KVSegment(*exact)]
@@ -303,37 +338,44 @@ class CodecCache(LayerCachePolicy):
     @property
     def retained_tokens(self) -> int:
         raw = 0 if self._raw_k is None else self._raw_k.shape[-2]
-        return self._packed_tokens + raw
+        return self._sink_tokens + self._packed_tokens + raw
 
     @property
     def retained_bytes(self) -> int:
         packed = sum(
             self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._blocks()
         )
-        return packed + self.ops.nbytes(self._raw_k, self._raw_v)
+        return packed + self.ops.nbytes(self._sink_k, self._sink_v, self._raw_k, self._raw_v)
 
     def measured_bytes(self) -> int:
         held = [t for pk, pv in self._blocks()
                 for t in (*pk.tensors.values(), *pv.tensors.values())]
         decoded = [] if self._decoded is None else [*self._decoded[0].chunks,
                                                     *self._decoded[1].chunks]
-        return self.ops.held_bytes(*held, self._raw_k, self._raw_v, *decoded)
+        return self.ops.held_bytes(*held, self._sink_k, self._sink_v, self._raw_k, self._raw_v,
+                                   *decoded)
 
 
 class CodecMethod(Implementation):
-    """A method that stores keys and values with its one codec in a CodecCache, the newest
-    `window` tokens (the settings' window) in full precision: intq, lloydmax, turbo, identity."""
+    """A method that stores keys and values with its one codec in a CodecCache, the first
+    `sinks` and the newest `window` tokens (the settings' sinks and window; unset sinks: none)
+    in full precision: intq, lloydmax, turbo, identity, and a plug-in quantizer that returns its
+    codec from codec() (tests/data/example_quant_plugin)."""
 
     @property
     def window(self) -> int:
         return self.settings.window
 
     @property
+    def sinks(self) -> int:
+        return getattr(self.settings, "sinks", None) or 0
+
+    @property
     def shares_prefill(self) -> bool:
         return self.prefill_reads == "exact" or self.window >= UNBOUNDED_WINDOW
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        return CodecCache(*self.layer_codecs, self.window, self.on.arrays)
+        return CodecCache(*self.layer_codecs, self.window, self.on.arrays, sinks=self.sinks)
 
     @functools.cached_property
     def layer_codecs(self) -> tuple[Codec, Codec]:

@@ -317,13 +317,16 @@ class Implementation(ABC):
 
     def layout(self) -> str:
         """What every ratio this method reports is made of: its codecs, its full-precision
-        window (a `window` setting, where it has one), and that keys and values both count; a
-        method without codecs says it in its settings' layout()."""
+        sinks and window (`sinks` and `window` settings, where it has them), and that keys and
+        values both count; a method without codecs says it in its settings' layout()."""
         keys, values = self.key_codec(), self.value_codec()
         if keys is None or values is None:
             own = getattr(self.settings, "layout", None)
             return own() if own else f"{type(self.settings).__name__}, K and V both counted"
         parts = [codecs_layout(keys, values)]
+        sinks = getattr(self.settings, "sinks", None)
+        if sinks:
+            parts.append(f"first {sinks} tokens full precision")
         window = getattr(self.settings, "window", 0)
         if window:
             parts.append(f"newest {window} tokens full precision")

@@ -69,3 +69,9 @@ class Adaptive(BitWidths, MethodSettings):
         self.variants = bit_variants(self.base, self.base_params, range(1, MAX_BITS + 1))
         if self.base_bits not in self.variants:
             raise refused("base_bits", self.base_bits, self.base, self.variants, self.base_params)
+
+    def policy_beyond_codec(self) -> list[str]:
+        parts = self.variant(self.base_bits).policy_beyond_codec()
+        if self.scale:
+            parts = [*parts, "per-KV-head widths set by calibration (its codecs: base_bits)"]
+        return parts

@@ -96,6 +96,13 @@ class MethodSettings(Settings):
         method without codecs."""
         return None
 
+    def policy_beyond_codec(self) -> list[str]:
+        """What its caches do that its codecs alone do not (full-precision sinks or window,
+        requantization, eviction, a sparse read), a few words each; empty when every token is
+        stored as its codecs pack it. A benchmark that measures the codecs alone (proofs) cannot
+        see these: it says so in its report, and a suite's claim on such a case is refused."""
+        return []
+
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -70,7 +70,7 @@ class Decay(BitWidths, MethodSettings):
                       " is not used")
     base_params: dict[str, Any] = param(
         factory=dict, meaning="the base's parameters, without bits (and without a nonzero"
-        " window: set this method's own)")
+        " window: set this method's own; without sinks)")
     base_bits: int = param(3, range=span(1, MAX_BITS), meaning="the width of a fresh segment"
                            " (score 1); the base must accept it")
     min_bits: int = param(2, range=span(1, MAX_BITS), rule="<= base_bits",
@@ -104,6 +104,9 @@ class Decay(BitWidths, MethodSettings):
             raise SettingError("base_params", "base_params: window is the base cache's full-"
                                "precision window, which decay does not use; set decay's own"
                                " window")
+        if self.base_params.get("sinks"):
+            raise SettingError("base_params", "base_params: sinks are the base cache's full-"
+                               "precision first tokens, which decay does not use")
         for variant in variants.values():
             block = variant.token_block()
             if block is None:
@@ -114,6 +117,14 @@ class Decay(BitWidths, MethodSettings):
                                               f" the {self.base!r} codec packs at once), got"
                                               f" {self.segment}")
         self.variants = variants
+
+    def policy_beyond_codec(self) -> list[str]:
+        parts = [f"segments requantized from {self.base_bits} to {self.min_bits} bits as they age"]
+        if self.evict_below:
+            parts.append(f"segments evicted below score {self.evict_below:g}")
+        if self.window:
+            parts.append(f"newest {self.window} tokens full precision (window)")
+        return parts
 
     # The schedule, for the cache and for anyone checking it.
 

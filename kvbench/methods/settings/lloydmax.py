@@ -9,11 +9,12 @@ from kvbench.kernels.formats import lloydmax_unsupported
 from kvbench.methods.settings.base import (
     IMPL_MEANING, Impl, KernelSettings, MethodSettings, register_method,
 )
+from kvbench.methods.settings.codec_policy import CodecPolicy, sinks_param
 
 
 @register_method("lloydmax")
 @dataclass
-class LloydMax(KernelSettings, MethodSettings):
+class LloydMax(CodecPolicy, KernelSettings, MethodSettings):
     """ManthanQuant-style Lloyd-Max quantization of keys and values, the same codec for both.
 
     Scheme (ManthanQuant): per vector x of head_dim D, r = ||x|| is stored as float32;
@@ -26,7 +27,7 @@ class LloydMax(KernelSettings, MethodSettings):
 
     Defaults: upstream atcuality2021/manthanquant manthanquant/x86_quantize.py tq_encode_torch
     (bits=3, float32 radius, N(0, 1) 3-bit table, no rotation; the CUDA kernel's seed is unused,
-    manthanquant-x86 csrc/turboquant_kernel.cu, bits 2..4 only); rotate/window are kvbench's.
+    manthanquant-x86 csrc/turboquant_kernel.cu, bits 2..4 only); rotate/window/sinks are kvbench's.
     """
 
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"rotate": True, "window": 8})
@@ -39,6 +40,7 @@ class LloydMax(KernelSettings, MethodSettings):
     rotation_seed: int = param(0, range=at_least(0),
                                meaning="seed of the rotation's own generator, not the data's")
     window: int = param(0, range=at_least(0), meaning="newest tokens kept in full precision")
+    sinks: int | None = sinks_param()
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need rotate false,"
                        " head_dim >= 8")
 

@@ -51,3 +51,7 @@ class SparseV(MethodSettings):
 
     def token_block(self) -> int | None:
         return self.base_settings.token_block()
+
+    def policy_beyond_codec(self) -> list[str]:
+        return [*self.base_settings.policy_beyond_codec(),
+                f"value rows under softmax weight {self.tau:g} skipped at decode (sparse V)"]

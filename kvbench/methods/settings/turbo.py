@@ -10,6 +10,7 @@ from kvbench.kernels.formats import turbo_unsupported
 from kvbench.methods.settings.base import (
     IMPL_MEANING, Impl, KernelSettings, MethodSettings, register_method,
 )
+from kvbench.methods.settings.codec_policy import CodecPolicy, sinks_param
 
 # The meanings the presets declare again with their own defaults.
 BITS = "bits per coordinate, counting the QJL bit when qjl is on"
@@ -33,7 +34,7 @@ OUTLIER_SPLIT = (
 
 @register_method("turbo")
 @dataclass
-class Turbo(KernelSettings, MethodSettings):
+class Turbo(CodecPolicy, KernelSettings, MethodSettings):
     """TurboQuant / PolarQuant: per block a norm, a seeded rotation, a Lloyd-Max code per value.
 
     Source: Zandieh et al., arXiv 2504.19874; TurboQuant+ (TheTom/turboquant_plus and its MLX
@@ -110,6 +111,7 @@ class Turbo(KernelSettings, MethodSettings):
                       " the normal part of the channel split seed + 500 (as upstream)")
     window: int = param(0, range=at_least(0),
                         meaning="newest tokens kept in full precision by the cache")
+    sinks: int | None = sinks_param()
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need the hadamard rotation,"
                        " no qjl, no outliers, block >= 8")
 
