@@ -2,10 +2,6 @@
 the contract kvbench.testing checks, on torch and on MLX where it has an implementation."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +17,7 @@ from kvbench.methods.settings.tokens import TokenMethod
 from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
 from kvbench.testing import HEAD_DIM, ConformanceError, check_method
 from tests.plugins.extras import method_extra_missing
+from tests.plugins.examples import EXAMPLES, install_and_test
 
 CASES = [(name, i) for name in METHODS.names()
          for i in range(len(METHODS.get(name).conformance_params))]
@@ -71,22 +68,13 @@ def test_torch_cuda(case):
 def test_the_example_plugin_package_installs_and_passes(tmp_path):
     """The eviction plug-in example of docs/writing-a-method.md: installed as a package, found
     through the entry point, checked with kvbench.testing by its own test file."""
-    # a copy: building it leaves build/ and egg-info beside the sources
-    example = shutil.copytree(Path(__file__).parent / "data" / "example_plugin",
-                              tmp_path / "example_plugin")
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(site), str(example)], check=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(example / "test_knorm.py")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    done = install_and_test("example_plugin", "test_knorm.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
     # the page shows the package's source as it is, so its example is what ran here
     page = (Path(__file__).parents[1] / "docs" / "writing-a-method.md").read_text()
     for name in ("__init__.py", "torch_cache.py"):
-        source = (example / "kvbench_knorm" / name).read_text()
+        source = (EXAMPLES / "example_plugin" / "kvbench_knorm" / name).read_text()
         assert f"`kvbench_knorm/{name}`" in page and f"```python\n{source}```\n" in page
 
 

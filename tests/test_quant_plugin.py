@@ -5,16 +5,12 @@ quantizer plug-in (tests/data/example_quant_plugin) installs, is found through i
 passes the conformance kit, and is shown as it is in docs/writing-a-method.md."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from kvbench.methods import build_method, implementation
 from kvbench.methods.core.codec_cache import append_rows
+from tests.plugins.examples import install_and_test
 from tests.plugins.suites import ROOT
 from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention, randn
 
@@ -141,15 +137,7 @@ EXAMPLE = ROOT / "tests" / "data" / "example_quant_plugin"
 def test_the_example_quantizer_installs_and_passes(tmp_path):
     """Installed as a package, found through the entry point, checked with kvbench.testing and
     its sinks and window read back exact, by its own test file."""
-    # a copy: building it leaves build/ and egg-info beside the sources
-    example = shutil.copytree(EXAMPLE, tmp_path / "example_quant_plugin")
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(site), str(example)], check=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(example / "test_sinkq.py")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    done = install_and_test("example_quant_plugin", "test_sinkq.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
 
