@@ -295,7 +295,8 @@ def test_a_real_server_prefills_a_long_prompt_in_chunks_while_a_stream_runs(tmp_
     each does alone. That the stream's pause is one chunk is measured by the stress suite (its
     chunk gaps) and counted in process above, not timed here."""
     proc, url = _serve(tmp_path, "--prefill-chunk", 256)
-    stream = {"prompt": "The cache holds", "max_tokens": 120, "temperature": 0,
+    # long enough to outlast the long prompt on a busy machine: tiny:llama decodes in ms
+    stream = {"prompt": "The cache holds", "max_tokens": 1000, "temperature": 0,
               "ignore_eos": True}
     long = {"prompt": [10 + i % 200 for i in range(3000)], "max_tokens": 8, "temperature": 0,
             "ignore_eos": True}
