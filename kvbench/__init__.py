@@ -7,9 +7,11 @@ from kvbench.hardware import KVBENCH_VERSION as __version__
 
 
 def load_suite(path, **overrides):
+    """A suite file, or a shipped suite by name (`load_suite("quick")`), checked and expanded."""
     from kvbench.suite.loader import load_suite as load
+    from kvbench.suite.locate import locate_suite
 
-    return load(path, **overrides)
+    return load(locate_suite(str(path)), **overrides)
 
 
 def run_suite(suite, out_dir, **options):

@@ -103,3 +103,12 @@ def test_list_suites_names_the_shipped_suites_outside_the_checkout(tmp_path, mon
     assert result.exit_code == 0, result.output
     rows = {line.strip("│ ").split(" ")[0] for line in result.output.splitlines()}
     assert set(shipped_suites()) <= rows
+
+
+def test_the_python_api_takes_a_name_too(tmp_path, monkeypatch):
+    import kvbench
+
+    monkeypatch.chdir(tmp_path)  # outside the checkout
+    assert kvbench.load_suite("quick").hash == load_suite(SUITES / "quick.yaml").hash
+    with pytest.raises(SuiteNotFound, match="did you mean quick"):
+        kvbench.load_suite("quik")
