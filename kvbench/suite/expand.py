@@ -471,8 +471,9 @@ def _check_unseen_policy(kind: str, cls: type, variant: _Variant, case_id: str, 
                          issues: Issues) -> None:
     """A claim on a case of a benchmark that measures the codecs alone (its `codecs_only`: proofs)
     whose method's cache does more than its codecs: refused, the figure is the bare codec's."""
-    unseen = getattr(variant.method, "policy_beyond_codec", None)
-    unseen = unseen() if getattr(cls, "codecs_only", False) and unseen is not None else []
+    if not cls.codecs_only or variant.method is None:  # None: refused, it does not run
+        return
+    unseen = variant.method.policy_beyond_codec()
     if not unseen:
         return
     applied = [c for c in variant.claims if c.value.metric in cls.metrics]

@@ -43,6 +43,8 @@ class Benchmark:
     Params: ClassVar[type]
     metrics: ClassVar[dict[str, MetricSpec]]
     uses_model: ClassVar[bool] = False
+    # measures a method's codecs alone: a claim on a method whose cache does more is refused
+    codecs_only: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
     extras: ClassVar[tuple[str, ...]] = ()  # kvbench extras it needs (kvbench.config.extras)
     # parameter -> (method capability it needs, the value that needs none or a test of the
