@@ -42,7 +42,7 @@ def _serve(tmp_path, *args):
     proc = kvbench_process(["serve", "--model", "tiny:llama", "--port", port, "--threads", 1,
                             "--calibration", 0, *args], tmp_path)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _healthy(url), proc, "/health", timeout=120)
+    wait_until(lambda: _healthy(url), proc, "/health")
     return proc, url
 
 
@@ -217,7 +217,7 @@ def _serve_bundled(tmp_path):
     proc = kvbench_process(["serve", "--port", port, "--threads", 1, "--calibration", 0],
                            tmp_path)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _healthy(url), proc, "/health", timeout=300)
+    wait_until(lambda: _healthy(url), proc, "/health")
     return proc, url
 
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from kvbench.benchmarks.measure.servers import free_port
+from tests.plugins.waits import HANG_S
 
 
 class AppInThread:
@@ -24,7 +25,7 @@ class AppInThread:
 
     def __enter__(self):
         self.thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S  # a hang, not a speed limit
         while not self.server.started:
             assert time.monotonic() < deadline, "the server in a thread did not start"
             time.sleep(0.01)

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from kvbench import cli
 from kvbench.cli import common as consoles
 from tests.plugins.suites import ROOT
+from tests.plugins.waits import HANG_S
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -51,7 +52,7 @@ def kvbench_process(args: list, cwd: Path, **env) -> subprocess.Popen:
     )
 
 
-def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = HANG_S) -> None:
     """Poll `condition()` until true; fail if the process ends first or the time runs out."""
     deadline = time.monotonic() + timeout
     while not condition():
