@@ -12,11 +12,12 @@ import os
 import re
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.plugins.cli_support import invoke, wait_until
 
 ROOT = Path(__file__).parents[1]
 KVBENCH = ROOT / ".venv" / "bin" / "kvbench"
@@ -176,12 +177,8 @@ def test_the_serving_block_serves_what_it_says():
     server = subprocess.Popen(["bash", "-c", f"exec {block[0]} --port {port}"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        for _ in range(600):  # a limit that only catches a hang
-            if server.poll() is not None:
-                pytest.fail(f"the server exited:\n{server.stdout.read()}")
-            if sh(f"curl -sf localhost:{port}/health").returncode == 0:
-                break
-            time.sleep(0.5)
+        wait_until(lambda: sh(f"curl -sf localhost:{port}/health").returncode == 0, server,
+                   "/health")
         outputs = []
         for line in block[1:]:
             done = sh(line.replace("localhost:8000", f"localhost:{port}"))
@@ -210,8 +207,6 @@ SECTIONS = {
 
 @pytest.mark.parametrize("page, section", list(SECTIONS), ids=[s for _, s in SECTIONS])
 def test_a_generated_section_is_what_its_command_makes(tmp_path, page, section):
-    from tests.plugins.cli_support import invoke
-
     copy = tmp_path / Path(page).name
     copy.write_text((ROOT / page).read_text())
     args = [str(ROOT / SECTIONS[page, section][0]), *SECTIONS[page, section][1:]]

@@ -82,6 +82,15 @@ class Param:
     meaning: str  # or UNKNOWN
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default (its factory's product), or dataclasses.MISSING if required."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
 def parameters(config: type) -> list[Param]:
     """Every parameter a suite may set on dataclass `config`, in field order."""
     try:
@@ -92,12 +101,8 @@ def parameters(config: type) -> list[Param]:
     for f in dataclasses.fields(config):
         if not f.init:
             continue
-        if f.default is not dataclasses.MISSING:
-            default = repr(f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            default = repr(f.default_factory())
-        else:
-            default = "required"
+        value = field_default(f)
+        default = "required" if value is dataclasses.MISSING else repr(value)
         tp = hints.get(f.name, f.type)
         found = declaration(f)
         allowed = found.range_text() if found else ""

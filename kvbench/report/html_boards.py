@@ -9,7 +9,7 @@ import json
 from kvbench.report.html_parts import esc, row, section, table
 from kvbench.report.html_run import Run
 from kvbench.report.kit.benchmark import Board
-from kvbench.report.kit.figures import method_family, pareto_front
+from kvbench.report.kit.figures import as_lower_better, method_family, pareto_front
 from kvbench.report.kit.tables import fmt_number
 from kvbench.report.markdown import benchmark_report
 from kvbench.report.method_settings import non_default
@@ -110,17 +110,13 @@ def _front(rows: list[tuple[Run, CaseResult]], board: Board) -> set[tuple[int, s
         if x is None or y is None or not (x.finite() and y.finite()):
             continue
         key = (case.model, json.dumps(case.bench_params, sort_keys=True, default=str))
-        point = (_lower_better(x), _lower_better(y))
+        point = (as_lower_better(x.value, x.direction), as_lower_better(y.value, y.direction))
         groups.setdefault(key, []).append(((run.index, case.id), point))
     on = set()
     for members in groups.values():
         ranked = pareto_front([point for _, point in members])
         on |= {members[i][0] for i in ranked}
     return on
-
-
-def _lower_better(metric: Metric) -> float:
-    return -metric.value if metric.direction == "higher" else metric.value
 
 
 def _board_note(board: Board) -> str:

@@ -21,13 +21,15 @@ from typing import Callable, Sequence
 
 from kvbench.report.html_run import Run
 from kvbench.report.kit.benchmark import Board
-from kvbench.report.kit.figures import family_styles, line_styles, method_family, pareto_front
+from kvbench.report.kit.figures import (
+    as_lower_better, family_styles, line_styles, method_family, pareto_front,
+)
 from kvbench.report.kit.svg import (
     Chart, Series, legend_key, render_svg, short_bytes, short_number,
 )
 from kvbench.report.kit.tables import BYTE_UNITS, length_name
 from kvbench.report.metric_labels import metric_label
-from kvbench.results import CaseResult, Metric
+from kvbench.results import CaseResult
 
 POOLED = ("task",)  # a method's point is its mean over these
 # Line figures: (the parameter along x, its name, [(metric, what the figure shows)])
@@ -67,10 +69,6 @@ def _log_y(values: list[float], unit: str) -> bool:
 
 def _format(unit: str) -> Callable[[float], str]:
     return short_bytes if unit in BYTE_UNITS else short_number
-
-
-def _lower_better(metric: Metric, value: float) -> float:
-    return -value if metric.direction == "higher" else value
 
 
 def _what_differs(runs: Sequence[Run], kind: str, key: tuple, left_out: Sequence[str]) -> str:
@@ -126,8 +124,8 @@ def pareto_figure(kind: str, board: Board, runs: Sequence[Run]) -> Figure | None
         if len(cases) > 1:
             line.tips[label] = f"mean of {len(cases)} {POOLED[0]}s"
         points.append((x, y))
-    ranked = pareto_front([(_lower_better(x_metric, x), _lower_better(y_metric, y))
-                           for x, y in points])
+    ranked = pareto_front([(as_lower_better(x, x_metric.direction),
+                            as_lower_better(y, y_metric.direction)) for x, y in points])
     front = [points[i] for i in ranked]
     chart = Chart(
         metric_label(kind, board.compression, x_metric.unit, x_metric.direction),

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from typing import Any
 
+from kvbench.config.describe import field_default
 from kvbench.methods.settings import METHODS
 
 
@@ -29,15 +30,7 @@ def defaults_of(method: str) -> dict[str, Any] | None:
         return None
     if not dataclasses.is_dataclass(cls):
         return None
-    defaults = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
-        else:
-            defaults[f.name] = dataclasses.MISSING
-    return defaults
+    return {f.name: field_default(f) for f in dataclasses.fields(cls)}
 
 
 def non_default(method: str, params: dict[str, Any]) -> dict[str, Any] | None:

@@ -83,6 +83,12 @@ def line_styles(line_families: dict[str, str]) -> dict[str, dict[str, Any]]:
     return styles
 
 
+def as_lower_better(value: float, direction: str) -> float:
+    """`value` turned so that lower is better (a higher-is-better metric negated), for
+    pareto_front's points."""
+    return -value if direction == "higher" else value
+
+
 def pareto_front(points: list[tuple[float, float]],
                  direction: Literal["lower", "higher"] = "lower") -> list[int]:
     """Indices of the points no other point beats: fewer or as many x and as good a y, one of
