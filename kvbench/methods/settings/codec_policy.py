@@ -18,15 +18,17 @@ def sinks_param(default: int | None = None) -> Any:
 
 
 class CodecPolicy:
-    """Mixin for the settings of a method stored in a CodecCache (fields `window` and, where it
-    declares one, `sinks`): says what its caches keep beside the packed tokens."""
+    """Mixin for the settings of a method stored in a CodecCache (its fields `sinks` and
+    `window`): says what its caches keep beside the packed tokens."""
+
+    sinks: int | None
+    window: int
 
     def policy_beyond_codec(self) -> list[str]:
         """See kvbench.methods.settings.base.MethodSettings.policy_beyond_codec."""
         parts = []
-        sinks, window = getattr(self, "sinks", None), getattr(self, "window", 0)
-        if sinks:
-            parts.append(f"first {sinks} tokens full precision (sinks)")
-        if window:
-            parts.append(f"newest {window} tokens full precision (window)")
+        if self.sinks:
+            parts.append(f"first {self.sinks} tokens full precision (sinks)")
+        if self.window:
+            parts.append(f"newest {self.window} tokens full precision (window)")
         return parts
