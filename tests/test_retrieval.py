@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from kvbench.benchmarks import measurement
-from kvbench.benchmarks.measure.answering import ChatFrame, Prompt, answer_all, frame
+from kvbench.benchmarks.measure.answering import (
+    ChatFrame, Prompt, answer_all, decode_rows, frame,
+)
 from kvbench.benchmarks.specs.niah import Niah, NiahParams
 from kvbench.benchmarks.specs.ruler import Ruler, RulerParams
 from kvbench.config.fields import SettingError, one_of
@@ -104,6 +106,19 @@ def test_rows_decode_together_and_each_stops_on_its_own():
     assert [r.text for r in replies] == ["5,6", "7,8,4"]
 
 
+def test_decoded_rows_say_which_tokens_the_cache_has_not_read():
+    # row 0 stops at its most (2 tokens: its last never fed), row 1 at end-of-sequence (every
+    # token it generated was fed, the end-of-sequence token is not one of them)
+    session = _ScriptedSession([6, 8, EOS])  # what each batched step answers, row by row
+    caches = [session.new_cache(None), session.new_cache(None)]
+    first = torch.zeros(2, 10)
+    first[0, 5], first[1, 7] = 1.0, 1.0
+    rows = decode_rows(session, caches, list(first), [2, 10])
+    assert [(r.tokens, r.unfed) for r in rows] == [([5, 6], [6]), ([7, 8], [])]
+    assert [call for call in session.calls if call[0] == "rows"] == [("rows", [5, 7]),
+                                                                     ("rows", [8])]
+
+
 @pytest.mark.model
 def test_the_prompt_is_the_chat_template_around_the_task_text(bundled):
     tokenizer = bundled.tokenizer
@@ -149,6 +164,10 @@ def test_a_ruler_prompt_fills_its_length_with_tokens_to_generate_counted():
     for record in kept:
         assert 0.99 * 2000 <= record["prompt_tokens"] + spec.tokens_to_generate <= 2000
     assert [r["score"] for r in kept] == out.info["scores"]
+    # per sample, beside its score: what output-length drift is paired on
+    assert [r["generated"] for r in kept] == out.info["generated"]
+    assert len(out.info["answer_s"]) == 2 and all(s > 0 for s in out.info["answer_s"])
+    assert out.info["generated_tokens"] == sum(out.info["generated"]) / 2
     assert out.metrics["score"].value == sum(out.info["scores"]) / 2
     low, high = out.metrics["score_ci_low"].value, out.metrics["score_ci_high"].value
     assert 0 <= low <= out.metrics["score"].value <= high <= 100 and high - low > 10

@@ -353,6 +353,7 @@ class MLXKVBenchCache(CacheHost):
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False,
                  model: Any = None, kinds: list[LayerKind] | None = None):
+        self.method = method
         self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
         caches, kinds = model_caches(model, kinds, num_layers)
 

@@ -8,6 +8,7 @@ float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
 """
 from __future__ import annotations
 
+import copyreg
 import sys
 from typing import Any
 
@@ -22,7 +23,16 @@ from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
 from kvbench.models.layer_kinds import without_attention
 from kvbench.models.mlx_attention import ATTENTION_ATTR, original_attention
 from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
-from kvbench.models.session import CalibrationStats
+from kvbench.models.session import CalibrationStats, fork_cache
+
+
+def dtype_named(name: str) -> Any:
+    return getattr(mx, name)
+
+
+# MLX's dtypes do not pickle, so a cache holding one could not be forked (deep-copied): each
+# copies as the same dtype, found again by name
+copyreg.pickle(type(mx.float32), lambda dtype: (dtype_named, (str(dtype).rpartition(".")[2],)))
 
 
 class MLXSession:
@@ -88,6 +98,9 @@ class MLXSession:
             return cache_arrays(cache)
 
         return timed(finish)[1]
+
+    def fork(self, cache):
+        return fork_cache(cache)
 
     def trim(self, cache, n: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache

@@ -5,6 +5,7 @@ computed the same way whatever ran the model.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Protocol
 
 import torch
@@ -57,6 +58,11 @@ class Session(Protocol):
 
     def trim(self, cache: Any, n: int) -> None:
         """Rewind the cache by its newest n tokens; ValueError if it cannot take them all back."""
+
+    def fork(self, cache: Any) -> Any:
+        """An independent copy of `cache` (a method's or the plain one): both go on from here
+        bit for bit as the original would, neither sees the other's tokens (one compressed
+        context answered several ways)."""
 
     def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         """method.calibrate(CalibrationStats of `tokens` on this model, tokens)."""
@@ -152,6 +158,9 @@ class TorchSession:
     def trim(self, cache, n: int) -> None:
         cache.crop(-n)
 
+    def fork(self, cache):
+        return fork_cache(cache)
+
     def calibrate(self, method: Implementation, tokens: list[int]) -> None:
         from kvbench.models.capture import attention_entropy
 
@@ -196,6 +205,13 @@ class CalibrationStats:
         if self._attention_entropy is None:
             self._attention_entropy = self._measure_attention_entropy(self.tokens)
         return self._attention_entropy
+
+
+def fork_cache(cache: Any) -> Any:
+    """A deep copy of `cache` that shares its method (the implementation, its codecs and
+    tables: read-only while a cache is used) instead of copying it."""
+    method = getattr(cache, "method", None)
+    return copy.deepcopy(cache, {} if method is None else {id(method): method})
 
 
 def kv_bytes_per_layer_token(session: Session, element_size: int) -> int:

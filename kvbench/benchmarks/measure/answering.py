@@ -9,6 +9,7 @@ decoded together, one batched forward per step (kvbench.models.batch_step).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -66,6 +67,8 @@ def frame(tokenizer: Any, chat: ChatFrame, context: str, question: str,
 class Answer:
     text: str
     generated: int  # tokens decoded, end-of-sequence not counted
+    # the question's forward (compress: context) and the decode steps the answer took part in
+    seconds: float
     kv_bytes: int  # accounted K+V bytes the cache holds at the end, all layers
     bytes_16bit: int  # 16-bit K+V of every token the cache has seen
     bytes_plain: int  # the plain cache's K+V of every token seen, at the model's dtype
@@ -82,7 +85,7 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
     each stopping at end-of-sequence or its own max_new_tokens. Under `context` the method never
     sees the question before end_prefill: a method's probe is its own reference_probe of the
     context. shared: where a method that shares_prefill takes each prompt's plain prefill from."""
-    caches, logits = [], []
+    caches, logits, question_s = [], [], []
     for number, prompt in enumerate(prompts, 1):
         status(f"prefill {number}/{len(prompts)}")
         cache = session.new_cache(method, decoded_reads=reads == "decoded")
@@ -90,13 +93,35 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
         prefilled = shared.get(session, prefix) if shared and shares_prefill(session, method) \
             else None
         last, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
+        seconds = 0.0
         if compress == "context":
-            last, _ = session.step(prompt.question, cache, last_only=True)
+            last, seconds = session.step(prompt.question, cache, last_only=True)
         caches.append(cache)
         logits.append(last[-1])
+        question_s.append(seconds)
+    decoded = decode_rows(session, caches, logits, max_new_tokens, status)
+    return [_answer(session, cache, row, asked_s)
+            for cache, row, asked_s in zip(caches, decoded, question_s)]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One row's greedy answer."""
+
+    tokens: list[int]  # generated, end-of-sequence not counted
+    unfed: list[int]  # its tokens not fed through the cache yet: the last, when it hit its most
+    seconds: float  # wall time of the batched steps the row took part in
+
+
+def decode_rows(session: Session, caches: list, logits: list, max_new_tokens: list[int],
+                status: Callable[[str], None] = lambda text: None) -> list[Decoded]:
+    """Greedy answers of rows whose caches have read their prompts (logits[i]: row i's last
+    logits, (vocab,)): one batched forward per step for the rows still answering
+    (session.step_rows), each stopping at end-of-sequence or its own max_new_tokens."""
     eos = session.tokenizer.eos_token_id
-    generated: list[list[int]] = [[] for _ in prompts]
-    rows = list(range(len(prompts)))
+    generated: list[list[int]] = [[] for _ in caches]
+    seconds = [0.0] * len(caches)
+    rows = list(range(len(caches)))
     while rows:
         answering = []
         for row, row_logits in zip(rows, logits, strict=True):
@@ -109,16 +134,22 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
         if rows:
             status(f"decode {max(len(generated[row]) for row in rows)}/{max(max_new_tokens)}"
                    f" ({len(rows)} answering)")
+            start = time.perf_counter()  # the logits come back on the CPU: the step is done
             logits = session.step_rows([generated[row][-1] for row in rows],
                                        [caches[row] for row in rows])
-    return [_answer(session, cache, tokens) for cache, tokens in zip(caches, generated)]
+            took = time.perf_counter() - start
+            for row in rows:
+                seconds[row] += took
+    return [Decoded(tokens, tokens[-1:] if len(tokens) == most else [], took_s)
+            for tokens, most, took_s in zip(generated, max_new_tokens, seconds)]
 
 
-def _answer(session: Session, cache: Any, generated: list[int]) -> Answer:
+def _answer(session: Session, cache: Any, decoded: Decoded, question_s: float) -> Answer:
     bytes_16bit, bytes_plain = plain_kv_bytes(session, cache)
     return Answer(
-        text=session.tokenizer.decode(generated, skip_special_tokens=True),
-        generated=len(generated),
+        text=session.tokenizer.decode(decoded.tokens, skip_special_tokens=True),
+        generated=len(decoded.tokens),
+        seconds=question_s + decoded.seconds,
         kv_bytes=cache.accounted_bytes(),
         bytes_16bit=bytes_16bit,
         bytes_plain=bytes_plain,

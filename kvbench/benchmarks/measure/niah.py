@@ -43,6 +43,7 @@ class NiahRun(Niah):
                          "scores": grid},
                 # per sample, in the order drawn: by length, then depth, then sample
                 "scores": [r["score"] for r in records],
+                "prompt_sha256s": [r["prompt_sha256"] for r in records],
                 "haystack": haystack_note(params.task, params.essay),
                 **common_info(replies, method, params.reads),
             },

@@ -90,6 +90,7 @@ class Reader:
                     "prediction": reply.text, "references": list(sample.references),
                     "metric": METRIC_NAMES[metric],
                     "score": sample_score(postprocess(reply.text), sample.references, metric),
+                    "generated": reply.generated,
                 }
                 self.ctx.keep(record)
                 records.append(record)
@@ -140,6 +141,9 @@ def common_info(replies: list[Answer], method: Implementation, reads: str) -> di
         path = "as stored (no decoded-once path)"
     return {
         "generated_tokens": statistics.fmean(r.generated for r in replies),
+        # per sample, in the order of `scores`: what output-length drift is paired on
+        "generated": [r.generated for r in replies],
+        "answer_s": [r.seconds for r in replies],
         "codec_reads": path,
         "layout": method.layout(),
     }

@@ -18,6 +18,7 @@ from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
 from kvbench.judge.paired import per_sample, same_samples
 from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.report.kit.figures import PlotPath, figure_text, pyplot, save_png
+from kvbench.report.kit.drift import length_drift_section
 from kvbench.report.kit.paired import IDENTITY, PairedScope, paired_legend, paired_table
 from kvbench.report.kit.tables import finite_metric, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
@@ -216,6 +217,11 @@ def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | 
         parts.append(f"<sub>{' · '.join(notes)}</sub>")
     plotted = _niah_cases(result)
     parts += _against_identity(plotted)
+    drift = length_drift_section(result, BENCHMARK, lambda case: "grid",
+                                 "one needle (a depth's sample at a length)", _UNPAIRED_PARAMS,
+                                 "NIAH")
+    if drift:
+        parts.append(drift)
     links = "\n".join(
         f"![needle in a haystack: {re.sub(r'[][]', '', case.method_label)}]({name})"
         for case, name in zip(plotted, niah_file_names(plotted)))

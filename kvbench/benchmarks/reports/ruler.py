@@ -18,12 +18,13 @@ from pathlib import Path
 
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
 from kvbench.benchmarks.reports.ruler_numbers import (
-    BENCHMARK, Headline, RulerRow, RulerTable, length_of, row_name, ruler_table, samples_of,
-    task_of,
+    BENCHMARK, UNPAIRED_PARAMS, Headline, RulerRow, RulerTable, length_of, row_name, ruler_table,
+    samples_of, task_of,
 )
 from kvbench.judge.intervals import wilson_interval
 from kvbench.judge.paired import fewest_pairs_to_separate
 from kvbench.report.kit.benchmark import BenchmarkReport
+from kvbench.report.kit.drift import length_drift_section
 from kvbench.report.kit.figures import (
     PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
 )
@@ -143,6 +144,15 @@ def _against_identity(table: RulerTable) -> list[str]:
     return parts
 
 
+def _length_drift(result: RunResult) -> list[str]:
+    """Each method's answer lengths against identity's on the same samples, per context length
+    (pooling the tasks); [] when nothing pairs."""
+    drift = length_drift_section(result, BENCHMARK, lambda case: length_name(length_of(case)),
+                                 "one task's sample at that length", UNPAIRED_PARAMS, "RULER",
+                                 "length")
+    return [drift] if drift else []
+
+
 def _task_cell(case: CaseResult, with_samples: bool) -> str:
     score = finite_metric(case, "score")
     low, high = finite_metric(case, "score_ci_low"), finite_metric(case, "score_ci_high")
@@ -227,6 +237,7 @@ def ruler_section(result: RunResult) -> str | None:
         _headline_table(table),
         _covered_line(table),
         *_against_identity(table),
+        *_length_drift(result),
         "### RULER: score per task and length [95% CI]",
         f"<sub>{identity}; score 0-100, ↑ higher is better.</sub>",
         *_per_task_tables(result, table),

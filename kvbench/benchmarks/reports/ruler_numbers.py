@@ -19,7 +19,7 @@ BENCHMARK = "ruler"
 _GRID_PARAMS = ("task", "length")
 # Bench params that do not change which samples a case draws: identity's answers pair with a
 # method's over every other param equal (data_seed, samples, essay, ...).
-_UNPAIRED_PARAMS = ("compress", "reads")
+UNPAIRED_PARAMS = ("compress", "reads")
 
 
 def samples_of(case: CaseResult) -> int:
@@ -141,7 +141,7 @@ def ruler_table(result: RunResult) -> RulerTable | None:
     for row in ordered:
         if row.is_identity:
             for case in row.cases:
-                reference.setdefault(pair_key(case, _UNPAIRED_PARAMS), case)
+                reference.setdefault(pair_key(case, UNPAIRED_PARAMS), case)
     lengths = sorted({length_of(c) for c in cases})
     for row in ordered:
         for length in lengths:
@@ -163,7 +163,7 @@ def _headline(row: RulerRow, cases: list[CaseResult],
     if row.is_identity:
         return head
     for case in cases:
-        ref = reference.get(pair_key(case, _UNPAIRED_PARAMS))
+        ref = reference.get(pair_key(case, UNPAIRED_PARAMS))
         if ref is None:
             continue
         pair = paired_samples(case, ref)
