@@ -167,7 +167,7 @@ def test_a_ruler_prompt_fills_its_length_with_tokens_to_generate_counted():
     # per sample, beside its score: what output-length drift is paired on
     assert [r["generated"] for r in kept] == out.info["generated"]
     assert len(out.info["answer_s"]) == 2 and all(s > 0 for s in out.info["answer_s"])
-    assert out.info["generated_tokens"] == sum(out.info["generated"]) / 2
+    assert out.metrics["generated_tokens"].value == sum(out.info["generated"]) / 2
     assert out.metrics["score"].value == sum(out.info["scores"]) / 2
     low, high = out.metrics["score_ci_low"].value, out.metrics["score_ci_high"].value
     assert 0 <= low <= out.metrics["score"].value <= high <= 100 and high - low > 10

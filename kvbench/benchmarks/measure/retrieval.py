@@ -127,6 +127,8 @@ def score_metrics(scores: list[float], replies: list[Answer]) -> dict[str, Any]:
         "score_ci_low": m["score_ci_low"].of(low),
         "score_ci_high": m["score_ci_high"].of(high),
         "empty_predictions": m["empty_predictions"].of(sum(not r.text.strip() for r in replies)),
+        "generated_tokens": m["generated_tokens"].of(statistics.fmean(r.generated
+                                                                      for r in replies)),
         "compression_ratio": m["compression_ratio"].of(sum(r.bytes_16bit for r in replies) / kv),
         "retained_kv": m["retained_kv"].of(kv / sum(r.bytes_plain for r in replies)),
     }
@@ -140,7 +142,6 @@ def common_info(replies: list[Answer], method: Implementation, reads: str) -> di
     else:  # asked for, not taken: nothing packed (token methods), or a codec like turbo's
         path = "as stored (no decoded-once path)"
     return {
-        "generated_tokens": statistics.fmean(r.generated for r in replies),
         # per sample, in the order of `scores`: what output-length drift is paired on
         "generated": [r.generated for r in replies],
         "answer_s": [r.seconds for r in replies],

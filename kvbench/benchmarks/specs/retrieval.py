@@ -17,6 +17,10 @@ RETRIEVAL_METRICS = {
     "score_ci_low": MetricSpec("%", "none", "95% Wilson interval of score, low end"),
     "score_ci_high": MetricSpec("%", "none", "95% Wilson interval of score, high end"),
     "empty_predictions": MetricSpec("", "lower", "answers that were empty after decoding"),
+    "generated_tokens": MetricSpec("tok", "none", "tokens generated per answer, end-of-sequence"
+                                   " not counted, the mean over samples (per sample:"
+                                   " info.generated; a claim `generated_tokens - identity <= 2`"
+                                   " is judged paired)"),
     "compression_ratio": MetricSpec("x", "higher", "16-bit K+V of every token seen (prompt and"
                                     " answer) / accounted bytes held at the end, over samples"),
     "retained_kv": MetricSpec("x", "lower", "accounted bytes / the plain cache's K+V of every"
