@@ -149,3 +149,13 @@ def test_a_forked_mlx_cache_goes_on_as_the_original_and_apart_from_it(tiny_mlx_s
     fresh = [session.step([t], prefilled())[0] for t in ids[:1]]
     mine = [session.step([t], original)[0] for t in ids[:1]]
     assert all(torch.equal(a, b) for a, b in zip(mine, fresh))
+
+
+def test_a_claim_on_generated_tokens_pairs_the_samples():
+    from kvbench.judge.paired import paired_samples
+
+    wordy = _case("wordy", "intq", [n + 1 for n in IDENTITY])
+    assert paired_samples(wordy, _case("identity", "identity", IDENTITY),
+                          "generated_tokens") == ([n + 1 for n in IDENTITY], IDENTITY)
+    assert paired_samples(wordy, _case("identity", "identity", IDENTITY, prompts="other"),
+                          "generated_tokens") is None
