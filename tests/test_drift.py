@@ -90,12 +90,15 @@ def test_the_ruler_and_niah_sections_carry_the_drift_table():
     cases = [_case("identity", "identity", IDENTITY), _case("wordy", "intq",
                                                             [n + 8 for n in IDENTITY])]
     ruler = ruler_section(_run(cases))
-    assert "### RULER: output length against identity, on the same prompts" in ruler
-    assert _row(ruler.split("output length against identity")[1], "wordy")[8] == "longer"
+    assert "### RULER: output length, paired with identity's answers" in ruler
+    assert _row(ruler.split("output length, paired")[1], "wordy")[8] == "longer"
+    # the score verdicts the results page gathers are not mixed with the length verdicts
+    from kvbench.report.against_identity import MARK
+    assert MARK not in ruler.split("output length, paired")[1].splitlines()[0]
     niah = niah_section(_run([c.model_copy(update={"benchmark": "niah"}) for c in
                               [_case(c.method_label, c.method, c.info["generated"],
                                      benchmark="niah") for c in cases]]))
-    assert "### NIAH: output length against identity" in niah
+    assert "### NIAH: output length, paired with identity's answers" in niah
 
 
 @pytest.mark.model

@@ -80,7 +80,7 @@ def _row(scope: DriftScope) -> list[str]:
 def drift_table(scopes: list[DriftScope], scope_header: str) -> str:
     header = ["method", scope_header, "pairs", "identity tokens", "method tokens",
               f"Δ tokens [{LEVEL:.0%} paired CI]", "longer / shorter", "p (sign test)",
-              "verdict", f"Δ answer time s [{LEVEL:.0%} CI]"]
+              "length verdict", f"Δ answer time s [{LEVEL:.0%} CI]"]
     return md_table(header, [_row(scope) for scope in scopes], set(range(2, len(header))))
 
 
@@ -104,5 +104,6 @@ def length_drift_section(result: RunResult, benchmark: str,
     scopes = drift_scopes(ok_cases(result, benchmark), scope_of, unpaired_params)
     if not scopes:
         return None
-    heading = f"### {title or benchmark}: output length against identity, on the same prompts"
+    # not "against identity": that marks the score verdicts the page and README gather
+    heading = f"### {title or benchmark}: output length, paired with identity's answers"
     return "\n\n".join([heading, drift_table(scopes, scope_header), drift_legend(pairs_are)])
