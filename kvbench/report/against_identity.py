@@ -16,8 +16,9 @@ from kvbench.results import RunResult
 MARK = "against identity"
 # the verdict column of such a table: ruler's and niah's, perplexity's
 VERDICT_COLUMNS = ("verdict", "vs identity")
-# the column naming what a row compares (ruler's and niah's "length", "length · task")
-SCOPE_COLUMNS = ("length",)
+# the column naming what a row compares (ruler's and niah's "length", "length · task";
+# multiturn's "mode · turn")
+SCOPE_COLUMNS = ("length", "mode · turn")
 VERDICTS = ("worse", "not separated", "better")
 
 

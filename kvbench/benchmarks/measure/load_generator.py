@@ -9,6 +9,9 @@ counted and never enter the latencies.
 
 Times are time.perf_counter() seconds. A token chunk is a stream chunk that carries text or token
 ids; its arrival time is when its `data:` line was read.
+
+A task sample's response is scored as NVIDIA RULER scores it (kvbench.benchmarks.measure.
+ruler_scoring); goodput counts the requests that met the SLOs and were answered correctly.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
 from kvbench.benchmarks.specs.server_target import check_loopback_url
-from kvbench.benchmarks.specs.stress import PERCENTILE_METHOD, PERCENTILES
+from kvbench.benchmarks.specs.stress import CORRECT, PERCENTILE_METHOD, PERCENTILES
 
 ERROR_CHARS = 300  # of a failed response's body kept in its error
 
@@ -51,6 +55,8 @@ class RequestRecord:
     ids: list[int] = field(default_factory=list)
     count_source: str = ""
     ids_source: str = ""
+    # set by score_records for a task sample's successful response: RULER's score, 0-100
+    score: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -61,11 +67,24 @@ class RequestRecord:
         return self.t_sent is not None
 
 
+@dataclass(frozen=True)
+class Task:
+    """What makes a prompt a RULER task sample: what its response is scored against and how
+    much it may say."""
+
+    name: str
+    references: tuple[str, ...]
+    metric: str  # "all" (string_match_all) or "part" (string_match_part)
+    tokens_to_generate: int
+    message: str  # the sample's text (context and question), as one chat user message
+
+
 @dataclass
 class Prompt:
     index: int
-    text: str
+    text: str  # what a server that is not sent token ids gets (completions)
     ids: list[int]
+    task: Task | None = None  # None: free text, its answer only compared with the single-user one
 
 
 @dataclass
@@ -255,6 +274,64 @@ def count_tokens(records: list[RequestRecord], tokenizer: Any) -> None:
             record.output_tokens, record.count_source = len(record.server_ids), "token_ids"
         else:
             record.output_tokens, record.count_source = len(encoded), "tokenizer"
+
+
+def generated_tokens(record: RequestRecord, eos: int | None) -> int:
+    """The tokens a successful response generated, end-of-sequence not counted (kvbench serve
+    sends it as a token id with no text); 0 for a failed one. Call count_tokens first."""
+    if not record.ok:
+        return 0
+    ids = record.ids
+    return len(ids) - 1 if ids and eos is not None and ids[-1] == eos else len(ids)
+
+
+# ---- task samples: scores and goodput ----------------------------------------------------------
+
+def score_response(text: str, task: Task) -> float:
+    """RULER's score of a response (0-100): postprocessed, then string_match_all or _part
+    against the sample's references."""
+    return sample_score(postprocess(text), task.references, task.metric)
+
+
+def score_records(records: list[RequestRecord], prompts: list[Prompt]) -> None:
+    """Each successful record of a task sample gets its response's score; the others keep
+    None."""
+    for record in records:
+        task = prompts[record.prompt].task if record.prompt >= 0 else None
+        record.score = score_response(record.text, task) if record.ok and task else None
+
+
+def meets_slos(record: RequestRecord, slo_ttft_s: float | None,
+               slo_tpot_s: float | None) -> bool:
+    """Whether a request succeeded within the SLOs: its TTFT at most slo_ttft_s and its TPOT at
+    most slo_tpot_s (None or 0: no such SLO; a response of one token has no TPOT to miss).
+    Output tokens counted first."""
+    if not record.ok:
+        return False
+    if slo_ttft_s and record.t_first - record.t_sent > slo_ttft_s:
+        return False
+    tpot = time_per_output_token(record)
+    return not (slo_tpot_s and tpot is not None and tpot > slo_tpot_s)
+
+
+def goodput_figures(records: list[RequestRecord], wall_s: float, slo_ttft_s: float | None,
+                    slo_tpot_s: float | None) -> dict[str, float]:
+    """goodput_rps: requests that met both SLOs and were answered correctly (score == CORRECT)
+    / wall_s; slo_attainment: the share of the records meeting both SLOs; correct_share: the
+    share answered correctly. Failed records count in every share's whole and in none of its
+    parts. goodput and correct_share are NaN when no successful record has a score (free text);
+    every figure is NaN without records."""
+    if not records:
+        return {"goodput_rps": math.nan, "slo_attainment": math.nan, "correct_share": math.nan}
+    met = [r for r in records if meets_slos(r, slo_ttft_s, slo_tpot_s)]
+    scored = any(r.ok and r.score is not None for r in records)
+    correct = [r for r in records if r.ok and r.score == CORRECT]
+    good = [r for r in met if r.score == CORRECT]
+    return {
+        "goodput_rps": (len(good) / wall_s if wall_s > 0 else math.nan) if scored else math.nan,
+        "slo_attainment": len(met) / len(records),
+        "correct_share": len(correct) / len(records) if scored else math.nan,
+    }
 
 
 # ---- the level's figures -------------------------------------------------------------------------

@@ -11,6 +11,15 @@ answer has a single-user answer to be compared with). Every response at the leve
 with the single-user answer to its prompt, token by token: a cache that leaks between sessions
 changes confident tokens and is flagged; a near-tie that batching's float order flips is not.
 
+With `task`, the prompts are RULER samples (kvbench.data.ruler's generators, as the ruler
+benchmark makes them, framed by the model's chat template; the client needs the tokenizer
+only), each asking its task's tokens_to_generate and ending at end-of-sequence. Every response,
+under load and in the single-user pass, is scored as RULER scores it; the level's score is set
+against the single-user answers' response by response (an exact sign test and a paired
+interval), and goodput counts the requests that met the SLOs and were answered correctly. Per
+prompt, the single-user pass records its answer's tokens, seconds and score (info.generated,
+answer_s, scores, beside prompt_sha256s) for the output-length drift against identity.
+
 The server is kept running for the next case of the same method (the run's memo holds it and
 stops it when the run ends); a case that needs another server stops it first. kvbench never
 sends anything to a host other than 127.0.0.1, localhost or ::1: other urls are refused when the
@@ -33,16 +42,20 @@ from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import MetricSpec, measures
 from kvbench.benchmarks.specs.server_target import ServerTarget
 from kvbench.benchmarks.specs.stress import (
-    METRICS, PER_PASS, PERCENTILE_METHOD, Stress, StressParams,
+    METRICS, PER_PASS, PERCENTILE_METHOD, TASK_METRICS, Stress, StressParams,
 )
 from kvbench.benchmarks.measure.load_generator import (
-    Level, Prompt, Reference, candidates_at, compare, count_tokens, level_figures, run_level,
+    Level, Prompt, Reference, Task, candidates_at, compare, count_tokens,
+    generated_tokens, goodput_figures, level_figures, run_level, score_records,
 )
+from kvbench.benchmarks.measure.retrieval import METRIC_NAMES
 from kvbench.benchmarks.measure.servers import (
     Launch, RunningServer, kvbench_serve_command, kvbench_server_impl, pooled_server,
     target_key,
 )
-from kvbench.data.text import text_tokens, tokens_sha256
+from kvbench.data.text import load_text, text_tokens, tokens_sha256
+from kvbench.judge.intervals import wilson_interval
+from kvbench.judge.paired import compare_paired
 from kvbench.methods.core.contracts import Implementation
 from kvbench.memo import Memo
 from kvbench.methods.settings.base import MethodSettings
@@ -58,10 +71,18 @@ class StressRun(Stress):
             ctx: RunContext) -> BenchmarkOutput:
         target = params.target
         tokenizer = client_tokenizer(ctx.memo, ctx.model)
-        prompts = ctx.memo.get(
-            ("stress_prompts", ctx.model, params.text, params.offset, params.prompts,
-             params.prompt_tokens, ctx.seed),
-            lambda: make_prompts(ctx.memo, tokenizer, ctx.model, params, ctx.seed))
+        task = params.task_spec
+        if task is None:
+            prompts = ctx.memo.get(
+                ("stress_prompts", ctx.model, params.text, params.offset, params.prompts,
+                 params.prompt_tokens, ctx.seed),
+                lambda: make_prompts(ctx.memo, tokenizer, ctx.model, params, ctx.seed))
+        else:
+            ctx.status(f"{params.prompts} {params.task} samples")
+            prompts = ctx.memo.get(
+                ("stress_task_prompts", ctx.model, params.task, params.task_length,
+                 params.prompts, params.data_seed, params.essay if task.needs_essay else None),
+                lambda: make_task_prompts(ctx.memo, tokenizer, params))
         prompts_sha = tokens_sha256([t for p in prompts for t in [-1, *p.ids]])
         key, server, info = self._server(ctx, params, method, target)
         model_name = ctx.model if target.kind == "kvbench" else target.model
@@ -80,7 +101,7 @@ class StressRun(Stress):
         reference = ctx.memo.get(
             ("stress_reference", key, prompts_sha, params.api, params.max_tokens,
              params.ignore_eos, params.request_timeout_s),
-            lambda: reference_pass(level, prompts, tokenizer))
+            lambda: reference_pass(level, prompts, tokenizer, ctx.keep))
         long = None
         if params.long_prompt_tokens:
             long = (ctx.memo.get(("stress_long_prompt", ctx.model, params.text, params.offset,
@@ -93,8 +114,9 @@ class StressRun(Stress):
             ctx.status(f"{params.users} users, repeat {repeat + 1}/{ctx.repeats}")
             passes.append(level(users=params.users,
                                 requests_per_user=params.requests_per_user, long=long))
-        metrics, summary = self._figures(passes, reference, tokenizer, params, ctx)
+        metrics, summary = self._figures(passes, reference, prompts, tokenizer, params, ctx)
         info.update(summary)
+        info.update(per_prompt_info(prompts, reference, params))
         impl = kvbench_server_impl(server.url) if target.kind == "kvbench" else {}
         if impl:  # what the server's codecs ran: kernels or torch, fused attention or decoded
             info["impl"] = impl
@@ -149,9 +171,13 @@ class StressRun(Stress):
 
     # ---- the figures -------------------------------------------------------------------------
 
-    def _figures(self, passes: list[Level], reference: "SingleUser", tokenizer: Any,
-                 params: StressParams, ctx: RunContext) -> tuple[dict, dict[str, Any]]:
+    def _figures(self, passes: list[Level], reference: "SingleUser", prompts: list[Prompt],
+                 tokenizer: Any, params: StressParams,
+                 ctx: RunContext) -> tuple[dict, dict[str, Any]]:
         per_pass, agreements = [], []
+        pairs: list[list] = []  # [prompt, score under load, score alone] per scored response
+        lengths: list[tuple[int, int]] = []  # (generated under load, alone) per response
+        eos = getattr(tokenizer, "eos_token_id", None)
         differing = flagged = 0
         failures: dict[str, int] = {}
         sources: dict[str, int] = {}
@@ -161,7 +187,10 @@ class StressRun(Stress):
         for repeat, level in enumerate(passes):
             records = level.records
             count_tokens(records, tokenizer)
+            score_records(records, prompts)
             figures = level_figures(records, level.users)
+            figures.update(goodput_figures(records, figures["wall_s"], params.slo_ttft_s,
+                                           params.slo_tpot_s))
             figures["aggregate_vs_single"] = figures["output_tok_s"] / reference.output_tok_s
             figures["per_user_vs_single"] = figures["per_user_tok_s"] / reference.output_tok_s
             long = level.long
@@ -186,6 +215,12 @@ class StressRun(Stress):
                 sources[record.count_source] = sources.get(record.count_source, 0) + 1
                 id_sources[record.ids_source] = id_sources.get(record.ids_source, 0) + 1
                 answer = reference.answers[record.prompt]
+                lengths.append((generated_tokens(record, eos),
+                                reference.generated[record.prompt]))
+                alone = None
+                if record.score is not None:
+                    alone = reference.scores[record.prompt]
+                    pairs.append([record.prompt, record.score, alone])
                 result = compare(record.ids, answer, params.tie_margin, params.shift_nats,
                                  record.tops)
                 agreements.append(result.agreement)
@@ -205,6 +240,7 @@ class StressRun(Stress):
                                                                result.first_difference),
                     "response": record.text[:KEEP_CHARS],
                     "single_user": answer.text[:KEEP_CHARS],
+                    **({} if alone is None else {"score": record.score, "score_alone": alone}),
                 })
         m = self.metrics
         metrics = {name: _median_metric(m[name], [f[name] for f in per_pass])
@@ -217,9 +253,18 @@ class StressRun(Stress):
             "responses_differing": differing,
             "responses_flagged": flagged,
             "sessions_held": statistics.median(f["sessions_held"] for f in per_pass),
+            "correct_share": goodput_figures([r for level in passes for r in level.records],
+                                             math.nan, params.slo_ttft_s,
+                                             params.slo_tpot_s)["correct_share"],
+            "answer_tokens": _mean([under for under, _ in lengths]),
+            "answer_tokens_alone": _mean([alone for _, alone in lengths]),
         }
+        paired = score_figures(pairs)
+        totals.update(paired.pop("metrics"))
         metrics.update({name: m[name].of(value) for name, value in totals.items()})
-        metrics = {name: metrics[name] for name in METRICS}  # the table's order
+        # the table's order; free text measures no score
+        metrics = {name: metrics[name] for name in METRICS
+                   if params.task_spec is not None or name not in TASK_METRICS}
         summary = {
             "requests_summary": {"planned": int(totals["requests"]), "sent": sent, "ok": ok,
                                  "failed": int(totals["errors"])},
@@ -229,8 +274,64 @@ class StressRun(Stress):
             "token_ids_source": id_sources,
             "logprobs": reference.has_logprobs,
             "repeats": len(passes),
+            **paired,
         }
         return metrics, summary
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def score_figures(pairs: list[list]) -> dict[str, Any]:
+    """The task samples' figures from [prompt, score under load, score alone] per successful
+    response: {"metrics": score with its 95% Wilson interval, score_alone, score_vs_alone} and
+    info's "paired" (each pair; the exact sign test's verdict and p, the mean difference and
+    its paired bootstrap interval: kvbench.judge.paired). NaN metrics and no "paired" without
+    pairs (free text, or no successful response)."""
+    if not pairs:
+        return {"metrics": {name: math.nan for name in (
+            "score", "score_ci_low", "score_ci_high", "score_alone", "score_vs_alone")}}
+    under, alone = [p[1] for p in pairs], [p[2] for p in pairs]
+    mean = statistics.fmean(under)
+    low, high = wilson_interval(mean, len(under))
+    comparison = compare_paired(under, alone)
+    return {
+        "metrics": {"score": mean, "score_ci_low": low, "score_ci_high": high,
+                    "score_alone": statistics.fmean(alone),
+                    "score_vs_alone": comparison.mean_difference},
+        "paired": {
+            "of": "each successful response under load against the single-user answer to its"
+                  " prompt (score points)",
+            "pairs": pairs, "wins": comparison.wins, "losses": comparison.losses,
+            "p_value": comparison.p_value, "mean_difference": comparison.mean_difference,
+            "low": comparison.low, "high": comparison.high, "verdict": comparison.verdict,
+        },
+    }
+
+
+def per_prompt_info(prompts: list[Prompt], reference: "SingleUser",
+                    params: StressParams) -> dict[str, Any]:
+    """Per prompt, in prompt order, from the single-user pass: its prompt's hash, its answer's
+    tokens (end-of-sequence not counted) and seconds (request sent to response finished), and
+    with a task its score; and the task's settings."""
+    info: dict[str, Any] = {
+        "prompt_sha256s": [tokens_sha256(p.ids) for p in prompts],
+        "generated": list(reference.generated),
+        "answer_s": list(reference.answer_s),
+    }
+    task = params.task_spec
+    if task is not None:
+        info.update({
+            # not "scores": a paired `score` claim reads that key, and stress's score is under load
+            "scores_alone": list(reference.scores),
+            "task": params.task,
+            "metric": METRIC_NAMES[task.metric],
+            "tokens_to_generate": task.tokens_to_generate,
+            "prompt_tokens": statistics.fmean(len(p.ids) for p in prompts),
+            "slo": {"ttft_s": params.slo_ttft_s or None, "tpot_s": params.slo_tpot_s or None},
+        })
+    return info
 
 
 def _median_metric(spec: MetricSpec, values: list[float]):
@@ -270,6 +371,34 @@ def make_prompts(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
     return [Prompt(index, tokenizer.decode(ids), ids) for index, ids in enumerate(windows)]
 
 
+def make_task_prompts(memo: Memo, tokenizer: Any, params: StressParams) -> list[Prompt]:
+    """`params.prompts` samples of the task (indices 0 ..), made as the ruler benchmark makes
+    them: kvbench.data.ruler's make_sample fitted to task_length tokens of the prompt as it is
+    fed (the model's chat template around the context and question, then the answer prefix),
+    with data_seed."""
+    from kvbench.benchmarks.measure.answering import ChatFrame, frame
+    from kvbench.data.ruler import make_sample
+
+    spec = params.task_spec
+    chat = ChatFrame.of(tokenizer)
+    essay = (memo.get(("essay", params.essay), lambda: load_text(params.essay))
+             if spec.needs_essay else None)
+
+    def framed(sample):
+        return frame(tokenizer, chat, sample.context, sample.question, sample.answer_prefix)
+
+    prompts = []
+    for index in range(params.prompts):
+        sample = make_sample(params.task, index, length=params.task_length,
+                             count_tokens=lambda s: len(framed(s).ids), seed=params.data_seed,
+                             essay=essay)
+        ids = framed(sample).ids
+        task = Task(params.task, tuple(sample.references), spec.metric,
+                    sample.tokens_to_generate, sample.context + sample.question)
+        prompts.append(Prompt(index, tokenizer.decode(ids), ids, task))
+    return prompts
+
+
 def make_long_prompt(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
                      seed: int) -> Prompt:
     """The long-prompt user's prompt: a window of `long_prompt_tokens` tokens of the text from
@@ -295,10 +424,15 @@ def text_windows(memo: Memo, tokenizer: Any, spec: str, params: StressParams, le
 def request_body(params: StressParams, target: ServerTarget, model: str | None,
                  prompt: Prompt) -> dict[str, Any]:
     """One streamed greedy request. A kvbench server gets the prompt's token ids (completions),
-    top-2 logprobs, and the token_ids / ignore_eos extensions; another server the standard
-    fields only (logprobs when its mapping asks)."""
+    top-5 logprobs, and the token_ids / ignore_eos extensions; another server the standard
+    fields only (logprobs when its mapping asks). A task sample asks its task's
+    tokens_to_generate and is never sent ignore_eos (its answer ends at end-of-sequence); on
+    chat, its message is the sample's text, which the server frames with its own template (the
+    answer prefix is not sent)."""
     kvbench = target.kind == "kvbench"
-    body: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": 0, "stream": True,
+    task = prompt.task
+    body: dict[str, Any] = {"max_tokens": task.tokens_to_generate if task else params.max_tokens,
+                            "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
@@ -308,28 +442,35 @@ def request_body(params: StressParams, target: ServerTarget, model: str | None,
         if logprobs:
             body["logprobs"] = TOP_LOGPROBS
     else:
-        body["messages"] = [{"role": "user", "content": prompt.text}]
+        body["messages"] = [{"role": "user", "content": task.message if task else prompt.text}]
         if logprobs:
             body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     if kvbench:
         body["return_token_ids"] = True
-        if params.ignore_eos:
+        if params.ignore_eos and task is None:
             body["ignore_eos"] = True
     return body
 
 
 @dataclass
 class SingleUser:
-    """The single-user reference pass: each prompt's answer, and the pass's output tok/s."""
+    """The single-user reference pass: each prompt's answer, and the pass's output tok/s; per
+    prompt in prompt order, its answer's tokens (end-of-sequence not counted), seconds (e2e)
+    and, for task samples, score (None for free text)."""
 
     answers: dict[int, Reference]
     output_tok_s: float
     has_logprobs: bool
+    generated: list[int]
+    answer_s: list[float]
+    scores: list[float] | None = None
 
 
-def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any) -> SingleUser:
+def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any,
+                   keep: Any = lambda record: None) -> SingleUser:
     """Every prompt once, one request at a time (one user asking them in order); RuntimeError
-    naming the failures when any fails (nothing can be compared without them)."""
+    naming the failures when any fails (nothing can be compared without them). A task
+    sample's answer is scored and kept (keep(its record): predictions.jsonl)."""
     run = level(users=1, requests_per_user=len(prompts))
     records = run.records
     failed = [f"prompt {r.prompt}: {r.error}" for r in records if not r.ok]
@@ -342,7 +483,22 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any) -> SingleU
     if empty:
         raise RuntimeError(f"the single-user answers to prompts {empty} have no tokens")
     rate = level_figures(records, 1)["output_tok_s"]
-    return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()))
+    score_records(records, prompts)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ordered = sorted(records, key=lambda r: r.prompt)
+    scores = None
+    if all(r.score is not None for r in ordered):
+        scores = [r.score for r in ordered]
+        for r in ordered:
+            task = prompts[r.prompt].task
+            keep({"pass": "single user", "prompt": r.prompt,
+                  "prompt_sha256": tokens_sha256(prompts[r.prompt].ids), "task": task.name,
+                  "prediction": r.text, "references": list(task.references),
+                  "metric": METRIC_NAMES[task.metric], "score": r.score,
+                  "generated": generated_tokens(r, eos)})
+    return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()),
+                      [generated_tokens(r, eos) for r in ordered],
+                      [r.t_end - r.t_sent for r in ordered], scores)
 
 
 def method_name(settings: MethodSettings) -> str:

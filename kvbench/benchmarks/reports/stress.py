@@ -5,7 +5,14 @@ held), a warning line for every level with flagged responses or errors, and one 
 three panels against users: aggregate tok/s, per-user tok/s, p99 TTFT, one line per method;
 and its leaderboard's columns.
 
-Made from results alone; the figure needs matplotlib (without it, one line says so).
+Where cases sent task samples (`task`): per method, a table over the levels of the score under
+load with its interval, the score alone, their paired comparison, goodput, SLO attainment and
+the share answered correctly, and a figure of goodput against users; the answers' lengths
+against identity's on the same prompts (kvbench.report.kit.drift). Where a case ran under a KV
+budget: the capacity table (sessions held, throughput and, with task samples, accuracy at the
+same memory).
+
+Made from results alone; the figures need matplotlib (without it, one line says so).
 """
 from __future__ import annotations
 
@@ -13,13 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.judge.paired import SEPARATION_LEVEL
 from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.report.kit.drift import length_drift_section
 from kvbench.report.kit.figures import PlotPath, figure_text, pyplot, save_png, xy_lines
-from kvbench.report.kit.tables import finite_metric, fmt_bytes, md_table, ok_cases
+from kvbench.report.kit.paired import p_text, signed
+from kvbench.report.kit.tables import finite_metric, fmt_bytes, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "stress"
 THROUGHPUT_PNG = "stress_throughput.png"
+GOODPUT_PNG = "stress_goodput.png"
+NO_TASK = "none"
+# Parameters that do not change a case's prompts nor its single-user answers (one request at a
+# time): its output lengths pair with identity's across them
+UNPAIRED = ("users", "requests_per_user", "kv_budget", "slo_ttft_s", "slo_tpot_s",
+            "request_timeout_s", "level_timeout_s", "tie_margin", "shift_nats",
+            "long_prompt_tokens", "long_prompt_after_s", "prefill_chunk")
 # (metric, column, format): the columns of a method's table after `users`
 COLUMNS = (
     ("output_tok_s", "output tok/s ↑", "{:.1f}"),
@@ -47,6 +64,9 @@ _GRID_PARAM = "users"
 # Settings the section states once when every line shares them
 _SHOWN = ("requests_per_user", "prompts", "prompt_tokens", "max_tokens", "api", "text",
           "tie_margin", "shift_nats")
+# ... and these when every case sent task samples (prompt_tokens and max_tokens then mean nothing)
+_SHOWN_TASK = ("requests_per_user", "prompts", "task", "task_length", "data_seed", "api",
+               "tie_margin", "shift_nats")
 
 
 @dataclass
@@ -63,6 +83,12 @@ class StressTable:
 
 def _users(case: CaseResult) -> int:
     return int(case.bench_params.get(_GRID_PARAM, 1))
+
+
+def task_of(case: CaseResult) -> str | None:
+    """The RULER task whose samples the case sent; None for free text."""
+    task = case.bench_params.get("task")
+    return None if task in (None, NO_TASK) else str(task)
 
 
 def _setting(case: CaseResult) -> tuple:
@@ -116,10 +142,12 @@ def stress_section(result: RunResult) -> str | None:
     if table is None:
         return None
     cases = [c for line in table.lines.values() for c in line.values()]
+    prompts = ("RULER task samples, each up to its task's tokens_to_generate or end-of-sequence:"
+               " see the accuracy table" if all(task_of(case) for case in cases) else
+               "`prompt_tokens`-token prompts, `max_tokens` output tokens each")
     intro = (
         "Each level: `users` users started together, each sending `requests_per_user` streamed"
-        " greedy requests one after another (`prompt_tokens`-token prompts, `max_tokens` output"
-        " tokens each). Every response is compared with the single-user answer to its prompt on"
+        f" greedy requests one after another ({prompts}). Every response is compared with the single-user answer to its prompt on"
         " the same server: *token agreement* is the mean common prefix over the single-user"
         " answer's length; *differing* responses are not token for token that answer;"
         " *flagged* ones differ beyond float noise: neither a near-tie (that answer's top-2"
@@ -129,7 +157,8 @@ def stress_section(result: RunResult) -> str | None:
         " pass's on the same server in the same run. TTFT: request sent to the first token;"
         " e2e: to the last."
     )
-    common = [f"{k}={_short(c)}" for k in _SHOWN
+    shown = _SHOWN_TASK if all(task_of(case) for case in cases) else _SHOWN
+    common = [f"{k}={_short(c)}" for k in shown
               if (c := _common([case.bench_params.get(k) for case in cases])) is not None]
     server = _common([case.info.get("server") for case in cases])
     if server:
@@ -169,6 +198,152 @@ def stress_section(result: RunResult) -> str | None:
     return "\n\n".join(parts)
 
 
+# ---------------------------------------------------------------------------------------------
+# task samples: accuracy under load, goodput
+
+
+def _score_cell(case: CaseResult) -> str:
+    score = finite_metric(case, "score")
+    if score is None:
+        return "—"
+    low, high = finite_metric(case, "score_ci_low"), finite_metric(case, "score_ci_high")
+    return f"{score:.1f}" + ("" if low is None or high is None else f" [{low:.1f}, {high:.1f}]")
+
+
+def _paired_cells(case: CaseResult) -> list[str]:
+    """Δ under load − alone [paired CI], and the sign test's verdict with its p."""
+    paired = case.info.get("paired")
+    if not isinstance(paired, dict) or "verdict" not in paired:
+        return ["—", "—"]
+    delta = (f"{signed(paired['mean_difference'])} [{signed(paired['low'])},"
+             f" {signed(paired['high'])}]")
+    return [delta, f"{paired['verdict']} (p {p_text(paired['p_value'])})"]
+
+
+def _cell(case: CaseResult, metric: str, form: str) -> str:
+    value = finite_metric(case, metric)
+    return "—" if value is None else form.format(value)
+
+
+def _slo_text(cases: list[CaseResult]) -> str:
+    parts = []
+    for key, what in (("slo_ttft_s", "TTFT"), ("slo_tpot_s", "TPOT")):
+        values = {case.bench_params.get(key) for case in cases}
+        if len(values) > 1:
+            parts.append(f"{what}: per case (`{key}`)")
+            continue
+        value = values.pop()
+        parts.append(f"{what} ≤ {value:g} s" if value else f"no {what} SLO")
+    return ", ".join(parts)
+
+
+def task_lines(table: StressTable) -> dict[str, dict[int, CaseResult]]:
+    """The table's lines, each with its levels that sent task samples; lines without any left
+    out."""
+    lines = {name: {n: case for n, case in cases.items() if task_of(case)}
+             for name, cases in table.lines.items()}
+    return {name: cases for name, cases in lines.items() if cases}
+
+
+def accuracy_section(table: StressTable) -> str | None:
+    lines = task_lines(table)
+    if not lines:
+        return None
+    cases = [case for line in lines.values() for case in line.values()]
+    tasks = sorted({task_of(case) for case in cases})
+    intro = (
+        f"The prompts are RULER samples ({', '.join(f'`{t}`' for t in tasks)}, made by the"
+        " ruler benchmark's generators to `task_length` tokens, framed by the model's chat"
+        " template), each answered up to its task's tokens_to_generate or end-of-sequence, and"
+        " scored as RULER scores it. *Score under load*: the mean over the level's successful"
+        " responses [95% Wilson interval]; *alone*: the single-user answers (one request at a"
+        " time, the same server) to the same prompts, one per response. *Δ* is each response's"
+        " score under load less the single-user answer's to its prompt, with a paired bootstrap"
+        " interval; the verdict is the exact sign test's over the responses whose score moved"
+        f" (worse / better when p < {SEPARATION_LEVEL:g}, else not separated). *Goodput*:"
+        " requests that met both SLOs and were answered correctly (score 100: every reference"
+        " found, under string_match_all) per second of the level's wall time; *SLO attainment*"
+        " and *correct*: shares of the level's planned requests (a failed request is neither)."
+        f" SLOs: {_slo_text(cases)}."
+    )
+    parts = ["### Accuracy under load and goodput", intro]
+    header = ["users", "score under load [95% CI]", "score alone", "Δ load − alone [95% CI]",
+              "verdict (sign test)", "goodput req/s ↑", "req/s", "SLO attainment ↑",
+              "correct ↑", "tokens under load / alone", "errors ↓"]
+    for name, line in lines.items():
+        rows = []
+        for users in sorted(line):
+            case = line[users]
+            tokens = "—"
+            if finite_metric(case, "answer_tokens") is not None:
+                tokens = (f"{_cell(case, 'answer_tokens', '{:.1f}')} /"
+                          f" {_cell(case, 'answer_tokens_alone', '{:.1f}')}")
+            rows.append([str(users), _score_cell(case), _cell(case, "score_alone", "{:.1f}"),
+                         *_paired_cells(case), _cell(case, "goodput_rps", "{:.3f}"),
+                         _cell(case, "request_throughput", "{:.3f}"),
+                         _cell(case, "slo_attainment", "{:.2f}"),
+                         _cell(case, "correct_share", "{:.2f}"), tokens,
+                         _cell(case, "errors", "{:.0f}")])
+        parts.append(f"**{name}**\n\n" + md_table(header, rows, set(range(len(header)))))
+    worse = [f"- ⚠ **{name}** at {users} users: the score under load is below the single-user"
+             f" answers' ({_paired_cells(case)[0]} points, p {p_text(case.info['paired']['p_value'])})"
+             for name, line in lines.items() for users, case in sorted(line.items())
+             if (case.info.get("paired") or {}).get("verdict") == "worse"]
+    if worse:
+        parts.append("\n".join(worse))
+    return "\n\n".join(parts)
+
+
+def capacity_section(table: StressTable) -> str | None:
+    """The levels run under a KV budget: sessions held, throughput and (task samples) accuracy
+    at the same memory."""
+    rows = []
+    budgeted = [(name, users, case) for name, line in table.lines.items()
+                for users, case in sorted(line.items()) if case.bench_params.get("kv_budget")]
+    if not budgeted:
+        return None
+    scored = any(task_of(case) for _, _, case in budgeted)
+    for name, users, case in sorted(budgeted, key=lambda row: row[2].bench_params["kv_budget"]):
+        cells = [case.method_label, fmt_bytes(case.bench_params["kv_budget"]), str(users),
+                 _cell(case, "sessions_held", "{:g}"), _cell(case, "output_tok_s", "{:.1f}"),
+                 _cell(case, "request_throughput", "{:.3f}"), _cell(case, "errors", "{:.0f}")]
+        if scored:
+            cells += [_score_cell(case), _cell(case, "goodput_rps", "{:.3f}"),
+                      _cell(case, "correct_share", "{:.2f}")]
+        rows.append(cells)
+    header = ["method", "KV budget", "users", "sessions held ↑", "output tok/s ↑", "req/s ↑",
+              "errors ↓"]
+    if scored:
+        header += ["score [95% CI]", "goodput req/s ↑", "correct ↑"]
+    text = ("The levels run under a KV budget (`kv_budget`: kvbench serve admits a request only"
+            " while the accounted bytes of those it holds fit): the same memory for every"
+            " method, and what each does with it. *Sessions held*: the most requests streaming"
+            " at once, seen by the client.")
+    return "\n\n".join(["### Capacity at the same KV budget", text,
+                         md_table(header, rows, set(range(2, len(header))))])
+
+
+def drift_section(result: RunResult) -> str | None:
+    """Each method's single-user answers' lengths against identity's on the same prompts, for
+    the cases whose answers end at end-of-sequence (task samples, or ignore_eos off): one case
+    per method and setting, since a server's single-user pass does not depend on the level."""
+    cases, seen = [], set()
+    for case in ok_cases(result, BENCHMARK):
+        if not (task_of(case) or case.bench_params.get("ignore_eos") is False):
+            continue
+        key = (case.method_label, pair_key(case, UNPAIRED))
+        if key not in seen:
+            seen.add(key)
+            cases.append(case)
+    if not cases:
+        return None
+    return length_drift_section(
+        result.model_copy(update={"cases": cases}), BENCHMARK,
+        lambda case: task_of(case) or "free text", "a prompt answered by the method's"
+        " single-user pass (one request at a time, its own server)", UNPAIRED,
+        title="stress", scope_header="prompts of")
+
+
 def _warnings(table: StressTable) -> list[str]:
     lines = []
     for name, cases in table.lines.items():
@@ -189,6 +364,63 @@ def _warnings(table: StressTable) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # the figure
+
+
+def goodput_lines(table: StressTable) -> dict[str, tuple[list[int], list[float]]]:
+    """Per line with task samples at two levels or more: the levels with a finite goodput, and
+    its values there."""
+    return xy_lines({name: [(n, finite_metric(cases[n], "goodput_rps")) for n in sorted(cases)]
+                     for name, cases in task_lines(table).items()}, least=2)
+
+
+def goodput_figure(result: RunResult, out_dir: Path | None) -> str | None:
+    """The goodput figure's link (written to out_dir when given), a note without matplotlib,
+    or None when no line with task samples has two levels."""
+    table = stress_table(result)
+    if table is not None and not goodput_lines(table):
+        table = None
+    return figure_text(
+        table, out_dir,
+        lambda table, folder: stress_goodput_png(table, folder / GOODPUT_PNG, result.suite.name),
+        f"![goodput (requests meeting the SLOs and answered correctly, per second) against"
+        f" concurrent users]({GOODPUT_PNG})", "stress goodput plot")
+
+
+def stress_goodput_png(table: StressTable, path: Path, title: str) -> Path:
+    """Goodput against users, a solid line per method; its request throughput (every
+    successful request) dashed in the same colour: the gap is the requests that missed an SLO
+    or were answered wrongly."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=100)
+    try:
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        markers = "osD^v<>P*X"
+        lines = goodput_lines(table)
+        labels = _short_labels(table, list(lines))
+        throughput = {}
+        for k, (line, (x, y)) in enumerate(lines.items()):
+            colour = colours[k % len(colours)]
+            ax.plot(x, y, marker=markers[k % len(markers)], color=colour, linewidth=1.6,
+                    label=labels[line])
+            cases = table.lines[line]
+            tx = [n for n in x if finite_metric(cases[n], "request_throughput") is not None]
+            ty = [finite_metric(cases[n], "request_throughput") for n in tx]
+            throughput[line] = (tx, ty)
+            ax.plot(tx, ty, linestyle="--", color=colour, linewidth=0.9, alpha=0.6)
+        levels = sorted({n for x, _ in lines.values() for n in x})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(n) for n in levels])
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel("req/s (higher is better)")
+        ax.set_title(f"kvbench {title}: goodput (within the SLOs and correct); dashed: all"
+                     " successful requests", fontsize=10)
+        ax.grid(True, alpha=0.35)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        save_png(fig, path)
+    finally:
+        plt.close(fig)
+    return PlotPath.of(path, {"goodput_rps": lines, "request_throughput": throughput})
 
 
 def stress_figures(result: RunResult, out_dir: Path | None) -> str | None:
@@ -258,8 +490,12 @@ class StressReport(BenchmarkReport):
                                    "aggregate_vs_single"))
 
     def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        return [part for part in (stress_section(result), stress_figures(result, out_dir))
-                if part]
+        table = stress_table(result)
+        parts = [stress_section(result), stress_figures(result, out_dir)]
+        if table is not None:
+            parts += [accuracy_section(table), goodput_figure(result, out_dir),
+                      capacity_section(table), drift_section(result)]
+        return [part for part in parts if part]
 
 
 REPORT = StressReport()

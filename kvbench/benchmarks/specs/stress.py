@@ -1,6 +1,8 @@
 """`stress`'s declaration: N concurrent users against an OpenAI-compatible server on loopback, one
 concurrency level per case (a matrix over `users` makes the ladder of levels); the protocol is
-kvbench.benchmarks.measure.stress's. Only loopback urls are accepted."""
+kvbench.benchmarks.measure.stress's. Only loopback urls are accepted. The prompts are windows of
+free text, or RULER task samples (`task`), scored under load and alone; with task samples, goodput
+counts the requests that met the SLOs and were answered correctly."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +16,19 @@ from kvbench.benchmarks.specs.server_target import (
     ServerTarget, missing_server_library, parse_server,
 )
 from kvbench.config.fields import (
-    LibraryMissing, Settings, SettingError, above, at_least, param,
+    LibraryMissing, Settings, SettingError, above, at_least, one_of, param,
 )
+from kvbench.data.ruler import TASKS, TaskSpec
 from kvbench.data.text import parse_hf_source, resolve_text
 from kvbench.models.info import ModelInfo
 
 PERCENTILES = (50, 90, 99)
 PERCENTILE_METHOD = "linear"  # numpy.percentile's: linear interpolation between order statistics
+NO_TASK = "none"
+CORRECT = 100.0  # a response is answered correctly when its score is this (every reference found)
+# SLOs sized for the bundled SmolLM2-135M on a shared 2-core CPU (see slo_ttft_s, slo_tpot_s)
+SLO_TTFT_S = 10.0
+SLO_TPOT_S = 0.5
 
 
 @dataclass
@@ -33,15 +41,35 @@ class StressParams(Settings):
                                    " after another")
     prompts: int = param(8, range=at_least(1), meaning="distinct prompts: windows of"
                          " `prompt_tokens` tokens of the text at offsets drawn with the case's"
-                         " seed. User u's j-th request asks prompt (u * requests_per_user + j)"
-                         " % prompts")
+                         " seed, or with `task` that task's samples 0 .. prompts - 1. User u's"
+                         " j-th request asks prompt (u * requests_per_user + j) % prompts")
     prompt_tokens: int = param(64, range=at_least(1), meaning="tokens per prompt (the model's"
-                               " tokenizer)")
+                               " tokenizer); free text only")
     max_tokens: int = param(32, range=at_least(1), meaning="output tokens asked of every request"
-                            " (greedy: temperature 0)")
+                            " (greedy: temperature 0); free text only: a task sample asks its"
+                            " task's tokens_to_generate")
     text: str = param("pydoc", meaning='"pydoc", a text file, or'
-                      ' "hf:<dataset>[:<config>]:<split>:<column>"')
+                      ' "hf:<dataset>[:<config>]:<split>:<column>"; the free-text prompts and'
+                      " the long-prompt user's are windows of it")
     offset: int = param(0, range=at_least(0), meaning="the windows start at or after this token")
+    task: str = param(NO_TASK, range=one_of(NO_TASK, *TASKS), meaning='"none": the prompts are'
+                      " windows of free text, their answers only compared with the single-user"
+                      " answers. A RULER task that needs no QA file ("
+                      + ", ".join(t for t, spec in TASKS.items() if spec.needs_qa is None)
+                      + "): the prompts are its samples, made by the ruler benchmark's"
+                      " generators and framed by the model's chat template (context, question,"
+                      " answer prefix); each asks the task's tokens_to_generate and ends at"
+                      " end-of-sequence (never ignore_eos), and every response, under load and"
+                      " alone, is scored as RULER scores it")
+    task_length: int = param(1024, range=at_least(256), meaning="with a task: model tokens of"
+                             " each sample's whole prompt, the task's tokens_to_generate included"
+                             " (as ruler's length)")
+    data_seed: int = param(0, meaning="with a task: samples are drawn from (data_seed, task,"
+                           " sample index), as the ruler benchmark's: every method, and a ruler"
+                           " case with the same seed, length and model, gets the same prompts")
+    essay: str = param("pydoc", meaning="with a task whose haystack is an essay: the text in"
+                       ' place of RULER\'s Paul Graham essays ("pydoc", a text file, or'
+                       ' "hf:<dataset>[:<config>]:<split>:<column>")')
     api: Literal["completions", "chat"] = param(
         "completions", meaning="/v1/completions (a kvbench server gets the prompt's token ids,"
         " others its text) or /v1/chat/completions (one user message)")
@@ -64,6 +92,17 @@ class StressParams(Settings):
                                      " then fails")
     level_timeout_s: float = param(900.0, range=above(0), meaning="the whole level is cut here:"
                                    " requests still running or not sent fail")
+    slo_ttft_s: float | None = param(SLO_TTFT_S, range=at_least(0), meaning="seconds: a"
+                                     " request meets the time-to-first-token SLO when its TTFT"
+                                     " is at most this (None or 0: no such SLO). The defaults"
+                                     " are about 5x what one 1K-token request takes alone on"
+                                     " the bundled model on a 2-core CPU (TTFT ~1.4-2.2 s, TPOT"
+                                     " ~0.1 s); set your service's own")
+    slo_tpot_s: float | None = param(SLO_TPOT_S, range=at_least(0), meaning="seconds: a"
+                                     " request meets the time-per-output-token SLO when its"
+                                     " TPOT ((e2e - ttft) / (output tokens - 1)) is at most"
+                                     " this; a response of one token has none to miss (None or"
+                                     " 0: no such SLO)")
     tie_margin: float = param(0.05, range=at_least(0), meaning="nats: a response that first"
                               " differs from the single-user answer where that answer's top-1"
                               " led its top-2 by at most this is float noise, not flagged")
@@ -76,7 +115,8 @@ class StressParams(Settings):
                               " in a logit within 30 steps (rounding flips accumulate)")
     ignore_eos: bool = param(True, meaning="ask kvbench servers (ignore_eos, a vLLM-style"
                              " extension) for exactly max_tokens tokens; other servers are not"
-                             " sent it")
+                             " sent it, nor are task samples, whose answers end at"
+                             " end-of-sequence")
     long_prompt_tokens: int = param(0, range=at_least(0), meaning="0, or a long-prompt user:"
                                     " one more request at the level, a window of this many"
                                     " tokens of the text, sent long_prompt_after_s after the"
@@ -92,11 +132,18 @@ class StressParams(Settings):
                                " prefills it in one forward, as before chunked prefill")
 
     def check(self) -> None:
-        if self.text.startswith("hf:"):
-            try:
-                parse_hf_source(self.text)
-            except ValueError as exc:
-                raise SettingError("text", str(exc)) from None
+        for name in ("text", "essay"):
+            if getattr(self, name).startswith("hf:"):
+                try:
+                    parse_hf_source(getattr(self, name))
+                except ValueError as exc:
+                    raise SettingError(name, str(exc)) from None
+        spec = self.task_spec
+        if spec is not None and spec.needs_qa:
+            offline = ", ".join(t for t, s in TASKS.items() if s.needs_qa is None)
+            raise SettingError("task", f"task {self.task} reads {spec.needs_qa}, a QA file"
+                               " kvbench does not ship (the ruler benchmark takes it as"
+                               f" qa_data); stress's task samples are the offline ones: {offline}")
         try:
             target = parse_server(self.server)  # loopback only
         except ValueError as exc:
@@ -112,6 +159,11 @@ class StressParams(Settings):
     @property
     def target(self) -> ServerTarget:
         return parse_server(self.server)
+
+    @property
+    def task_spec(self) -> TaskSpec | None:
+        """The RULER task's spec (kvbench.data.ruler.TaskSpec); None for free text."""
+        return None if self.task == NO_TASK else TASKS[self.task]
 
 
 def percentile_metrics(name: str, what: str) -> dict[str, MetricSpec]:
@@ -180,8 +232,41 @@ METRICS = {
     "per_user_vs_single": MetricSpec(
         "x", "higher", "per_user_tok_s / the output tok/s of the single-user reference pass on"
         " the same server in the same run", timing="ratio"),
+    # task samples (`task`); free-text cases do not record them (TASK_METRICS)
+    "score": MetricSpec(
+        "%", "higher", "with a task: the mean of NVIDIA RULER's per-sample score (0-100) over the"
+        " level's successful responses, under load (NaN without any)"),
+    "score_ci_low": MetricSpec("%", "none", "95% Wilson interval of score, low end"),
+    "score_ci_high": MetricSpec("%", "none", "95% Wilson interval of score, high end"),
+    "score_alone": MetricSpec(
+        "%", "higher", "with a task: the score of the single-user answers (one request at a"
+        " time, same server) to the prompts of the level's successful responses, one per"
+        " response: score's paired counterpart"),
+    "score_vs_alone": MetricSpec(
+        "%", "higher", "with a task: the mean over the level's successful responses of (its score"
+        " - the single-user answer's to its prompt), points; 0 when load changes no answer's"
+        " score (info.paired: the sign test's verdict and the paired interval)"),
+    "goodput_rps": MetricSpec(
+        "req/s", "higher", "with a task: requests that met both SLOs (slo_ttft_s, slo_tpot_s) and"
+        " were answered correctly (score 100 under the task's metric: every reference found for"
+        " string_match_all, one for string_match_part) / wall_s", timing="absolute"),
+    "slo_attainment": MetricSpec(
+        "", "higher", "the share of the level's planned requests that succeeded and met both"
+        " SLOs (a failed request meets neither)", timing="absolute"),
+    "correct_share": MetricSpec(
+        "", "higher", "with a task: the share of the level's planned requests answered correctly"
+        " (score 100, as goodput_rps; a failed request is not)"),
+    "answer_tokens": MetricSpec(
+        "tok", "none", "the mean over the level's successful responses of the tokens generated,"
+        " end-of-sequence not counted"),
+    "answer_tokens_alone": MetricSpec(
+        "tok", "none", "the mean over the level's successful responses of the tokens the"
+        " single-user answer to the same prompt generated (end-of-sequence not counted): a"
+        " difference from answer_tokens is output length drifting under load"),
 }
-# Figures of one level pass that are medians over repeats (the rest are totals, see METRICS).
+# What only task samples measure: a free-text case records none of them.
+TASK_METRICS = ("score", "score_ci_low", "score_ci_high", "score_alone", "score_vs_alone",
+                "goodput_rps", "correct_share")
 # Figures of one level pass that are medians over repeats (the rest are totals, see METRICS).
 PER_PASS = [name for name, spec in METRICS.items() if spec.timing is not None]
 
@@ -199,13 +284,20 @@ class Stress(Benchmark):
     extras = ("serve",)  # kvbench serve, and httpx as the users' client
 
     def resolve_paths(self, params: StressParams, base_dir: Path) -> StressParams:
-        return dataclasses.replace(params, text=resolve_text(params.text, base_dir))
+        return dataclasses.replace(params, text=resolve_text(params.text, base_dir),
+                                   essay=resolve_text(params.essay, base_dir))
 
     def check(self, params: StressParams, model: ModelInfo | None) -> None:
         self.check_text_and_model(params.text, model)
-        self.check_length(model, "prompt_tokens + max_tokens",
-                          params.prompt_tokens + params.max_tokens, "prompt_tokens",
-                          "max_tokens")
+        spec = params.task_spec
+        if spec is None:
+            self.check_length(model, "prompt_tokens + max_tokens",
+                              params.prompt_tokens + params.max_tokens, "prompt_tokens",
+                              "max_tokens")
+        else:
+            if spec.needs_essay:
+                self.check_text_and_model(params.essay, model, "essay")
+            self.check_length(model, "task_length", params.task_length, "task_length")
         if params.long_prompt_tokens:
             self.check_length(model, "long_prompt_tokens + max_tokens",
                               params.long_prompt_tokens + params.max_tokens,

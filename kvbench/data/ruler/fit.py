@@ -23,9 +23,11 @@ class Fit:
         self.spec, self.index, self.length, self.budget = spec, index, length, budget
         self.count_tokens = count_tokens
 
-    def sample(self, context: str, question: str, answer_prefix: str, references, depths=()):
+    def sample(self, context: str, question: str, answer_prefix: str, references, depths=(),
+               queries=()):
         return RulerSample(self.spec.name, self.index, context, question, answer_prefix,
-                           tuple(references), self.spec.tokens_to_generate, tuple(depths))
+                           tuple(references), self.spec.tokens_to_generate, tuple(depths),
+                           tuple(queries))
 
     def tokens(self, sample: RulerSample) -> int:
         return int(self.count_tokens(sample))

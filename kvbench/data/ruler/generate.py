@@ -1,4 +1,5 @@
-"""make_sample: one RULER sample of a task, fitted to a length; the generators of
+"""make_sample: one RULER sample of a task, fitted to a length (make_multikey_sample: an essay
+haystack of several needles, asked one key at a time); the generators of
 scripts/data/synthetic/ (niah.py, variable_tracking.py, common_words_extraction.py,
 freq_words_extraction.py, qa.py)."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kvbench.data.ruler.fit import (
 from kvbench.data.ruler.tasks import (
     CWE, CWE_PREFIX, CWE_TEMPLATE, DEPTHS, DOCUMENT, FWE, FWE_PREFIX, FWE_TEMPLATE, NEEDLE,
     NIAH, NIAH_PREFIX, NIAH_TEMPLATE, NOISE, NOISE_SENTENCES, Niah, QARecord, QA_PREFIX,
-    QA_TEMPLATE, RulerSample, TASKS, VT, VT_PREFIX, VT_TEMPLATE,
+    QA_TEMPLATE, RulerSample, TASKS, TaskSpec, VT, VT_PREFIX, VT_TEMPLATE,
 )
 
 
@@ -86,12 +87,67 @@ def _essay_words(essay: str) -> tuple[str, ...]:
     return tuple(re.sub(r"\s+", " ", essay).strip().split(" "))  # niah.py's essay haystack
 
 
+def _singular(template: str, prefix: str, type_needle_v: str) -> tuple[str, str, str]:
+    """niah.py's wording for one needle asked (on template + answer prefix): "A special magic
+    number is", not "Some special magic numbers are"."""
+    for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+        template, prefix = template.replace(old, new), prefix.replace(old, new)
+    return template, prefix, type_needle_v[:-1]
+
+
+def key_question(key: str, type_needle_v: str = "numbers") -> tuple[str, str]:
+    """(question, answer prefix) asking for one key's value in RULER's single-needle wording:
+    the text after the haystack ("\nWhat is the special magic number for {key} mentioned in the
+    provided text?") and " The special magic number for {key} mentioned in the provided text
+    is"."""
+    template, prefix, type_v = _singular(NIAH_TEMPLATE, NIAH_PREFIX, type_needle_v)
+    _, question, answer_prefix = texts(template, prefix, type_needle_v=type_v, query=key)
+    return question, answer_prefix
+
+
+MULTIKEY_TASK = TaskSpec("niah_keys", TASKS["niah_multikey_1"].tokens_to_generate, "all",
+                         "essay", True, None)
+
+
+def make_multikey_sample(index: int, *, keys: int, length: int,
+                         count_tokens: Callable[[RulerSample], int], seed: int,
+                         essay: str) -> RulerSample:
+    """RULER's essay haystack holding `keys` needles ("One of the special magic numbers for
+    {key} is: {value}.", a distinct word key and a 7-digit value each), to be asked one key at a
+    time: niah_multiquery's configuration (Niah("essay", "words", "numbers", keys, 1, keys)) with
+    the single-needle question. `queries` are the keys in the order to ask them (a random order
+    of the needles, not their order in the text), `references` their values in that order; the
+    sample's question and answer prefix ask the first (key_question). Fitted as make_sample
+    fits (count_tokens of the sample with its first question, plus RULER's 128 tokens to
+    generate, in [0.99 * length, length]); deterministic in (index, keys, length, seed,
+    count_tokens)."""
+    if keys < 1:
+        raise ValueError(f"a multikey sample needs at least one key, got {keys}")
+    if index < 0:
+        raise ValueError(f"sample index must be >= 0, got {index}")
+    if not (essay and essay.strip()):
+        raise ValueError("a multikey sample needs an essay text for its haystack")
+    spec = MULTIKEY_TASK
+    budget = length - spec.tokens_to_generate
+    if budget <= 0:
+        raise ValueError(f"length {length} is too small: it leaves no room beside its"
+                         f" {spec.tokens_to_generate} tokens to generate")
+    fit = Fit(spec, index, length, budget, count_tokens)
+    rng = random.Random(f"{seed}:{spec.name}{keys}:{index}")
+    return _niah(fit, Niah("essay", "words", "numbers", keys, 1, keys), rng, seed, essay, None,
+                 one_key=True)
+
+
 def _niah(fit: Fit, cfg: Niah, rng: random.Random, seed: int, essay: str | None,
-          depth: float | None) -> RulerSample:
+          depth: float | None, one_key: bool = False) -> RulerSample:
+    """one_key: the keys distinct (redrawn on a repeat, which RULER does not do) and the
+    question asks the first in query order alone (make_multikey_sample)."""
     num_k = max(cfg.num_needle_k, cfg.num_needle_q)
     keys, values, needles = [], [], []
     for _ in range(num_k):
         keys.append(draw(rng, cfg.type_needle_k))
+        while one_key and keys[-1] in keys[:-1]:
+            keys[-1] = draw(rng, cfg.type_needle_k)
         value = []
         for _ in range(cfg.num_needle_v):
             value.append(draw(rng, cfg.type_needle_v))
@@ -107,15 +163,15 @@ def _niah(fit: Fit, cfg: Niah, rng: random.Random, seed: int, essay: str | None,
     query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
     template, prefix, type_v = NIAH_TEMPLATE, NIAH_PREFIX, cfg.type_needle_v
     if cfg.num_needle_q * cfg.num_needle_v == 1:  # niah.py, on template + answer prefix
-        for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
-            template, prefix = template.replace(old, new), prefix.replace(old, new)
-        type_v = type_v[:-1]
+        template, prefix, type_v = _singular(template, prefix, type_v)
     head, question, answer_prefix = texts(template, prefix, type_needle_v=type_v, query=query)
+    if one_key:
+        question, answer_prefix = key_question(queries[0], cfg.type_needle_v)
     state = rng.getstate()
 
     def finish(haystack: str, depths: list[float]) -> RulerSample:
         return fit.sample(head + haystack, question, answer_prefix, answers,
-                          [round(d, 2) for d in sorted(depths)])
+                          [round(d, 2) for d in sorted(depths)], queries)
 
     def place(units: list[str], r: random.Random) -> RulerSample:
         """noise / needle haystacks: needles go between the units (lines), as niah.py inserts

@@ -112,6 +112,8 @@ class RulerSample:
     references: tuple[str, ...]
     tokens_to_generate: int
     depths: tuple[float, ...] = ()  # niah: the needles' depth percents as placed, in text order
+    # niah: the keys asked, in the order asked (each key's values are next in `references`)
+    queries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
