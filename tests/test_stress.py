@@ -30,9 +30,10 @@ from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, Reference, RequestRecord
 from kvbench.benchmarks.measure.servers import (
     POOL_MEMO_KEY, ManagedServer, RunningServer, ServerError, ServerPool, free_port,
+    import_root, method_name,
 )
 from kvbench.benchmarks.measure.stress import (
-    import_root, make_prompts, method_name, request_body,
+    make_prompts, request_body,
 )
 from kvbench.benchmarks.specs.server_target import check_loopback_url, parse_server
 from kvbench.benchmarks.specs.stress import TASK_METRICS, Stress, StressParams

@@ -388,7 +388,6 @@ def task_case(label: str, users: int, score: float, goodput: float, verdict="not
               "score_vs_alone": score - 100.0, "goodput_rps": goodput,
               "slo_attainment": 0.75, "correct_share": score / 100,
               "answer_tokens": 9.5, "answer_tokens_alone": 9.0}
-    p = {"lower": 0.0078, "not separated": 1.0}.get(verdict, 0.5)
     params = {"users": users, "requests_per_user": 2, "prompts": 4, "prompt_tokens": 64,
               "max_tokens": 32, "text": "pydoc", "offset": 0, "task": "niah_single_1",
               "task_length": 512, "data_seed": 0, "essay": "pydoc", "api": "completions",

@@ -10,7 +10,7 @@ decoded together, one batched forward per step (kvbench.models.batch_step).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvbench.methods.core.contracts import Implementation
@@ -67,8 +67,9 @@ def frame(tokenizer: Any, chat: ChatFrame, context: str, question: str,
 class Answer:
     text: str
     generated: int  # tokens decoded, end-of-sequence not counted
-    # the question's forward (compress: context) and the decode steps the answer took part in
-    seconds: float
+    # the question's forward (compress: context) and the decode steps the answer took part in;
+    # a timing, not part of what the answer is
+    seconds: float = field(compare=False)
     kv_bytes: int  # accounted K+V bytes the cache holds at the end, all layers
     bytes_16bit: int  # 16-bit K+V of every token the cache has seen
     bytes_plain: int  # the plain cache's K+V of every token seen, at the model's dtype

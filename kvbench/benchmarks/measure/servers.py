@@ -338,3 +338,27 @@ def _start(files_dir: Path | None, label: str, key: tuple[Hashable, ...],
     server = ManagedServer(how.command, how.url, log, how.description, how.env, ready_timeout_s)
     server.log_note = note
     return server.start()
+
+
+def method_name(settings: Any) -> str:
+    """The name `kvbench serve --method` builds the method from: its registered name, else
+    module:Class of its settings."""
+    cls = type(settings)
+    return cls.__dict__.get("name") or f"{cls.__module__}:{cls.__qualname__}"
+
+
+def import_root(cls: type) -> str | None:
+    """The sys.path folder a class outside kvbench was imported from (a server started with
+    the class's module:Class imports it from there); None for kvbench's own."""
+    if cls.__module__.split(".")[0] == "kvbench":
+        return None
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    depth = cls.__module__.count(".") + (2 if Path(file).name == "__init__.py" else 1)
+    return str(Path(file).resolve().parents[depth - 1])
+
+
+def path_join(*parts: str) -> str:
+    return os.pathsep.join(p for p in parts if p)

@@ -31,10 +31,8 @@ import json
 import math
 import os
 import statistics
-import sys
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from random import Random
 from typing import Any
 
@@ -50,15 +48,14 @@ from kvbench.benchmarks.measure.load_generator import (
 )
 from kvbench.benchmarks.measure.retrieval import METRIC_NAMES
 from kvbench.benchmarks.measure.servers import (
-    Launch, RunningServer, kvbench_serve_command, kvbench_server_impl, pooled_server,
-    target_key,
+    Launch, RunningServer, import_root, kvbench_serve_command, kvbench_server_impl, method_name,
+    path_join, pooled_server, target_key,
 )
 from kvbench.data.text import load_text, text_tokens, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.judge.paired import compare_paired
 from kvbench.methods.core.contracts import Implementation
 from kvbench.memo import Memo
-from kvbench.methods.settings.base import MethodSettings
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 KEEP_CHARS = 200  # of each text in a kept record of a differing response
@@ -165,7 +162,7 @@ class StressRun(Stress):
         env = {}
         root = import_root(type(method.settings))
         if root is not None:  # a module:Class method: the server imports it from there
-            env["PYTHONPATH"] = _path_join(root, os.environ.get("PYTHONPATH", ""))
+            env["PYTHONPATH"] = path_join(root, os.environ.get("PYTHONPATH", ""))
         return Launch(command, f"http://127.0.0.1:{port}",
                       f"kvbench serve {name} on 127.0.0.1:{port}", env)
 
@@ -499,27 +496,3 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any,
     return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()),
                       [generated_tokens(r, eos) for r in ordered],
                       [r.t_end - r.t_sent for r in ordered], scores)
-
-
-def method_name(settings: MethodSettings) -> str:
-    """The name `kvbench serve --method` builds the method from: its registered name, else
-    module:Class of its settings."""
-    cls = type(settings)
-    return cls.__dict__.get("name") or f"{cls.__module__}:{cls.__qualname__}"
-
-
-def import_root(cls: type) -> str | None:
-    """The sys.path folder a class outside kvbench was imported from (a server started with
-    the class's module:Class imports it from there); None for kvbench's own."""
-    if cls.__module__.split(".")[0] == "kvbench":
-        return None
-    module = sys.modules.get(cls.__module__)
-    file = getattr(module, "__file__", None)
-    if not file:
-        return None
-    depth = cls.__module__.count(".") + (2 if Path(file).name == "__init__.py" else 1)
-    return str(Path(file).resolve().parents[depth - 1])
-
-
-def _path_join(*parts: str) -> str:
-    return os.pathsep.join(p for p in parts if p)

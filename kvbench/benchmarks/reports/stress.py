@@ -198,8 +198,7 @@ def stress_section(result: RunResult) -> str | None:
     return "\n\n".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------
-# task samples: accuracy under load, goodput
+# ---- task samples: accuracy under load, goodput
 
 
 def _score_cell(case: CaseResult) -> str:
