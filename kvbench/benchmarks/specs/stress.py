@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from kvbench.benchmarks.reports.stress import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.retrieval import RETRIEVAL_METRICS
 from kvbench.benchmarks.specs.server_target import (
     ServerTarget, missing_server_library, parse_server,
 )
@@ -236,8 +237,8 @@ METRICS = {
     "score": MetricSpec(
         "%", "higher", "with a task: the mean of NVIDIA RULER's per-sample score (0-100) over the"
         " level's successful responses, under load (NaN without any)"),
-    "score_ci_low": MetricSpec("%", "none", "95% Wilson interval of score, low end"),
-    "score_ci_high": MetricSpec("%", "none", "95% Wilson interval of score, high end"),
+    "score_ci_low": RETRIEVAL_METRICS["score_ci_low"],
+    "score_ci_high": RETRIEVAL_METRICS["score_ci_high"],
     "score_alone": MetricSpec(
         "%", "higher", "with a task: the score of the single-user answers (one request at a"
         " time, same server) to the prompts of the level's successful responses, one per"

@@ -52,11 +52,7 @@ def make_sample(task: str, index: int, *, length: int, count_tokens: Callable[[R
             raise ValueError(f"depth is for the single-needle niah tasks, not {task}")
         if not 0 <= depth <= 100:
             raise ValueError(f"depth is a percent in [0, 100], got {depth}")
-    budget = length - spec.tokens_to_generate
-    if budget <= 0:
-        raise ValueError(f"length {length} is too small for {task}: it leaves no room beside its"
-                         f" {spec.tokens_to_generate} tokens to generate")
-    fit = Fit(spec, index, length, budget, count_tokens)
+    fit = _fit(spec, index, length, count_tokens, f" for {task}")
     rng = random.Random(f"{seed}:{task}:{index}")
     if task in NIAH:
         return _niah(fit, NIAH[task], rng, seed, essay, depth)
@@ -128,14 +124,21 @@ def make_multikey_sample(index: int, *, keys: int, length: int,
     if not (essay and essay.strip()):
         raise ValueError("a multikey sample needs an essay text for its haystack")
     spec = MULTIKEY_TASK
-    budget = length - spec.tokens_to_generate
-    if budget <= 0:
-        raise ValueError(f"length {length} is too small: it leaves no room beside its"
-                         f" {spec.tokens_to_generate} tokens to generate")
-    fit = Fit(spec, index, length, budget, count_tokens)
+    fit = _fit(spec, index, length, count_tokens)
     rng = random.Random(f"{seed}:{spec.name}{keys}:{index}")
     return _niah(fit, Niah("essay", "words", "numbers", keys, 1, keys), rng, seed, essay, None,
                  one_key=True)
+
+
+def _fit(spec: TaskSpec, index: int, length: int, count_tokens: Callable[[RulerSample], int],
+         what: str = "") -> Fit:
+    """The fitting of one sample to `length` tokens, its tokens_to_generate counted in;
+    ValueError when they leave no room (`what`: " for <task>" in the message)."""
+    budget = length - spec.tokens_to_generate
+    if budget <= 0:
+        raise ValueError(f"length {length} is too small{what}: it leaves no room beside its"
+                         f" {spec.tokens_to_generate} tokens to generate")
+    return Fit(spec, index, length, budget, count_tokens)
 
 
 def _niah(fit: Fit, cfg: Niah, rng: random.Random, seed: int, essay: str | None,
