@@ -196,6 +196,9 @@ SECTIONS = {
     ("README.md", "headline"): [
         "reports/quick/results.json", "--benchmark", "perplexity,niah", "--columns",
         "perplexity,ppl_rel_delta,score,kv_bytes,compression_ratio,retained_kv", "--claims"],
+    ("README.md", "multiturn"): [
+        "reports/multiturn/results.json", "--columns",
+        "score,score_ci_low,score_ci_high,score_first,score_last,turn_slope,compression_ratio"],
     ("reports/quick/README.md", "quick"): ["reports/quick/results.json"],
     ("docs/architectures.md", "architectures"): [
         "reports/architectures/results.json", "--grid", "parity:own_attention_max_logit_diff"],

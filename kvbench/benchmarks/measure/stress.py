@@ -259,9 +259,12 @@ class StressRun(Stress):
         paired = score_figures(pairs)
         totals.update(paired.pop("metrics"))
         metrics.update({name: m[name].of(value) for name, value in totals.items()})
-        # the table's order; free text measures no score
-        metrics = {name: metrics[name] for name in METRICS
-                   if params.task_spec is not None or name not in TASK_METRICS}
+        # the table's order; free text measures no score, a level without a long-prompt user
+        # no long-prompt TTFT
+        absent = set() if params.task_spec is not None else set(TASK_METRICS)
+        if not params.long_prompt_tokens:
+            absent.add("long_prompt_ttft_s")
+        metrics = {name: metrics[name] for name in METRICS if name not in absent}
         summary = {
             "requests_summary": {"planned": int(totals["requests"]), "sent": sent, "ok": ok,
                                  "failed": int(totals["errors"])},

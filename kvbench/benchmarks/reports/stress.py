@@ -340,7 +340,8 @@ def drift_section(result: RunResult) -> str | None:
         result.model_copy(update={"cases": cases}), BENCHMARK,
         lambda case: task_of(case) or "free text", "a prompt answered by the method's"
         " single-user pass (one request at a time, its own server)", UNPAIRED,
-        title="stress", scope_header="prompts of")
+        title="stress", scope_header="prompts of",
+        seconds_are="from the request sent to its last token, its prefill included")
 
 
 def _warnings(table: StressTable) -> list[str]:

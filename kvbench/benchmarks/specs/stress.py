@@ -198,8 +198,8 @@ METRICS = {
         " forward) is a few gaps among hundreds, below the p99", timing="absolute"),
     **percentile_metrics("e2e_s", "end-to-end latency: request sent to its response finished"),
     "long_prompt_ttft_s": MetricSpec(
-        "s", "lower", "the long-prompt user's time to first token (long_prompt_tokens); NaN"
-        " without one or when it failed; the median over repeats", timing="absolute"),
+        "s", "lower", "the long-prompt user's time to first token (long_prompt_tokens); absent"
+        " without one, NaN when it failed; the median over repeats", timing="absolute"),
     "wall_s": MetricSpec("s", "lower", "the level's wall time: its first request sent to its"
                          " last response finished (failed ones included)", timing="absolute"),
     "requests": MetricSpec("", "none", "requests planned at the level (users x"

@@ -84,13 +84,16 @@ def drift_table(scopes: list[DriftScope], scope_header: str) -> str:
     return md_table(header, [_row(scope) for scope in scopes], set(range(2, len(header))))
 
 
-def drift_legend(pairs_are: str) -> str:
+ANSWER_TIME = "from the answer's first forward to its last token"
+
+
+def drift_legend(pairs_are: str, seconds_are: str = ANSWER_TIME) -> str:
     return (f"<sub>A pair is {pairs_are}: the same prompt answered by the method and by identity."
             " tokens: generated per answer, end-of-sequence not counted (the mean over the pairs)."
             " longer / shorter: answers the method made longer / shorter than identity's. p: exact"
             f" two-sided sign test over the pairs that differ; longer or shorter when p <"
             f" {SEPARATION_LEVEL:g}, else not separated. Δ answer time: the mean per-answer"
-            " difference in seconds, from the answer's first forward to its last token, this"
+            f" difference in seconds, {seconds_are}, this"
             " machine's (a bootstrap interval over the pairs): the latency the length"
             " difference, and the method's own step time, add to each answer.</sub>")
 
@@ -98,7 +101,8 @@ def drift_legend(pairs_are: str) -> str:
 def length_drift_section(result: RunResult, benchmark: str,
                          scope_of: Callable[[CaseResult], str], pairs_are: str,
                          unpaired_params: tuple[str, ...] = (), title: str = "",
-                         scope_header: str = "scope") -> str | None:
+                         scope_header: str = "scope",
+                         seconds_are: str = ANSWER_TIME) -> str | None:
     """The benchmark's output-length table against identity, with its heading and legend;
     None when no case's lengths pair with identity's (no identity, or none recorded)."""
     scopes = drift_scopes(ok_cases(result, benchmark), scope_of, unpaired_params)
@@ -106,4 +110,5 @@ def length_drift_section(result: RunResult, benchmark: str,
         return None
     # not "against identity": that marks the score verdicts the page and README gather
     heading = f"### {title or benchmark}: output length, paired with identity's answers"
-    return "\n\n".join([heading, drift_table(scopes, scope_header), drift_legend(pairs_are)])
+    return "\n\n".join([heading, drift_table(scopes, scope_header),
+                        drift_legend(pairs_are, seconds_are)])
