@@ -199,6 +199,10 @@ SECTIONS = {
     ("README.md", "multiturn"): [
         "reports/multiturn/results.json", "--columns",
         "score,score_ci_low,score_ci_high,score_first,score_last,turn_slope,compression_ratio"],
+    ("README.md", "stress-tasks"): [
+        "reports/stress-tasks/results.json", "--columns",
+        "score,score_ci_low,score_ci_high,score_vs_alone,goodput_rps,request_throughput,"
+        "slo_attainment,sessions_held,answer_tokens"],
     ("reports/quick/README.md", "quick"): ["reports/quick/results.json"],
     ("docs/architectures.md", "architectures"): [
         "reports/architectures/results.json", "--grid", "parity:own_attention_max_logit_diff"],

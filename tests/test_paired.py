@@ -186,6 +186,21 @@ def test_a_difference_claim_is_judged_on_the_paired_bound(tmp_path):
     assert claim.measured_as.startswith("high bound")
 
 
+def test_a_stress_score_alone_claim_pairs_the_single_user_answers():
+    """stress's `score` is under load and keeps no per-sample scores; its single-user answers
+    (info.scores_alone, in prompt order) are what `score_alone - identity` pairs."""
+    result = needle_run(SHIPPED_SAMPLES)
+    for case in result.cases:
+        case.info["scores_alone"] = case.info.pop("scores")
+        case.metrics["score_alone"] = case.metrics.pop("score")
+    assert per_sample(result.cases[1], "score_alone") == result.cases[1].info["scores_alone"]
+    assert per_sample(result.cases[1]) is None  # no under-load scores to pair
+    [claim] = judged(result, "score_alone - identity < -50")
+    _, _, high = paired_interval(differences(*paired_samples(*result.cases[::-1], "score_alone")))
+    assert (claim.measured, claim.verdict) == (high, "held")
+    assert claim.measured_as.startswith("high bound")
+
+
 def test_without_the_same_samples_a_claim_is_judged_on_the_means():
     result = needle_run(SHIPPED_SAMPLES)
     result.cases[1].comparable["prompts_sha256"] = "other prompts"

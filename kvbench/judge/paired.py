@@ -22,8 +22,10 @@ SEPARATION_LEVEL = 0.05  # two-sided p below this separates two methods
 RESAMPLES = 10_000
 LEVEL = 0.95  # of the paired interval
 # Where a case records per-sample values, in the order of its samples: info[key]. "score" is
-# their mean; the others are what output-length drift pairs (tokens generated, seconds taken).
-PER_SAMPLE = {"score": "scores", "generated_tokens": "generated", "answer_s": "answer_s"}
+# their mean (stress's "score_alone": its single-user pass's); the others are what output-length
+# drift pairs (tokens generated, seconds taken).
+PER_SAMPLE = {"score": "scores", "score_alone": "scores_alone", "generated_tokens": "generated",
+              "answer_s": "answer_s"}
 
 Separation = Literal["worse", "not separated", "better"]
 
