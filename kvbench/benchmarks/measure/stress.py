@@ -259,8 +259,7 @@ class StressRun(Stress):
         paired = score_figures(pairs)
         totals.update(paired.pop("metrics"))
         metrics.update({name: m[name].of(value) for name, value in totals.items()})
-        # the table's order; free text measures no score, a level without a long-prompt user
-        # no long-prompt TTFT
+        # the table's order; free text has no score, no long-prompt user no long-prompt TTFT
         absent = set() if params.task_spec is not None else set(TASK_METRICS)
         if not params.long_prompt_tokens:
             absent.add("long_prompt_ttft_s")

@@ -337,10 +337,9 @@ def drift_section(result: RunResult) -> str | None:
     if not cases:
         return None
     return length_drift_section(
-        result.model_copy(update={"cases": cases}), BENCHMARK,
-        lambda case: task_of(case) or "free text", "a prompt answered by the method's"
-        " single-user pass (one request at a time, its own server)", UNPAIRED,
-        title="stress", scope_header="prompts of",
+        result.model_copy(update={"cases": cases}), BENCHMARK, lambda c: task_of(c) or "free text",
+        "a prompt answered by the method's single-user pass (one request at a time, its own"
+        " server)", UNPAIRED, title="stress", scope_header="prompts of",
         seconds_are="from the request sent to its last token, its prefill included")
 
 
