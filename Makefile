@@ -10,7 +10,7 @@ $(BIN)/kvbench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray,quanto,hqq]"
+	$(BIN)/pip install -e ".[torch,mlx,dev,plots,serve,cuda,ray,quanto,hqq,datasets]"
 	$(BIN)/pip install -e tests/data/example_plugin
 	touch $@
 

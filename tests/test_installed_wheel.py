@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.suite.loader import load_suite
+from tests.plugins.extras import needs
 from tests.plugins.suites import ROOT
 from tests.plugins.waits import HANG_S
 
@@ -87,6 +88,15 @@ def test_validate_runs_a_shipped_suite_by_name(installed):
     # its include (cuda-e2e.yaml) is read from beside it, inside the package
     assert "valid: cuda-e2e-bf16:" in _checked([bin_dir / "kvbench", "validate", "cuda-e2e-bf16"],
                                                 cwd)
+
+
+@needs("datasets")
+def test_a_shipped_suite_reads_its_data_from_inside_the_package(installed):
+    """suites/dataset.yaml's JSONL (suites/data/) is package data beside it."""
+    bin_dir, cwd = installed
+    count = len(load_suite(ROOT / "suites" / "dataset.yaml").cases)
+    assert f"valid: dataset: {count} case(s)" in _checked(
+        [bin_dir / "kvbench", "validate", "dataset"], cwd)
 
 
 def test_the_checkouts_path_says_to_use_the_name(installed):

@@ -7,6 +7,8 @@ import importlib.util
 # the modules an extra installs that kvbench imports (import names, not distribution names)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "torch": ("torch", "transformers"),
+    # the dataset benchmark: its data read through `datasets`, ROUGE-L from rouge-score
+    "datasets": ("datasets", "rouge_score"),
     "serve": ("fastapi", "uvicorn", "sse_starlette", "httpx", "prometheus_client"),
     "kvpress": ("kvpress",),
     "mlx": ("mlx", "mlx_lm"),

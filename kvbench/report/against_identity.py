@@ -17,8 +17,8 @@ MARK = "against identity"
 # the verdict column of such a table: ruler's and niah's, perplexity's
 VERDICT_COLUMNS = ("verdict", "vs identity")
 # the column naming what a row compares (ruler's and niah's "length", "length · task";
-# multiturn's "mode · turn")
-SCOPE_COLUMNS = ("length", "mode · turn")
+# multiturn's "mode · turn"; dataset's "data · metric")
+SCOPE_COLUMNS = ("length", "mode · turn", "data · metric")
 VERDICTS = ("worse", "not separated", "better")
 
 

@@ -85,7 +85,7 @@ HIDDEN = ("torch", "transformers", "mlx", "mlx_lm", "matplotlib")
 # The start of a child's code: HIDDEN cannot be imported there, as if they were not installed;
 # `started` holds the modules the interpreter started with.
 HIDE = textwrap.dedent(f"""
-    import json, os, sys
+    import importlib.util, json, os, sys
     started = set(sys.modules)
 
     class Hidden:
@@ -94,6 +94,19 @@ HIDE = textwrap.dedent(f"""
                 raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 
     sys.meta_path.insert(0, Hidden())
+    found = importlib.util.find_spec
+
+    def find_spec(name, package=None):
+        # as where the module is absent: None for it, a parent's error for its submodules (a
+        # library that asks before it imports, as `datasets` asks for torch, goes on)
+        top = name.partition(".")[0]
+        if top in {HIDDEN!r}:
+            if top == name:
+                return None
+            raise ModuleNotFoundError(f"No module named {{top!r}}", name=top)
+        return found(name, package)
+
+    importlib.util.find_spec = find_spec
 """)
 
 # A child that runs one command line per line of its stdin (a JSON list of arguments) through

@@ -3,7 +3,7 @@ ones."""
 # The order of these imports is the order they are registered in, and so the order of the
 # leaderboards on the results page (kvbench.report.html): keep it so.
 from kvbench.benchmarks.specs import (  # noqa: F401 - registers them, in this order
-    proofs, perplexity, quality, niah, ruler, multiturn, ladder, stress, speed, decode_attention,
+    proofs, perplexity, quality, niah, ruler, multiturn, dataset, ladder, stress, speed, decode_attention,
     compaction, parity,
 )
 from kvbench.benchmarks.specs.base import BENCHMARKS, Benchmark, MetricSpec, register_benchmark
