@@ -19,6 +19,7 @@ from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession
 from kvbench.serve.engine import Engine, Failed, Finished, Token
 from tests.plugins.cli_support import kvbench_process, wait_until
+from tests.plugins.waits import healthy  # noqa: E402
 
 MAX_BODY = 1 << 20
 
@@ -29,20 +30,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 def _serve(tmp_path, *args):
     """(process, url) of `kvbench serve --model tiny:llama ARGS` once /health answers."""
     port = _free_port()
     proc = kvbench_process(["serve", "--model", "tiny:llama", "--port", port, "--threads", 1,
                             "--calibration", 0, *args], tmp_path)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _healthy(url), proc, "/health")
+    wait_until(lambda: healthy(url), proc, "/health")
     return proc, url
 
 
@@ -95,7 +89,7 @@ def test_a_bad_body_gets_an_error_object_and_the_server_keeps_serving(server, co
     reply = _post(server, content)
     assert reply.status_code == status
     error = reply.json()["error"]
-    assert words in error["message"] and error["code"] == status
+    assert words in error["message"] and error["code"] is None  # OpenAI's: a string or null
     assert _tokens(server, {"prompt": "y", "max_tokens": 2}) != []
 
 
@@ -217,7 +211,7 @@ def _serve_bundled(tmp_path):
     proc = kvbench_process(["serve", "--port", port, "--threads", 1, "--calibration", 0],
                            tmp_path)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _healthy(url), proc, "/health")
+    wait_until(lambda: healthy(url), proc, "/health")
     return proc, url
 
 

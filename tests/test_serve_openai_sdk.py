@@ -101,6 +101,30 @@ def test_logprobs_zero_echo_and_chat_logprobs(client):
     assert [t.top_logprobs for t in chat.choices[0].logprobs.content] == [[], [], []]
 
 
+def test_echo_with_logprobs_scores_the_prompt_and_openais_defaults_are_taken(client):
+    """What lm-eval's loglikelihood requests ask (tests/test_serve_lm_eval.py checks the
+    numbers), a batch of prompts, max_completion_tokens and response_format text, through the
+    SDK."""
+    scored = client.completions.create(model="tiny:llama", prompt=[PROMPT, "The values"],
+                                       echo=True, logprobs=1, max_tokens=0, temperature=0)
+    assert [c.index for c in scored.choices] == [0, 1]
+    logprobs = scored.choices[0].logprobs
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert len(logprobs.tokens) == scored.usage.prompt_tokens - len(
+        scored.choices[1].logprobs.tokens)
+    assert all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
+    chat = client.chat.completions.create(
+        model="tiny:llama", messages=[{"role": "user", "content": "hi"}], temperature=0,
+        max_completion_tokens=2, response_format={"type": "text"},
+        extra_body={"ignore_eos": True})
+    assert chat.usage.completion_tokens == 2
+    with pytest.raises(openai.BadRequestError, match="response_format 'json_object'"):
+        client.chat.completions.create(model="tiny:llama", messages=[{"role": "user",
+                                                                      "content": "hi"}],
+                                       response_format={"type": "json_object"})
+
+
 def test_sampling_parameters_change_what_is_sampled(client):
     greedy = _greedy(client, extra_body={"return_token_ids": True})
     ids = greedy.choices[0].model_extra["token_ids"]
@@ -123,7 +147,6 @@ def test_sampling_parameters_change_what_is_sampled(client):
     ({"best_of": 2}, "best_of"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"logit_bias": {"99999": 1}}, "logit_bias"),
-    ({"echo": True, "logprobs": 1}, "echo"),
 ])
 def test_what_is_not_supported_is_refused_not_ignored(client, extra, words):
     with pytest.raises(openai.BadRequestError, match=words):

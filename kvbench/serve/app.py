@@ -4,8 +4,12 @@ bodies it accepts are kvbench.serve.bodies', the replies it builds kvbench.serve
 /v1/completions and /v1/chat/completions (stream or not, `usage` filled in), /v1/models,
 /health and /metrics (Prometheus). Two vLLM-style extensions serve benchmarks: `ignore_eos`
 (generate exactly max_tokens) and `return_token_ids` (each choice, or chunk, carries its token
-ids). A bad request gets an OpenAI-style error object with the right status before anything is
-queued; a client that goes away has its request dropped and its cache freed.
+ids). A completion may carry a batch of prompts (a choice each), and echo with logprobs scores
+the prompt through the method's cache (kvbench.serve.engine: its first `prefill_tokens`, half by
+default, prefilled and compressed, the rest fed one at a time and scored), so lm-eval's
+loglikelihood requests run unchanged. A bad request gets an OpenAI-style error object with the
+right status before anything is queued; a client that goes away has its request dropped and
+its cache freed.
 """
 from __future__ import annotations
 
@@ -21,22 +25,32 @@ from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 
 from kvbench.serve.bodies import MAX_STOPS, ChatBody, CommonBody, CompletionBody, StreamOptions
-from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
-from kvbench.serve.reply import Reply
+from kvbench.serve.engine import Engine, Request
+from kvbench.serve.events import Failed, Finished, Scored, Token
+from kvbench.serve.reply import Reply, whole_batch
 
 _DISCONNECT_POLL_S = 0.5
 
 
 class APIError(Exception):
+    """An OpenAI-style error: `code` is a string or None, as OpenAI's (the status is the
+    HTTP one)."""
+
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None):
+                 param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.code = code
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": {"message": self.message, "type": self.kind,
-                                       "param": self.param, "code": self.status}},
+                                       "param": self.param, "code": self.code}},
                             status_code=self.status)
+
+
+def below_minimum(field: str, least: int, value: int) -> APIError:
+    return APIError(400, f"{field} must be at least {least}, got {value}", param=field,
+                    code="integer_below_min_value")
 
 
 def create_app(engine: Engine, model_id: str, method_label: str, max_context: int | None,
@@ -66,6 +80,10 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "kvbench",
                 "max_model_len": max_context}
 
+    def unknown_model(name: str) -> APIError:
+        return APIError(404, f"model {name!r} does not exist; this server has {model_id!r}",
+                        kind="not_found_error", param="model", code="model_not_found")
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [model_card()]}
@@ -73,8 +91,7 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
         if name != model_id:
-            raise APIError(404, f"model {name!r} does not exist; this server has {model_id!r}",
-                           kind="not_found_error", param="model")
+            raise unknown_model(name)
         return model_card()
 
     @app.get("/metrics")
@@ -82,36 +99,64 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         return Response(generate_latest(app.state.registry),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def check_context(prompt: list[int], max_tokens: int, param: str) -> None:
+        if max_context is not None and len(prompt) + max_tokens > max_context:
+            raise APIError(400, f"the prompt's {len(prompt)} tokens + max_tokens {max_tokens} are"
+                           f" above the model's context of {max_context}", param=param,
+                           code="context_length_exceeded")
+
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
         body = _parse(await _body(http, max_body_bytes), CompletionBody)
         if body.best_of != 1:
             raise APIError(400, "only best_of = 1 is supported", param="best_of")
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported (the prompt's logprobs are"
-                           " not computed)", param="echo")
+        max_tokens = default_max_tokens if body.max_tokens is None else body.max_tokens
+        if max_tokens < 0:  # 0: nothing generated (the prompt scored, with echo and logprobs)
+            raise below_minimum("max_tokens", 0, max_tokens)
         # off the event loop: a long prompt must not hold up /health and the streams
-        prompt = await asyncio.to_thread(_prompt_ids, body.prompt, tokenizer, vocab)
-        echo = tokenizer.decode(prompt) if body.echo else ""
-        return await _serve(http, body, prompt, body.max_tokens, body.logprobs, chat=False,
-                            echo=echo)
+        prompts = await asyncio.to_thread(_prompt_ids, body.prompt, tokenizer, vocab)
+        if body.stream and len(prompts) > 1:
+            raise APIError(400, "a stream takes one prompt; send a batch of prompts without"
+                           " stream", param="stream")
+        for prompt in prompts:
+            check_context(prompt, max_tokens, "max_tokens")
+        prefilled = [_prefill_tokens(body, len(prompt)) for prompt in prompts]
+        echoes = [tokenizer.decode(p) if body.echo else "" for p in prompts]
+        return await _serve(http, body, prompts, max_tokens, body.logprobs, chat=False,
+                            echoes=echoes, prefilled=prefilled)
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
         body = _parse(await _body(http, max_body_bytes), ChatBody)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if body.response_format is not None and body.response_format.type != "text":
+            raise APIError(400, f"response_format {body.response_format.type!r} is not supported"
+                           " by kvbench serve: only 'text' (OpenAI's default; no structured"
+                           " output)", param="response_format")
+        field, max_tokens = body.reply_limit()
+        if max_tokens is not None and max_tokens < 1:  # OpenAI's chat refuses 0 too
+            raise below_minimum(field, 1, max_tokens)
         prompt = await asyncio.to_thread(_chat_ids, [m.as_text() for m in body.messages],
                                          tokenizer)
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None and max_context is not None:  # as OpenAI: until the context ends
+            if len(prompt) >= max_context:
+                raise APIError(400, f"the prompt's {len(prompt)} tokens leave no room for a reply"
+                               f" in the model's context of {max_context}", param="messages",
+                               code="context_length_exceeded")
             max_tokens = max_context - len(prompt)
-        return await _serve(http, body, prompt, max_tokens, logprobs, chat=True)
+        max_tokens = default_max_tokens if max_tokens is None else max_tokens
+        check_context(prompt, max_tokens, field)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return await _serve(http, body, [prompt], max_tokens, logprobs, chat=True)
 
-    async def _serve(http: HTTPRequest, body: CommonBody, prompt: list[int], max_tokens: int | None,
-                     logprobs: int | None, chat: bool, echo: str = ""):
+    async def _serve(http: HTTPRequest, body: CommonBody, prompts: list[list[int]],
+                     max_tokens: int, logprobs: int | None, chat: bool,
+                     echoes: list[str] | None = None, prefilled: list[int] | None = None):
+        """Each prompt served as one engine request; a stream (one prompt) or one response
+        with a choice per prompt."""
         if body.model is not None and body.model != model_id:
-            raise APIError(404, f"model {body.model!r} does not exist; this server has"
-                           f" {model_id!r}", kind="not_found_error", param="model")
+            raise unknown_model(body.model)
         if body.n != 1:
             raise APIError(400, "only n = 1 is supported", param="n")
         if len(body.stops) > MAX_STOPS or not all(body.stops):
@@ -122,57 +167,85 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         if any(not -100 <= bias <= 100 for bias in body.logit_bias.values()):
             raise APIError(400, "logit_bias values must be within [-100, 100]",
                            param="logit_bias")
-        max_tokens = default_max_tokens if max_tokens is None else max_tokens
-        if max_tokens <= 0:
-            raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}",
-                           param="max_tokens")
-        if not prompt:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        if max_context is not None and len(prompt) + max_tokens > max_context:
-            raise APIError(400, f"the prompt's {len(prompt)} tokens + max_tokens {max_tokens} are"
-                           f" above the model's context of {max_context}", param="max_tokens")
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        request = Request(prompt, max_tokens,
-                          lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
-                          temperature=body.temperature, top_p=body.top_p,
-                          presence_penalty=body.presence_penalty,
-                          frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
-                          logprobs=logprobs, ignore_eos=body.ignore_eos, seed=body.seed)
         options = body.stream_options or StreamOptions()
-        reply = Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt),
-                       body.stops, set(body.stop_token_ids), echo,
-                       options.continuous_usage_stats)
-        engine.submit(request)
+        scores = isinstance(body, CompletionBody) and body.scores_prompt
+        runs = []
+        for i, prompt in enumerate(prompts):
+            events: asyncio.Queue = asyncio.Queue()
+            request = Request(prompt, max_tokens,
+                              lambda event, events=events: loop.call_soon_threadsafe(
+                                  events.put_nowait, event),
+                              temperature=body.temperature, top_p=body.top_p,
+                              presence_penalty=body.presence_penalty,
+                              frequency_penalty=body.frequency_penalty,
+                              logit_bias=body.logit_bias, logprobs=logprobs,
+                              ignore_eos=body.ignore_eos, seed=body.seed,
+                              prefill_tokens=prefilled[i] if prefilled else None,
+                              score_prompt=scores)
+            reply = Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt),
+                          body.stops, set(body.stop_token_ids), echoes[i] if echoes else "",
+                          options.continuous_usage_stats, logprobs=logprobs is not None,
+                          index=i)
+            runs.append((request, reply, events))
+        for request, _, _ in runs:
+            engine.submit(request)
         try:
-            first = await _next_event(http, events)
+            if body.stream:
+                return await _stream_response(http, runs[0], options.include_usage)
+            ends = []
+            for run in runs:
+                end = await _whole(http, run)
+                if not isinstance(end, Finished):  # the client left, or this prompt failed
+                    for request, _, _ in runs:
+                        engine.cancel(request)
+                    return Response(status_code=499) if end is None else _failure(end)
+                ends.append(end)
         except BaseException:
-            engine.cancel(request)
+            for request, _, _ in runs:
+                engine.cancel(request)
             raise
+        return whole_batch([reply for _, reply, _ in runs], ends)
+
+    async def _stream_response(http: HTTPRequest, run, include_usage: bool):
+        """The stream once its first event came (a failure before it gets its own status)."""
+        request, reply, events = run
+        first = await _next_event(http, events)
         if first is None:  # the client left while the request was queued
             engine.cancel(request)
             return Response(status_code=499)
         if isinstance(first, Failed):
             return _failure(first)
-        if body.stream:
-            return EventSourceResponse(_stream(engine, request, events, first, reply,
-                                               options.include_usage), sep="\n", ping=15)
-        event = first
-        while not isinstance(event, (Finished, Failed)):
+        return EventSourceResponse(_stream(engine, request, events, first, reply,
+                                           include_usage), sep="\n", ping=15)
+
+    async def _whole(http: HTTPRequest, run) -> Finished | Failed | None:
+        """The request's end, its reply filled on the way; None if the client left."""
+        request, reply, events = run
+        while True:
+            event = await _next_event(http, events)
+            if event is None or isinstance(event, (Finished, Failed)):
+                return event
+            if isinstance(event, Scored):
+                reply.scored(event)
+                continue
             reply.add(event)
             if reply.stopped:
                 engine.cancel(request, outcome="stop")
-                event = reply.finished()
-                break
-            event = await _next_event(http, events)
-            if event is None:
-                engine.cancel(request)
-                return Response(status_code=499)
-        if isinstance(event, Failed):
-            return _failure(event)
-        return reply.whole(event)
+                return reply.finished()
 
     return app
+
+
+def _prefill_tokens(body: CompletionBody, prompt_tokens: int) -> int:
+    """The prompt tokens prefilled: the request's prefill_tokens, else half of a scored prompt
+    (rounded up: the rest is scored through the cache), else all of it."""
+    if body.prefill_tokens is None:
+        return (prompt_tokens + 1) // 2 if body.scores_prompt else prompt_tokens
+    if body.prefill_tokens > prompt_tokens:
+        raise APIError(400, f"prefill_tokens {body.prefill_tokens} is above the prompt's"
+                       f" {prompt_tokens} tokens", param="prefill_tokens")
+    return body.prefill_tokens
 
 
 def _failure(failed: Failed) -> JSONResponse:
@@ -197,10 +270,13 @@ async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first
                   reply: Reply, include_usage: bool):
     event = first
     try:
-        if reply.echo:
+        if reply.echo and not isinstance(event, Scored):  # a scored prompt's echo waits for it
             yield {"data": json.dumps(reply.echo_chunk())}
         while True:
-            if isinstance(event, Token):
+            if isinstance(event, Scored):
+                reply.scored(event)
+                yield {"data": json.dumps(reply.echo_chunk())}
+            elif isinstance(event, Token):
                 chunk, carries = reply.chunk(event)
                 if carries or not reply.stopped:
                     yield {"data": json.dumps(chunk)}
@@ -214,10 +290,12 @@ async def _stream(engine: Engine, request: Request, events: asyncio.Queue, first
                     yield {"data": json.dumps(reply.usage_chunk(event))}
                 yield {"data": "[DONE]"}
                 return
-            else:  # a failure mid-stream: the status is sent already, say it in the stream
+            else:  # a failure mid-stream (the server stopping, say): the status is sent
+                # already, so it is said in the stream, which then ends as any other
                 yield {"data": json.dumps({"error": {"message": event.message,
-                                                     "type": "server_error",
-                                                     "code": event.status}})}
+                                                     "type": "server_error", "param": None,
+                                                     "code": None}})}
+                yield {"data": "[DONE]"}
                 return
             event = await events.get()
     finally:  # normal end, or the client went away (the generator is cancelled or closed)
@@ -262,19 +340,26 @@ def _parse(raw: bytes, model: type[BaseModel]):
         message = first["msg"]
         if first["type"] == "extra_forbidden":
             message = "not supported by kvbench serve (README: the API surface)"
+        if first["loc"][:1] == ("prompt",):  # not the union's first member's complaint
+            where, message = "prompt", ("a string, a list of strings, a list of token ids or a"
+                                        " list of token-id lists")
         raise APIError(400, f"{where}: {message}", param=where or None) from None
 
 
-def _prompt_ids(prompt: str | list[int] | list[str], tokenizer, vocab: int) -> list[int]:
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
-    if all(isinstance(part, int) for part in prompt):
-        if any(not 0 <= i < vocab for i in prompt):
-            raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
-        return list(prompt)
-    if len(prompt) == 1:
-        return tokenizer.encode(prompt[0])
-    raise APIError(400, "one prompt per request (n = 1, no batches of prompts)", param="prompt")
+def _prompt_ids(prompt: str | list[int] | list[str] | list[list[int]], tokenizer,
+                vocab: int) -> list[list[int]]:
+    """The request's prompts as token ids: one, or a batch (a list of strings or of token-id
+    lists)."""
+    if isinstance(prompt, str) or all(isinstance(part, int) for part in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    if not ids or not all(ids):
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if any(not 0 <= i < vocab for p in ids for i in p):
+        raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
+    return ids
 
 
 def _chat_ids(messages: list[dict], tokenizer) -> list[int]:

@@ -45,10 +45,19 @@ class CommonBody(_Strict):
 
 
 class CompletionBody(CommonBody):
-    prompt: str | list[int] | list[str]
+    # a batch of prompts (strings or token-id lists, as lm-eval sends) gets a choice per prompt
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int = 1
+    # kvbench's: the prompt tokens prefilled (and compressed); the rest are fed through the cache
+    # one at a time and scored (default: half of a scored prompt, else all of it)
+    prefill_tokens: int | None = Field(None, ge=1)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """echo with logprobs: every prompt token's logprob comes back."""
+        return self.echo and self.logprobs is not None
 
 
 class TextPart(_Strict):
@@ -67,8 +76,21 @@ class Message(_Strict):
         return {"role": self.role, "content": content}
 
 
+class ResponseFormat(_Strict):
+    type: str  # "text" (OpenAI's default) only: the app refuses structured output by name
+    json_schema: dict | None = None
+
+
 class ChatBody(CommonBody):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    response_format: ResponseFormat | None = None
+
+    def reply_limit(self) -> tuple[str, int | None]:
+        """(the field that sets the reply's length, its value): max_completion_tokens, which
+        replaces max_tokens, wherever it is sent."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens

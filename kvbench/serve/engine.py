@@ -9,8 +9,16 @@ with a decode step of the active requests after each, as vLLM's chunked prefill:
 delays the other streams by one chunk at a time, not by its whole prefill. (Chunks attend to the
 earlier chunks as the cache stores them; the boundaries are fixed by the prompt alone, so a
 request's answer does not depend on what else is served.) A request whose client went away is
-dropped at the next step and its cache freed. Events go back to whoever submitted the request
-through its `emit` callback (the HTTP layer bridges them onto its event loop).
+dropped at the next step and its cache freed; one still queued is never admitted. Events go back
+to whoever submitted the request through its `emit` callback (the HTTP layer bridges them onto
+its event loop).
+
+A request may have only its prompt's first `prefill_tokens` prefilled (and compressed at
+end_prefill); its later prompt tokens are then fed one at a time through the cache in the decode
+steps, as generated tokens are, each scored from the logits before it: the perplexity
+benchmark's protocol with decode_chunk 1. With score_prompt, every prompt token's logprob is
+sent (Scored) before the first generated token: those inside the prefill from the prefill's own
+forwards (kvbench.serve.events.PromptRecorder), the rest from the steps that fed them.
 
 With a KV budget, admission is by the method's accounted bytes: a request reserves what its cache
 will hold after its prompt and max_tokens (kvbench.serve.admission), and waits while the
@@ -32,41 +40,17 @@ import torch
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
+from kvbench.serve.events import Event, Failed, Finished, PromptRecorder, Scored, Token, scored
 
 # Temperatures below this sample greedily, as vLLM's (its sampling_params._SAMPLING_EPS): below
 # it, logits / temperature overflow float32 and softmax has nothing to sample from.
 GREEDY_BELOW = 1e-5
 RETRY_AFTER_S = 5  # a 503 for no room in time: the requests ahead will have moved on
-
-
-@dataclass
-class Token:
-    """One generated token; logprob and top (id, logprob) pairs when the request asked."""
-
-    id: int
-    logprob: float | None = None
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass
-class Finished:
-    reason: str  # "length" | "stop"
-    prompt_tokens: int
-    completion_tokens: int
+SHUTTING_DOWN = Failed(503, "the server is shutting down")
 
 
 class Abandoned(Exception):
     """The client of the request being prefilled went away: stop its prefill."""
-
-
-@dataclass
-class Failed:
-    status: int  # the HTTP status the request gets (503: no room in time; 500: the engine failed)
-    message: str
-    retry_after_s: int | None = None  # a 503 that may succeed later says when to try again
-
-
-Event = Token | Finished | Failed
 
 
 @dataclass(eq=False)
@@ -82,14 +66,23 @@ class Request:
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     ignore_eos: bool = False
     seed: int | None = None
+    prefill_tokens: int | None = None  # None: the whole prompt
+    score_prompt: bool = False  # send every prompt token's logprob (and the top `logprobs`)
     id: int = field(default_factory=itertools.count().__next__)
     queued_at: float = field(default_factory=time.monotonic)
     reserved: int = 0
     cache: Any = None
     generated: list[int] = field(default_factory=list)
+    forced: deque[int] = field(default_factory=deque)  # prompt tokens still to feed and score
+    prompt_scores: list[Token] = field(default_factory=list)
+    next_input: int = -1  # the token the next decode step feeds
     cancelled: bool = False
     cancel_outcome: str = "cancelled"  # how totals count it: "cancelled", or "stop" (a stop string)
     generator: torch.Generator | None = None
+
+    @property
+    def prefilled(self) -> int:
+        return len(self.prompt) if self.prefill_tokens is None else self.prefill_tokens
 
 
 @dataclass
@@ -156,17 +149,25 @@ class Engine:
             logits = prefill(self.session, cache, self._check, self.method)[0]
             self.session.step_rows([int(logits[-1].argmax())], [cache])
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Stop after the step under way: every request queued or active, and any submitted
+        from now on, gets 503 (a stream ends with an error event), and the thread ends."""
         with self._lock:
             self._stopping = True
             self._lock.notify()
+
+    def stop(self) -> None:
+        self.request_stop()
         self._thread.join()
 
     def submit(self, request: Request) -> None:
         """Queue `request`; its events arrive through request.emit (from the engine thread)."""
         with self._lock:
-            self._waiting.append(request)
-            self._lock.notify()
+            if not self._stopping:
+                self._waiting.append(request)
+                self._lock.notify()
+                return
+        request.emit(SHUTTING_DOWN)
 
     def cancel(self, request: Request, outcome: str = "cancelled") -> None:
         """The client went away (or the reply hit a stop string: outcome "stop"): drop it at
@@ -217,7 +218,7 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - a bug must not leave clients waiting
                 self.log(f"engine step failed: {exc!r}")
                 self._fail_all(Failed(500, f"the engine failed: {exc}"))
-        self._fail_all(Failed(503, "the server is shutting down"))
+        self._fail_all(SHUTTING_DOWN)
 
     def _step(self) -> None:
         self._drop_cancelled()
@@ -247,9 +248,13 @@ class Engine:
         """Start queued requests in order while they fit; past the queue timeout, 503."""
         while True:
             with self._lock:
-                if not self._waiting:
+                if not self._waiting or self._stopping:
                     return
                 request = self._waiting[0]
+                if request.cancelled:  # its client left while it waited: never prefilled
+                    self._waiting.popleft()
+                    self.totals.count(request.cancel_outcome)
+                    continue
                 held = sum(r.reserved for r in self._active)
                 full = len(self._active) >= self.max_batch
             try:
@@ -275,7 +280,9 @@ class Engine:
         if self.kv_budget is None:
             return 0
         try:
-            need = self.projection.bytes(len(request.prompt), request.max_tokens)
+            # the prompt after prefill_tokens is fed as new tokens are; the last is never fed
+            need = self.projection.bytes(request.prefilled, len(request.prompt)
+                                         - request.prefilled + request.max_tokens)
         except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
             raise ValueError(f"could not size the request's cache: {exc}") from None
         if need > self.kv_budget:
@@ -292,11 +299,13 @@ class Engine:
 
     def _start(self, request: Request) -> None:
         """Prefill the request alone through its own cache, chunk by chunk with a decode step of
-        the active requests after each, then emit its first token."""
+        the active requests after each, then go on from its last logits."""
+        prompt = request.prompt[:request.prefilled]
+
         def between_chunks(fed: int) -> None:
-            if fed < len(request.prompt):
+            if fed < len(prompt):
                 self._drop_cancelled()
-                if request.cancelled:
+                if request.cancelled or self._stopping:
                     raise Abandoned
                 if self._active:
                     self._decode_step()
@@ -310,11 +319,19 @@ class Engine:
                 request.generator = torch.Generator().manual_seed(request.seed)
             # a method that compresses only a prompt's first forward (kvpress) takes it whole
             chunk = self.prefill_chunk if self.method.supports().chunked_prefill else 0
-            logits = prefill(self.session, request.cache, request.prompt, self.method,
+            recorder = (PromptRecorder(self.session, prompt, request.logprobs or 0)
+                        if request.score_prompt else None)
+            logits = prefill(recorder or self.session, request.cache, prompt, self.method,
                              chunk=chunk, after_chunk=between_chunks)[0]
+            if request.cancelled:  # it left during its last (or only) chunk
+                raise Abandoned
         except Abandoned:
             request.cache = None
-            self.totals.count("cancelled")
+            if request.cancelled:
+                self.totals.count("cancelled")
+            else:  # the server stops: no decode step will come
+                self.totals.count("error")
+                request.emit(SHUTTING_DOWN)
             return
         except Exception as exc:  # noqa: BLE001
             self.log(f"request {request.id}: prefill failed: {exc!r}")
@@ -322,7 +339,12 @@ class Engine:
             self.totals.count("error")
             request.emit(Failed(500, f"prefill failed: {exc}"))
             return
-        self.totals.prompt_tokens += len(request.prompt)
+        self.totals.prompt_tokens += len(prompt)
+        request.forced.extend(request.prompt[len(prompt):])
+        if recorder is not None:
+            request.prompt_scores = recorder.tokens
+            if not request.forced:
+                request.emit(Scored(request.prompt_scores))
         with self._lock:
             self._active.append(request)
         self._next_token(request, logits[-1])
@@ -330,7 +352,7 @@ class Engine:
     def _decode_step(self) -> None:
         rows = list(self._active)
         try:  # a request's tokens are the same whichever requests share its steps
-            logits = self.session.step_rows([r.generated[-1] for r in rows],
+            logits = self.session.step_rows([r.next_input for r in rows],
                                             [r.cache for r in rows])
         except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving
             self.log(f"decode step of {len(rows)} requests failed: {exc!r}")
@@ -344,14 +366,24 @@ class Engine:
             self._next_token(request, logits[row])
 
     def _next_token(self, request: Request, logits: torch.Tensor) -> None:
+        """What follows a forward of the request: its next prompt token scored and fed at the
+        next step, or its next token sampled; or its end, at max_tokens (0 included)."""
         try:
-            token = self._sample(request, logits)
+            if request.forced:
+                self._force(request, logits)
+                if request.forced or request.max_tokens:
+                    return  # fed at the next step (the last one too, with tokens to generate)
+            token = self._sample(request, logits) if request.max_tokens else None
         except Exception as exc:  # noqa: BLE001 - a request's own failure ends it alone
             self.log(f"request {request.id}: sampling failed: {exc!r}")
             request.emit(Failed(500, f"sampling failed: {exc}"))
             self._release(request, "error")
             return
+        if token is None:  # max_tokens 0: the prompt alone (scored, with score_prompt)
+            self._finish(request, "length")
+            return
         request.generated.append(token.id)
+        request.next_input = token.id
         self.totals.generated_tokens += 1
         request.emit(token)
         if len(request.generated) >= request.max_tokens:
@@ -359,12 +391,21 @@ class Engine:
         elif token.id == self.eos and not request.ignore_eos:
             self._finish(request, "stop")
 
+    def _force(self, request: Request, logits: torch.Tensor) -> None:
+        """Score the request's next prompt token under `logits` and feed it next; once the
+        whole prompt is scored, send its scores."""
+        token = request.forced.popleft()
+        request.next_input = token
+        if request.score_prompt:
+            request.prompt_scores += scored(logits[None], [token], request.logprobs or 0)
+            if not request.forced:
+                request.emit(Scored(request.prompt_scores))
+
     def _sample(self, request: Request, logits: torch.Tensor) -> Token:
         """The next token: the logits with the request's logit_bias and its presence and
         frequency penalties on the tokens generated so far (OpenAI's definitions), then greedy
         below GREEDY_BELOW, else sampled at its temperature within its top_p. Logprobs are the
         model's own, before any of these."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
         scores = logits.float().clone()
         for token_id, bias in request.logit_bias.items():
             scores[token_id] += bias
@@ -380,9 +421,7 @@ class Engine:
             token = int(torch.multinomial(probs, 1, generator=request.generator))
         if request.logprobs is None:
             return Token(token)
-        top = torch.topk(logprobs, request.logprobs)
-        return Token(token, float(logprobs[token]),
-                     list(zip(top.indices.tolist(), top.values.tolist())))
+        return scored(logits[None], [token], request.logprobs)[0]
 
     def _finish(self, request: Request, reason: str) -> None:
         request.emit(Finished(reason, len(request.prompt), len(request.generated)))

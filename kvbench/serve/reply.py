@@ -1,12 +1,13 @@
 """One request's OpenAI-shaped response, whole or as stream chunks: text decoded from the tokens,
-stop strings and stop token ids, echo, logprobs, usage."""
+stop strings and stop token ids, echo (with the prompt's logprobs when it was scored), logprobs,
+usage; and a batch of prompts' replies as one response, a choice per prompt."""
 from __future__ import annotations
 
 import time
 import uuid
 from typing import Any
 
-from kvbench.serve.engine import Finished, Token
+from kvbench.serve.events import Finished, Scored, Token
 
 
 class Reply:
@@ -16,11 +17,12 @@ class Reply:
 
     def __init__(self, tokenizer, chat: bool, model_id: str, with_token_ids: bool,
                  prompt_tokens: int, stops: list[str], stop_ids: set[int], echo: str = "",
-                 usage_in_chunks: bool = False):
+                 usage_in_chunks: bool = False, logprobs: bool = False, index: int = 0):
         self.tokenizer, self.chat, self.model_id = tokenizer, chat, model_id
         self.with_token_ids, self.prompt_tokens = with_token_ids, prompt_tokens
         self.stops, self.stop_ids, self.echo = stops, stop_ids, echo
-        self.usage_in_chunks = usage_in_chunks
+        self.usage_in_chunks, self.logprobs, self.index = usage_in_chunks, logprobs, index
+        self.prompt_scores: list[Token] = []  # a scored prompt's tokens, once Scored came
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.tokens: list[Token] = []  # kept in the reply
@@ -67,27 +69,34 @@ class Reply:
         """The end of a reply that a stop string or stop token ended."""
         return Finished("stop", self.prompt_tokens, self.generated)
 
-    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
-        if not tokens or tokens[0].logprob is None:
+    def scored(self, event: Scored) -> None:
+        self.prompt_scores = event.tokens
+
+    def _logprobs(self, tokens: list[Token], prompt: list[Token] | None = None,
+                  whole: bool = False) -> dict[str, Any] | None:
+        """The logprobs of `tokens` (after the `prompt`'s, echoed); None where none were asked,
+        or for a chunk that carries no token."""
+        if not self.logprobs or not (tokens or prompt or whole):
             return None
         piece = lambda i: self.tokenizer.decode([i])  # noqa: E731
         if self.chat:
             return {"content": [{"token": piece(t.id), "logprob": t.logprob,
                                  "top_logprobs": [{"token": piece(i), "logprob": lp}
                                                   for i, lp in t.top]} for t in tokens]}
-        tops = []
+        tokens = [*(prompt or []), *tokens]
+        tops: list[dict[str, float] | None] = []
         for t in tokens:  # keyed by text: of two tokens that decode alike, the likelier stays
             top: dict[str, float] = {}
             for i, lp in t.top:
                 top.setdefault(piece(i), lp)
-            tops.append(top)
+            tops.append(top if t.logprob is not None else None)  # a prompt's first: none
         return {"tokens": [piece(t.id) for t in tokens],
                 "token_logprobs": [t.logprob for t in tokens], "top_logprobs": tops}
 
     def _choice(self, text: str, tokens: list[Token], finish: str | None,
-                whole: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                  "logprobs": self._logprobs(tokens)}
+                whole: bool = False, prompt: list[Token] | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": self.index, "finish_reason": finish,
+                                  "logprobs": self._logprobs(tokens, prompt, whole)}
         if self.chat:
             choice["message" if whole else "delta"] = {"role": "assistant", "content": text}
         else:
@@ -110,7 +119,7 @@ class Reply:
         return {"usage": self.usage(Finished("", self.prompt_tokens, self.generated))}
 
     def echo_chunk(self) -> dict[str, Any]:
-        return self._envelope([self._choice(self.echo, [], None)])
+        return self._envelope([self._choice(self.echo, [], None, prompt=self.prompt_scores)])
 
     def chunk(self, token: Token) -> tuple[dict[str, Any], bool]:
         """The chunk of `token` and whether it carries anything (text or a kept token): the
@@ -137,8 +146,16 @@ class Reply:
 
     def whole(self, finished: Finished) -> dict[str, Any]:
         choice = self._choice(self.echo + self._final_text(), self.tokens, finished.reason,
-                              whole=True)
+                              whole=True, prompt=self.prompt_scores)
         return self._envelope([choice], whole=True, usage=self.usage(finished))
 
     def _decoded(self) -> str:
         return self.tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
+
+
+def whole_batch(replies: list[Reply], ends: list[Finished]) -> dict[str, Any]:
+    """One response to a batch of prompts: each reply's choice (indexed by its prompt), their
+    usage summed."""
+    answers = [reply.whole(end) for reply, end in zip(replies, ends, strict=True)]
+    usage = {key: sum(a["usage"][key] for a in answers) for key in answers[0]["usage"]}
+    return {**answers[0], "choices": [a["choices"][0] for a in answers], "usage": usage}

@@ -1,8 +1,11 @@
 """`kvbench serve`: load the model, build and calibrate the method, start the engine, run uvicorn
-on loopback until stopped (SIGINT / SIGTERM), then stop the engine."""
+on loopback until stopped (SIGINT / SIGTERM: every request in flight ends first, each stream
+with an error event and [DONE], and the process exits 0), then stop the engine."""
 from __future__ import annotations
 
 import ipaddress
+import signal
+import threading
 from typing import Any, Callable
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -63,7 +66,34 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"
         f" KV budget {kv_budget or 'none'}, prefill chunk {prefill_chunk})")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        serve_until_signalled(server, engine)
     finally:
         engine.stop()
+    if not server.started:
+        raise ValueError(f"could not serve on {host}:{port} (uvicorn's error above)")
+
+
+def serve_until_signalled(server, engine) -> None:
+    """Run the uvicorn `server` on a thread of its own until SIGINT or SIGTERM, which first has
+    the engine end every request (503; a stream says it in an error event, then [DONE]) and
+    then stops the server once those replies are sent; a second signal stops it at once.
+    Returns normally (the process exits 0): uvicorn on the main thread re-raises the signal
+    once it has shut down, and the process died of it (-15), every stream cut short."""
+    def stop(signum, frame) -> None:
+        if server.should_exit:
+            server.force_exit = True
+        engine.request_stop()
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=server.run, name="kvbench-http")
+    thread.start()
+    try:
+        while thread.is_alive():  # a join with a timeout lets the signal handler run
+            thread.join(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
