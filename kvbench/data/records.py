@@ -9,10 +9,11 @@ their text. Classes are a list of strings.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kvbench.data.hf_cache import load_cached, offline_datasets
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 HF = "hf:"
@@ -84,22 +85,15 @@ def check_source(source: str) -> None:
 def load_rows(source: str) -> Any:
     """The rows as a datasets.Dataset (one split)."""
     check_source(source)
-    # no network at run time; set before `datasets` is imported, which reads them once
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import datasets
-
+    datasets = offline_datasets(f"data {source!r}", RecordsError)
     datasets.disable_progress_bars()  # kvbench shows its own progress
+    if is_hf(source):
+        return load_cached(f"data {source!r}", *parse_hf_dataset(source), error=RecordsError)
     try:
-        if is_hf(source):
-            name, config, split = parse_hf_dataset(source)
-            return datasets.load_dataset(name, config, split=split)
         return datasets.load_dataset(FORMATS[Path(source).suffix.lower()],
                                      data_files=str(source), split="train")
-    except Exception as exc:  # datasets raises many kinds, for a bad file as for "not cached"
-        where = ("could not be read from the local datasets cache (kvbench reads datasets"
-                 " offline)") if is_hf(source) else "could not be read"
-        raise RecordsError(f"data {source!r} {where}: {exc}") from exc
+    except Exception as exc:  # datasets raises many kinds for a file it cannot read
+        raise RecordsError(f"data {source!r} could not be read: {exc}") from exc
 
 
 def read_records(source: str, fields: Fields, samples: int | None = None) -> list[Record]:

@@ -6,10 +6,10 @@ A text source is "pydoc" (Python's own topic help, shipped with every Python), a
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
+from kvbench.data.hf_cache import load_cached
 from kvbench.memo import Memo
 
 
@@ -45,22 +45,7 @@ def parse_hf_source(source: str) -> tuple[str, str | None, str, str]:
 
 def _hf_text(source: str) -> str:
     name, config, split, column = parse_hf_source(source)
-    # kvbench has no network at run time; set before `datasets` is imported, which reads it once.
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ValueError(
-            f"text {source!r} needs the datasets package: pip install datasets"
-        ) from exc
-    try:
-        rows = datasets.load_dataset(name, config, split=split)
-    except Exception as exc:  # datasets raises many kinds for "not cached"
-        raise ValueError(
-            f"text {source!r}: dataset {name!r} could not be read from the local cache"
-            f" (kvbench reads datasets offline): {exc}"
-        ) from exc
+    rows = load_cached(f"text {source!r}: dataset {name!r}", name, config, split)
     if column not in rows.column_names:
         raise ValueError(f"text {source!r}: no column {column!r}; columns: {rows.column_names}")
     return "\n\n".join(str(value) for value in rows[column])

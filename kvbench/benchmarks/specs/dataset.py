@@ -10,7 +10,7 @@ from typing import Literal
 
 from kvbench.benchmarks.reports.dataset import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
-from kvbench.benchmarks.specs.retrieval import RETRIEVAL_METRICS
+from kvbench.benchmarks.specs.retrieval import READS, RETRIEVAL_METRICS
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.data.prompt_template import LONGBENCH_QA, PromptTemplate
 from kvbench.data.records import Fields, RecordsError, is_hf, read_records
@@ -82,9 +82,7 @@ class DatasetParams(Settings):
         "context", meaning="context: the template's text up to and including the context is"
         " prefilled and compressed, then the rest is fed and answered from the compressed"
         " cache; context+question: the whole prompt is compressed")
-    reads: Literal["decoded", "packed"] = param(
-        "decoded", meaning="decoded: codec caches decode each packed chunk once (bit-identical"
-        " outputs, the packed bytes accounted); packed: decode at every step")
+    reads: Literal["decoded", "packed"] = param("decoded", meaning=READS)
 
     def check(self) -> None:
         if self.data is None:

@@ -27,6 +27,10 @@ RETRIEVAL_METRICS = {
                               " token seen, at the model's dtype"),
 }
 
+# how an answering benchmark's codec caches are read (kvbench.benchmarks.measure.answering)
+READS = ("decoded: codec caches decode each packed chunk once (bit-identical outputs, the packed"
+         " bytes accounted); packed: decode at every step")
+
 
 @dataclass(kw_only=True)
 class RetrievalParams(Settings):
@@ -42,9 +46,7 @@ class RetrievalParams(Settings):
     essay: str = param("pydoc", meaning="the text in place of RULER's Paul Graham essays (not"
                        ' shipped): "pydoc", a text file, or'
                        ' "hf:<dataset>[:<config>]:<split>:<column>"')
-    reads: Literal["decoded", "packed"] = param(
-        "decoded", meaning="decoded: codec caches decode each packed chunk once (bit-identical"
-        " outputs, the packed bytes accounted); packed: decode at every step")
+    reads: Literal["decoded", "packed"] = param("decoded", meaning=READS)
 
     def check(self) -> None:
         if self.essay.startswith("hf:"):

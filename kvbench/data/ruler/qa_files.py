@@ -3,9 +3,9 @@ cached Hugging Face dataset."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from kvbench.data.hf_cache import load_cached
 from kvbench.data.ruler.tasks import QARecord
 
 
@@ -71,18 +71,7 @@ def hf_rows(source: str) -> list[dict]:
     if len(parts) not in (2, 3):
         raise ValueError(f"QA source {source!r}: expected hf:<dataset>[:<config>]:<split>")
     name, config, split = (parts[0], None, parts[1]) if len(parts) == 2 else parts
-    # no network at run time; set before `datasets` is imported, which reads them once
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ValueError(f"QA source {source!r} needs the datasets package") from exc
-    try:
-        return list(datasets.load_dataset(name, config, split=split))
-    except Exception as exc:  # datasets raises many kinds for "not cached"
-        raise ValueError(f"QA source {source!r} could not be read from the local datasets cache"
-                         f" (kvbench reads datasets offline): {exc}") from exc
+    return list(load_cached(f"QA source {source!r}", name, config, split))
 
 
 def squad_from_rows(rows: list[dict]) -> dict:
