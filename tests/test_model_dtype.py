@@ -69,7 +69,7 @@ def test_mlx_refuses_a_model_dtype(tmp_path):
 
 
 def test_serve_loads_the_model_in_the_dtype_asked(monkeypatch):
-    command = kvbench_serve_command("tiny:llama", "identity", "{}", 8000, "cuda", 4, 0, "bfloat16")
+    command = kvbench_serve_command("tiny:llama", "identity", "{}", 8000, "cuda", 4, "bfloat16")
     assert command[command.index("--model-dtype") + 1] == "bfloat16"
 
     seen = {}

@@ -36,7 +36,7 @@ from kvbench.benchmarks.measure.stress import (
     make_prompts, request_body,
 )
 from kvbench.benchmarks.specs.server_target import check_loopback_url, parse_server
-from kvbench.benchmarks.specs.stress import TASK_METRICS, Stress, StressParams
+from kvbench.benchmarks.specs.stress import PREFIX_METRICS, TASK_METRICS, Stress, StressParams
 from kvbench.methods import implementation
 from kvbench.methods.settings.identity import Identity
 from tests.plugins.asgi import AppInThread
@@ -566,9 +566,9 @@ def test_a_flip_at_a_near_tie_differs_but_is_not_flagged():
 
 def test_errors_are_counted_and_the_metrics_are_complete(fake):
     out, _ = stress_run(fake.url, users=2)
-    # free text, no long-prompt user: every metric but the task samples' and its TTFT
-    assert list(out.metrics) == [m for m in Stress.metrics
-                                 if m not in TASK_METRICS and m != "long_prompt_ttft_s"]
+    # free text, no long-prompt user, no shared prefix: every metric but those three's
+    assert list(out.metrics) == [m for m in Stress.metrics if m not in TASK_METRICS
+                                 and m not in PREFIX_METRICS and m != "long_prompt_ttft_s"]
     assert out.metrics["slo_attainment"].value == 1.0  # the default SLOs, a fast fake
     assert out.metrics["answer_tokens"].value == out.metrics["answer_tokens_alone"].value == 8
     m = {name: metric.value for name, metric in out.metrics.items()}

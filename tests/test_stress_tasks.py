@@ -27,7 +27,7 @@ from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, RequestRecord, Task
 from kvbench.benchmarks.measure.stress import request_body
 from kvbench.benchmarks.specs.server_target import parse_server
-from kvbench.benchmarks.specs.stress import TASK_METRICS, Stress, StressParams
+from kvbench.benchmarks.specs.stress import PREFIX_METRICS, TASK_METRICS, Stress, StressParams
 from kvbench.config.fields import SettingError
 from kvbench.methods import implementation
 from kvbench.methods.settings.identity import Identity
@@ -270,7 +270,8 @@ def test_task_samples_are_scored_under_load_and_alone():
         out, kept = task_run(server.url, users=4, requests_per_user=2)
     m = values(out)
     # every metric, the task's included, but the long-prompt user's TTFT (none was sent)
-    assert list(out.metrics) == [m for m in Stress.metrics if m != "long_prompt_ttft_s"]
+    assert list(out.metrics) == [m for m in Stress.metrics
+                                 if m != "long_prompt_ttft_s" and m not in PREFIX_METRICS]
     assert m["errors"] == 0 and m["requests"] == 8
     assert m["score"] == m["score_alone"] == 100.0 and m["score_vs_alone"] == 0.0
     assert (m["score_ci_low"], m["score_ci_high"]) == pytest.approx((67.56, 100.0), abs=0.01)

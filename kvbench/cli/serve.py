@@ -42,13 +42,20 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any 
               help="Prompt tokens per prefill forward; the active requests take a decode step"
                    " between chunks, so a long prompt delays the other streams by one chunk at a"
                    " time.")
+@click.option("--prefix-cache", default=0, show_default=True, type=click.IntRange(min=0),
+              metavar="ENTRIES",
+              help="Keep the method's cache of up to ENTRIES prompt prefixes (whole prefill"
+                   " chunks, least recently used dropped first) and start a prompt that begins"
+                   " with one from a copy: a shared system prompt or a conversation's earlier"
+                   " turns are not prefilled again, and every answer is the same as without it."
+                   " Held outside --kv-budget (/metrics: kvbench_prefix_cache_bytes); 0: off.")
 @click.option("--max-body", "max_body", default=MAX_BODY_BYTES, show_default=True,
               type=click.IntRange(min=1), metavar="BYTES",
               help="Refuse request bodies above BYTES with 413, before reading the rest.")
 @click.option("--calibration", default=512, show_default=True, type=click.IntRange(min=0),
               help="Tokens of offline text handed to methods that calibrate themselves.")
 def serve(model, method_name, params_json, host, port, allow_remote, device, model_dtype, threads,
-          kv_budget, queue_timeout, max_batch, prefill_chunk, max_body, calibration):
+          kv_budget, queue_timeout, max_batch, prefill_chunk, prefix_cache, max_body, calibration):
     """Serve a model over an OpenAI-compatible HTTP API with a kvbench method as every request's
     KV cache, decoding all active requests as one batch (continuous batching).
 
@@ -77,6 +84,7 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, mod
         run_server(model, method_name, params, host, port, device, threads, kv_budget,
                    queue_timeout, max_batch, calibration, model_dtype=model_dtype,
                    prefill_chunk=prefill_chunk, max_body_bytes=max_body,
+                   prefix_cache=prefix_cache,
                    log=lambda message: print(f"kvbench serve: {message}", file=sys.stderr,
                                              flush=True))
     except ValueError as exc:  # a bad method, parameter or model spec

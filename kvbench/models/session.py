@@ -244,7 +244,7 @@ class ProbeNotTakenBack(ValueError):
 def prefill(session: Session, cache: Any, ids: list[int], method: Implementation | None,
             probe: list[int] | None = None, refeed: int = 0, chunk: int = 0,
             after_chunk: Callable[[int], None] = lambda fed: None,
-            prefilled: PrefilledPrompt | None = None,
+            prefilled: PrefilledPrompt | None = None, done: int = 0,
             ) -> tuple[torch.Tensor, float, float]:
     """Feed the prompt `ids` through `cache` (in forwards of `chunk` tokens, each followed by
     after_chunk(tokens fed so far), when chunk is set; with `refeed`, then take its newest
@@ -253,8 +253,13 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
     queries and compacted. Returns (the prompt's last logits (1, vocab), seconds of the
     forwards, seconds of end_prefill).
     prefilled: `ids` recorded in one plain forward (kvbench.models.shared_prefill), ingested in
-    place of the forwards; only for a method that shares_prefill."""
+    place of the forwards; only for a method that shares_prefill.
+    done: the first `done` tokens of `ids` are in `cache` already, fed by these same chunks (a
+    multiple of chunk: the server's prefix cache); the forwards start after them."""
     step = chunk or len(ids)
+    if done and (done % step or done >= len(ids) or prefilled is not None):
+        raise ValueError(f"done ({done}) must be a whole number of chunks of {step} tokens,"
+                         f" shorter than the prompt's {len(ids)}, without a shared prefill")
     forward_s = 0.0
     session.begin_prompt(cache, len(ids))
     if prefilled is not None:
@@ -264,7 +269,7 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
         ingest(cache, prefilled)
         logits, forward_s = prefilled.logits, prefilled.seconds
     else:
-        for start in range(0, len(ids), step):
+        for start in range(done, len(ids), step):
             logits, seconds = session.step(ids[start : start + step], cache, last_only=True)
             forward_s += seconds
             after_chunk(min(start + step, len(ids)))

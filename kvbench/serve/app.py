@@ -73,8 +73,11 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_id, "method": method_label,
-                "impl": engine.impl()}
+        answer = {"status": "ok", "model": model_id, "method": method_label,
+                  "impl": engine.impl()}
+        if engine.prefixes is not None:  # entries, bytes, hits, misses, tokens reused
+            answer["prefix_cache"] = engine.prefixes.state()
+        return answer
 
     def model_card() -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "kvbench",
@@ -390,6 +393,10 @@ class _EngineCollector:
             "kvbench_live_caches": ("request caches not yet freed", state["live_caches"]),
             "kvbench_kv_reserved_bytes": ("KV bytes reserved by active requests (budget)",
                                           state["kv_reserved_bytes"]),
+            "kvbench_prefix_cache_entries": ("prompt prefixes kept (--prefix-cache)",
+                                             state.get("prefix_cache_entries", 0)),
+            "kvbench_prefix_cache_bytes": ("bytes of the arrays the kept prefixes hold, outside"
+                                           " the KV budget", state.get("prefix_cache_bytes", 0)),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -407,6 +414,10 @@ class _EngineCollector:
                                 value=budget or 0)
         for name, doc, value in (
             ("kvbench_prompt_tokens", "prompt tokens prefilled", totals.prompt_tokens),
+            ("kvbench_prefix_cache_hits", "prompts started from a kept prefix",
+             state.get("prefix_cache_hits", 0)),
+            ("kvbench_prefix_cache_reused_tokens", "prompt tokens a kept prefix supplied",
+             state.get("prefix_cache_reused_tokens", 0)),
             ("kvbench_generated_tokens", "tokens generated", totals.generated_tokens),
             ("kvbench_decode_steps", "batched decode forwards", totals.decode_steps),
             ("kvbench_decode_rows", "requests summed over decode forwards", totals.decode_rows),

@@ -20,6 +20,11 @@ benchmark's protocol with decode_chunk 1. With score_prompt, every prompt token'
 sent (Scored) before the first generated token: those inside the prefill from the prefill's own
 forwards (kvbench.serve.events.PromptRecorder), the rest from the steps that fed them.
 
+With a prefix cache (kvbench.serve.prefix_store), a prompt that begins with whole chunks stored
+from an earlier prompt starts from a copy of their cache and prefills only the rest, bit for bit
+as a full prefill would; its own chunks are stored in turn. A request that scores its prompt
+prefills all of it (the reused chunks' logits are not kept).
+
 With a KV budget, admission is by the method's accounted bytes: a request reserves what its cache
 will hold after its prompt and max_tokens (kvbench.serve.admission), and waits while the
 reservations of the active requests and its own would exceed the budget.
@@ -41,6 +46,7 @@ from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
 from kvbench.serve.events import Event, Failed, Finished, PromptRecorder, Scored, Token, scored
+from kvbench.serve.prefix_store import PrefixStore, reusable
 
 # Temperatures below this sample greedily, as vLLM's (its sampling_params._SAMPLING_EPS): below
 # it, logits / temperature overflow float32 and softmax has nothing to sample from.
@@ -89,7 +95,7 @@ class Request:
 class Totals:
     """Counters since the engine started (Prometheus counters)."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prefilled: those a prefix cache supplied are not counted
     generated_tokens: int = 0
     decode_steps: int = 0
     decode_rows: int = 0  # rows summed over decode steps: their mean is the mean batch size
@@ -102,12 +108,20 @@ class Totals:
 class Engine:
     def __init__(self, session: TorchSession, method: Implementation, kv_budget: int | None = None,
                  queue_timeout_s: float = 600.0, max_batch: int = 32, prefill_chunk: int = 512,
-                 log: Callable[[str], None] = lambda message: None):
+                 prefix_cache: int = 0, log: Callable[[str], None] = lambda message: None):
+        """prefix_cache: prompt prefixes kept (0: none); ValueError where the method's caches
+        cannot start another prompt (kvbench.serve.prefix_store.reusable)."""
         self.session, self.method = session, method
         self.kv_budget, self.queue_timeout_s, self.max_batch = kv_budget, queue_timeout_s, max_batch
         self.prefill_chunk = prefill_chunk
         self.eos = getattr(session.tokenizer, "eos_token_id", None)
         self.projection = Projection(method, session)
+        if prefix_cache and not reusable(method):
+            raise ValueError("--prefix-cache: the method evicts while the prompt is fed, or takes"
+                             " it in one forward: a prefix of its cache depends on the whole"
+                             " prompt, so none can be reused")
+        self.prefixes = (PrefixStore(prefix_cache, prefill_chunk, session.fork)
+                         if prefix_cache else None)
         self.totals = Totals()
         self.log = log
         self._waiting: deque[Request] = deque()
@@ -184,7 +198,8 @@ class Engine:
             queued = len(self._waiting)
             reserved = sum(r.reserved for r in active)
         caches = [r.cache for r in active if r.cache is not None]
-        return {
+        stored = self.prefixes.state() if self.prefixes is not None else {}
+        return {**stored,
             "active": len(active),
             "queued": queued,
             "kv_accounted_bytes": sum(cache.accounted_bytes() for cache in caches),
@@ -301,9 +316,12 @@ class Engine:
         """Prefill the request alone through its own cache, chunk by chunk with a decode step of
         the active requests after each, then go on from its last logits."""
         prompt = request.prompt[:request.prefilled]
+        reused = 0
 
         def between_chunks(fed: int) -> None:
             if fed < len(prompt):
+                if self.prefixes is not None:
+                    self.prefixes.put(prompt[:fed], request.cache)
                 self._drop_cancelled()
                 if request.cancelled or self._stopping:
                     raise Abandoned
@@ -311,7 +329,10 @@ class Engine:
                     self._decode_step()
 
         try:
-            request.cache = self.session.new_cache(self.method)
+            if self.prefixes is not None and not request.score_prompt:
+                reused, request.cache = self.prefixes.longest(prompt)
+            if request.cache is None:
+                request.cache = self.session.new_cache(self.method)
             # room for every token it may hold: a step writes its token in place
             request.cache.reserve(len(request.prompt) + request.max_tokens)
             self._caches.add(request.cache)
@@ -322,7 +343,7 @@ class Engine:
             recorder = (PromptRecorder(self.session, prompt, request.logprobs or 0)
                         if request.score_prompt else None)
             logits = prefill(recorder or self.session, request.cache, prompt, self.method,
-                             chunk=chunk, after_chunk=between_chunks)[0]
+                             chunk=chunk, after_chunk=between_chunks, done=reused)[0]
             if request.cancelled:  # it left during its last (or only) chunk
                 raise Abandoned
         except Abandoned:
@@ -339,7 +360,7 @@ class Engine:
             self.totals.count("error")
             request.emit(Failed(500, f"prefill failed: {exc}"))
             return
-        self.totals.prompt_tokens += len(prompt)
+        self.totals.prompt_tokens += len(prompt) - reused
         request.forced.extend(request.prompt[len(prompt):])
         if recorder is not None:
             request.prompt_scores = recorder.tokens

@@ -31,7 +31,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
           max_batch: int, calibration: int, log: Callable[[str], None],
           model_dtype: str = "float32", prefill_chunk: int = 512,
-          max_body_bytes: int | None = None) -> None:
+          max_body_bytes: int | None = None, prefix_cache: int = 0) -> None:
     """ValueError, before serving, for a method, parameter or model spec that cannot run."""
     import torch
     import uvicorn
@@ -56,7 +56,8 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     if calibration:  # methods that set themselves from statistics; free for those that do not
         session.calibrate(method, text[:calibration])
     engine = Engine(session, method, kv_budget=kv_budget, queue_timeout_s=queue_timeout_s,
-                    max_batch=max_batch, prefill_chunk=prefill_chunk, log=log)
+                    max_batch=max_batch, prefill_chunk=prefill_chunk,
+                    prefix_cache=prefix_cache, log=log)
     label = method_name if not method_params else f"{method_name}{method_params}"
     try:
         engine.start(check=text[:min(CHECK_TOKENS, (loaded.max_context or CHECK_TOKENS + 1) - 1)])
@@ -65,7 +66,8 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes)
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"
-        f" KV budget {kv_budget or 'none'}, prefill chunk {prefill_chunk})")
+        f" KV budget {kv_budget or 'none'}, prefill chunk {prefill_chunk}, prefix cache"
+        f" {prefix_cache or 'off'})")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=5))
     try:

@@ -23,11 +23,13 @@ and each decode step feeds the plain cache and then the method's, so the speed r
 the two compare work done moments apart, under the same load on the machine. Without it no
 plain decode is timed and the ratios are not reported.
 
-With `server`, the same windows are scored by another engine behind an OpenAI-compatible server
-(llama.cpp with its quantized KV cache, say): each window is one request with the prompt as
-token ids and its logprobs echoed (kvbench.benchmarks.measure.prompt_logprobs), and the NLL sums
-go through the same arithmetic, against the same in-process plain reference. The server is the
-run's, shared with stress cases that name the same command (kvbench.benchmarks.measure.servers).
+With `server`, the same windows are scored behind an OpenAI-compatible server: `kvbench serve`
+with the case's method (server: kvbench; sent the context as prefill_tokens, it runs the
+protocol above with decode_chunk 1), or another engine (llama.cpp with its quantized KV cache,
+say). Each window is one request with the prompt as token ids and its logprobs echoed
+(kvbench.benchmarks.measure.prompt_logprobs), and the NLL sums go through the same arithmetic,
+against the same in-process plain reference. The server is the run's, shared with stress cases
+that name the same command (kvbench.benchmarks.measure.servers).
 """
 from __future__ import annotations
 
@@ -45,7 +47,9 @@ from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.measure.prompt_logprobs import (
     ScoringError, continuation_nll, prompt_logprobs,
 )
-from kvbench.benchmarks.measure.servers import pooled_server
+from kvbench.benchmarks.measure.servers import (
+    ServeOptions, kvbench_server, kvbench_server_impl, pooled_server,
+)
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.perplexity import (
     DECODE_SEGMENT, Perplexity, PerplexityParams, window_offsets,
@@ -95,7 +99,8 @@ class PerplexityRun(Perplexity):
         comparable = {"tokens_sha256": tokens_sha256([t for w in windows for t in w]),
                       "model": session.spec, "model_dtype": session.dtype}
         if params.target is not None:
-            return self._through_server(params, ctx, session, offsets, windows, comparable)
+            return self._through_server(params, method, ctx, session, offsets, windows,
+                                        comparable)
         calibration = read[-1][1][: params.calibration]  # after the last window
         ctx.status("calibrate")
         session.calibrate(method, calibration)
@@ -122,16 +127,24 @@ class PerplexityRun(Perplexity):
             comparable=comparable,
         )
 
-    def _through_server(self, params: PerplexityParams, ctx: RunContext, session: Session,
-                        offsets: list[int], windows: list[list[int]],
-                        comparable: dict[str, Any]) -> BenchmarkOutput:
+    def _through_server(self, params: PerplexityParams, method: Implementation,
+                        ctx: RunContext, session: Session, offsets: list[int],
+                        windows: list[list[int]], comparable: dict[str, Any]) -> BenchmarkOutput:
         """The windows scored through params.server (see its meaning); the plain reference is
         still kvbench's, in process."""
         import httpx
 
         target = params.target
         plain_nll = [_plain_nll(ctx, session, params, i, windows) for i in range(len(windows))]
-        server, info = pooled_server(ctx.memo, ctx.files_dir, target)
+        uses_method = target.kind == "kvbench"
+        if uses_method:
+            # the context prefilled in one forward, as in process (the server chunks at 512)
+            server, info = pooled_server(ctx.memo, ctx.files_dir, target, *kvbench_server(
+                ctx, method, ServeOptions(prefill_chunk=params.context)))
+        else:
+            server, info = pooled_server(ctx.memo, ctx.files_dir, target)
+        # kvbench serve splits the window where the benchmark does; others get no such field
+        prefill_tokens = params.context if uses_method else None
         nll: list[list[float]] = []
         request_s: list[float] = []
         with httpx.Client(trust_env=False) as client:
@@ -142,7 +155,8 @@ class PerplexityRun(Perplexity):
                                                            f" {repeat + 1}/{ctx.repeats})")
                     started = time.perf_counter()
                     try:
-                        logprobs = prompt_logprobs(client, server.url, window, target.model)
+                        logprobs = prompt_logprobs(client, server.url, window, target.model,
+                                                   prefill_tokens)
                     except ScoringError as exc:
                         raise RuntimeError(f"window {i + 1} (offset {offsets[i]}): {exc}") \
                             from None
@@ -152,10 +166,18 @@ class PerplexityRun(Perplexity):
         figures, more = _perplexity_figures(self.metrics, params, offsets, nll[0], plain_nll,
                                             ctx.seed)
         info.update(more)
+        if uses_method:
+            info["layout"] = method.layout()
+            impl = kvbench_server_impl(server.url)
+            if impl:  # what the server's codecs ran: kernels or torch
+                info["impl"] = impl
         info.update({
-            "server_uses_method": False,
+            "server_uses_method": uses_method,
             "scored_by": "the server: each window one /v1/completions request (token ids,"
-                         " echo, logprobs), its continuation scored by the echoed logprobs",
+                         " echo, logprobs" + (", prefill_tokens = context: the context"
+                                              " prefilled and compressed by the method"
+                                              if uses_method else "")
+                         + "), its continuation scored by the echoed logprobs",
             "request_s": request_s,
         })
         return BenchmarkOutput(

@@ -6,7 +6,9 @@ server reads exactly the tokens kvbench scores; text would be tokenized again, a
 from a longer text can come back as other tokens), echo true, logprobs 1, max_tokens 1 (0 is
 refused by some servers and means "no limit" to llama-cpp-python), temperature 0. The answer's
 choices[0].logprobs.token_logprobs holds, for each prompt token, its logprob given the tokens
-before it (None for the first), then the generated token's, which is ignored.
+before it (None for the first), then the generated token's, which is ignored. A kvbench server
+is also sent prefill_tokens (its extension): the tokens it prefills and compresses before scoring
+the rest through its cache.
 """
 from __future__ import annotations
 
@@ -23,21 +25,26 @@ class ScoringError(RuntimeError):
     """A server's answer that does not give the prompt's logprobs; the message says why."""
 
 
-def scoring_body(ids: list[int], model: str | None) -> dict[str, Any]:
-    """The request that asks for the logprob of every token of `ids`."""
+def scoring_body(ids: list[int], model: str | None,
+                 prefill_tokens: int | None = None) -> dict[str, Any]:
+    """The request that asks for the logprob of every token of `ids`; prefill_tokens only for
+    a kvbench server (others may refuse a field they do not know)."""
     body: dict[str, Any] = {"prompt": list(ids), "echo": True, "logprobs": 1, "max_tokens": 1,
                             "temperature": 0}
     if model:
         body["model"] = model
+    if prefill_tokens is not None:
+        body["prefill_tokens"] = prefill_tokens
     return body
 
 
-def prompt_logprobs(client: Any, url: str, ids: list[int],
-                    model: str | None = None) -> list[float | None]:
+def prompt_logprobs(client: Any, url: str, ids: list[int], model: str | None = None,
+                    prefill_tokens: int | None = None) -> list[float | None]:
     """The server's logprob of each token of `ids` given the tokens before it (None for the
     first), read from one echoed completion; ScoringError naming what is wrong otherwise.
     `client`: an httpx.Client."""
-    response = client.post(url.rstrip("/") + "/v1/completions", json=scoring_body(ids, model),
+    response = client.post(url.rstrip("/") + "/v1/completions",
+                           json=scoring_body(ids, model, prefill_tokens),
                            timeout=REQUEST_TIMEOUT_S)
     if response.status_code != 200:
         # llama-cpp-python's server refuses the ids with HTTP 500, others with 400 or 422

@@ -20,6 +20,9 @@ interval), and goodput counts the requests that met the SLOs and were answered c
 prompt, the single-user pass records its answer's tokens, seconds and score (info.generated,
 answer_s, scores, beside prompt_sha256s) for the output-length drift against identity.
 
+With `shared_prefix_tokens`, every prompt begins with the same window: the single-user pass's
+first request is the server's first sight of it, its later ones reuse it (`prefix_cache`).
+
 The server is kept running for the next case of the same method (the run's memo holds it and
 stops it when the run ends); a case that needs another server stops it first. kvbench never
 sends anything to a host other than 127.0.0.1, localhost or ::1: other urls are refused when the
@@ -29,9 +32,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from random import Random
 from typing import Any
@@ -40,7 +42,7 @@ from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.specs.base import MetricSpec, measures
 from kvbench.benchmarks.specs.server_target import ServerTarget
 from kvbench.benchmarks.specs.stress import (
-    METRICS, PER_PASS, PERCENTILE_METHOD, TASK_METRICS, Stress, StressParams,
+    METRICS, PER_PASS, PERCENTILE_METHOD, PREFIX_METRICS, TASK_METRICS, Stress, StressParams,
 )
 from kvbench.benchmarks.measure.load_generator import (
     Level, Prompt, Reference, Task, candidates_at, compare, count_tokens,
@@ -48,8 +50,8 @@ from kvbench.benchmarks.measure.load_generator import (
 )
 from kvbench.benchmarks.measure.retrieval import METRIC_NAMES
 from kvbench.benchmarks.measure.servers import (
-    Launch, RunningServer, import_root, kvbench_serve_command, kvbench_server_impl, method_name,
-    path_join, pooled_server, target_key,
+    RunningServer, ServeOptions, kvbench_server, kvbench_server_health, kvbench_server_impl,
+    pooled_server, target_key,
 )
 from kvbench.data.text import load_text, text_tokens, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
@@ -72,7 +74,7 @@ class StressRun(Stress):
         if task is None:
             prompts = ctx.memo.get(
                 ("stress_prompts", ctx.model, params.text, params.offset, params.prompts,
-                 params.prompt_tokens, ctx.seed),
+                 params.prompt_tokens, params.shared_prefix_tokens, ctx.seed),
                 lambda: make_prompts(ctx.memo, tokenizer, ctx.model, params, ctx.seed))
         else:
             ctx.status(f"{params.prompts} {params.task} samples")
@@ -85,12 +87,15 @@ class StressRun(Stress):
         model_name = ctx.model if target.kind == "kvbench" else target.model
         body = partial(request_body, params, target, model_name)
         path = PATHS[params.api]
-        level = partial(run_level, server.url, path, prompts, body=body,
+        level = partial(run_level, server.url, path, prompts=prompts, body=body,
                         request_timeout_s=params.request_timeout_s,
                         level_timeout_s=params.level_timeout_s)
         if not server.warmed:  # the first request pays one-time costs: not in any figure
             ctx.status("warm-up request")
-            warm = level(users=1, requests_per_user=1)
+            ids = prompts[0].ids  # as long as a prompt, but not starting with the shared prefix
+            ids = ids[params.shared_prefix_tokens:] + ids[:params.shared_prefix_tokens]
+            first = replace(prompts[0], text=tokenizer.decode(ids), ids=ids)
+            warm = level(prompts=[first], users=1, requests_per_user=1)
             server.warmed = True
             if warm.records[0].error:
                 info["warmup_error"] = warm.records[0].error
@@ -117,6 +122,8 @@ class StressRun(Stress):
         impl = kvbench_server_impl(server.url) if target.kind == "kvbench" else {}
         if impl:  # what the server's codecs ran: kernels or torch, fused attention or decoded
             info["impl"] = impl
+        if params.prefix_cache and target.kind == "kvbench":  # entries, bytes, hits, reuse
+            info["prefix_cache"] = kvbench_server_health(server.url, "prefix_cache")
         info.update({
             "single_user_tok_s": reference.output_tok_s,
             "kv_budget": params.kv_budget,
@@ -133,38 +140,13 @@ class StressRun(Stress):
     def _server(self, ctx: RunContext, params: StressParams, method: Implementation,
                 target: ServerTarget) -> tuple[tuple, RunningServer, dict[str, Any]]:
         """(the server's key, the running server, what info says of it)."""
-        import torch
-
         key, label, launch = target_key(target), "", None
         if target.kind == "kvbench":
-            name, method_params = method_name(method.settings), json.dumps(
-                method.settings.params(), sort_keys=True, default=str)
-            key = ("kvbench", ctx.model, ctx.model_dtype, name, method_params, params.kv_budget,
-                   torch.get_num_threads(), str(ctx.device), params.prefill_chunk)
-            label = f"kvbench-serve-{name}"
-            launch = partial(self._kvbench_launch, ctx, params, method)
+            key, label, launch = kvbench_server(ctx, method, ServeOptions(
+                params.kv_budget, params.prefill_chunk, params.prefix_cache))
         server, info = pooled_server(ctx.memo, ctx.files_dir, target, key, label, launch)
         info["server_uses_method"] = target.kind == "kvbench"
         return key, server, info
-
-    @staticmethod
-    def _kvbench_launch(ctx: RunContext, params: StressParams, method: Implementation,
-                        port: int) -> Launch:
-        """`kvbench serve` with the case's model and method on `port`."""
-        import torch
-
-        name = method_name(method.settings)
-        command = kvbench_serve_command(
-            str(ctx.model), name, json.dumps(method.settings.params(), sort_keys=True,
-                                             default=str),
-            port, ctx.device.type, torch.get_num_threads(), params.kv_budget, ctx.model_dtype,
-            params.prefill_chunk)
-        env = {}
-        root = import_root(type(method.settings))
-        if root is not None:  # a module:Class method: the server imports it from there
-            env["PYTHONPATH"] = path_join(root, os.environ.get("PYTHONPATH", ""))
-        return Launch(command, f"http://127.0.0.1:{port}",
-                      f"kvbench serve {name} on 127.0.0.1:{port}", env)
 
     # ---- the figures -------------------------------------------------------------------------
 
@@ -258,11 +240,15 @@ class StressRun(Stress):
         }
         paired = score_figures(pairs)
         totals.update(paired.pop("metrics"))
+        if params.shared_prefix_tokens:
+            totals.update(prefix_figures(reference.ttft_s))
         metrics.update({name: m[name].of(value) for name, value in totals.items()})
         # the table's order; free text has no score, no long-prompt user no long-prompt TTFT
         absent = set() if params.task_spec is not None else set(TASK_METRICS)
         if not params.long_prompt_tokens:
             absent.add("long_prompt_ttft_s")
+        if not params.shared_prefix_tokens:
+            absent.update(PREFIX_METRICS)
         metrics = {name: metrics[name] for name in METRICS if name not in absent}
         summary = {
             "requests_summary": {"planned": int(totals["requests"]), "sent": sent, "ok": ok,
@@ -280,6 +266,13 @@ class StressRun(Stress):
 
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
+
+
+def prefix_figures(ttft_s: list[float]) -> dict[str, float]:
+    """The prefix metrics from the single-user pass's TTFTs in the order sent (see METRICS)."""
+    cold, warm = ttft_s[0], statistics.median(ttft_s[1:])
+    return {"prefix_cold_ttft_s": cold, "prefix_warm_ttft_s": warm,
+            "prefix_warm_vs_cold": warm / cold}
 
 
 def score_figures(pairs: list[list]) -> dict[str, Any]:
@@ -364,9 +357,14 @@ class _TokenizerOnly:
 def make_prompts(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
                  seed: int) -> list[Prompt]:
     """`params.prompts` windows of `prompt_tokens` tokens of the text, at distinct offsets from
-    `params.offset` on, drawn with `seed`."""
+    `params.offset` on, drawn with `seed`; each after the same window of shared_prefix_tokens,
+    drawn with seed + 1, when set."""
     windows = text_windows(memo, tokenizer, spec, params, params.prompt_tokens, params.prompts,
                            seed)
+    if params.shared_prefix_tokens:
+        shared = text_windows(memo, tokenizer, spec, params, params.shared_prefix_tokens, 1,
+                              seed + 1)[0]
+        windows = [shared + window for window in windows]
     return [Prompt(index, tokenizer.decode(ids), ids) for index, ids in enumerate(windows)]
 
 
@@ -454,14 +452,15 @@ def request_body(params: StressParams, target: ServerTarget, model: str | None,
 @dataclass
 class SingleUser:
     """The single-user reference pass: each prompt's answer, and the pass's output tok/s; per
-    prompt in prompt order, its answer's tokens (end-of-sequence not counted), seconds (e2e)
-    and, for task samples, score (None for free text)."""
+    prompt in prompt order (the order sent), its answer's tokens (end-of-sequence not counted),
+    seconds (e2e), TTFT and, for task samples, score (None for free text)."""
 
     answers: dict[int, Reference]
     output_tok_s: float
     has_logprobs: bool
     generated: list[int]
     answer_s: list[float]
+    ttft_s: list[float]
     scores: list[float] | None = None
 
 
@@ -497,4 +496,5 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any,
                   "generated": generated_tokens(r, eos)})
     return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()),
                       [generated_tokens(r, eos) for r in ordered],
-                      [r.t_end - r.t_sent for r in ordered], scores)
+                      [r.t_end - r.t_sent for r in ordered],
+                      [r.t_first - r.t_sent for r in ordered], scores)

@@ -8,9 +8,9 @@ and its leaderboard's columns.
 Where cases sent task samples (`task`): per method, a table over the levels of the score under
 load with its interval, the score alone, their paired comparison, goodput, SLO attainment and
 the share answered correctly, and a figure of goodput against users; the answers' lengths
-against identity's on the same prompts (kvbench.report.kit.drift). Where a case ran under a KV
-budget: the capacity table (sessions held, throughput and, with task samples, accuracy at the
-same memory).
+against identity's on the same prompts (kvbench.report.kit.drift). Under a KV budget: the
+capacity table (sessions held, throughput and, with task samples, accuracy at the same memory).
+With a shared prefix: its table (kvbench.benchmarks.reports.stress_prefix).
 
 Made from results alone; the figures need matplotlib (without it, one line says so).
 """
@@ -25,6 +25,7 @@ from kvbench.report.kit.benchmark import BenchmarkReport, Board
 from kvbench.report.kit.drift import length_drift_section
 from kvbench.report.kit.figures import PlotPath, figure_text, pyplot, save_png, xy_lines
 from kvbench.report.kit.paired import p_text, signed
+from kvbench.benchmarks.reports.stress_prefix import prefix_section
 from kvbench.report.kit.tables import finite_metric, fmt_bytes, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
@@ -36,7 +37,7 @@ NO_TASK = "none"
 # time): its output lengths pair with identity's across them
 UNPAIRED = ("users", "requests_per_user", "kv_budget", "slo_ttft_s", "slo_tpot_s",
             "request_timeout_s", "level_timeout_s", "tie_margin", "shift_nats",
-            "long_prompt_tokens", "long_prompt_after_s", "prefill_chunk")
+            "long_prompt_tokens", "long_prompt_after_s", "prefill_chunk", "prefix_cache")
 # (metric, column, format): the columns of a method's table after `users`
 COLUMNS = (
     ("output_tok_s", "output tok/s ↑", "{:.1f}"),
@@ -132,9 +133,7 @@ def _common(values: list[Any]) -> Any:
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, dict):
-        return value.get("url", str(value))
-    return str(value)
+    return value.get("url", str(value)) if isinstance(value, dict) else str(value)
 
 
 def stress_section(result: RunResult) -> str | None:
@@ -490,7 +489,7 @@ class StressReport(BenchmarkReport):
 
     def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
         table = stress_table(result)
-        parts = [stress_section(result), stress_figures(result, out_dir)]
+        parts = [stress_section(result), stress_figures(result, out_dir), prefix_section(result)]
         if table is not None:
             parts += [accuracy_section(table), goodput_figure(result, out_dir),
                       capacity_section(table), drift_section(result)]

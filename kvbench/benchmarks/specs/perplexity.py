@@ -1,7 +1,8 @@
 """`perplexity`: the continuation is scored through the method's cache, never around it
 (the protocol: kvbench.benchmarks.measure.perplexity), over one window of the text or several
-drawn with the case's seed (window_offsets); or, with `server`, through another engine's cache
-behind an OpenAI-compatible server, on the same windows."""
+drawn with the case's seed (window_offsets); or, with `server`, through a server's cache on the
+same windows: `kvbench serve` with the method, or another engine's behind an OpenAI-compatible
+server."""
 from __future__ import annotations
 
 import random
@@ -43,22 +44,32 @@ class PerplexityParams(TextWindowParams):
                                      " with the method's, for prefill_s_vs_plain and"
                                      " decode_tok_s_vs_plain (twice the model work)")
     server: str | dict[str, Any] | None = param(
-        None, rule="none, or a mapping as stress's server (not kvbench: kvbench serve does not"
-        " echo a prompt's logprobs); decode_chunk 1 and time_against_plain false with it",
-        meaning="none: the method measured in process, as above. {command: [...], url: ...} (a"
-        " server kvbench starts, as stress does: {port}, {python} and {gguf:NAME} filled, one"
+        None, rule="none, kvbench, or a mapping as stress's server; decode_chunk 1 and"
+        " time_against_plain false with any of them",
+        meaning="none: the method measured in process, as above. kvbench: kvbench starts"
+        " `kvbench serve` with the case's model and method (one server per method setting and"
+        " context, pooled as stress's, its log beside the results, prefilling the context in one"
+        " forward) and each window is one /v1/completions request with the prompt as token ids,"
+        " echo, logprobs 1, max_tokens 1 and prefill_tokens = context: the in-process protocol"
+        " (the context prefilled and compressed, the continuation scored one token at a time"
+        " through the cache), so the figures match the in-process ones: identity's to float"
+        " rounding; a quantized cache's less closely, as the server's decode step is batched"
+        " (step_rows), whose last bits differ and can tip a 4-bit rounding (measured: intq4 on"
+        " the bundled model, 32-token continuations, up to 3% in perplexity, 0.03 nats a token,"
+        " either way), and a method that calibrates or draws random numbers does so in the"
+        " server (on its own calibration text and seed). {command: [...], url: ...} (a server"
+        " kvbench starts, as stress does: {port}, {python} and {gguf:NAME} filled, one"
         " server per command in the run, its log beside the results) or {url: ...} (one someone"
         " else runs): the same windows (the same token ids, at the same offsets) are scored through"
-        " that server instead, the method unused: each window is one /v1/completions request"
-        " with the prompt as token ids, echo, logprobs 1 and max_tokens 1, and each"
-        " continuation token is scored by its echoed logprob. The protocol differs: the server"
-        " evaluates the whole window as a prompt (llama.cpp in batches of n_batch tokens, each"
-        " batch's K and V written to its cache, quantized with --type_k/--type_v, before"
-        " attention reads them back), where kvbench prefills the context in one forward and then"
-        " scores the continuation one token at a time through the cache. ppl_reference stays"
-        " kvbench's plain model on the same tokens; no bytes or timings are reported."
-        " llama-cpp-python's own server takes no token ids and misaligns echoed logprobs: start"
-        " it as `python -m kvbench.serve.llama_cpp`. Loopback hosts only")
+        " that server instead, the method unused: each window is one such request without"
+        " prefill_tokens, and each continuation token is scored by its echoed logprob. The"
+        " protocol differs: the server evaluates the whole window as a prompt (llama.cpp in"
+        " batches of n_batch tokens, each batch's K and V written to its cache, quantized with"
+        " --type_k/--type_v, before attention reads them back), where kvbench prefills the"
+        " context in one forward and then scores the continuation one token at a time through"
+        " the cache. ppl_reference stays kvbench's plain model on the same tokens; no bytes or"
+        " timings are reported. llama-cpp-python's own server takes no token ids and misaligns"
+        " echoed logprobs: start it as `python -m kvbench.serve.llama_cpp`. Loopback hosts only")
 
     def check(self) -> None:
         super().check()
@@ -68,10 +79,6 @@ class PerplexityParams(TextWindowParams):
             target = parse_server(self.server)  # loopback only
         except ValueError as exc:
             raise SettingError("server", str(exc)) from None
-        if target.kind == "kvbench":
-            raise SettingError("server", "server: kvbench serve does not return a prompt's"
-                               " logprobs (echo); leave server out to measure the method in"
-                               " process, or name another server ({command: [...], url: ...})")
         if self.decode_chunk != 1:
             raise SettingError("decode_chunk", "decode_chunk: a server scores the whole window"
                                " in one request; decode_chunk applies in process only (leave"

@@ -131,6 +131,19 @@ class StressParams(Settings):
                                " prompt tokens per prefill forward, the others' decode steps"
                                " between (0: its default, 512). A chunk as long as the prompt"
                                " prefills it in one forward, as before chunked prefill")
+    prefix_cache: int = param(0, range=at_least(0), meaning="`kvbench serve --prefix-cache`:"
+                              " prompt prefixes (whole prefill chunks) the server keeps to start"
+                              " later prompts that begin with them, bit for bit as a full"
+                              " prefill (0: off)")
+    shared_prefix_tokens: int = param(0, range=at_least(0), meaning="0, or free-text prompts"
+                                      " that all begin with the same window of this many tokens"
+                                      " of the text (a shared system prompt), drawn with the"
+                                      " case's seed, before each prompt's own prompt_tokens."
+                                      " The warm-up request sends it after its own tokens (the"
+                                      " same shapes, no prefix in common), so the single-user"
+                                      " pass's first request is the first with it the server"
+                                      " sees (prefix_cold_ttft_s) and its later ones may reuse"
+                                      " it (prefix_warm_ttft_s)")
 
     def check(self) -> None:
         for name in ("text", "essay"):
@@ -149,7 +162,14 @@ class StressParams(Settings):
             target = parse_server(self.server)  # loopback only
         except ValueError as exc:
             raise SettingError("server", str(exc)) from None
-        for name in ("kv_budget", "prefill_chunk"):
+        if self.shared_prefix_tokens and self.task_spec is not None:
+            raise SettingError("shared_prefix_tokens", "shared_prefix_tokens: the shared prefix"
+                               " is free text; a task's samples are framed by the chat template"
+                               " (leave task none)")
+        if self.shared_prefix_tokens and self.prompts < 2:
+            raise SettingError("prompts", "prompts: a shared prefix needs at least 2 prompts,"
+                               " one to see it first and one to reuse it")
+        for name in ("kv_budget", "prefill_chunk", "prefix_cache"):
             if getattr(self, name) and target.kind != "kvbench":
                 raise SettingError(name, f"{name} is passed to kvbench serve: it needs"
                                          " server: kvbench")
@@ -257,6 +277,17 @@ METRICS = {
     "correct_share": MetricSpec(
         "", "higher", "with a task: the share of the level's planned requests answered correctly"
         " (score 100, as goodput_rps; a failed request is not)"),
+    # a shared prefix (`shared_prefix_tokens`); cases without one do not record them
+    "prefix_cold_ttft_s": MetricSpec(
+        "s", "lower", "with shared_prefix_tokens: the TTFT of the single-user pass's first"
+        " request, the first the server sees the shared prefix in", timing="absolute"),
+    "prefix_warm_ttft_s": MetricSpec(
+        "s", "lower", "with shared_prefix_tokens: the median TTFT of the single-user pass's"
+        " later requests, each with the same prefix as the first (reused with prefix_cache)",
+        timing="absolute"),
+    "prefix_warm_vs_cold": MetricSpec(
+        "x", "lower", "prefix_warm_ttft_s / prefix_cold_ttft_s: what the prefix cache saves of"
+        " a request's time to first token (about 1 without it)", timing="ratio"),
     "answer_tokens": MetricSpec(
         "tok", "none", "the mean over the level's successful responses of the tokens generated,"
         " end-of-sequence not counted"),
@@ -268,8 +299,11 @@ METRICS = {
 # What only task samples measure: a free-text case records none of them.
 TASK_METRICS = ("score", "score_ci_low", "score_ci_high", "score_alone", "score_vs_alone",
                 "goodput_rps", "correct_share")
+PREFIX_METRICS = ("prefix_cold_ttft_s", "prefix_warm_ttft_s", "prefix_warm_vs_cold")
 # Figures of one level pass that are medians over repeats (the rest are totals, see METRICS).
-PER_PASS = [name for name, spec in METRICS.items() if spec.timing is not None]
+# (The prefix figures are the single-user pass's, measured once.)
+PER_PASS = [name for name, spec in METRICS.items()
+            if spec.timing is not None and name not in PREFIX_METRICS]
 
 
 @register_benchmark("stress")
@@ -292,8 +326,9 @@ class Stress(Benchmark):
         self.check_text_and_model(params.text, model)
         spec = params.task_spec
         if spec is None:
-            self.check_length(model, "prompt_tokens + max_tokens",
-                              params.prompt_tokens + params.max_tokens, "prompt_tokens",
+            self.check_length(model, "shared_prefix_tokens + prompt_tokens + max_tokens",
+                              params.shared_prefix_tokens + params.prompt_tokens
+                              + params.max_tokens, "shared_prefix_tokens", "prompt_tokens",
                               "max_tokens")
         else:
             if spec.needs_essay:
