@@ -44,10 +44,11 @@ class PrefixStore:
         `prompt` shorter than it (a prompt's last token must be fed for its logits); (0, None)
         when none is stored."""
         for length in range((len(prompt) - 1) // self.chunk * self.chunk, 0, -self.chunk):
+            key = tuple(prompt[:length])
             with self._lock:
-                cache = self._entries.get(tuple(prompt[:length]))
+                cache = self._entries.get(key)
                 if cache is not None:
-                    self._entries.move_to_end(tuple(prompt[:length]))
+                    self._entries.move_to_end(key)
             if cache is not None:
                 self.hits += 1
                 self.reused_tokens += length
