@@ -15,15 +15,16 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from kvbench.kernels import interpreting  # noqa: E402
-from kvbench.kernels.formats import KVSegment  # noqa: E402
+from kvbench.kernels.formats import KVSegment, token_axis  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from kvbench.methods.core.contracts import Packed  # noqa: E402
 from tests.plugins.tensors import (  # noqa: E402
-    ATTENTION_TOLERANCE, decode_attention_inputs, exact_attention,
+    ATTENTION_TOLERANCE, cache_read_inputs, decode_attention_inputs, exact_attention,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -280,6 +281,122 @@ def test_fused_attention_matches_attention_over_the_decoded_cache(name, params, 
             assert error < ATTENTION_TOLERANCE[dtype], (splits, b is None, error)
 
 
+def _feature_cases():
+    """(dtype, shape) of the softcap, sinks and window cases: float32 at every shape, bfloat16
+    at the small one (the interpreter's pace, as _attention_cases)."""
+    for label, shape in ATTENTION_SHAPES.items():
+        for dtype in (torch.float32, torch.bfloat16)[: 1 if shape[3] > 100 else 2]:
+            yield pytest.param(dtype, shape, id=f"{label}-{dtype}")
+
+
+@pytest.mark.parametrize("name,params", ATTENTION_METHODS,
+                         ids=[f"{n}-{p}" for n, p in ATTENTION_METHODS])
+@pytest.mark.parametrize("dtype,shape", list(_feature_cases()))
+def test_fused_attention_softcap_sinks_and_window(name, params, dtype, shape):
+    """Softcap, sinks and a sliding window, alone and together, with and without a bias, over
+    the cache as it is read at a step (packed block, raw tail, the step's token): the windows
+    lie in the tail (the block not read), start inside the block (within one split or over
+    several) or cover everything."""
+    codec = fmt = reference = None
+    if name is not None:
+        codec = _method(name, {**params, "impl": "triton"}).codec()
+        fmt = codec.kernel_for(DEVICE, shape[-1])
+        reference = _method(name, {**params, "impl": "torch"}).codec()
+    query, segments, all_k, all_v, bias = cache_read_inputs(shape, dtype, codec, fmt,
+                                                            reference, DEVICE)
+    total, scaling = all_k.shape[2], 0.7 * shape[-1] ** -0.5
+    sinks = (2 * _draw(shape[1], seed=shape[3]) + 1).to(dtype)
+    in_block = shape[3] // 2 + 4  # half the block, the tail and the step
+    cases = [dict(softcap=1.5, splits=1), dict(sinks=sinks, splits=2),
+             dict(window=in_block, splits=5), dict(window=9, splits=1),
+             dict(window=2, splits=2), dict(window=total + 7, softcap=1.5, bias=bias, splits=5),
+             dict(window=in_block, softcap=1.5, sinks=sinks, bias=bias, splits=2),
+             dict(window=9, softcap=1.5, sinks=sinks, bias=bias, splits=5)]
+    for case in cases:
+        out = attention.decode_attention(query, segments, scaling=scaling, **case)
+        assert out.shape == query.shape and out.dtype == dtype
+        exact = exact_attention(query, all_k, all_v, case.get("bias"), scaling,
+                                case.get("softcap"), case.get("sinks"), case.get("window"))
+        error = float((out.double() - exact).norm() / exact.norm())
+        assert error < ATTENTION_TOLERANCE[dtype], ({k: v for k, v in case.items()
+                                                      if k not in ("bias", "sinks")}, error)
+
+
+@triton.jit
+def _tanh_kernel(x_ptr, out_ptr, n, N: tl.constexpr):
+    at = tl.arange(0, N)
+    tl.store(out_ptr + at, attention._tanh(tl.load(x_ptr + at, mask=at < n)), mask=at < n)
+
+
+def test_the_softcap_tanh_is_within_a_few_ulp():
+    x = torch.cat([torch.linspace(-12, 12, 4001), torch.logspace(-8, 0, 95)])
+    x = torch.cat([x, -x, torch.tensor([0.0, 0.3, -0.3])]).to(DEVICE)
+    out = torch.empty_like(x)
+    _tanh_kernel[(1,)](x, out, x.numel(), N=1 << (x.numel() - 1).bit_length())
+    exact = torch.tanh(x.double())
+    ulp = torch.finfo(torch.float32).eps * exact.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    assert float(((out.double() - exact).abs() / ulp).max()) <= 4
+
+
+def test_fused_attention_refuses_bad_sinks_and_windows():
+    query, keys = _draw(1, 6, 64, seed=1), _draw(1, 3, 10, 64, seed=2)
+    with pytest.raises(ValueError, match=r"sinks must be \(q_heads,\) = \(6,\), got \(3,\)"):
+        attention.decode_attention(query, [KVSegment(keys, keys)], sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="window must be at least 1, got 0"):
+        attention.decode_attention(query, [KVSegment(keys, keys)], window=0)
+
+
+@pytest.mark.parametrize("name,params", ATTENTION_METHODS,
+                         ids=[f"{n}-{p}" for n, p in ATTENTION_METHODS])
+def test_fused_attention_reads_views_of_bigger_buffers_in_place(name, params, monkeypatch):
+    """A cache keeps its packed blocks in preallocated rooms and hands views of their first
+    tokens (not contiguous with batch x heads > 1): the kernel gets the views' own memory (no
+    copy) and the output is bit for bit that of the same tokens contiguous."""
+    shape = (2, 6, 3, 33, 64)
+    codec = fmt = None
+    if name is not None:
+        codec = _method(name, {**params, "impl": "triton"}).codec()
+        fmt = codec.kernel_for(DEVICE, shape[-1])
+    query, segments, _, _, bias = cache_read_inputs(shape, torch.float32, codec, fmt,
+                                                    device=DEVICE)
+
+    def in_room(t, axis):  # t as the first tokens of a buffer with room for 20 more
+        size = list(t.shape)
+        size[axis] += 20
+        room = torch.full(size, 255 if t.dtype == torch.uint8 else float("nan"),
+                          dtype=t.dtype, device=t.device)
+        view = room.narrow(axis, 0, t.shape[axis])
+        view.copy_(t)
+        assert not view.is_contiguous()
+        return view
+
+    def side_in_room(side, side_fmt):
+        if side_fmt is None:
+            return in_room(side, -2)
+        return {key: in_room(t, token_axis(side_fmt, key)) for key, t in side.items()}
+
+    views = [KVSegment(side_in_room(s.keys, s.key_format), side_in_room(s.values, s.value_format),
+                       s.key_format, s.value_format) for s in segments[:2]] + segments[2:]
+    pointers = []
+    split = attention._SPLIT
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                pointers.extend(a.data_ptr() for a in args if isinstance(a, torch.Tensor))
+                return split[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(attention, "_SPLIT", Spy())
+    for case in (dict(splits=2), dict(bias=bias, window=40, softcap=2.0, splits=5)):
+        got = attention.decode_attention(query, views, **case)
+        assert torch.equal(got, attention.decode_attention(query, segments, **case)), case
+    for segment in views[:2]:
+        for side in (segment.keys, segment.values):
+            for t in (side.values() if isinstance(side, dict) else [side]):
+                assert t.data_ptr() in pointers
+
+
 def test_fused_attention_merges_many_splits():
     """More splits than the combine merges at once (attention.COMBINE_CHUNK)."""
     query = _draw(1, 2, 64, seed=7)
@@ -371,15 +488,16 @@ def _compile_for_hopper(*flags: str) -> str:
 
 def test_every_kernel_compiles_for_a_gpu():
     """Four attention layouts (plain, intq, lloydmax, turbo3) in the first tile configuration,
-    each configuration in turbo3's, bfloat16; float32 in the first."""
+    each configuration in turbo3's, bfloat16; float32 in the first; and turbo3 with softcap,
+    sinks and a window in each dtype."""
     tiles = len(attention._tuned().configs)
-    assert _compile_for_hopper().count("_split") == (4 + tiles - 1) + 4
+    assert _compile_for_hopper().count("_split") == (4 + tiles - 1) + 4 + 2
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_a_gpu_in_every_tile_configuration():
     tiles = len(attention._tuned().configs)
-    assert _compile_for_hopper("--every-tile").count("_split") == 4 * tiles + 4
+    assert _compile_for_hopper("--every-tile").count("_split") == 4 * tiles + 4 + 2
 
 
 def test_the_interpreter_runs_here_or_the_gpu_does():

@@ -5,7 +5,8 @@ kernels' host code on CPU tensors with each launch replaced by triton.compile fo
 and cubin by the ptxas that triton ships), and prints one line per compiled kernel: the GPU
 compiler accepts what the interpreter ran. Must run without TRITON_INTERPRET (the kernels compile
 only then). Attention compiles each layout in the first tile configuration and each
-configuration in the last layout; --every-tile: each configuration in each layout.
+configuration in the last layout; --every-tile: each configuration in each layout; and the
+last layout with softcap, sinks and a window, in each dtype.
 """
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def _launch_everything(every_tile: bool) -> None:
             layouts = segments if every_tile or config is configs[0] else segments[-1:]
             attention.decode_attention(query, layouts, splits=2,
                                        bias=torch.zeros(1, 2, 40 * len(layouts)))
+        # the softcap's and the sinks' branches (and a window), in the last layout
+        attention._TILE = {**configs[0].kwargs, "num_warps": configs[0].num_warps,
+                           "num_stages": configs[0].num_stages}
+        attention.decode_attention(query, segments[-1:], splits=2, softcap=30.0,
+                                   sinks=torch.zeros(8), window=30)
 
 
 def main(arches: list[int], every_tile: bool = False) -> int:

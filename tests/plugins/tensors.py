@@ -27,16 +27,29 @@ def round_trip(method, x: torch.Tensor) -> torch.Tensor:
     return codec.decode(codec.encode(x))
 
 
-def exact_attention(query, keys, values, bias, scaling) -> torch.Tensor:
+def exact_attention(query, keys, values, bias, scaling, softcap=None, sinks=None,
+                    window=None) -> torch.Tensor:
     """softmax(query K^T * scaling + bias) V in float64: query (batch, q_heads, dim), keys and
-    values (batch, kv_heads, tokens, dim), GQA by head groups, bias (batch, kv_heads, tokens)."""
+    values (batch, kv_heads, tokens, dim), GQA by head groups, bias (batch, kv_heads, tokens).
+    As kvbench.models.attention.biased_attention: softcap, the logits become softcap *
+    tanh(logits / softcap) before the bias; sinks (q_heads,), one more logit per query head
+    with no value. window: only the newest `window` keys are attended."""
     groups = query.shape[1] // keys.shape[1]
     k = keys.double().repeat_interleave(groups, 1)
     v = values.double().repeat_interleave(groups, 1)
     logits = torch.einsum("bhd,bhtd->bht", query.double(), k) * scaling
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     if bias is not None:
         logits = logits + bias.double().repeat_interleave(groups, 1)
-    return torch.einsum("bht,bhtd->bhd", torch.softmax(logits, -1), v)
+    if window is not None:
+        logits[..., : max(0, logits.shape[-1] - window)] = -float("inf")
+    if sinks is not None:
+        sink = sinks.double().reshape(1, -1, 1).expand(*logits.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+    else:
+        weights = torch.softmax(logits, -1)
+    return torch.einsum("bht,bhtd->bhd", weights, v)
 
 
 # Relative error bounds of a fused decode attention against exact_attention over the decoded K/V.
@@ -78,3 +91,20 @@ def decode_attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, codec=No
     bias[..., -1] = 0.0
     return (query, segments, torch.cat([decoded[0], tail[0]], 2),
             torch.cat([decoded[1], tail[1]], 2), bias)
+
+
+def cache_read_inputs(shape: tuple[int, ...], dtype: torch.dtype, codec=None, fmt=None,
+                      reference=None, device: str | torch.device = "cpu"):
+    """decode_attention_inputs' segments as a cache hands them at a decode step: its packed
+    block and raw tail, then the step's own token as a one-token raw segment (the bias shows
+    it). Returns (query, segments, keys, values, bias)."""
+    from kvbench.kernels.formats import KVSegment
+
+    query, segments, keys, values, bias = decode_attention_inputs(shape, dtype, codec, fmt,
+                                                                  reference, device)
+    batch, _, kv_heads, tokens, dim = shape
+    step = [randn(batch, kv_heads, 1, dim, seed=tokens * 31 + dim + i, dtype=dtype).to(device)
+            for i in (6, 7)]
+    bias = torch.cat([bias, bias.new_zeros(batch, kv_heads, 1)], 2)
+    return (query, [*segments, KVSegment(*step)], torch.cat([keys, step[0]], 2),
+            torch.cat([values, step[1]], 2), bias)

@@ -11,6 +11,12 @@ turned back (R^T) once per split. An additive key bias (-inf hides a key) is add
 scores. Numerically it matches softmax(q K^T * scaling + bias) V on the decoded K/V within the
 rounding of the dtype (tested against that, on the torch reference's decoded K/V).
 
+What the models' own attention adds to that (kvbench.models.attention.biased_attention): a
+softcap (Gemma 2) in the splits, learned sinks (gpt-oss) once in the merge (a logit with no
+value), and a sliding window, which launches splits only over its tokens, so a windowed read
+costs only the window's bytes. Packed tensors are read through their batch, head and token
+strides: a cache's view of the first tokens of a bigger buffer is read in place, not copied.
+
 Tried on an H200 (2026-11-28) and slower, so not taken: reading packed tiles as eight planes
 of dims 8g + s with batched dots (no reshape of a tile; 2x slower), and more than 4 split
 programs per multiprocessor (ci/attention_sweep.py: 8 and 16 ran 5-45% slower).
@@ -22,7 +28,9 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels import interpreting
-from kvbench.kernels.formats import IntQFormat, KernelFormat, KVSegment, check_decode_shapes
+from kvbench.kernels.formats import (
+    IntQFormat, KernelFormat, KVSegment, check_decode_shapes, token_axis,
+)
 from kvbench.kernels.triton.common import (
     LAUNCH, cast, fwht_rows, log2, next_power_of_two, unpack_groups,
 )
@@ -54,37 +62,36 @@ def _lookup(tab, codes, BITS: tl.constexpr, SELECT: tl.constexpr):
 
 
 @triton.jit
-def _tile(kind: tl.constexpr, p0, p1, p2, tab, bh, n_tokens, tokens, stride_b, stride_h,
-          stride_t, kv_heads, scale, D: tl.constexpr, D_P2: tl.constexpr, BITS: tl.constexpr,
-          GROUP: tl.constexpr, N_BYTES: tl.constexpr, N_GROUPS: tl.constexpr,
-          BYTES_P2: tl.constexpr, SELECT: tl.constexpr, FOLD: tl.constexpr):
-    """(BLOCK_N, D_P2) float32 keys or values of `tokens` (int64) of sequence-head bh: raw,
-    decoded (intq, lloydmax) or rotated-domain c * norm (turbo); zero where masked. Packed rows
-    are read as whole bytes along each token's row and unpacked in registers. FOLD (codebook
-    layouts with one norm per token): the centroids alone, _token_scale's factor left to the
-    caller to apply once per token."""
+def _tile(kind: tl.constexpr, p0, p1, p2, tab, n_tokens, tokens, t0, t1, t2, scale,
+          D: tl.constexpr, D_P2: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+          N_BYTES: tl.constexpr, N_GROUPS: tl.constexpr, BYTES_P2: tl.constexpr,
+          SELECT: tl.constexpr, FOLD: tl.constexpr):
+    """(BLOCK_N, D_P2) float32 keys or values of `tokens` (int64) of one sequence-head, whose
+    tensors p0 p1 p2 start at its rows, t0 t1 t2 apart per token: raw, decoded (intq, lloydmax)
+    or rotated-domain c * norm (turbo); zero where masked. Packed rows are read as whole bytes
+    along each token's row and unpacked in registers. FOLD (codebook layouts with one norm per
+    token): the centroids alone, _token_scale's factor left to the caller to apply once per
+    token."""
     cols = tl.arange(0, D_P2)
     token_ok = tokens < n_tokens
     ok = token_ok[:, None] & (cols < D)[None, :]
-    if kind == 0:  # RAW: p0 (B, H, T, D) with strides
-        b = bh // kv_heads
-        h = bh % kv_heads
-        at = b * stride_b + h * stride_h + tokens[:, None] * stride_t + cols[None, :]
-        return tl.load(p0 + at, mask=ok, other=0.0).to(tl.float32)
-    row = bh * n_tokens + tokens  # the token's row in (B*H*T, ...) arrays
+    if kind == 0:  # RAW: p0 (T, D)
+        return tl.load(p0 + tokens[:, None] * t0 + cols[None, :], mask=ok,
+                       other=0.0).to(tl.float32)
     if kind == 1:  # INTQ along tokens: codes p0 (whole codes per byte), scale p1, min p2
         per: tl.constexpr = 8 // BITS
         byte_col = tl.arange(0, D_P2 // per)
-        byte = tl.load(p0 + row[:, None] * N_BYTES + byte_col[None, :],
+        byte = tl.load(p0 + tokens[:, None] * t0 + byte_col[None, :],
                        mask=token_ok[:, None] & (byte_col < N_BYTES)[None, :], other=0)
         shift = (tl.arange(0, per) * BITS).to(tl.int32)
         code = (byte.to(tl.int32)[:, :, None] >> shift[None, None, :]) & ((1 << BITS) - 1)
         width: tl.constexpr = GROUP if GROUP < D_P2 else D_P2  # values per scale in the tile
         group = tl.arange(0, D_P2 // width)
-        at = row[:, None] * N_GROUPS + group[None, :]
         group_ok = token_ok[:, None] & (group < N_GROUPS)[None, :]
-        s = tl.load(p1 + at, mask=group_ok, other=0.0).to(tl.float32)
-        z = tl.load(p2 + at, mask=group_ok, other=0.0).to(tl.float32)
+        s = tl.load(p1 + tokens[:, None] * t1 + group[None, :], mask=group_ok,
+                    other=0.0).to(tl.float32)
+        z = tl.load(p2 + tokens[:, None] * t2 + group[None, :], mask=group_ok,
+                    other=0.0).to(tl.float32)
         q = tl.reshape(code, (code.shape[0], D_P2 // width, width)).to(tl.float32)
         x = tl.reshape(q * s[:, :, None] + z[:, :, None], (code.shape[0], D_P2))
         return tl.where(ok, x, 0.0)
@@ -94,8 +101,8 @@ def _tile(kind: tl.constexpr, p0, p1, p2, tab, bh, n_tokens, tokens, stride_b, s
     block = eights * 8 // GROUP
     first_byte = (eights * 8 % GROUP) // 8 * BITS
     k = tl.arange(0, BYTES_P2)
-    at = (row[:, None, None] * N_GROUPS + block[None, :, None]) * N_BYTES + \
-        first_byte[None, :, None] + k[None, None, :]
+    at = tokens[:, None, None] * t0 + (block * N_BYTES + first_byte)[None, :, None] + \
+        k[None, None, :]
     byte_ok = (k[None, :] < BITS) & (first_byte[:, None] + k[None, :] < N_BYTES) & \
         (eights * 8 < D)[:, None]
     packed = tl.load(p0 + at, mask=token_ok[:, None, None] & byte_ok[None, :, :], other=0)
@@ -104,7 +111,7 @@ def _tile(kind: tl.constexpr, p0, p1, p2, tab, bh, n_tokens, tokens, stride_b, s
         return tl.where(ok, c, 0.0)
     blocks: tl.constexpr = D_P2 // GROUP if GROUP < D_P2 else 1
     block_ids = tl.arange(0, blocks)
-    norm = tl.load(p1 + row[:, None] * N_GROUPS + block_ids[None, :],
+    norm = tl.load(p1 + tokens[:, None] * t1 + block_ids[None, :],
                    mask=token_ok[:, None] & (block_ids < N_GROUPS)[None, :], other=0.0)
     if kind == 2:  # LLOYDMAX: as LloydMaxCodec decodes
         c = tl.math.div_rn(c, scale)
@@ -113,13 +120,26 @@ def _tile(kind: tl.constexpr, p0, p1, p2, tab, bh, n_tokens, tokens, stride_b, s
 
 
 @triton.jit
-def _token_scale(kind: tl.constexpr, norm_ptr, bh, n_tokens, tokens, scale):
+def _token_scale(kind: tl.constexpr, norm_ptr, n_tokens, tokens, stride, scale):
     """Per token, what FOLD left out of its centroids: norm / scale (lloydmax) or norm (turbo);
     applied to a score or a softmax weight instead of to every value."""
-    norm = tl.load(norm_ptr + bh * n_tokens + tokens, mask=tokens < n_tokens, other=0.0)
+    norm = tl.load(norm_ptr + tokens * stride, mask=tokens < n_tokens, other=0.0)
     if kind == 2:
         return tl.math.div_rn(norm.to(tl.float32), scale)
     return norm.to(tl.float32)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh to a few ulp (the interpreter has no libdevice): (1 - e) / (1 + e), e = exp(-2|x|),
+    and where that cancels (|x| < 0.3) its Taylor series to x^11."""
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
+    x2 = a * a
+    series = a + a * x2 * (-0.33333334 + x2 * (0.13333334 + x2 * (-0.053968254 + x2 * (
+        0.021869488 + x2 * -0.008863236))))
+    t = tl.where(a < 0.3, series, (1.0 - e) / (1.0 + e))
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -147,11 +167,13 @@ def _operand(x, ROUND_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, bias_ptr,
-           m_ptr, l_ptr, acc_ptr, n_tokens, tokens_per_split, first_split, n_splits_total,
-           bias_offset, bias_len, kv_heads, q_heads, sm_scale, k_scale, v_scale,
-           k_sb, k_sh, k_st, v_sb, v_sh, v_st,
+           m_ptr, l_ptr, acc_ptr, n_tokens, first_token, tokens_per_split, first_split,
+           n_splits_total, bias_offset, bias_len, kv_heads, q_heads, sm_scale, softcap,
+           k_scale, v_scale, k0b, k0h, k0t, k1b, k1h, k1t, k2b, k2h, k2t,
+           v0b, v0h, v0t, v1b, v1h, v1t, v2b, v2h, v2t,
            D: tl.constexpr, D_P2: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
            BLOCK_N: tl.constexpr, SELECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+           SOFTCAP: tl.constexpr,
            K_KIND: tl.constexpr, K_BITS: tl.constexpr, K_GROUP: tl.constexpr,
            K_BYTES: tl.constexpr, K_GROUPS: tl.constexpr, K_LOG2: tl.constexpr,
            K_BYTES_P2: tl.constexpr, K_FOLD: tl.constexpr,
@@ -167,6 +189,13 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
     col_ok = cols < D
     heads = tl.arange(0, GP)
     head_ok = heads < GROUP
+    # each tensor at this sequence-head's rows (strides: batch b, head h, token t)
+    k0 += b * k0b + h * k0h
+    k1 += b * k1b + h * k1h
+    k2 += b * k2b + h * k2h
+    v0 += b * v0b + h * v0h
+    v1 += b * v1b + h * v1h
+    v2 += b * v2b + h * v2h
     q_rows = b * q_heads + h * GROUP + heads
     q = tl.load(q_ptr + q_rows[:, None] * D + cols[None, :],
                 mask=head_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
@@ -176,18 +205,19 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
     m = tl.full((GP,), _SENTINEL, dtype=tl.float32)
     l = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, D_P2), dtype=tl.float32)
-    start = split * tokens_per_split
+    start = first_token + split * tokens_per_split
     stop = tl.minimum(start + tokens_per_split, n_tokens)
     for first in range(start, stop, BLOCK_N):
         tokens = first + tl.arange(0, BLOCK_N).to(tl.int64)
-        k = _tile(K_KIND, k0, k1, k2, k_tab, bh, n_tokens, tokens, k_sb, k_sh, k_st, kv_heads,
-                  k_scale, D, D_P2, K_BITS, K_GROUP, K_BYTES, K_GROUPS, K_BYTES_P2, SELECT,
-                  K_FOLD)
+        k = _tile(K_KIND, k0, k1, k2, k_tab, n_tokens, tokens, k0t, k1t, k2t, k_scale, D, D_P2,
+                  K_BITS, K_GROUP, K_BYTES, K_GROUPS, K_BYTES_P2, SELECT, K_FOLD)
         k = _operand(k, ROUND_DTYPE, DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if K_FOLD:
-            scores = scores * _token_scale(K_KIND, k1, bh, n_tokens, tokens, k_scale)[None, :]
+            scores = scores * _token_scale(K_KIND, k1, n_tokens, tokens, k1t, k_scale)[None, :]
         scores = scores * sm_scale
+        if SOFTCAP:
+            scores = softcap * _tanh(scores / softcap)
         if HAS_BIAS:
             bias = tl.load(bias_ptr + bh * bias_len + bias_offset + tokens,
                            mask=tokens < stop, other=0.0)
@@ -197,12 +227,11 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = _tile(V_KIND, v0, v1, v2, v_tab, bh, n_tokens, tokens, v_sb, v_sh, v_st, kv_heads,
-                  v_scale, D, D_P2, V_BITS, V_GROUP, V_BYTES, V_GROUPS, V_BYTES_P2, SELECT,
-                  V_FOLD)
+        v = _tile(V_KIND, v0, v1, v2, v_tab, n_tokens, tokens, v0t, v1t, v2t, v_scale, D, D_P2,
+                  V_BITS, V_GROUP, V_BYTES, V_GROUPS, V_BYTES_P2, SELECT, V_FOLD)
         weights = p
         if V_FOLD:
-            weights = p * _token_scale(V_KIND, v1, bh, n_tokens, tokens, v_scale)[None, :]
+            weights = p * _token_scale(V_KIND, v1, n_tokens, tokens, v1t, v_scale)[None, :]
         acc = acc * alpha[:, None] + tl.dot(_operand(weights, ROUND_DTYPE, DOT_DTYPE),
                                             _operand(v, ROUND_DTYPE, DOT_DTYPE),
                                             input_precision=PRECISION)
@@ -216,9 +245,11 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
 
 
 @triton.jit
-def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, kv_heads, q_heads, D: tl.constexpr,
-             D_P2: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, CHUNK: tl.constexpr):
-    """One query head: the splits' partial softmaxes merged, CHUNK splits at a time."""
+def _combine(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, n_splits, kv_heads, q_heads,
+             D: tl.constexpr, D_P2: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+             CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """One query head: the splits' partial softmaxes merged, CHUNK splits at a time, and its
+    sink's logit (HAS_SINKS) in the denominator."""
     program = tl.program_id(0).to(tl.int64)
     bh = program // GROUP
     head = program % GROUP
@@ -240,8 +271,15 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, kv_heads, q_heads, D: tl.
         total = total * shrink + tl.sum(weight * l, axis=0)
         out = out * shrink[:, None] + tl.sum(weight[:, None] * acc, axis=0)[None, :]
         top = new_top
+    q_head = (bh % kv_heads) * GROUP + head
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + q_head)
+        new_top = tl.maximum(top, sink)
+        shrink = tl.exp(top - new_top)
+        total = total * shrink + tl.exp(sink - new_top)
+        out = out * shrink[:, None]
     out = out / total[:, None]
-    row = (bh // kv_heads) * q_heads + (bh % kv_heads) * GROUP + head
+    row = (bh // kv_heads) * q_heads + q_head
     tl.store(out_ptr + row * D + cols[None, :], cast(out, out_ptr.dtype.element_ty),
              mask=(cols < D)[None, :])
 
@@ -251,7 +289,7 @@ def _tuned():
     configs = [triton.Config({"BLOCK_N": n, "SELECT": select}, num_warps=w, num_stages=st)
                for n, w, st in TILE_CONFIGS for select in (False, True)]
     key = ["D", "GROUP", "K_KIND", "K_BITS", "K_GROUP", "V_KIND", "V_BITS", "V_GROUP",
-           "DOT_DTYPE", "HAS_BIAS"]  # not the token count: splits keep tiles alike
+           "DOT_DTYPE", "HAS_BIAS", "SOFTCAP"]  # not the token count: splits keep tiles alike
     return triton.autotune(configs=configs, key=key)(_split)
 
 
@@ -268,29 +306,42 @@ def chosen_tile() -> str | None:
 _DOT_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
-def _side(side, fmt: KernelFormat | None, dim: int) -> tuple[list, dict, float]:
-    """(pointer args k0 k1 k2 tab d1 d2 and strides sb sh st, constexprs, scale) of one side."""
+def _rows(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, list[int]]:
+    """t and its (batch, head, token) strides, `axis` its token axis: read in place (a view of a
+    bigger buffer included) where the dims after the token axis are dense, else copied."""
+    dense = 1
+    for size, stride in zip(reversed(t.shape[axis + 1:]), reversed(t.stride()[axis + 1:])):
+        if size > 1 and stride != dense:
+            t = t.contiguous()
+            break
+        dense *= size
+    return t, [t.stride(0), t.stride(1), t.stride(axis)]
+
+
+def _side(side, fmt: KernelFormat | None, dim: int) -> tuple[list, list, dict, float]:
+    """(pointer args p0 p1 p2 tab d1 d2, strides of p0 p1 p2 (batch, head, token), constexprs,
+    scale) of one side."""
     if fmt is None:
-        if side.stride(-1) != 1:
-            side = side.contiguous()
-        strides = [side.stride(0), side.stride(1), side.stride(2)]
-        return ([side, side, side, side, side, side, *strides],
+        side, strides = _rows(side, -2)
+        return ([side] * 6, strides + [0] * 6,
                 {"KIND": RAW, "BITS": 1, "GROUP": 1, "BYTES": 1, "GROUPS": 1, "LOG2": 0,
                  "BYTES_P2": 1, "FOLD": False}, 1.0)
     reason = fmt.attention_unsupported()
     if reason:
         raise ValueError(f"the fused attention cannot read {fmt}: {reason}")
-    codes = side["codes"].contiguous()
+    codes, code_strides = _rows(side["codes"], token_axis(fmt, "codes"))
     if isinstance(fmt, IntQFormat):
-        tensors = [codes, side["scale"].contiguous(), side["min"].contiguous()]
-        return ([*tensors, codes, codes, codes, 0, 0, 0],
+        scale, scale_strides = _rows(side["scale"], -2)
+        low, low_strides = _rows(side["min"], -2)
+        return ([codes, scale, low, codes, codes, codes],
+                code_strides + scale_strides + low_strides,
                 {"KIND": INTQ, "BITS": fmt.bits, "GROUP": fmt.group_size,
-                 "BYTES": codes.shape[-1], "GROUPS": side["scale"].shape[-1], "LOG2": 0,
+                 "BYTES": codes.shape[-1], "GROUPS": scale.shape[-1], "LOG2": 0,
                  "BYTES_P2": 1, "FOLD": False}, 1.0)
     centroids, _, d1, d2 = fmt.tables(codes.device)
-    norm = side[fmt.norm_name].contiguous()
+    norm, norm_strides = _rows(side[fmt.norm_name], -2)
     kind = TURBO if fmt.kind == "turbo" else LLOYDMAX
-    return ([codes, norm, norm, centroids, d1, d2, 0, 0, 0],
+    return ([codes, norm, norm, centroids, d1, d2], code_strides + norm_strides + [0] * 3,
             {"KIND": kind, "BITS": fmt.bits, "GROUP": fmt.block, "BYTES": codes.shape[-1],
              "GROUPS": dim // fmt.block, "LOG2": log2(fmt.block),
              "BYTES_P2": next_power_of_two(fmt.bits), "FOLD": fmt.block == dim}, fmt.scale32)
@@ -307,14 +358,19 @@ def _default_splits(programs: int, tokens: int, device: torch.device) -> int:
 
 def decode_attention(query: torch.Tensor, segments: list[KVSegment],
                      bias: torch.Tensor | None = None, scaling: float | None = None,
-                     splits: int | None = None) -> torch.Tensor:
+                     splits: int | None = None, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None,
+                     window: int | None = None) -> torch.Tensor:
     """softmax(query K^T * scaling + bias) V over the segments' tokens, in order, for one query
     token per sequence.
 
     query (batch, q_heads, head_dim) or (batch, q_heads, 1, head_dim); every segment holds
     (batch, kv_heads, tokens, head_dim) keys and values, q_heads a multiple of kv_heads (GQA);
     bias None or (batch, kv_heads, all tokens). splits: per segment (default: enough programs
-    to fill the device). Returns query's shape and dtype.
+    to fill the device). softcap: the logits q k^T * scaling become softcap * tanh(logits /
+    softcap) before the bias. sinks (q_heads,): one more logit per query head in the softmax,
+    with no value. window: only the newest `window` tokens are attended. Returns query's shape
+    and dtype.
     """
     shape = query.shape
     q = query.reshape(shape[0], shape[1], shape[-1]).contiguous()
@@ -323,6 +379,13 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     group = q_heads // kv_heads
     if bias is not None:
         bias = bias.float().contiguous()
+    if sinks is not None:
+        if tuple(sinks.shape) != (q_heads,):
+            raise ValueError(f"sinks must be (q_heads,) = ({q_heads},), got {tuple(sinks.shape)}")
+        sinks = sinks.float().contiguous()
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    first = 0 if window is None else max(0, total - window)  # the first token attended
     scaling = dim ** -0.5 if scaling is None else scaling
     round_dtype = _DOT_DTYPES[q.dtype]
     # the interpreter's tl.dot cannot take bfloat16 (_operand); float32 dots stay float32
@@ -330,35 +393,36 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     precision = "ieee" if dot_dtype == tl.float32 else "tf32"
     d_p2, gp = max(16, next_power_of_two(dim)), max(16, next_power_of_two(group))
     programs = batch * kv_heads
-    plans = []
+    plans, offset = [], 0
     for segment in map(KVSegment.trimmed, segments):
         n = segment.tokens
-        count = splits or _default_splits(programs, n, q.device)
-        per_split = SPLIT_UNIT * triton.cdiv(triton.cdiv(n, count), SPLIT_UNIT)
-        plans.append((segment, n, per_split, triton.cdiv(n, per_split) if n else 0))
-    n_splits = sum(p[3] for p in plans)
+        start = min(n, max(0, first - offset))  # splits only over the window's tokens
+        count = splits or _default_splits(programs, n - start, q.device)
+        per_split = SPLIT_UNIT * max(1, triton.cdiv(triton.cdiv(n - start, count), SPLIT_UNIT))
+        plans.append((segment, n, start, offset, per_split, triton.cdiv(n - start, per_split)))
+        offset += n
+    n_splits = sum(p[-1] for p in plans)
     m = torch.empty(programs, n_splits, gp, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(programs, n_splits, gp, d_p2, dtype=torch.float32, device=q.device)
-    first_split, offset = 0, 0
-    for segment, n, per_split, count in plans:
+    first_split = 0
+    for segment, n, start, offset, per_split, count in plans:
         if count:
-            k_args, k_const, k_scale = _side(segment.keys, segment.key_format, dim)
-            v_args, v_const, v_scale = _side(segment.values, segment.value_format, dim)
+            k_args, k_strides, k_const, k_scale = _side(segment.keys, segment.key_format, dim)
+            v_args, v_strides, v_const, v_scale = _side(segment.values, segment.value_format,
+                                                        dim)
             _SPLIT[(programs, count)](
-                q, *k_args[:6], *v_args[:6], bias if bias is not None else q, m, l, acc, n,
+                q, *k_args, *v_args, bias if bias is not None else q, m, l, acc, n, start,
                 per_split, first_split, n_splits, offset, total, kv_heads, q_heads, scaling,
-                k_scale, v_scale, *k_args[6:], *v_args[6:], D=dim, D_P2=d_p2, GROUP=group,
-                GP=gp, HAS_BIAS=bias is not None,
-                **{f"K_{k}": v for k, v in k_const.items()},
+                float(softcap or 1.0), k_scale, v_scale, *k_strides, *v_strides, D=dim,
+                D_P2=d_p2, GROUP=group, GP=gp, HAS_BIAS=bias is not None,
+                SOFTCAP=bool(softcap), **{f"K_{k}": v for k, v in k_const.items()},
                 **{f"V_{k}": v for k, v in v_const.items()},
                 ROUND_DTYPE=round_dtype, DOT_DTYPE=dot_dtype, PRECISION=precision,
                 **_TILE, **LAUNCH)
         first_split += count
-        offset += n
     out = torch.empty_like(q)
-    _combine[(programs * group,)](m, l, acc, out, n_splits, kv_heads, q_heads, D=dim,
-                                  D_P2=d_p2, GROUP=group, GP=gp, CHUNK=COMBINE_CHUNK,
-                                  **LAUNCH)
+    _combine[(programs * group,)](m, l, acc, sinks if sinks is not None else m, out, n_splits,
+                                  kv_heads, q_heads, D=dim, D_P2=d_p2, GROUP=group, GP=gp,
+                                  CHUNK=COMBINE_CHUNK, HAS_SINKS=sinks is not None, **LAUNCH)
     return out.reshape(shape)
-
