@@ -303,14 +303,36 @@ def test_the_server_answers_on_a_family_with_library_layers(kind, sessions):
     assert [o.tokens for o in together] == [o.tokens for o in alone]
 
 
-@pytest.mark.parametrize("kind, fused", [("gemma2", "torch (softcap: no fused kernel)"),
-                                         ("gpt_oss", "torch (sinks: no fused kernel)"),
-                                         ("llama", "cpu")])
-def test_the_fused_read_is_not_taken_where_the_model_adds_to_softmax_and_impl_says_so(
+@pytest.mark.parametrize("kind, fused", [("gemma2", "cpu"), ("gpt_oss", "cpu"), ("llama", "cpu"),
+                                         ("deepseek_v3", "torch (MLA: no fused kernel)")])
+def test_the_fused_read_takes_softcap_and_sinks_and_impl_says_where_it_is_not_taken(
         kind, fused, sessions):
-    method = implementation(build_method("intq", {"bits": 4}))
-    session = sessions(kind)
-    cache = session.new_cache(method)
-    prefill(session, cache, IDS[:PROMPT], method)
-    session.step([IDS[PROMPT]], cache)
-    assert method.impl_log.summary()["decode attention"] == fused
+    """Gemma 2's softcap and gpt-oss's sinks are computed by the fused read itself: a decode
+    step's logits are the reference path's (decode, then attention with the same softcap and
+    sinks) within float32 rounding; MLA's latent keys are not read fused, and info.impl says
+    so."""
+    session, logits = sessions(kind), {}
+    for impl in ("auto", "torch"):
+        method = implementation(build_method("intq", {"bits": 4, "impl": impl}))
+        cache = session.new_cache(method)
+        prefill(session, cache, IDS[:PROMPT], method)
+        logits[impl] = torch.cat([session.step([token], cache)[0]
+                                  for token in IDS[PROMPT : PROMPT + 3]])
+        if impl == "auto":
+            assert method.impl_log.summary()["decode attention"] == fused
+    scale = logits["torch"].abs().max()
+    assert (logits["auto"] - logits["torch"]).abs().max() < 1e-5 * scale
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+def test_a_read_held_for_kvbench_attention_keeps_the_softcap_and_sinks(kind, sessions):
+    """A policy whose read kvbench's attention takes (sparse-V, here skipping nothing) attends
+    with the model's softcap and sinks as the plain read does: identity's logits."""
+    session, logits = sessions(kind), []
+    for name, params in (("identity", {}), ("sparse_v", {"base": "identity", "tau": 1e-30})):
+        method = implementation(build_method(name, params))
+        cache = session.new_cache(method)
+        prefill(session, cache, IDS[:PROMPT], method)
+        logits.append(torch.cat([session.step([token], cache)[0]
+                                 for token in IDS[PROMPT : PROMPT + 3]]))
+    assert (logits[0] - logits[1]).abs().max() < 1e-5 * logits[0].abs().max()

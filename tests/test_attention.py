@@ -106,7 +106,8 @@ class _DropPrefixCache(CodecCache):
         super().append(keys, values)
         self.seen += keys.shape[-2]
         if self.seen - keys.shape[-2] <= self.n < self.seen:
-            self._raw_k, self._raw_v = self._raw_k[..., self.n:, :], self._raw_v[..., self.n:, :]
+            for tail in self._tails:
+                tail.take_front(self.n)
 
     @property
     def seen_tokens(self):

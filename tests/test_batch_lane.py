@@ -11,7 +11,8 @@ pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbenc
 
 import kvbench.models.batch_step as batch_step  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
-from kvbench.methods.core.codec_cache import ROOM_TOKENS  # noqa: E402
+from kvbench.methods.core.codec_cache import CodecCache  # noqa: E402
+from kvbench.methods.core.tail import ROOM_TOKENS  # noqa: E402
 from kvbench.models.session import TorchSession, prefill  # noqa: E402
 from tests.plugins.model_runs import staggered_prompts  # noqa: E402
 from tests.plugins.tensors import randn  # noqa: E402
@@ -39,9 +40,14 @@ def _filled(cache, reserve: int | None, steps: int, seed: int):
     return cache
 
 
+def _joining(method):
+    """The method's layer cache that joins at every step (the DynamicCache-style baseline)."""
+    return CodecCache(*method.layer_codecs, method.window, method.on.arrays, in_place=False)
+
+
 def test_a_reserving_cache_stores_and_reads_what_a_plain_one_does_and_writes_in_place():
     method = _method("intq", {"bits": 4, "group_size": 32, "axis": "token"})
-    plain = _filled(method.new_layer_cache(0), None, 9, seed=3)
+    plain = _filled(_joining(method), None, 9, seed=3)
     roomy = _filled(method.new_layer_cache(0), 60, 0, seed=3)
     codes = roomy.attention_segments().segments[0].keys["codes"]
     address = codes.untyped_storage().data_ptr()
@@ -56,6 +62,10 @@ def test_a_reserving_cache_stores_and_reads_what_a_plain_one_does_and_writes_in_
     # the room is held: 11 more tokens of codes (32 B), scales and mins (2 fp16 each) per head
     per_token = 2 * 2 * (32 + 2 * 2 + 2 * 2)
     assert roomy.measured_bytes() - plain.measured_bytes() == 11 * per_token
+    # told nothing, it keeps ROOM_TOKENS of room past its packed tokens all the same
+    unreserved = _filled(method.new_layer_cache(0), None, 9, seed=3)
+    assert torch.equal(unreserved.attention_inputs()[0], plain.attention_inputs()[0])
+    assert unreserved.measured_bytes() - plain.measured_bytes() == (ROOM_TOKENS - 9) * per_token
 
 
 def test_room_never_passes_the_reservation_and_a_full_room_moves_on():
@@ -128,14 +138,12 @@ def test_the_lane_gives_every_row_the_general_ways_logits(session, prompts, name
 
 def test_a_step_with_a_row_that_has_no_room_goes_the_general_way(session, prompts, monkeypatch):
     method = _method(*LAYOUTS[0])
-    reserve = [12, None, 12, 12, 3]  # one never reserved; one whose room fills after 3 steps
+    reserve = [12, None, 12, 12, 3]  # one told nothing (room all the same); one whose room fills
     general, _ = _decode(session, method, prompts, 6, False, monkeypatch, reserve)
     laned, took = _decode(session, method, prompts, 6, True, monkeypatch, reserve)
-    assert not any(took)
-    assert torch.equal(laned, general)
-    without_it, took = _decode(session, method, [prompts[i] for i in (0, 2, 4)], 6, True,
-                               monkeypatch, [12, 12, 3])
-    # the room of 3 fills at the fourth step: from then on every step goes the general way
+    # the room of 3 is full at the fourth step, which goes the general way; its pack makes the
+    # row a new room, so the steps after it take the lane again
     steps = len(took) // 6
-    assert all(took[: 3 * steps]) and not any(took[3 * steps :])
-    assert torch.equal(without_it, general[:, [0, 2, 4]])
+    assert all(took[: 3 * steps]) and not any(took[3 * steps : 4 * steps])
+    assert all(took[4 * steps :])
+    assert torch.equal(laned, general)

@@ -32,6 +32,7 @@ import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
 from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
 from kvbench.methods import has_implementation, implementation  # noqa: E402
 from kvbench.methods.core.adaptive_cache import AdaptiveCache  # noqa: E402
+from kvbench.methods.core.codec_cache import CodecMethod  # noqa: E402
 from kvbench.methods.core.decay_cache import DecayCache  # noqa: E402
 from kvbench.methods.core.sparse_v_cache import SparseVCache  # noqa: E402
 from kvbench.methods.core.wrappers import AdaptiveMethod, DecayMethod, SparseVMethod  # noqa: E402
@@ -114,6 +115,14 @@ def feed(torch_cache, mlx_cache, keys, values, span, first, queries=None):
         cache.append(k, v, q)
         if first:
             cache.end_prefill()
+
+
+@pytest.fixture(autouse=True)
+def torch_caches_join(monkeypatch):
+    """MLX's arrays are not written in place: its caches join at every step and hold exactly
+    their tokens, so the torch twins they are compared with, measured bytes included, join too
+    (CodecCache's in_place)."""
+    monkeypatch.setattr(CodecMethod, "in_place", property(lambda self: False))
 
 
 def assert_same_state(torch_cache, mlx_cache):

@@ -123,3 +123,25 @@ def test_claims_against_another_case_show_a_plain_ratio(result):
                                reference="ladder/identity/length=16384")]
     text = render_markdown(result)
     assert "| ladder/intq4/length=16384 | peak_bytes / identity <= 0.8 | 0.733 | ✅ held" in text
+
+
+def test_decode_against_both_plain_caches_and_the_bytes_bound():
+    """identity (in place) is the reference; identity joined at every step is set beside it; the
+    bytes bound is (weights + identity's KV) / (weights + the method's KV)."""
+    FIGURES[("identity-concat", 16384)] = FIGURES[("identity", 16384)]
+    try:
+        cases = [ladder_case(label, 16384) for label in ("identity", "identity-concat", "intq4")]
+    finally:
+        del FIGURES[("identity-concat", 16384)]
+    cases[0].method_params = {"storage": "buffer"}
+    cases[1].method, cases[1].method_params = "identity", {"storage": "concat"}
+    cases[0].metrics["decode_tok_s"] = _metric(10.0, "tok/s", "higher")
+    cases[1].metrics["decode_tok_s"] = _metric(8.0, "tok/s", "higher")
+    cases[2].metrics["decode_tok_s"] = _metric(20.0, "tok/s", "higher")
+    text = ladder.ladder_section(run(cases))
+    table = text[text.index("| method | decode tok/s"):]
+    bound = (512 + 800) / (512 + 125)
+    assert _row(table, "intq4") == ["intq4", "20.00", "2.00", "2.50", f"{bound:.2f}",
+                                    f"{2 / bound:.0%}"]
+    assert "identity-concat |" not in table  # a plain cache is a reference, not a row
+    assert "its cache written in place" in text

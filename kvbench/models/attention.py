@@ -11,7 +11,7 @@ index. With nothing held (a DynamicCache, or a policy with none of these), this 
 transformers' SDPA attention, so the identity method stays bit-exact; a policy that only
 observes queries also gets SDPA's output. A layer whose model attention SDPA does not compute
 (logit softcapping, Gemma 2; learned sinks, gpt-oss's `s_aux`) is attended by biased_attention
-with the same softcap and sinks, on every read.
+with the same softcap and sinks, on every read; the fused decode attention takes them too.
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
                            f" {read.layer_idx}")
     if isinstance(read, BatchRead):
-        return _attend_rows(module, read, query, scaling, dropout, **kwargs), None
-    return _attend(module, read, query, key, value, attention_mask, scaling, dropout,
+        return _attend_rows(module, read, query, scaling, dropout, features, **kwargs), None
+    return _attend(module, read, query, key, value, attention_mask, scaling, dropout, features,
                    **kwargs), None
 
 
@@ -60,7 +60,8 @@ def _features(kwargs: dict) -> dict:
     return {name: value for name, value in features.items() if value is not None}
 
 
-def _attend_rows(module, read: BatchRead, query, scaling, dropout, **kwargs) -> torch.Tensor:
+def _attend_rows(module, read: BatchRead, query, scaling, dropout, features: dict,
+                 **kwargs) -> torch.Tensor:
     """Each row alone, as its batch-1 step (one token: no mask), except that the rows whose
     packed caches the CPU batched kernel reads, with the same formats, go through it together
     (one call instead of one per row; a row's bits do not depend on the rows beside it), and
@@ -74,7 +75,7 @@ def _attend_rows(module, read: BatchRead, query, scaling, dropout, **kwargs) -> 
         formats = _cpu_batch_formats(row)
         if formats is None:
             outs[i] = _attend(module, row, query[i : i + 1], row.keys, row.values, None,
-                              scaling, dropout, **kwargs)
+                              scaling, dropout, features, **kwargs)
         else:
             together.setdefault(tuple(map(id, formats)), []).append(i)
     if together:
@@ -100,14 +101,14 @@ def _cpu_batch_formats(row: AttentionRead) -> tuple | None:
 
 
 def _attend(module, read: AttentionRead, query, key, value, attention_mask, scaling, dropout,
-            **kwargs) -> torch.Tensor:
-    """Attention over one sequence's read, (batch, queries, heads, dim) as SDPA returns it."""
+            features: dict, **kwargs) -> torch.Tensor:
+    """Attention over one sequence's read, (batch, queries, heads, dim) as SDPA returns it;
+    `features`: the model's softcap and sinks (_features)."""
     if read.packed is not None:  # one newest query over the packed cache: no mask needed
         out = decode_attention_of(read.packed.kernel)(query, read.packed.segments,
-                                                      scaling=scaling)
+                                                      scaling=scaling, **features)
         return out.transpose(1, 2).contiguous()
     sparse = None
-    features = _features(kwargs)
     if features or (read.bias is not None and not _one_mask_for_every_head(read.bias)) \
             or read.skip_below:
         out, sparse = biased_attention(query, key, value, attention_mask, read.bias, scaling,
@@ -132,7 +133,8 @@ def _one_mask_for_every_head(bias: torch.Tensor | None) -> bool:
 
 def decode_attention_of(kernel: str):
     """The fused decode attention named by a PackedRead's kernel ("cpu" or "triton"), imported
-    only when first asked for: decode_attention(query, segments, bias=None, scaling=None)."""
+    only when first asked for: decode_attention(query, segments, bias=None, scaling=None,
+    softcap=None, sinks=None)."""
     if kernel == "cpu":
         from kvbench.kernels.cpu.attention import decode_attention
     else:

@@ -51,13 +51,14 @@ class LayerKind:
 
     @property
     def fusable(self) -> bool:
-        """The fused decode attention computes what the model does here: plain softmax."""
+        """The fused decode attention computes what the model does here: softmax, with the
+        logits' softcap and the sinks where the model has them."""
         return self.compressed and not self.unfused_because()
 
     def unfused_because(self) -> str:
-        """What of this layer's attention the fused kernels do not compute ("" if nothing)."""
-        return ", ".join(name for name, has in (("softcap", self.softcap), ("sinks", self.sinks),
-                                                ("MLA", self.mla)) if has)
+        """What of this layer's attention the fused kernels do not compute ("" if nothing):
+        MLA's latent keys are not the keys attention scores."""
+        return "MLA" if self.mla else ""
 
     def describe(self) -> str:
         text = {FULL: "full attention", SLIDING: f"sliding window of {self.window}",

@@ -90,6 +90,10 @@ class MLXSession:
         if isinstance(cache, MLXKVBenchCache):
             cache.begin_prompt(tokens)
 
+    def reserve(self, cache, tokens: int) -> None:
+        if isinstance(cache, MLXKVBenchCache):
+            cache.reserve(tokens)
+
     def end_prefill(self, cache) -> float:
         if not isinstance(cache, MLXKVBenchCache):
             return 0.0

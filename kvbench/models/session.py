@@ -53,6 +53,10 @@ class Session(Protocol):
     def begin_prompt(self, cache: Any, tokens: int) -> None:
         """Tell the method's policies the length of the prompt about to be fed."""
 
+    def reserve(self, cache: Any, tokens: int) -> None:
+        """Tell the method's policies that the sequence will hold at most `tokens` tokens (they
+        may keep room for them: LayerCachePolicy.reserve)."""
+
     def end_prefill(self, cache: Any) -> float:
         """Seconds the method's end_prefill took (compaction happens here)."""
 
@@ -147,6 +151,12 @@ class TorchSession:
 
         if isinstance(cache, KVBenchCache):
             cache.begin_prompt(tokens)
+
+    def reserve(self, cache, tokens: int) -> None:
+        from kvbench.models.hf_cache import KVBenchCache
+
+        if isinstance(cache, KVBenchCache):
+            cache.reserve(tokens)
 
     def end_prefill(self, cache) -> float:
         from kvbench.models.hf_cache import KVBenchCache

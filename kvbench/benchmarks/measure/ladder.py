@@ -68,6 +68,7 @@ class LadderRun(Ladder):
         del warm
         loaded = session.reset_peak_memory()
         cache = session.new_cache(method)
+        session.reserve(cache, params.length + params.decode)
         kv_high = 0
 
         def after_forward(fed: int) -> None:

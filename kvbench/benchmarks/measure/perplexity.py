@@ -288,6 +288,7 @@ def _score(session: Session, window: list[int], params: PerplexityParams,
     context, total, chunk = params.context, len(window), params.decode_chunk
     status("prefill")
     for run, run_method in runs:
+        session.reserve(run.cache, total - 1)  # the last token is only scored
         logits, forward_s, compact_s = prefill(session, run.cache, window[:context], run_method)
         run.prefill_s = forward_s + compact_s
         run.nll = _nll_sum(logits, window[context : context + 1])

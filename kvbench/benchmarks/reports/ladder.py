@@ -140,7 +140,60 @@ def ladder_section(result: RunResult) -> str | None:
             header = [f"{name} ↓"] + [length_name(n) for n in table.lengths]
             parts.append(md_table(header, rows, right=set(range(1, len(header)))))
     parts.append(_top_rung(table))
+    decode = _decode_against_plain(table, result)
+    if decode:
+        parts.append(decode)
     return "\n\n".join(parts)
+
+
+def _joining_identity(case: CaseResult) -> bool:
+    """identity joined at every step, as DynamicCache grows: storage concat, or recorded before
+    identity had a storage (it always joined then)."""
+    return case.method == REFERENCE and case.method_params.get("storage", "concat") == "concat"
+
+
+def _decode_against_plain(table: LadderTable, result: RunResult) -> str | None:
+    """At the top rung, each method's decode rate against identity (written in place) and, where
+    the run has it, identity joined at every step; and against the bytes bound: what a step
+    reads of identity's (weights and KV) over what it reads of the method's, the most a decode
+    bound by memory could gain."""
+    top = table.top
+    reference = table.rungs.get(REFERENCE, {}).get(top)
+    if reference is None:
+        return None
+    joined = next((c for c in ok_cases(result, BENCHMARK) if _joining_identity(c)
+                   and _length(c) == top and c.method_label != REFERENCE), None)
+    rows = []
+    for label in table.methods[1:]:
+        rung = table.rungs[label].get(top)
+        if rung is None or _joining_identity(rung.case):
+            continue
+        v = rung.value
+        weights, mine = v("weights_bytes"), v("retained_kv_bytes")
+        speed = rung.ratio("decode_tok_s")
+        if weights is None or mine is None or speed is None:
+            continue
+        bound = (weights + reference.value("retained_kv_bytes")) / (weights + mine)
+        row = [label, f"{v('decode_tok_s'):.2f}", _x(speed)]
+        if joined is not None:
+            row.append(_x(v("decode_tok_s") / joined.metrics["decode_tok_s"].value))
+        rows.append(row + [_x(bound), f"{speed / bound:.0%}"])
+    if not rows:
+        return None
+    how = ("joined at every step: recorded before identity kept a buffer"
+           if _joining_identity(reference.case) else "its cache written in place")
+    note = f"Decode tok/s against identity ({how})"
+    header = ["method", "decode tok/s", "× identity ↑"]
+    if joined is not None:
+        note += (f" and against {joined.method_label}, joined at every step as transformers'"
+                 " DynamicCache grows")
+        header.append(f"× {joined.method_label} ↑")
+    note += (". The bytes bound is what a step reads of identity's (weights and KV) over what"
+             " it reads of the method's: the most a decode bound by memory could gain; the last"
+             " column is the share of it reached.")
+    header += ["bytes bound", "of the bound"]
+    return (f"### Decode at {length_name(top)} tokens against the plain caches\n\n{note}\n\n"
+            + md_table(header, rows, right=set(range(1, len(header)))))
 
 
 def _top_rung(table: LadderTable) -> str:

@@ -240,12 +240,16 @@ def _side(side, fmt: KernelFormat | None, dim: int, tokens: int) -> _Side | Chan
 
 
 def decode_attention(query: torch.Tensor, segments: list[KVSegment],
-                     bias: torch.Tensor | None = None,
-                     scaling: float | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, scaling: float | None = None,
+                     softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(query K^T * scaling + bias) V over the segments' tokens, in order, for one query
     token per sequence, on CPU tensors: kvbench.kernels.triton.attention.decode_attention's
     contract (query (batch, q_heads, [1,] head_dim); segments of (batch, kv_heads, tokens,
-    head_dim); bias None or (batch, kv_heads, all tokens)). Returns query's shape and dtype.
+    head_dim); bias None or (batch, kv_heads, all tokens)). softcap: the logits become
+    softcap * tanh(logits / softcap) first (Gemma 2); sinks (q_heads,): one more logit per query
+    head that takes its share of the softmax and adds no value (gpt-oss). Returns query's shape
+    and dtype.
     """
     shape = query.shape
     batch, q_heads, dim = shape[0], shape[1], shape[-1]
@@ -254,14 +258,19 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     # no gradient flows through the kernels: the arrays they read are detached
     with POOL, torch.no_grad():
         numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        if sinks is not None:  # per (sequence-head, query head of its group)
+            sinks = sinks.detach().float().reshape(1, kv_heads, group, 1).expand(
+                batch, -1, -1, -1).reshape(batch * kv_heads, group, 1)
         out = _attend(query.detach().reshape(batch * kv_heads, group, dim).float(), segments, dim,
                       dim ** -0.5 if scaling is None else scaling,
-                      None if bias is None else bias.float().reshape(batch * kv_heads, 1, total))
+                      None if bias is None else bias.float().reshape(batch * kv_heads, 1, total),
+                      softcap, sinks)
     return out.to(query.dtype).reshape(shape)
 
 
 def _attend(q: torch.Tensor, segments: list[KVSegment], dim: int, scaling: float,
-            bias: torch.Tensor | None) -> torch.Tensor:
+            bias: torch.Tensor | None, softcap: float | None = None,
+            sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The attention of q (sequence-heads, group, dim) float32 over the segments."""
     sides = [(_side(s.keys, s.key_format, dim, s.tokens),
               _side(s.values, s.value_format, dim, s.tokens))
@@ -272,9 +281,14 @@ def _attend(q: torch.Tensor, segments: list[KVSegment], dim: int, scaling: float
         keys.scores(q, scores, offset)
         offset += keys.tokens
     scores.mul_(scaling)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores += bias
-    weights = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1].contiguous()
     out, offset = torch.zeros_like(q), 0
     for _, values in sides:
         out += values.values(weights, offset)

@@ -7,16 +7,13 @@ import functools
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
 from kvbench.methods.core.room import Room
+from kvbench.methods.core.tail import ROOM_TOKENS, Tail
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
 # Decoded chunks held apart before they are joined into one: a read joins at most this many
 # arrays, and joining them costs a copy of the decoded cache only once every so many packs.
 MAX_DECODED_CHUNKS = 32
-# Room a reserving cache keeps past its packed tokens (never past what it reserved): the whole
-# block is joined once every so many tokens, and a request that stops early leaves at most this
-# much unused.
-ROOM_TOKENS = 256
 
 
 class DecodedChunks:
@@ -107,16 +104,20 @@ class CodecCache(LayerCachePolicy):
     arrays, merges included) and the cache can pack at all. Accounted bytes stay the packed ones;
     measured_bytes() counts the decoded copy too.
 
-    Told how many tokens it will hold (reserve()), it keeps the packed block in a Room with space
-    for up to ROOM_TOKENS more of them, where the codecs stack tokens and the arrays can be
-    written in place: a pack then writes after the block instead of joining it (measured_bytes()
-    counts the room).
+    `in_place` (the default): a raw tail that never packs (identity) is a Tail buffer written
+    in place, and the packed block is kept in a Room with space for ROOM_TOKENS more tokens (never past what reserve()
+    said it will hold), where the codecs stack tokens and the arrays can be written in place: a
+    step writes after the filled tokens instead of joining them with its own (measured_bytes()
+    counts the room). Not in place: both are joined at every step, as transformers'
+    DynamicCache does (identity's `storage: concat`, the baseline of old).
 
     `ops`: the arrays it holds (kvbench.backends.arrays.Arrays): torch tensors or mx.arrays, by
     the same code."""
 
-    def __init__(self, key_codec: Codec, value_codec: Codec, window: int, ops, sinks: int = 0):
+    def __init__(self, key_codec: Codec, value_codec: Codec, window: int, ops, sinks: int = 0,
+                 in_place: bool = True):
         self.ops = ops
+        self.in_place = in_place
         self.key_codec = key_codec
         self.value_codec = value_codec
         self.window = window
@@ -128,8 +129,9 @@ class CodecCache(LayerCachePolicy):
         self._packed_tokens = 0
         self._reserved = 0
         self._rooms: tuple[Room, Room] | None = None
-        self._raw_k = None
-        self._raw_v = None
+        # a buffer only where the tail never spills: a window's few tokens are cheap to join
+        buffered = in_place and window >= UNBOUNDED_WINDOW
+        self._tails = (Tail(ops, buffered), Tail(ops, buffered))
         # On the decoded-once path: every packed token, decoded and cast to the raw dtype.
         self._decoded: tuple[DecodedChunks, DecodedChunks] | None = None
         self._fused = FusedReads(key_codec, value_codec)
@@ -155,17 +157,21 @@ class CodecCache(LayerCachePolicy):
         """Append raw; the (keys, values) that leave the window now, to be packed, or None."""
         if self._sink_tokens < self.sinks:
             keys, values = self._fill_sinks(keys, values)
-        self._raw_k = self.ops.extend(self._raw_k, keys)
-        self._raw_v = self.ops.extend(self._raw_v, values)
-        spill = self._raw_k.shape[-2] - self.window
+        for tail, x in zip(self._tails, (keys, values)):
+            tail.extend(x, self._reserved - self._sink_tokens - self._packed_tokens)
+        spill = self._tails[0].tokens - self.window
         spill -= spill % self._block
         if spill <= 0:
             return None
-        # copies, so the kept tail does not pin the storage of what was packed
-        k_old, v_old = self._raw_k[..., :spill, :], self._raw_v[..., :spill, :]
-        self._raw_k = self.ops.copy(self._raw_k[..., spill:, :])
-        self._raw_v = self.ops.copy(self._raw_v[..., spill:, :])
-        return k_old, v_old
+        return tuple(tail.take_front(spill) for tail in self._tails)
+
+    @property
+    def _raw_k(self):
+        return self._tails[0].array
+
+    @property
+    def _raw_v(self):
+        return self._tails[1].array
 
     def _fill_sinks(self, keys, values) -> tuple:
         """Keep the first tokens of `keys` and `values` that the sinks still lack; the rest, as
@@ -198,7 +204,7 @@ class CodecCache(LayerCachePolicy):
         self._packed = [*self._blocks(), (pk, pv)]
         self._rooms = None
         self._merge_packed()
-        if len(self._packed) == 1 and self._packed_tokens < self._reserved:
+        if len(self._packed) == 1 and self.in_place:
             self._rooms = self._make_rooms(*self._packed[0])
             if self._rooms is not None:
                 self._packed = []
@@ -219,7 +225,7 @@ class CodecCache(LayerCachePolicy):
         space. Never with sinks: the lane reads the rooms alone."""
         if self.window or self.sinks or self._block != 1 or self._decoded is not None \
                 or self._rooms is None or not self._rooms[0].fits(1) or self._raw_k is None \
-                or self._raw_k.shape[-2]:
+                or self._tails[0].tokens:
             return None
         return self._rooms
 
@@ -230,13 +236,15 @@ class CodecCache(LayerCachePolicy):
             room.wrote(1)
 
     def _make_rooms(self, pk: Packed, pv: Packed) -> tuple[Room, Room] | None:
-        """Rooms holding the packed block with space for ROOM_TOKENS more (never past the
-        reservation), or None where a codec does not stack tokens or the arrays are not
-        written in place."""
+        """Rooms holding the packed block with space for ROOM_TOKENS more (never past a
+        reservation still ahead), or None where a codec does not stack tokens or the arrays are
+        not written in place."""
         axes = self.key_codec.stacking_axis(pk), self.value_codec.stacking_axis(pv)
         if None in axes:
             return None
-        capacity = min(self._reserved, self._packed_tokens + ROOM_TOKENS)
+        capacity = self._packed_tokens + ROOM_TOKENS
+        if self._reserved > self._packed_tokens:
+            capacity = min(capacity, self._reserved - self._sink_tokens)
         rooms = tuple(Room.around(packed, axis, capacity, self.ops)
                       for packed, axis in zip((pk, pv), axes))
         return None if None in rooms else rooms
@@ -265,10 +273,10 @@ class CodecCache(LayerCachePolicy):
     def trim(self, n: int) -> int:
         """Only full-precision tokens can be taken back; packed ones stay (and so do the sinks
         once any token after them is packed)."""
-        keep = max(0, self._raw_k.shape[-2] - n) if self._raw_k is not None else 0
-        dropped = 0 if self._raw_k is None else self._raw_k.shape[-2] - keep
+        dropped = min(n, self._tails[0].tokens)
         if dropped:
-            self._raw_k, self._raw_v = self._raw_k[..., :keep, :], self._raw_v[..., :keep, :]
+            for tail in self._tails:
+                tail.trim(dropped)
         if dropped < n and self._sink_tokens and not self._packed_tokens:
             # nothing packed: the sinks are the newest tokens
             keep = max(0, self._sink_tokens - (n - dropped))
@@ -279,7 +287,7 @@ class CodecCache(LayerCachePolicy):
     def holds_exactly(self, newest: int) -> bool:
         if self._raw_k is None:
             return False
-        exact = self._raw_k.shape[-2] + (0 if self._packed_tokens else self._sink_tokens)
+        exact = self._tails[0].tokens + (0 if self._packed_tokens else self._sink_tokens)
         return exact >= newest
 
     def attention_inputs(self):
@@ -337,8 +345,7 @@ class CodecCache(LayerCachePolicy):
 
     @property
     def retained_tokens(self) -> int:
-        raw = 0 if self._raw_k is None else self._raw_k.shape[-2]
-        return self._sink_tokens + self._packed_tokens + raw
+        return self._sink_tokens + self._packed_tokens + self._tails[0].tokens
 
     @property
     def retained_bytes(self) -> int:
@@ -352,8 +359,8 @@ class CodecCache(LayerCachePolicy):
                 for t in (*pk.tensors.values(), *pv.tensors.values())]
         decoded = [] if self._decoded is None else [*self._decoded[0].chunks,
                                                     *self._decoded[1].chunks]
-        return self.ops.held_bytes(*held, self._sink_k, self._sink_v, self._raw_k, self._raw_v,
-                                   *decoded)
+        return self.ops.held_bytes(*held, self._sink_k, self._sink_v,
+                                   *(tail.held for tail in self._tails), *decoded)
 
 
 class CodecMethod(Implementation):
@@ -371,11 +378,17 @@ class CodecMethod(Implementation):
         return getattr(self.settings, "sinks", None) or 0
 
     @property
+    def in_place(self) -> bool:
+        """Whether the caches write tokens into room kept for them (CodecCache's in_place)."""
+        return getattr(self.settings, "storage", "buffer") == "buffer"
+
+    @property
     def shares_prefill(self) -> bool:
         return self.prefill_reads == "exact" or self.window >= UNBOUNDED_WINDOW
 
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
-        return CodecCache(*self.layer_codecs, self.window, self.on.arrays, sinks=self.sinks)
+        return CodecCache(*self.layer_codecs, self.window, self.on.arrays, sinks=self.sinks,
+                          in_place=self.in_place)
 
     @functools.cached_property
     def layer_codecs(self) -> tuple[Codec, Codec]:

@@ -215,6 +215,9 @@ class WrappedPolicy(LayerCachePolicy):
     def begin_prompt(self, tokens: int) -> None:
         self.inner.begin_prompt(tokens)
 
+    def reserve(self, tokens: int) -> None:
+        self.inner.reserve(tokens)
+
     def end_prefill(self) -> None:
         self.inner.end_prefill()
 

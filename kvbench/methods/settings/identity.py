@@ -16,10 +16,15 @@ class Identity(MethodSettings):
     Must reproduce the unmodified model exactly with dtype "auto" (stores what the model gives).
     """
 
-    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"dtype": "float16"})
+    conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
+        {}, {"dtype": "float16"}, {"storage": "concat"})
 
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = param(
         "auto", meaning="storage dtype; auto keeps the model's own")
+    storage: Literal["buffer", "concat"] = param(
+        "buffer", meaning="buffer: tokens written in place into room kept for them (as a static"
+        " cache or llama.cpp's); concat: every step joins the whole cache with its tokens, as"
+        " transformers' DynamicCache does (the slower baseline, for ratios against it)")
 
     def supports(self) -> Capabilities:
         # stored as given, every token stays raw and can be taken back; a cast packs them
