@@ -1,50 +1,23 @@
 #!/usr/bin/env bash
 # The Triton kernels on a GPU machine that reaches no package registry, in one device call:
-# tests/test_kernels.py there (GPU-only tests included), then suites/cuda.yaml (codec speed
-# and the fused decode attention against SDPA), its report and results put under $OUT.
+# tests/test_kernels.py there (the GPU-only tests first, then the rest compiled), then
+# suites/cuda.yaml (codec speed and the fused decode attention against SDPA), its report and
+# results put under $OUT. The first two steps of ci/gpu_session.sh, which this runs.
 #
 #   here:  ci/cuda_kernels.sh --pack     (the wheels the device image lacks, into .whl)
 #   call:  carry .whl, run ci/cuda_kernels.sh
-# Environment: OUT (default runs/cuda-kernels-out), PYTHON (python3), TEST_S and SUITE_S (the
-# seconds each step may take, 240 and 300), SUITE (suites/cuda.yaml).
+# Environment: OUT (default runs/cuda-kernels-out), TEST_S and SUITE_S (each step's share of the
+# call, 240 and 300 seconds; what the tests leave unused passes to the suite), SUITE
+# (suites/cuda.yaml), and ci/device_env.sh's (PYTHON, WHEELS, SITE, GRACE_S).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-OUT=${OUT:-runs/cuda-kernels-out}
-SUITE=${SUITE:-suites/cuda.yaml}
-SITE=/tmp/kvbench-site
-# kvbench's own dependencies the device image (torch, triton, numpy, pyyaml, click, rich,
-# pytest, hypothesis, ...) lacked on 2026-11-28
-DEVICE_LACKS="pydantic pydantic-core annotated-types typing-inspection typing-extensions
-  wonderwords"
-export PYTHONUNBUFFERED=1
-
 if [ "${1:-}" = "--pack" ]; then
-  pins=()
-  for name in $DEVICE_LACKS; do
-    pins+=("$name==$($PYTHON -c "import importlib.metadata as m; print(m.version('$name'))")")
-  done
-  exec $PYTHON -m pip download -q --no-deps --only-binary=:all: -d .whl --implementation cp \
-    --python-version "${DEVICE_PYTHON:-3.12}" --platform manylinux2014_x86_64 "${pins[@]}"
+  source ci/device_env.sh
+  device_pack
+  exit
 fi
-mkdir -p "$OUT" "$SITE"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl || { echo "wheel install failed" >&2; exit 1; }
-fi
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-  $PYTHON -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
-"cuda", torch.cuda.is_available())'
-} 2>&1 | tee "$OUT/env.txt"
-timeout "${TEST_S:-240}" $PYTHON -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
-  tests/test_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -25
-run=/tmp/kvbench-$(basename "$SUITE" .yaml)
-timeout -s INT "${SUITE_S:-300}" $PYTHON -m kvbench.cli run "$SUITE" --out "$run" \
-  > "$OUT/run.log" 2>&1
-echo "kvbench run exit $?"
-tail -5 "$OUT/run.log"
-cp "$run"/results.json "$run"/report.md "$OUT"/ 2>/dev/null
-ls "$OUT"
+TEST_S=${TEST_S:-240} SUITE_S=${SUITE_S:-300}
+export OUT=${OUT:-runs/cuda-kernels-out} BUDGET_S=$((TEST_S + SUITE_S + 10)) END_S=10
+export PLAN="kernels tests tests/test_kernels.py $TEST_S -
+cuda suite ${SUITE:-suites/cuda.yaml} $SUITE_S -"
+exec ci/gpu_session.sh "$@"
