@@ -118,6 +118,16 @@ def tiny_llama():
     return load_model("tiny:llama", "cpu")
 
 
+@pytest.fixture
+def torch_caches_join(monkeypatch):
+    """Torch caches that join at every step and hold exactly their tokens (CodecCache's
+    in_place off), as MLX's do (its arrays are not written in place): for tests that compare the
+    two byte for byte, measured bytes included."""
+    from kvbench.methods.core.codec_cache import CodecMethod
+
+    monkeypatch.setattr(CodecMethod, "in_place", property(lambda self: False))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for the module, restored after it (the session already starts with one;

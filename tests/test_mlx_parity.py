@@ -60,7 +60,7 @@ SEEDS = [0, 1, 2]
 
 # The tensors here are tiny: torch's thread pool costs more than it saves (5x on a busy 2-core
 # machine). One thread for this module, restored after it.
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "torch_caches_join")
 
 
 TO_MX = {torch.float32: mx.float32, torch.float16: mx.float16, torch.bfloat16: mx.bfloat16,

@@ -32,7 +32,6 @@ import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
 from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
 from kvbench.methods import has_implementation, implementation  # noqa: E402
 from kvbench.methods.core.adaptive_cache import AdaptiveCache  # noqa: E402
-from kvbench.methods.core.codec_cache import CodecMethod  # noqa: E402
 from kvbench.methods.core.decay_cache import DecayCache  # noqa: E402
 from kvbench.methods.core.sparse_v_cache import SparseVCache  # noqa: E402
 from kvbench.methods.core.wrappers import AdaptiveMethod, DecayMethod, SparseVMethod  # noqa: E402
@@ -45,6 +44,9 @@ ROW_RTOL = 2e-3
 BAD_ROW_FRACTION = 0.01
 EXACT = {"identity", "intq", "kivi"}
 PREFILL, STEPS = 40, 32
+
+# the torch twins join at every step, as MLX caches do (measured bytes compared)
+pytestmark = pytest.mark.usefixtures("torch_caches_join")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -115,14 +117,6 @@ def feed(torch_cache, mlx_cache, keys, values, span, first, queries=None):
         cache.append(k, v, q)
         if first:
             cache.end_prefill()
-
-
-@pytest.fixture(autouse=True)
-def torch_caches_join(monkeypatch):
-    """MLX's arrays are not written in place: its caches join at every step and hold exactly
-    their tokens, so the torch twins they are compared with, measured bytes included, join too
-    (CodecCache's in_place)."""
-    monkeypatch.setattr(CodecMethod, "in_place", property(lambda self: False))
 
 
 def assert_same_state(torch_cache, mlx_cache):
