@@ -488,16 +488,19 @@ def _compile_for_hopper(*flags: str) -> str:
 
 def test_every_kernel_compiles_for_a_gpu():
     """Four attention layouts (plain, intq, lloydmax, turbo3) in the first tile configuration,
-    each configuration in turbo3's, bfloat16; float32 in the first; and turbo3 with softcap,
-    sinks and a window in each dtype."""
+    each configuration in turbo3's, bfloat16; float32 in the first; turbo3 with softcap, sinks
+    and a window in each dtype; and the batched step's table path (kvbench.kernels.triton.rows,
+    _split with FROM_TABLE) in the four layouts, in each dtype, its rows merged by one _combine."""
     tiles = len(attention._tuned().configs)
-    assert _compile_for_hopper().count("_split") == (4 + tiles - 1) + 4 + 2
+    compiled = _compile_for_hopper()
+    assert compiled.count("_split") == (4 + tiles - 1) + 4 + 2 + 2 * 4
+    assert compiled.count("_combine") == (tiles + 1) + 2 + 2  # one per attention call
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_a_gpu_in_every_tile_configuration():
     tiles = len(attention._tuned().configs)
-    assert _compile_for_hopper("--every-tile").count("_split") == 4 * tiles + 4 + 2
+    assert _compile_for_hopper("--every-tile").count("_split") == 4 * tiles + 4 + 2 + 2 * 4
 
 
 def test_the_interpreter_runs_here_or_the_gpu_does():

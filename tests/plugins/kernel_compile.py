@@ -6,7 +6,8 @@ and cubin by the ptxas that triton ships), and prints one line per compiled kern
 compiler accepts what the interpreter ran. Must run without TRITON_INTERPRET (the kernels compile
 only then). Attention compiles each layout in the first tile configuration and each
 configuration in the last layout; --every-tile: each configuration in each layout; and the
-last layout with softcap, sinks and a window, in each dtype.
+last layout with softcap, sinks and a window, in each dtype; and the batched step's table path
+(kvbench.kernels.triton.rows) over every layout, in the first configuration, in each dtype.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from triton.runtime.jit import JITFunction, mangle_type
 
 from kvbench.kernels import triton as kernels
 from kvbench.kernels.formats import KVSegment
-from kvbench.kernels.triton import attention
+from kvbench.kernels.triton import attention, rows
 from kvbench.methods import build_method, implementation
 
 COMPILED: list[str] = []
@@ -73,6 +74,8 @@ def _launch_everything(every_tile: bool) -> None:
                            "num_stages": configs[0].num_stages}
         attention.decode_attention(query, segments[-1:], splits=2, softcap=30.0,
                                    sinks=torch.zeros(8), window=30)
+        # the rows of a batched step (_split's table path): two rows, a slot per layout
+        rows.decode_attention_rows(torch.cat([query, query]), [segments, segments], splits=2)
 
 
 def main(arches: list[int], every_tile: bool = False) -> int:

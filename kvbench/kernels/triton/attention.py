@@ -16,12 +16,16 @@ softcap (Gemma 2) in the splits, learned sinks (gpt-oss) once in the merge (a lo
 value), and a sliding window, which launches splits only over its tokens, so a windowed read
 costs only the window's bytes. Packed tensors are read through their batch, head and token
 strides: a cache's view of the first tokens of a bigger buffer is read in place, not copied.
+kvbench.kernels.triton.rows reads a batched step's rows, each its own cache, in the same
+launches (FROM_TABLE: a table of the rows' addresses).
 
 Tried on an H200 (2026-11-28) and slower, so not taken: reading packed tiles as eight planes
 of dims 8g + s with batched dots (no reshape of a tile; 2x slower), and more than 4 split
 programs per multiprocessor (ci/attention_sweep.py: 8 and 16 ran 5-45% slower).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -47,6 +51,8 @@ TILE_CONFIGS = ((16, 4, 3), (32, 4, 2), (32, 8, 3), (64, 4, 1), (64, 8, 2), (16,
 INTERPRETER_TILE = {"BLOCK_N": 64, "SELECT": False}
 # A running max below every score: no inf - inf when a whole tile is hidden.
 _SENTINEL: tl.constexpr = tl.constexpr(-1.0e30)
+# int64 entries per row of _split's table (FROM_TABLE): kvbench.kernels.triton.rows.LINE
+_LINE: tl.constexpr = tl.constexpr(24)
 
 
 @triton.jit
@@ -166,11 +172,19 @@ def _operand(x, ROUND_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _row_tensor(line, at: tl.constexpr, typed, h):
+    """(a row's tensor at head h, its token stride) from line[at:at + 3] (address, head and
+    token strides); `typed`: a pointer of the tensor's element type."""
+    base = tl.load(line + at).to(tl.pointer_type(typed.dtype.element_ty), bitcast=True)
+    return base + h * tl.load(line + at + 1), tl.load(line + at + 2)
+
+
+@triton.jit
 def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, bias_ptr,
-           m_ptr, l_ptr, acc_ptr, n_tokens, first_token, tokens_per_split, first_split,
+           m_ptr, l_ptr, acc_ptr, table, n_tokens, first_token, tokens_per_split, first_split,
            n_splits_total, bias_offset, bias_len, kv_heads, q_heads, sm_scale, softcap,
            k_scale, v_scale, k0b, k0h, k0t, k1b, k1h, k1t, k2b, k2h, k2t,
-           v0b, v0h, v0t, v1b, v1h, v1t, v2b, v2h, v2t,
+           v0b, v0h, v0t, v1b, v1h, v1t, v2b, v2h, v2t, FROM_TABLE: tl.constexpr,
            D: tl.constexpr, D_P2: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
            BLOCK_N: tl.constexpr, SELECT: tl.constexpr, HAS_BIAS: tl.constexpr,
            SOFTCAP: tl.constexpr,
@@ -181,6 +195,10 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
            V_BYTES: tl.constexpr, V_GROUPS: tl.constexpr, V_LOG2: tl.constexpr,
            V_BYTES_P2: tl.constexpr, V_FOLD: tl.constexpr,
            ROUND_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """One (sequence, KV head, split)'s partial softmax (m, l, acc). FROM_TABLE (rows.py): b is a
+    batched step's row, its tensors' places, token count and split plan its line of `table`
+    (the tensor arguments give only the element types); a split past the row's own stores an
+    empty partial (m the sentinel, l 0, acc 0) after the row's real ones."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // kv_heads
@@ -189,13 +207,27 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
     col_ok = cols < D
     heads = tl.arange(0, GP)
     head_ok = heads < GROUP
-    # each tensor at this sequence-head's rows (strides: batch b, head h, token t)
-    k0 += b * k0b + h * k0h
-    k1 += b * k1b + h * k1h
-    k2 += b * k2b + h * k2h
-    v0 += b * v0b + h * v0h
-    v1 += b * v1b + h * v1h
-    v2 += b * v2b + h * v2h
+    if FROM_TABLE:
+        line = table + b * _LINE  # rows.py's line: its places, then 18-22 TOKENS..EMPTY
+        k0, k0t = _row_tensor(line, 0, k0, h)
+        k1, k1t = _row_tensor(line, 3, k1, h)
+        k2, k2t = _row_tensor(line, 6, k2, h)
+        v0, v0t = _row_tensor(line, 9, v0, h)
+        v1, v1t = _row_tensor(line, 12, v1, h)
+        v2, v2t = _row_tensor(line, 15, v2, h)
+        n_tokens = tl.load(line + 18)
+        tokens_per_split = tl.load(line + 19)
+        at_split = split + tl.where(split < tl.load(line + 21), tl.load(line + 20),
+                                    tl.load(line + 22))
+    else:
+        # each tensor at this sequence-head's rows (strides: batch b, head h, token t)
+        k0 += b * k0b + h * k0h
+        k1 += b * k1b + h * k1h
+        k2 += b * k2b + h * k2h
+        v0 += b * v0b + h * v0h
+        v1 += b * v1b + h * v1h
+        v2 += b * v2b + h * v2h
+        at_split = first_split + split
     q_rows = b * q_heads + h * GROUP + heads
     q = tl.load(q_ptr + q_rows[:, None] * D + cols[None, :],
                 mask=head_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
@@ -238,7 +270,7 @@ def _split(q_ptr, k0, k1, k2, k_tab, k_d1, k_d2, v0, v1, v2, v_tab, v_d1, v_d2, 
         m = m_new
     if V_KIND == 3:
         acc = _rotate_blocks(acc, v_d1, v_d2, True, GP, D_P2, V_GROUP, V_LOG2, v_scale)
-    at = bh * n_splits_total + first_split + split
+    at = bh * n_splits_total + at_split
     tl.store(m_ptr + at * GP + heads, m)
     tl.store(l_ptr + at * GP + heads, l)
     tl.store(acc_ptr + (at * GP + heads)[:, None] * D_P2 + cols[None, :], acc)
@@ -306,7 +338,7 @@ def chosen_tile() -> str | None:
 _DOT_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
-def _rows(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, list[int]]:
+def token_rows(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, list[int]]:
     """t and its (batch, head, token) strides, `axis` its token axis: read in place (a view of a
     bigger buffer included) where the dims after the token axis are dense, else copied."""
     dense = 1
@@ -318,28 +350,28 @@ def _rows(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, list[int]]:
     return t, [t.stride(0), t.stride(1), t.stride(axis)]
 
 
-def _side(side, fmt: KernelFormat | None, dim: int) -> tuple[list, list, dict, float]:
+def side_args(side, fmt: KernelFormat | None, dim: int) -> tuple[list, list, dict, float]:
     """(pointer args p0 p1 p2 tab d1 d2, strides of p0 p1 p2 (batch, head, token), constexprs,
     scale) of one side."""
     if fmt is None:
-        side, strides = _rows(side, -2)
+        side, strides = token_rows(side, -2)
         return ([side] * 6, strides + [0] * 6,
                 {"KIND": RAW, "BITS": 1, "GROUP": 1, "BYTES": 1, "GROUPS": 1, "LOG2": 0,
                  "BYTES_P2": 1, "FOLD": False}, 1.0)
     reason = fmt.attention_unsupported()
     if reason:
         raise ValueError(f"the fused attention cannot read {fmt}: {reason}")
-    codes, code_strides = _rows(side["codes"], token_axis(fmt, "codes"))
+    codes, code_strides = token_rows(side["codes"], token_axis(fmt, "codes"))
     if isinstance(fmt, IntQFormat):
-        scale, scale_strides = _rows(side["scale"], -2)
-        low, low_strides = _rows(side["min"], -2)
+        scale, scale_strides = token_rows(side["scale"], -2)
+        low, low_strides = token_rows(side["min"], -2)
         return ([codes, scale, low, codes, codes, codes],
                 code_strides + scale_strides + low_strides,
                 {"KIND": INTQ, "BITS": fmt.bits, "GROUP": fmt.group_size,
                  "BYTES": codes.shape[-1], "GROUPS": scale.shape[-1], "LOG2": 0,
                  "BYTES_P2": 1, "FOLD": False}, 1.0)
     centroids, _, d1, d2 = fmt.tables(codes.device)
-    norm, norm_strides = _rows(side[fmt.norm_name], -2)
+    norm, norm_strides = token_rows(side[fmt.norm_name], -2)
     kind = TURBO if fmt.kind == "turbo" else LLOYDMAX
     return ([codes, norm, norm, centroids, d1, d2], code_strides + norm_strides + [0] * 3,
             {"KIND": kind, "BITS": fmt.bits, "GROUP": fmt.block, "BYTES": codes.shape[-1],
@@ -347,13 +379,74 @@ def _side(side, fmt: KernelFormat | None, dim: int) -> tuple[list, list, dict, f
              "BYTES_P2": next_power_of_two(fmt.bits), "FOLD": fmt.block == dim}, fmt.scale32)
 
 
-def _default_splits(programs: int, tokens: int, device: torch.device) -> int:
-    """Splits per segment so that about PROGRAMS_PER_SM programs run per multiprocessor, none
-    shorter than a tile."""
+def plan(tokens: int, splits: int | None, programs: int, device: torch.device) -> tuple[int, int]:
+    """(tokens per split, splits) of a segment's `tokens` read by `programs` (sequence, KV head)
+    programs, whole SPLIT_UNITs each: `splits` asked for, by default enough that about
+    PROGRAMS_PER_SM programs run per multiprocessor, none shorter than a tile."""
     units = (torch.cuda.get_device_properties(device).multi_processor_count
              if device.type == "cuda" else 1)
-    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * units, programs),
-                      triton.cdiv(tokens, SPLIT_UNIT)))
+    # ceiling divisions -(-a // b) (host ints: triton.cdiv is slow on the host)
+    count = splits or max(1, min(-(-PROGRAMS_PER_SM * units // programs), -(-tokens // SPLIT_UNIT)))
+    per_split = SPLIT_UNIT * max(1, -(-tokens // (count * SPLIT_UNIT)))
+    return per_split, -(-tokens // per_split)
+
+
+def query_constants(q: torch.Tensor, kv_heads: int) -> dict:
+    """The constexprs _split and _combine take from a query (batch, q_heads, dim) over
+    kv_heads: its sizes, and the dtypes its dots round to and run in."""
+    dim, group = q.shape[-1], q.shape[1] // kv_heads
+    round_dtype = _DOT_DTYPES[q.dtype]
+    # the interpreter's tl.dot cannot take bfloat16 (_operand); float32 dots stay float32
+    dot_dtype = tl.float32 if interpreting() and q.dtype == torch.bfloat16 else round_dtype
+    return {"D": dim, "D_P2": max(16, next_power_of_two(dim)), "GROUP": group,
+            "GP": max(16, next_power_of_two(group)), "ROUND_DTYPE": round_dtype,
+            "DOT_DTYPE": dot_dtype, "PRECISION": "ieee" if dot_dtype == tl.float32 else "tf32"}
+
+
+def partials(programs: int, n_splits: int, consts: dict, device: torch.device):
+    """(m, l, acc): the splits' partial softmaxes, float32, for _split to fill."""
+    m = torch.empty(programs, n_splits, consts["GP"], dtype=torch.float32, device=device)
+    return m, torch.empty_like(m), m.new_empty(*m.shape, consts["D_P2"])
+
+
+@functools.cache
+def _no_table(device: torch.device) -> torch.Tensor:
+    """A launch's table without rows: int64 as a table, so both share their autotuned tile."""
+    return torch.zeros(_LINE.value, dtype=torch.int64, device=device)
+
+
+def launch_split(grid: tuple[int, int], q: torch.Tensor, keys: tuple, values: tuple, bias,
+                 out: tuple, table: torch.Tensor | None, ints: tuple, kv_heads: int,
+                 scaling: float, softcap: float | None, consts: dict) -> None:
+    """One _split launch. keys, values: side_args'; out: partials'; ints: (tokens, first token,
+    tokens per split, first split, splits, bias offset, bias length); table: rows' or None."""
+    (k_args, k_strides, k_const, k_scale), (v_args, v_strides, v_const, v_scale) = keys, values
+    _SPLIT[grid](
+        q, *k_args, *v_args, bias if bias is not None else q, *out,
+        _no_table(q.device) if table is None else table, *ints, kv_heads, q.shape[1], scaling,
+        float(softcap or 1.0), k_scale, v_scale, *k_strides, *v_strides,
+        FROM_TABLE=table is not None, HAS_BIAS=bias is not None, SOFTCAP=bool(softcap),
+        **{f"K_{k}": v for k, v in k_const.items()}, **{f"V_{k}": v for k, v in v_const.items()},
+        **consts, **_TILE, **LAUNCH)
+
+
+def merge(out: tuple, sinks: torch.Tensor | None, q: torch.Tensor, kv_heads: int,
+          consts: dict) -> torch.Tensor:
+    """The splits' partials (partials') merged by one _combine launch; q's shape and dtype."""
+    m, l, acc = out
+    result = torch.empty_like(q)
+    _combine[(m.shape[0] * consts["GROUP"],)](
+        m, l, acc, sinks if sinks is not None else m, result, m.shape[1], kv_heads, q.shape[1],
+        D=consts["D"], D_P2=consts["D_P2"], GROUP=consts["GROUP"], GP=consts["GP"],
+        CHUNK=COMBINE_CHUNK, HAS_SINKS=sinks is not None, **LAUNCH)
+    return result
+
+
+def check_sinks(sinks: torch.Tensor | None, q_heads: int) -> torch.Tensor | None:
+    """sinks as float32, refused unless (q_heads,)."""
+    if sinks is not None and tuple(sinks.shape) != (q_heads,):
+        raise ValueError(f"sinks must be (q_heads,) = ({q_heads},), got {tuple(sinks.shape)}")
+    return None if sinks is None else sinks.float().contiguous()
 
 
 def decode_attention(query: torch.Tensor, segments: list[KVSegment],
@@ -376,53 +469,30 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
     q = query.reshape(shape[0], shape[1], shape[-1]).contiguous()
     batch, q_heads, dim = q.shape
     kv_heads, total = check_decode_shapes(segments, batch, q_heads, bias)
-    group = q_heads // kv_heads
     if bias is not None:
         bias = bias.float().contiguous()
-    if sinks is not None:
-        if tuple(sinks.shape) != (q_heads,):
-            raise ValueError(f"sinks must be (q_heads,) = ({q_heads},), got {tuple(sinks.shape)}")
-        sinks = sinks.float().contiguous()
+    sinks = check_sinks(sinks, q_heads)
     if window is not None and window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
     first = 0 if window is None else max(0, total - window)  # the first token attended
     scaling = dim ** -0.5 if scaling is None else scaling
-    round_dtype = _DOT_DTYPES[q.dtype]
-    # the interpreter's tl.dot cannot take bfloat16 (_operand); float32 dots stay float32
-    dot_dtype = tl.float32 if interpreting() and q.dtype == torch.bfloat16 else round_dtype
-    precision = "ieee" if dot_dtype == tl.float32 else "tf32"
-    d_p2, gp = max(16, next_power_of_two(dim)), max(16, next_power_of_two(group))
+    consts = query_constants(q, kv_heads)
     programs = batch * kv_heads
     plans, offset = [], 0
     for segment in map(KVSegment.trimmed, segments):
         n = segment.tokens
         start = min(n, max(0, first - offset))  # splits only over the window's tokens
-        count = splits or _default_splits(programs, n - start, q.device)
-        per_split = SPLIT_UNIT * max(1, triton.cdiv(triton.cdiv(n - start, count), SPLIT_UNIT))
-        plans.append((segment, n, start, offset, per_split, triton.cdiv(n - start, per_split)))
+        per_split, count = plan(n - start, splits, programs, q.device)
+        plans.append((segment, n, start, offset, per_split, count))
         offset += n
     n_splits = sum(p[-1] for p in plans)
-    m = torch.empty(programs, n_splits, gp, dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    acc = torch.empty(programs, n_splits, gp, d_p2, dtype=torch.float32, device=q.device)
+    out = partials(programs, n_splits, consts, q.device)
     first_split = 0
     for segment, n, start, offset, per_split, count in plans:
         if count:
-            k_args, k_strides, k_const, k_scale = _side(segment.keys, segment.key_format, dim)
-            v_args, v_strides, v_const, v_scale = _side(segment.values, segment.value_format,
-                                                        dim)
-            _SPLIT[(programs, count)](
-                q, *k_args, *v_args, bias if bias is not None else q, m, l, acc, n, start,
-                per_split, first_split, n_splits, offset, total, kv_heads, q_heads, scaling,
-                float(softcap or 1.0), k_scale, v_scale, *k_strides, *v_strides, D=dim,
-                D_P2=d_p2, GROUP=group, GP=gp, HAS_BIAS=bias is not None,
-                SOFTCAP=bool(softcap), **{f"K_{k}": v for k, v in k_const.items()},
-                **{f"V_{k}": v for k, v in v_const.items()},
-                ROUND_DTYPE=round_dtype, DOT_DTYPE=dot_dtype, PRECISION=precision,
-                **_TILE, **LAUNCH)
+            launch_split((programs, count), q, side_args(segment.keys, segment.key_format, dim),
+                         side_args(segment.values, segment.value_format, dim), bias, out, None,
+                         (n, start, per_split, first_split, n_splits, offset, total), kv_heads,
+                         scaling, softcap, consts)
         first_split += count
-    out = torch.empty_like(q)
-    _combine[(programs * group,)](m, l, acc, sinks if sinks is not None else m, out, n_splits,
-                                  kv_heads, q_heads, D=dim, D_P2=d_p2, GROUP=group, GP=gp,
-                                  CHUNK=COMBINE_CHUNK, HAS_SINKS=sinks is not None, **LAUNCH)
-    return out.reshape(shape)
+    return merge(out, sinks, q, kv_heads, consts).reshape(shape)
