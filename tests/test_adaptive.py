@@ -44,6 +44,7 @@ def _eager_entropy(loaded, tokens):
     return torch.stack([r.mean(-1) for r in rows])
 
 
+@pytest.mark.usefixtures("torch_caches_join")  # measured bytes: held exactly
 def test_registered_and_uncalibrated_is_the_base_at_base_bits():
     assert METHODS.get("adaptive") is Adaptive
     settings = Adaptive(base="intq", base_params={"group_size": 8}, base_bits=4)
@@ -103,6 +104,7 @@ def test_calibration_is_deterministic_and_leaves_the_model_as_it_was(tiny_llama)
     assert torch.equal(before, after)
 
 
+@pytest.mark.usefixtures("torch_caches_join")  # measured bytes: held exactly
 def test_bytes_and_values_per_head_are_each_heads_codec(tiny_llama, calibrated):
     assert any(len(set(row)) > 1 for row in calibrated.head_bits)  # heads split across widths
     for layer in range(tiny_llama.num_layers):

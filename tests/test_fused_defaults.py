@@ -61,3 +61,33 @@ def test_the_default_settings_take_the_fused_read_on_cuda(name, params, cuda_lik
     assert logs["torch"]["decode attention"] == "torch"
     scale = logits["torch"].abs().max()
     assert (logits["auto"] - logits["torch"]).abs().max() < 1e-5 * scale
+
+
+def test_the_batched_step_reads_ragged_rows_in_one_triton_call_per_layer(cuda_like,
+                                                                         llama_head_128,
+                                                                         monkeypatch):
+    """The server's batched decode step on CUDA: every row's packed cache (rows of different
+    lengths) read by one call of the Triton rows kernel per layer, each row's logits its own
+    one-token step's."""
+    from kvbench.kernels.triton import rows as triton_rows
+    from kvbench.models.session import TorchSession
+
+    calls, read_rows = [], triton_rows.decode_attention_rows
+    monkeypatch.setattr(triton_rows, "decode_attention_rows", lambda query, rows, **kw:
+                        calls.append(len(rows)) or read_rows(query, rows, **kw))
+    session = TorchSession(llama_head_128, torch.device("cpu"))
+    method = implementation(build_method("intq", {}))
+    prompts = [list(range(5, 40)), list(range(60, 81)), list(range(90, 97))]
+    caches = [session.new_cache(method) for _ in prompts]
+    alone = []
+    for prompt, cache in zip(prompts, caches):
+        session.step(prompt, cache)
+        twin = session.new_cache(method)
+        session.step(prompt, twin)
+        alone.append(session.step([7], twin)[0][-1])
+    method.impl_log.ran.clear()
+    together = session.step_rows([7, 7, 7], caches)
+    assert method.impl_log.ran["decode attention"] == {"triton"}
+    assert calls == [3] * session.num_layers
+    for row, expected in zip(together, alone):
+        assert (row - expected).abs().max() < 1e-5 * expected.abs().max()

@@ -135,7 +135,7 @@ def test_cache_keeps_the_window_and_one_merged_block():
         cache.append(keys[..., start:stop, :], values[..., start:stop, :])
         assert cache.retained_tokens == stop
     k_out, v_out, _ = cache.attention_inputs()
-    assert len(cache._packed) == 1  # merged, so a read decodes (or attends over) one block
+    assert len(cache._blocks()) == 1  # merged, so a read decodes (or attends over) one block
     assert torch.equal(k_out[..., -window:, :], keys[..., -window:, :])
     assert torch.equal(v_out[..., -window:, :], values[..., -window:, :])
     assert _cosine(k_out[..., :-window, :], keys[..., :-window, :]).min() > 0.95

@@ -133,7 +133,7 @@ def test_decode_against_both_plain_caches_and_the_bytes_bound():
         cases = [ladder_case(label, 16384) for label in ("identity", "identity-concat", "intq4")]
     finally:
         del FIGURES[("identity-concat", 16384)]
-    cases[0].method_params = {"storage": "buffer"}
+    cases[0].method_params = {"storage": None}  # unset: the buffer
     cases[1].method, cases[1].method_params = "identity", {"storage": "concat"}
     cases[0].metrics["decode_tok_s"] = _metric(10.0, "tok/s", "higher")
     cases[1].metrics["decode_tok_s"] = _metric(8.0, "tok/s", "higher")

@@ -47,7 +47,10 @@ class TorchArrays(Arrays):
         return held
 
     def write(self, into: torch.Tensor, at: int, x: torch.Tensor, axis: int) -> None:
-        into.narrow(axis, at, x.shape[axis]).copy_(x)
+        # a buffer made under inference mode (a session's forwards) is written in it, whoever
+        # writes (torch refuses an in-place update of an inference tensor outside it)
+        with torch.inference_mode(into.is_inference()):
+            into.narrow(axis, at, x.shape[axis]).copy_(x)
 
     def cast(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return x.to(dtype)

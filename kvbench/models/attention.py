@@ -1,8 +1,8 @@
 """kvbench's attention function for transformers models: SDPA, unless the cache layer that was
 just updated holds a read plain SDPA cannot serve (kvbench.models.host.AttentionRead: a key bias,
 sparse-V, queries the policy observes, the packed cache for the fused decode attention; or a
-batched step's BatchRead, whose rows are attended one by one, except those the CPU batched
-kernel reads all at once).
+batched step's BatchRead, whose rows are attended one by one, except those a batched kernel,
+the CPU one or the Triton one, reads all at once).
 
 Models are loaded with attn_implementation="kvbench"; the cache reaches this function as the
 forward's `kvbench_cache` keyword (KVBenchCache.forward passes it; it answers read(layer) and
@@ -63,41 +63,56 @@ def _features(kwargs: dict) -> dict:
 def _attend_rows(module, read: BatchRead, query, scaling, dropout, features: dict,
                  **kwargs) -> torch.Tensor:
     """Each row alone, as its batch-1 step (one token: no mask), except that the rows whose
-    packed caches the CPU batched kernel reads, with the same formats, go through it together
-    (one call instead of one per row; a row's bits do not depend on the rows beside it), and
-    the lane's rows all together."""
+    packed caches a batched kernel reads (the CPU one's, or the Triton one's: ragged rows, a
+    launch per segment for all of them), with the same formats, go through it together (one
+    call instead of one per row; a row's bits do not depend on the rows beside it), and the
+    lane's rows all together."""
     if read.lane is not None:
         out = read.lane.attend(query[: len(read.lane.lines)], scaling).transpose(1, 2)
         return torch.cat([out, out.new_zeros(read.padding, *out.shape[1:])])
     outs: list = [None] * len(read.rows)
-    together: dict[tuple, list[int]] = {}
+    together: dict[tuple, list[int]] = {}  # (kernel, the rows' layouts): rows read at once
     for i, row in enumerate(read.rows):
-        formats = _cpu_batch_formats(row)
-        if formats is None:
+        key = _batch_key(row, features)
+        if key is None:
             outs[i] = _attend(module, row, query[i : i + 1], row.keys, row.values, None,
                               scaling, dropout, features, **kwargs)
         else:
-            together.setdefault(tuple(map(id, formats)), []).append(i)
-    if together:
-        from kvbench.kernels.cpu.batched import decode_attention_rows
+            together.setdefault(key, []).append(i)
+    for (kernel, _), indices in together.items():
+        segments = [read.rows[i].packed.segments for i in indices]
+        if kernel == "cpu":
+            from kvbench.kernels.cpu.batched import decode_attention_rows
 
-        for indices in together.values():
-            out = decode_attention_rows(query[indices], [read.rows[i].packed.segments
-                                                         for i in indices], scaling)
-            for i, row_out in zip(indices, out.transpose(1, 2)):
-                outs[i] = row_out[None]
+            out = decode_attention_rows(query[indices], segments, scaling)
+        else:
+            from kvbench.kernels.triton.rows import decode_attention_rows
+
+            out = decode_attention_rows(query[indices], segments, scaling=scaling, **features)
+        for i, row_out in zip(indices, out.transpose(1, 2)):
+            outs[i] = row_out[None]
     outs += [torch.zeros_like(outs[0])] * read.padding
     return torch.cat(outs)
 
 
-def _cpu_batch_formats(row: AttentionRead) -> tuple | None:
-    """The (key, value) formats of a row the CPU batched kernel reads, or None (numba is
-    imported only when a row is read by the CPU kernel)."""
-    if row.packed is None or row.packed.kernel != "cpu":
+def _batch_key(row: AttentionRead, features: dict) -> tuple | None:
+    """(kernel, layouts) of a row that a batched kernel reads with the rows of the same key:
+    the CPU one (plain softmax: no softcap or sinks) or the Triton one (one launch per segment
+    for all of them); None: read alone. The kernels are imported only when a row is read by
+    one."""
+    if row.packed is None:
         return None
-    from kvbench.kernels.cpu.batched import batch_formats
+    if row.packed.kernel == "cpu":
+        if features:
+            return None
+        from kvbench.kernels.cpu.batched import batch_formats
 
-    return batch_formats(row.packed.segments)
+        formats = batch_formats(row.packed.segments)
+        return None if formats is None else ("cpu", tuple(map(id, formats)))
+    from kvbench.kernels.triton.rows import row_formats
+
+    formats = row_formats(row.packed.segments)
+    return None if formats is None else ("triton", formats)
 
 
 def _attend(module, read: AttentionRead, query, key, value, attention_mask, scaling, dropout,

@@ -148,7 +148,7 @@ def ladder_section(result: RunResult) -> str | None:
 
 def _joining_identity(case: CaseResult) -> bool:
     """identity joined at every step, as DynamicCache grows: storage concat, or recorded before
-    identity had a storage (it always joined then)."""
+    identity had a storage (no key: it always joined then; unset, None, is the buffer)."""
     return case.method == REFERENCE and case.method_params.get("storage", "concat") == "concat"
 
 

@@ -380,7 +380,7 @@ class CodecMethod(Implementation):
     @property
     def in_place(self) -> bool:
         """Whether the caches write tokens into room kept for them (CodecCache's in_place)."""
-        return getattr(self.settings, "storage", "buffer") == "buffer"
+        return getattr(self.settings, "storage", None) != "concat"
 
     @property
     def shares_prefill(self) -> bool:

@@ -21,10 +21,13 @@ class Identity(MethodSettings):
 
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = param(
         "auto", meaning="storage dtype; auto keeps the model's own")
-    storage: Literal["buffer", "concat"] = param(
-        "buffer", meaning="buffer: tokens written in place into room kept for them (as a static"
-        " cache or llama.cpp's); concat: every step joins the whole cache with its tokens, as"
-        " transformers' DynamicCache does (the slower baseline, for ratios against it)")
+    # unset means buffer: the same results bit for bit as the joined cache of old, so records
+    # from before the setting existed stay comparable
+    storage: Literal["buffer", "concat"] | None = param(
+        None, meaning="buffer (unset): tokens written in place into room kept for them (as a"
+        " static cache or llama.cpp's); concat: every step joins the whole cache with its"
+        " tokens, as transformers' DynamicCache does (the slower baseline, for ratios against"
+        " it)")
 
     def supports(self) -> Capabilities:
         # stored as given, every token stays raw and can be taken back; a cast packs them
