@@ -229,3 +229,59 @@ def test_the_committed_ruler_report_separates_every_method_from_identity_per_len
                         r"(?:worse|not separated|better) \|$", against, re.M)
     methods = {row.split("|")[1].strip() for row in rows} - {"identity"}
     assert set(judged) == methods
+
+
+def test_a_not_separated_claim_is_the_reports_sign_test():
+    """`score ~ identity` holds where the report says "not separated" (the sign test's p is at
+    least 0.05) and fails where it separates them; its measured is that p."""
+    result = needle_run(SHIPPED_SAMPLES)
+    [claim] = judged(result, "score ~ identity")
+    assert (claim.measured, claim.verdict) == (2 / 2 ** 30, "failed")
+    assert claim.measured_as == "sign test p over 40 samples (0 above, 30 below): worse"
+    close = needle_run(SHIPPED_SAMPLES)
+    close.cases[1].info["scores"] = [0.0, 0.0, 0.0] + [100.0] * (SHIPPED_SAMPLES - 3)
+    [claim] = judged(close, "score ~ identity")
+    assert claim.verdict == "held" and claim.measured == 0.25  # 3 of 3 differing pairs
+    assert "| score ~ identity | 0.25 (sign test p over 40 samples" in render_markdown(close)
+
+
+def test_a_paired_claim_is_judged_paired_or_not_at_all():
+    """Written `(paired)`, a difference claim without per-sample values on the same samples is
+    missing, where the plain form falls back to the means; `~` needs them too."""
+    [claim] = judged(needle_run(SHIPPED_SAMPLES), "score - identity >= -80 (paired)")
+    assert claim.verdict == "failed" and claim.measured_as.startswith("low bound")
+    assert claim.claim == "score - identity >= -80 (paired)"
+
+    def unpaired(text: str):
+        result = needle_run(SHIPPED_SAMPLES)
+        result.cases[1].comparable["prompts_sha256"] = "other prompts"
+        [claim] = judged(result, text)
+        return claim
+
+    for text in ("score - identity >= -80 (paired)", "score ~ identity"):
+        claim = unpaired(text)
+        assert (claim.measured, claim.verdict) == (None, "missing")
+        assert claim.measured_as == "no per-sample values of both cases on the same samples"
+    claim = unpaired("score - identity >= -80")
+    assert (claim.measured, claim.verdict) == (-75, "held")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("score / identity >= 0.5 (paired)", "'(paired)' judges a difference"),
+    ("score ~", "is not of the form"),
+])
+def test_malformed_paired_claims_are_refused(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_claim(text)
+
+
+def test_a_paired_claim_on_a_metric_without_per_sample_values_is_refused_at_its_line(tmp_path):
+    from kvbench.suite.errors import SuiteError
+    from kvbench.suite.loader import load_suite
+    from tests.test_claims_across import SUITE
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SUITE.replace('claim: "kv_bytes - identity < 0"', 'claim: "perplexity ~ identity"'))
+    with pytest.raises(SuiteError) as err:
+        load_suite(path)
+    assert "claim 'perplexity ~ identity' is judged on per-sample values" in str(err.value)

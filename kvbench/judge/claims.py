@@ -7,7 +7,13 @@ parameters in the same run (seed 003's "peak x 0.51 against stock" is
 A difference claim (`score - identity >= -5`) whose two cases recorded the metric's per-sample
 values on the same samples is judged on the 95% paired interval of the difference instead of
 the difference of the means: the low bound must clear a `>=` or `>` target, the high bound a
-`<=` or `<` one, so that noise cannot pass a method that is worse by more than stated."""
+`<=` or `<` one, so that noise cannot pass a method that is worse by more than stated. Written
+`score - identity >= -5 (paired)`, it is judged paired or not at all (missing without per-sample
+values on the same samples).
+
+`score ~ identity` claims what the report's paired verdict says, "not separated": the exact
+sign test over the samples both answered (kvbench.judge.paired.compare_paired, the report's)
+finds no difference at the 0.05 level; its `measured` is the test's p-value."""
 from __future__ import annotations
 
 import math
@@ -16,7 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvbench.judge.paired import LEVEL, differences, paired_interval
+from kvbench.judge.paired import (
+    LEVEL, SEPARATION_LEVEL, compare_paired, differences, paired_interval,
+)
 from kvbench.results import ClaimResult, Metric
 
 OPS = {
@@ -24,10 +32,15 @@ OPS = {
     "==": operator.eq, "!=": operator.ne,
 }
 RELATIONS = {"/": operator.truediv, "-": operator.sub}
+NOT_SEPARATED = "~"  # `metric ~ LABEL`: the paired sign test does not separate the two
 # The bound of the paired interval a difference claim is judged on, by op.
 PAIRED_BOUNDS = {">=": "low", ">": "low", "<=": "high", "<": "high"}
 _CLAIM = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?:([/-])\s*([\w.+-]+)\s*)?"
-                    r"(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
+                    r"(>=|<=|==|!=|>|<)\s*([^\s(]+)\s*(\(paired\))?\s*$")
+_NOT_SEPARATED = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*~\s*([\w.+-]+)\s*$")
+FORMS = ("'metric op value', 'metric / LABEL op value', 'metric - LABEL op value' (with"
+         " '(paired)': judged on the paired interval or not at all) or 'metric ~ LABEL' (not"
+         " separated by the paired sign test)")
 
 
 @dataclass(frozen=True)
@@ -39,8 +52,9 @@ class Claim:
     source: str = ""  # "file:line" where it was stated
     # Another case's metric this one is set against: the method label, and "/" or "-".
     reference: str | None = None
-    relation: str | None = None
+    relation: str | None = None  # "/", "-", or NOT_SEPARATED
     goal: str | None = None  # a goal not met yet, and why: its failure does not fail the run
+    paired: bool = False  # judged on the cases' per-sample pairs, or missing without them
 
     def reference_id(self, case_id: str, benchmark: str, label: str) -> str:
         """The id of the case this claim compares `case_id` (which ran method `label`) with."""
@@ -49,15 +63,23 @@ class Claim:
 
 
 def parse_claim(text: str, source: str = "") -> Claim:
-    """Parse "cosine >= 0.99" or "peak_bytes / identity <= 0.51"; raise ValueError with the
-    expected form otherwise."""
+    """Parse "cosine >= 0.99", "peak_bytes / identity <= 0.51", "score - identity >= -5
+    (paired)" or "score ~ identity"; raise ValueError with the expected forms otherwise."""
+    apart = _NOT_SEPARATED.match(str(text))
+    if apart:
+        metric, reference = apart.groups()
+        # held when the sign test's p is at least the separation level
+        return Claim(text=f"{metric} ~ {reference}", metric=metric, op=">=",
+                     target=SEPARATION_LEVEL, source=source, reference=reference,
+                     relation=NOT_SEPARATED, paired=True)
     match = _CLAIM.match(str(text))
     if not match:
-        raise ValueError(
-            f"claim {text!r} is not of the form 'metric op value' or 'metric / LABEL op value'"
-            f" ('-' for a difference; op one of {' '.join(OPS)})"
-        )
-    metric, relation, reference, op, raw = match.groups()
+        raise ValueError(f"claim {text!r} is not of the form {FORMS}; op one of"
+                         f" {' '.join(OPS)}")
+    metric, relation, reference, op, raw, paired = match.groups()
+    if paired and relation != "-":
+        raise ValueError(f"claim {text!r}: '(paired)' judges a difference ('metric - LABEL op"
+                         " value') on the per-sample pairs")
     try:
         target = float(raw)
     except ValueError:
@@ -65,7 +87,8 @@ def parse_claim(text: str, source: str = "") -> Claim:
     if not math.isfinite(target):
         raise ValueError(f"claim {text!r}: the target must be a finite number")
     return Claim(text=" ".join(g for g in match.groups() if g is not None), metric=metric,
-                 op=op, target=target, source=source, reference=reference, relation=relation)
+                 op=op, target=target, source=source, reference=reference, relation=relation,
+                 paired=bool(paired))
 
 
 def judge(claim: Claim, metrics: dict[str, Metric],
@@ -85,6 +108,14 @@ def judge(claim: Claim, metrics: dict[str, Metric],
         bound = PAIRED_BOUNDS.get(claim.op) if claim.relation == "-" else None
         if measured is None or other is None:
             measured = None
+        elif claim.paired and not pairs:
+            measured = None
+            measured_as = "no per-sample values of both cases on the same samples"
+        elif claim.relation == NOT_SEPARATED:
+            compared = compare_paired(*pairs)
+            measured = compared.p_value
+            measured_as = (f"sign test p over {compared.pairs} samples ({compared.wins} above,"
+                           f" {compared.losses} below): {compared.verdict}")
         elif pairs is not None and bound is not None:
             _, low, high = paired_interval(differences(*pairs))
             measured = low if bound == "low" else high

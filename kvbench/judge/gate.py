@@ -9,6 +9,10 @@ Each row names the rule that judged it:
   has to beat both.
 - absolute timing: shown, not gated, unless the suite's gate sets absolute_timings; then judged
   as a ratio is.
+- per sample: where both records hold a metric's per-sample values on the same samples (RULER's,
+  NIAH's scores), the paired sign test against the baseline's own samples
+  (kvbench.judge.per_sample): samples that got significantly worse are a regression even when
+  the mean stayed inside its tolerance, and the gate lists them.
 A case defined otherwise than the baseline's (another method setting, benchmark setting,
 model, data, backend) is not comparable: never a regression, never an improvement; the rest are
 still gated, and only a strict gate exits 4 for it.
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvbench.results import CaseResult, Metric, RunResult, defining_parts, fingerprint
+from kvbench.judge.per_sample import SampleShift, sample_shifts
 from kvbench.judge.significance import shift_p_value, smallest_p_value
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 
@@ -94,6 +99,7 @@ class GateReport:
     failed_cases: list[str] = field(default_factory=list)  # status not ok in the current run
     not_comparable_cases: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    sample_shifts: list[SampleShift] = field(default_factory=list)  # per-sample comparisons
     expect_all: bool = True  # missing cases count as regressions
     strict: bool = False  # a case not comparable exits 4 (else it is marked, and the rest gated)
 
@@ -203,6 +209,18 @@ def _compare_case(old: CaseResult, new: CaseResult, policies: Sequence[GatePolic
     for name, now in new.metrics.items():
         if name not in old.metrics:
             _add(report, [_row(case_id, name, None, now, "new")])
+    # timings move with the machine: only figures the same inputs reproduce are paired
+    directions = {name: m.direction for name, m in new.metrics.items()
+                  if m.direction != "none" and m.timing is None}
+    for shift in sample_shifts(old, new, directions):
+        report.sample_shifts.append(shift)
+        verdict = PER_SAMPLE_VERDICTS[shift.comparison.verdict]
+        _add(report, [_row(case_id, f"{shift.metric} per sample", old.metrics[shift.metric],
+                           new.metrics[shift.metric], verdict, shift.rule)])
+
+
+PER_SAMPLE_VERDICTS: dict[str, RowVerdict] = {
+    "worse": "regression", "better": "improvement", "not separated": "same"}
 
 
 def fingerprint_differences(old: CaseResult, new: CaseResult) -> list[str]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 from collections import Counter
 
 from kvbench.judge.gate import GateReport, gate
-from kvbench.report.kit.tables import fmt_ratio, md_table, metric_cell, metric_header
+from kvbench.report.flipped import flipped_section
+from kvbench.report.kit.tables import (
+    fmt_number, fmt_ratio, md_table, metric_cell, metric_header,
+)
 from kvbench.results import Metric, RunResult
 
 # Fingerprint keys worth seeing next to each other; the full fingerprint is in each report.
@@ -31,7 +34,8 @@ def render_compare(a: RunResult, b: RunResult, report: GateReport | None = None)
     report = report or gate(b, a, expect_all=False)
     names = a.suite.name if a.suite.name == b.suite.name else f"{a.suite.name} vs {b.suite.name}"
     parts = [f"# kvbench compare: {names}", _sides(a, b),
-             _table(a, b, report), _summary(report)]
+             _table(a, b, report), _summary(report),
+             flipped_section(report, "## Samples worse in B than in A")]
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
@@ -56,7 +60,8 @@ def _table(a: RunResult, b: RunResult, report: GateReport) -> str:
         shown_a, shown_b = metrics_a.get(key), metrics_b.get(key)
         rows.append([
             MARKS[row.verdict], row.case_id, metric_header(row.metric, row.unit, row.direction),
-            metric_cell(shown_a) if shown_a else "", metric_cell(shown_b) if shown_b else "",
+            metric_cell(shown_a) if shown_a else fmt_number(row.baseline, row.unit),
+            metric_cell(shown_b) if shown_b else fmt_number(row.current, row.unit),
             fmt_ratio(row.ratio), row.rule,
         ])
     if not rows:

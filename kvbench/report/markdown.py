@@ -6,8 +6,9 @@ from collections import Counter
 from pathlib import Path
 
 from kvbench.benchmarks import BENCHMARKS
-from kvbench.judge.claims import parse_claim
+from kvbench.judge.claims import NOT_SEPARATED, parse_claim
 from kvbench.judge.gate import GateReport, GateRow
+from kvbench.report.flipped import flipped_section
 from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.report.kit.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
@@ -97,15 +98,16 @@ def claims_section(cases: list[CaseResult], heading: str = "## Claims") -> str:
     for case in cases:
         for claim in case.claims:
             metric = case.metrics.get(claim.metric)
-            ratio = parse_claim(claim.claim).relation == "/"  # against another case: no unit
-            unit = "" if metric is None or ratio else metric.unit
-            measured = fmt_number(claim.measured, unit)
-            if measured and claim.measured_as:  # a paired bound, not the difference of means
+            # a ratio to another case, or a test's p-value: no unit
+            unitless = parse_claim(claim.claim).relation in ("/", NOT_SEPARATED)
+            unit = "" if metric is None or unitless else metric.unit
+            measured = fmt_number(claim.measured, unit) or "—"
+            if claim.measured_as:  # a paired bound or test, not the difference of means
                 measured += f" ({claim.measured_as})"
             verdict = VERDICT_MARKS[claim.verdict]
             if claim.verdict == "unmet":
                 verdict += f": {claim.goal}"
-            rows.append([case.id, claim.claim, measured or "—", verdict, claim.source])
+            rows.append([case.id, claim.claim, measured, verdict, claim.source])
     if not rows:
         return ""
     return f"{heading}\n\n" + md_table(["case", "claim", "measured", "verdict", "source"], rows)
@@ -132,6 +134,9 @@ def _gate_section(gate: GateReport) -> str:
                        ("Failed cases", gate.failed_cases)):
         if ids:
             lines += ["", f"### {title}", ""] + [f"- `{case_id}`" for case_id in ids]
+    flipped = flipped_section(gate)
+    if flipped:
+        lines += ["", flipped]
     if gate.rows:
         lines += ["", "<details><summary>Every metric and the rule that judged it</summary>", "",
                   _gate_rows_table(gate.rows, verdicts=True), "", "</details>"]

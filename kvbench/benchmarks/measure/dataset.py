@@ -135,6 +135,7 @@ def output(params: DatasetParams, method: Implementation, reader: Reader, sample
             "scores": scores,
             "rows": [r["row"] for r in kept],
             "prompt_sha256s": [r["prompt_sha256"] for r in kept],
+            "predictions": [r["prediction"] for r in kept],  # the gate lists flips
             "metric": params.metric,
             "skipped_rows": skipped,
             "truncated_rows": truncated,

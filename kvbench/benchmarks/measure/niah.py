@@ -44,6 +44,7 @@ class NiahRun(Niah):
                 # per sample, in the order drawn: by length, then depth, then sample
                 "scores": [r["score"] for r in records],
                 "prompt_sha256s": [r["prompt_sha256"] for r in records],
+                "predictions": [r["prediction"] for r in records],  # the gate lists flips
                 "haystack": haystack_note(params.task, params.essay),
                 **common_info(replies, method, params.reads),
             },

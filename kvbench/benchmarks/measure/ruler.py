@@ -51,6 +51,7 @@ class RulerRun(Ruler):
                 "tokens_to_generate": spec.tokens_to_generate,
                 "prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in records),
                 "prompt_sha256s": [r["prompt_sha256"] for r in records],
+                "predictions": [r["prediction"] for r in records],  # the gate lists flips
                 "stopped": stopped(len(records), params),
                 **common_info(replies, method, params.reads),
             },

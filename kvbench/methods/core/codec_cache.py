@@ -204,7 +204,9 @@ class CodecCache(LayerCachePolicy):
         self._packed = [*self._blocks(), (pk, pv)]
         self._rooms = None
         self._merge_packed()
-        if len(self._packed) == 1 and self.in_place:
+        # rooms serve steps: a chunk longer than a room would overflow it anyway, and a room
+        # made at every prefill chunk raised turbo3's peak at 8k tokens by 50 MiB
+        if len(self._packed) == 1 and self.in_place and tokens < ROOM_TOKENS:
             self._rooms = self._make_rooms(*self._packed[0])
             if self._rooms is not None:
                 self._packed = []
