@@ -5,6 +5,7 @@ loaded."""
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass
 from typing import Literal
@@ -50,6 +51,8 @@ def declared_range(config: type, field: dataclasses.Field) -> str:
     else a Literal's choices, else nothing."""
     text = declaration(field).range_text() if declaration(field) else ""
     tp = typing.get_type_hints(config)[field.name]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # an optional Literal too
+        tp = next((a for a in typing.get_args(tp) if typing.get_origin(a) is Literal), tp)
     if not text and typing.get_origin(tp) is Literal:
         text = str(one_of(*typing.get_args(tp)))
     return text or describe.UNKNOWN

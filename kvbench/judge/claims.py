@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kvbench.judge.paired import (
-    LEVEL, SEPARATION_LEVEL, compare_paired, differences, paired_interval,
+    LEVEL, PER_SAMPLE, SEPARATION_LEVEL, compare_paired, differences, paired_interval,
 )
 from kvbench.results import ClaimResult, Metric
 
@@ -69,6 +69,7 @@ def parse_claim(text: str, source: str = "") -> Claim:
     if apart:
         metric, reference = apart.groups()
         # held when the sign test's p is at least the separation level
+        _check_per_sample(text, metric)
         return Claim(text=f"{metric} ~ {reference}", metric=metric, op=">=",
                      target=SEPARATION_LEVEL, source=source, reference=reference,
                      relation=NOT_SEPARATED, paired=True)
@@ -80,6 +81,8 @@ def parse_claim(text: str, source: str = "") -> Claim:
     if paired and relation != "-":
         raise ValueError(f"claim {text!r}: '(paired)' judges a difference ('metric - LABEL op"
                          " value') on the per-sample pairs")
+    if paired:
+        _check_per_sample(text, metric)
     try:
         target = float(raw)
     except ValueError:
@@ -89,6 +92,12 @@ def parse_claim(text: str, source: str = "") -> Claim:
     return Claim(text=" ".join(g for g in match.groups() if g is not None), metric=metric,
                  op=op, target=target, source=source, reference=reference, relation=relation,
                  paired=bool(paired))
+
+
+def _check_per_sample(text: str, metric: str) -> None:
+    if metric not in PER_SAMPLE:
+        raise ValueError(f"claim {text!r} is judged on per-sample values, which cases record for"
+                         f" {', '.join(PER_SAMPLE)} only, not {metric!r}")
 
 
 def judge(claim: Claim, metrics: dict[str, Metric],

@@ -16,7 +16,6 @@ from kvbench.config.extras import lacks
 from kvbench.config.fields import SettingError
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
 from kvbench.judge.claims import Claim, parse_claim
-from kvbench.judge.paired import PER_SAMPLE
 from kvbench.methods import METHODS, has_implementation
 from kvbench.models.info import ModelInfo, method_refusal
 from kvbench.suite.case import Case
@@ -447,10 +446,6 @@ def _bench_claims(bench: Placed[BenchmarkEntry], cls, issues: Issues):
         if cls is not None:
             who = f"benchmark {bench.value.kind!r} does not report"
             _check_metric(claim, set(cls.metrics), who, issues)
-        if claim.value.paired and claim.value.metric not in PER_SAMPLE:
-            issues.add(claim.doc, claim.path, f"claim {claim.value.text!r} is judged on"
-                       f" per-sample values, which cases record for {', '.join(PER_SAMPLE)}"
-                       f" only, not {claim.value.metric!r}")
         out.append((claim, item.cases if scoped else None, i))
     return out
 

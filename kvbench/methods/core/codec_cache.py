@@ -105,9 +105,10 @@ class CodecCache(LayerCachePolicy):
     measured_bytes() counts the decoded copy too.
 
     `in_place` (the default): a raw tail that never packs (identity) is a Tail buffer written
-    in place, and the packed block is kept in a Room with space for ROOM_TOKENS more tokens (never past what reserve()
-    said it will hold), where the codecs stack tokens and the arrays can be written in place: a
-    step writes after the filled tokens instead of joining them with its own (measured_bytes()
+    in place; and from the first pack shorter than ROOM_TOKENS (a decode step) the packed block
+    is kept in a Room with space for ROOM_TOKENS more tokens (never past what reserve() said it
+    will hold), where the codecs stack tokens and the arrays can be written in place: a step
+    writes after the filled tokens instead of joining them with its own (measured_bytes()
     counts the room). Not in place: both are joined at every step, as transformers'
     DynamicCache does (identity's `storage: concat`, the baseline of old).
 
