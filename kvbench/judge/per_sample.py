@@ -41,8 +41,9 @@ class SampleShift:
     def rule(self) -> str:
         c = self.comparison
         better = c.wins + c.losses - len(self.worse)
-        return (f"paired sign test over {c.pairs} samples: {len(self.worse)} worse, {better}"
-                f" better, p = {c.p_value:.2g}")
+        samples = f"{c.pairs} sample" + ("s" if c.pairs != 1 else "")
+        return (f"paired sign test over {samples}: {len(self.worse)} worse, {better} better,"
+                f" p = {c.p_value:.2g}")
 
 
 def sample_shifts(old: CaseResult, new: CaseResult, directions: dict[str, str]
