@@ -12,7 +12,7 @@ pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbenc
 from kvbench.kernels.cpu import attention, batched, channel  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
-from tests.plugins.model_runs import logits_by_read  # noqa: E402
+from tests.plugins.model_runs import logits_by_read, rows_and_alone  # noqa: E402
 from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention, randn  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -185,13 +185,7 @@ def test_the_batched_step_reads_kivi_rows_one_by_one(tiny_llama):
     session = TorchSession(tiny_llama, CPU)
     method = _kivi("auto")
     prompts = [list(range(5, 45)), list(range(60, 93))]
-    caches = [session.new_cache(method) for _ in prompts]
-    alone = []
-    for prompt, cache in zip(prompts, caches):
-        session.step(prompt, cache)
-        other = session.new_cache(method)
-        session.step(prompt, other)
-        alone.append(session.step([7], other)[0][-1])
+    caches, alone = rows_and_alone(session, method, prompts, 7)
     rows = session.step_rows([7, 7], caches)
     for row, expected in zip(rows, alone):
         assert (row - expected).abs().max() < 1e-5 * expected.abs().max()

@@ -12,7 +12,7 @@ pytest.importorskip("numba", reason="the CPU fused attention needs numba (kvbenc
 from kvbench.kernels.cpu import attention, row_decode  # noqa: E402
 from kvbench.kernels.formats import KVSegment  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
-from tests.plugins.model_runs import logits_by_read  # noqa: E402
+from tests.plugins.model_runs import logits_by_read, rows_and_alone  # noqa: E402
 from tests.plugins.tensors import (  # noqa: E402
     ATTENTION_TOLERANCE, decode_attention_inputs, exact_attention, randn,
 )
@@ -201,17 +201,11 @@ def test_the_batched_step_reads_every_row_through_it(tiny_llama, monkeypatch):
     session = TorchSession(tiny_llama, CPU)
     method = implementation(build_method("intq", {"bits": 4, "group_size": 8}))
     prompts = [list(range(5, 40)), list(range(60, 81))]  # rows of different lengths
-    caches, alone = [session.new_cache(method) for _ in prompts], []
-    for prompt, cache in zip(prompts, caches):
-        session.step(prompt, cache)
-    for prompt in prompts:
-        cache = session.new_cache(method)
-        session.step(prompt, cache)
-        alone.append(session.step([7], cache)[0])
+    caches, alone = rows_and_alone(session, method, prompts, 7)
     method.impl_log.ran.clear()
     calls.clear()
     rows = session.step_rows([7, 7], caches)
     assert method.impl_log.ran["decode attention"] == {"cpu"}
     assert calls == [2] * session.num_layers
     for row, expected in zip(rows, alone):
-        assert (row - expected[-1]).abs().max() < 1e-5 * expected.abs().max()
+        assert (row - expected).abs().max() < 1e-5 * expected.abs().max()

@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 from kvbench.kernels import interpreting  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from kvbench.methods.torch import base  # noqa: E402
+from tests.plugins.model_runs import rows_and_alone  # noqa: E402
 
 # every layout whose keys and values the Triton decode attention reads, at its defaults
 DEFAULTS = [("intq", {}), ("turbo3", {}), ("turbo4", {}), ("lloydmax", {})]
@@ -78,13 +79,7 @@ def test_the_batched_step_reads_ragged_rows_in_one_triton_call_per_layer(cuda_li
     session = TorchSession(llama_head_128, torch.device("cpu"))
     method = implementation(build_method("intq", {}))
     prompts = [list(range(5, 40)), list(range(60, 81)), list(range(90, 97))]
-    caches = [session.new_cache(method) for _ in prompts]
-    alone = []
-    for prompt, cache in zip(prompts, caches):
-        session.step(prompt, cache)
-        twin = session.new_cache(method)
-        session.step(prompt, twin)
-        alone.append(session.step([7], twin)[0][-1])
+    caches, alone = rows_and_alone(session, method, prompts, 7)
     method.impl_log.ran.clear()
     together = session.step_rows([7, 7, 7], caches)
     assert method.impl_log.ran["decode attention"] == {"triton"}

@@ -249,6 +249,16 @@ ATTENTION_SHAPES = {"mha-33": (1, 4, 4, 33, 64), "gqa3-300-batch2": (2, 9, 3, 30
                     "mqa8-1token": (1, 8, 1, 1, 128)}
 
 
+def _attention_codecs(name: str | None, params: dict, dim: int) -> tuple:
+    """(the kernels' codec, its format for rows of `dim`, the torch reference's codec) of a
+    method; Nones for raw K/V (name None)."""
+    if name is None:
+        return None, None, None
+    codec = _method(name, {**params, "impl": "triton"}).codec()
+    return (codec, codec.kernel_for(DEVICE, dim),
+            _method(name, {**params, "impl": "torch"}).codec())
+
+
 def _attention_cases():
     """(dtype, shape) of each case; in the interpreter the large shape in 16-bit dtypes is slow
     (~15 s each): the default run reads it in float32, and 16-bit rounding at the small ones."""
@@ -263,11 +273,7 @@ def _attention_cases():
                          ids=[f"{n}-{p}" for n, p in ATTENTION_METHODS])
 @pytest.mark.parametrize("dtype,shape", list(_attention_cases()))
 def test_fused_attention_matches_attention_over_the_decoded_cache(name, params, dtype, shape):
-    codec = fmt = reference = None
-    if name is not None:
-        codec = _method(name, {**params, "impl": "triton"}).codec()
-        fmt = codec.kernel_for(DEVICE, shape[-1])
-        reference = _method(name, {**params, "impl": "torch"}).codec()
+    codec, fmt, reference = _attention_codecs(name, params, shape[-1])
     query, segments, all_k, all_v, bias = decode_attention_inputs(shape, dtype, codec, fmt,
                                                                   reference, DEVICE)
     scaling = 0.7 * shape[-1] ** -0.5
@@ -297,11 +303,7 @@ def test_fused_attention_softcap_sinks_and_window(name, params, dtype, shape):
     the cache as it is read at a step (packed block, raw tail, the step's token): the windows
     lie in the tail (the block not read), start inside the block (within one split or over
     several) or cover everything."""
-    codec = fmt = reference = None
-    if name is not None:
-        codec = _method(name, {**params, "impl": "triton"}).codec()
-        fmt = codec.kernel_for(DEVICE, shape[-1])
-        reference = _method(name, {**params, "impl": "torch"}).codec()
+    codec, fmt, reference = _attention_codecs(name, params, shape[-1])
     query, segments, all_k, all_v, bias = cache_read_inputs(shape, dtype, codec, fmt,
                                                             reference, DEVICE)
     total, scaling = all_k.shape[2], 0.7 * shape[-1] ** -0.5

@@ -75,6 +75,21 @@ def staggered_prompts(tokenizer) -> list[list[int]]:
     return [ids[i * 300 : i * 300 + 30 + 9 * i] for i in range(5)]
 
 
+def rows_and_alone(session, method, prompts: list[list[int]], token: int
+                   ) -> tuple[list, list[torch.Tensor]]:
+    """For a batched step's test: a cache of `method` per prompt, prefilled with it, and what
+    each prompt's own one-token step of `token` gives after it (its logits (vocab,), from a
+    second cache of its own)."""
+    caches, alone = [], []
+    for prompt in prompts:
+        cache, twin = session.new_cache(method), session.new_cache(method)
+        session.step(prompt, cache)
+        session.step(prompt, twin)
+        caches.append(cache)
+        alone.append(session.step([token], twin)[0][-1])
+    return caches, alone
+
+
 def logits_by_read(session, make_method, ids: list[int], prefill: int) -> tuple[dict, dict]:
     """Decode ids[prefill:] one token at a time after a prefill of ids[:prefill], once with
     make_method("torch") (the reference read) and once with make_method("auto") (the fused one
