@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from kvbench.kernels.formats import IntQFormat, KVSegment, token_axis  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
 from kvbench.kernels.triton.rows import (  # noqa: E402
-    LINE, decode_attention_rows, group_rows, row_formats,
+    LINE, decode_attention_rows, row_formats,
 )
 from kvbench.methods import build_method, implementation  # noqa: E402
 from tests.plugins.tensors import ATTENTION_TOLERANCE, exact_attention, randn  # noqa: E402
@@ -173,8 +173,8 @@ def test_the_launches_do_not_grow_with_the_rows():
 
 
 def test_rows_of_other_structures_go_apart_and_are_refused_together():
-    """group_rows: one group per structure (formats segment by segment), rows it cannot read
-    alone; decode_attention_rows refuses rows of two structures."""
+    """row_formats: one key per structure (formats segment by segment), None for rows it cannot
+    read; decode_attention_rows refuses rows of two structures."""
     packed, _ = _rows("intq4", (4, 9), seed=1)
     turbo, _ = _rows("turbo3", (6,), seed=2)
     raw, _ = _rows("raw", (5, 3), step=False, seed=3)
@@ -184,9 +184,11 @@ def test_rows_of_other_structures_go_apart_and_are_refused_together():
     batch2 = [KVSegment(torch.zeros(2, 2, 3, 64), torch.zeros(2, 2, 3, 64))]
     rows = [packed[0], raw[0], turbo[0], kivi, packed[1], batch2, raw[1], []]
     assert row_formats(packed[0]) == row_formats(packed[1]) != row_formats(turbo[0])
-    assert group_rows(rows) == ([[0, 4], [1, 6], [2]], [3, 5, 7])
+    keys = [row_formats(row) for row in rows]
+    assert keys[0] == keys[4] and keys[1] == keys[6] and len({keys[0], keys[1], keys[2]}) == 3
+    assert [i for i, key in enumerate(keys) if key is None] == [3, 5, 7]
     query = randn(2, 4, 64, seed=1).to(DEVICE)
-    with pytest.raises(ValueError, match="rows of one structure.*group_rows"):
+    with pytest.raises(ValueError, match="rows of one structure.*row_formats"):
         decode_attention_rows(query, [packed[0], raw[0]])
     with pytest.raises(ValueError, match="2 queries for 3 rows"):
         decode_attention_rows(query, packed + turbo)

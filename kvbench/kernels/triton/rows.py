@@ -2,8 +2,8 @@
 kernels: every row's one query over its own cache (its own allocations, its own length) in a few
 launches per layer, whatever the number of rows; the twin of kvbench.kernels.cpu.batched.
 
-Rows whose segments have the same formats in the same order (row_formats; group_rows sorts a
-step's rows by it) are read together: one _split launch per segment position (slot) over all of
+Rows whose segments have the same formats in the same order (row_formats, which the caller
+groups a step's rows by: kvbench.models.attention) are read together: one _split launch per segment position (slot) over all of
 them, then one _combine. A slot's launch gets a table, one line of LINE int64s per row: the
 addresses of the row's tensors with their head and token strides (in elements), then its token
 count and split plan; the kernel casts the addresses to pointers of the tensors' element types.
@@ -48,17 +48,6 @@ def row_formats(segments: list[KVSegment]) -> tuple | None:
     return tuple(key)
 
 
-def group_rows(rows: list[list[KVSegment]]) -> tuple[list[list[int]], list[int]]:
-    """(the indices of the rows decode_attention_rows reads together, one list per row_formats
-    in order of first appearance; the indices of the rows it cannot read)."""
-    groups: dict[tuple, list[int]] = {}
-    alone = []
-    for i, segments in enumerate(rows):
-        key = row_formats(segments)
-        (alone if key is None else groups.setdefault(key, [])).append(i)
-    return list(groups.values()), alone
-
-
 def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
                           scaling: float | None = None, softcap: float | None = None,
                           sinks: torch.Tensor | None = None,
@@ -67,7 +56,7 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
     (1, kv_heads, tokens, head_dim) keys and values, raw or packed, anywhere in memory): what
     decode_attention(query[i:i + 1], rows[i], scaling=scaling, splits=splits, softcap=softcap,
     sinks=sinks) gives, bit for bit. Every row must have the same row_formats (ValueError
-    otherwise: group_rows sorts them). Returns query's shape and dtype."""
+    otherwise). Returns query's shape and dtype."""
     shape = query.shape
     q = query.reshape(shape[0], shape[1], shape[-1]).contiguous()
     count, q_heads, dim = q.shape
@@ -76,7 +65,7 @@ def decode_attention_rows(query: torch.Tensor, rows: list[list[KVSegment]],
     keys = {row_formats(segments) for segments in rows}
     if len(keys) != 1 or None in keys:
         raise ValueError("decode_attention_rows reads rows of one structure (the same formats, "
-                         "segment by segment, batch 1 each): group them with group_rows")
+                         "segment by segment, batch 1 each): group them by row_formats")
     rows = [[segment.trimmed() for segment in segments] for segments in rows]
     kv_heads = {check_decode_shapes(segments, 1, q_heads, None)[0] for segments in rows}
     if len(kv_heads) != 1:
