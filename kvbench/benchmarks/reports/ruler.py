@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
+from kvbench.benchmarks.reports.ruler_board import board_figure, board_section
 from kvbench.benchmarks.reports.ruler_numbers import (
     BENCHMARK, UNPAIRED_PARAMS, Headline, RulerRow, RulerTable, length_of, row_name, ruler_table,
     samples_of, task_of,
@@ -410,7 +411,9 @@ class RulerReport(BenchmarkReport):
     board = BOARD
 
     def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        return [part for part in (ruler_section(result), ruler_figure(result, out_dir)) if part]
+        parts = (ruler_section(result), ruler_figure(result, out_dir), board_section(result),
+                 board_figure(result, out_dir))
+        return [part for part in parts if part]
 
 
 REPORT = RulerReport()

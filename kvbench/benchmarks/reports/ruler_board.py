@@ -1,0 +1,188 @@
+"""ruler in kvpress's leaderboard form (NVIDIA/kvpress evaluation/leaderboard.sh): per context
+length and `compress` setting, each token-reduction method's mean score over the tasks at each
+configured compression ratio, kvpress's (the fraction of the prompt removed: 1 - the method's
+`ratio`), with the achieved ratio beside it (1 - retained_kv: the share of the plain cache's
+bytes not held at the end, question and answer included); and a figure of the score against the
+achieved ratio, a line per method, identity as the ceiling. Drawn where a method ran at two
+configured ratios or more at one length and setting; made from results alone
+(kvbench.benchmarks.reports.ruler_numbers)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbench.benchmarks.reports.retrieval import ci
+from kvbench.benchmarks.reports.ruler_numbers import Headline, RulerRow, ruler_table
+from kvbench.report.kit.figures import (
+    PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
+)
+from kvbench.report.kit.tables import finite_metric, length_name, md_table
+from kvbench.results import RunResult
+
+BOARD_PNG = "ruler_score_vs_achieved_ratio.png"
+
+
+@dataclass
+class BoardPoint:
+    label: str
+    configured: float  # kvpress's compression_ratio: 1 - the method's ratio
+    achieved: float | None  # 1 - retained_kv, the mean over the tasks
+    head: Headline
+
+
+@dataclass
+class BoardLine:
+    method: str  # registry name
+    points: list[BoardPoint] = field(default_factory=list)  # by configured ratio
+
+
+@dataclass
+class BoardPanel:
+    length: int
+    compress: str
+    lines: list[BoardLine]
+    identity: Headline | None  # the ceiling
+
+
+@dataclass
+class Board:
+    title: str
+    panels: list[BoardPanel]
+
+    @property
+    def ratios(self) -> list[float]:
+        return sorted({p.configured for panel in self.panels for line in panel.lines
+                       for p in line.points})
+
+
+def _configured(row: RulerRow) -> float | None:
+    ratio = row.cases[0].method_params.get("ratio")
+    return None if not isinstance(ratio, (int, float)) else round(1 - ratio, 6)
+
+
+def _achieved(row: RulerRow, length: int) -> float | None:
+    kept = [finite_metric(c, "retained_kv") for c in row.cases
+            if int(c.bench_params.get("length", 0)) == length]
+    kept = [k for k in kept if k is not None]
+    return 1 - sum(kept) / len(kept) if kept else None
+
+
+def board_data(result: RunResult) -> Board | None:
+    """The leaderboard's panels; None when no method ran at two configured ratios in one."""
+    table = ruler_table(result)
+    if table is None:
+        return None
+    panels: dict[tuple[int, str], BoardPanel] = {}
+    for row in table.rows:
+        compress = str(row.cases[0].bench_params.get("compress", "context"))
+        for length, head in row.headline.items():
+            panel = panels.setdefault((length, compress), BoardPanel(length, compress, [], None))
+            if row.is_identity:
+                panel.identity = panel.identity or head
+                continue
+            configured = _configured(row)
+            if configured is None:
+                continue
+            line = next((li for li in panel.lines if li.method == row.method), None)
+            if line is None:
+                line = BoardLine(row.method)
+                panel.lines.append(line)
+            line.points.append(BoardPoint(row.cases[0].method_label, configured,
+                                          _achieved(row, length), head))
+    kept = []
+    for panel in panels.values():
+        panel.lines = [line for line in panel.lines
+                       if len({p.configured for p in line.points}) >= 2]
+        for line in panel.lines:
+            line.points.sort(key=lambda p: (p.configured, p.label))
+        if panel.lines:
+            kept.append(panel)
+    if not kept:
+        return None
+    kept.sort(key=lambda p: (p.length, p.compress))
+    return Board(f"kvbench {result.suite.name}: RULER score vs achieved compression ratio",
+                 kept)
+
+
+def _cell(point: BoardPoint) -> str:
+    achieved = "—" if point.achieved is None else f"{point.achieved:.2f}"
+    return f"{ci(point.head.mean, point.head.low, point.head.high)} ({achieved})"
+
+
+def board_section(result: RunResult) -> str | None:
+    board = board_data(result)
+    if board is None:
+        return None
+    ratios = board.ratios
+    out = ["### RULER in kvpress's leaderboard form", "",
+           "Mean score over the tasks [95% CI] at each configured compression ratio (kvpress's:"
+           " the fraction of the prompt removed, 1 − `ratio`), with the achieved ratio in"
+           " brackets: 1 − retained_kv, the share of the plain cache's bytes not held at the"
+           " end, question and answer included. identity is the ceiling. `context`: the"
+           " question is not seen before compression (kvpress's default); `context+question`:"
+           " it is (kvpress's query-aware loop)."]
+    for panel in board.panels:
+        header = ["method", *(f"compression ratio {r:g}" for r in ratios)]
+        rows = []
+        for line in panel.lines:
+            at = {p.configured: p for p in line.points}
+            rows.append([line.method, *(_cell(at[r]) if r in at else "—" for r in ratios)])
+        ceiling = ("" if panel.identity is None else " (identity, the ceiling: "
+                   + ci(panel.identity.mean, panel.identity.low, panel.identity.high) + ")")
+        out += ["", f"#### {length_name(panel.length)}, compress: {panel.compress}{ceiling}", "",
+                md_table(header, rows, set(range(1, len(header))))]
+    return "\n".join(out)
+
+
+def board_plot_png(board: Board, path: str | Path) -> Path:
+    """Score against achieved ratio, a panel per (length, compress), a line per method, identity
+    dashed with its interval shaded. Raises PlotUnavailable without matplotlib."""
+    plt = pyplot()
+    path = Path(path)
+    count = len(board.panels)
+    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharex=True,
+                             sharey=True, squeeze=False)
+    try:
+        styles = line_styles({line.method: method_family(line.method)
+                              for panel in board.panels for line in panel.lines})
+        for panel, ax in zip(board.panels, axes[0]):
+            if panel.identity is not None:
+                ax.axhline(panel.identity.mean, color="black", linestyle="--", linewidth=1.2,
+                           label="identity (ceiling)", zorder=2)
+                if all(map(math.isfinite, (panel.identity.low, panel.identity.high))):
+                    ax.axhspan(panel.identity.low, panel.identity.high, color="black",
+                               alpha=0.07, zorder=1, label="identity 95% CI")
+            for line in panel.lines:
+                points = [p for p in line.points if p.achieved is not None]
+                ax.errorbar([p.achieved for p in points], [p.head.mean for p in points],
+                            yerr=[[p.head.mean - p.head.low for p in points],
+                                  [p.head.high - p.head.mean for p in points]],
+                            markersize=6, capsize=3, linewidth=1.4, elinewidth=1.0,
+                            label=line.method, zorder=3, **styles[line.method])
+            ax.set_title(f"{length_name(panel.length)}, compress: {panel.compress}",
+                         fontsize=10)
+            ax.set_xlabel("achieved compression ratio (share of the plain cache removed)")
+            ax.set_xlim(-0.02, 1.0)
+            ax.set_ylim(-3, 102)
+            ax.grid(True, alpha=0.35)
+        axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
+        fig.suptitle(board.title)
+        handles = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, handle)
+        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
+        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=8)
+        save_png(fig, path)
+    finally:
+        plt.close(fig)
+    return PlotPath.of(path, board)
+
+
+def board_figure(result: RunResult, out_dir: Path | None) -> str | None:
+    """The figure's link (written when out_dir is given), the same text without out_dir."""
+    return figure_text(
+        board_data(result), out_dir, lambda board, folder: board_plot_png(board, folder / BOARD_PNG),
+        f"![RULER: mean score over tasks vs achieved compression ratio, kvpress's leaderboard"
+        f" form]({BOARD_PNG})", "RULER leaderboard plot")
