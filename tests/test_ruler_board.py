@@ -68,7 +68,7 @@ def test_configured_and_achieved_ratios_and_identity_as_the_ceiling_per_compress
     text = board_section(result)
     assert text.startswith("### RULER in kvpress's leaderboard form")
     low, high = wilson_interval(75.0, 8)
-    ceiling = f"(identity, the ceiling: 75.0 [{low:.1f}–{high:.1f}])"
+    ceiling = f"(identity, the ceiling: 75.0 [{low:.1f}–{high:.1f}]; 2 tasks, 8 samples)"
     assert f"#### 4K, compress: context {ceiling}" in text
     assert f"#### 4K, compress: context+question {ceiling}" in text
     header = _row(text, "method", "compress: context ")
@@ -99,6 +99,14 @@ def test_the_figure_plots_score_against_achieved_ratio(tmp_path):
     assert png.startswith(b"\x89PNG")
     write_reports(result, tmp_path / "again")
     assert (tmp_path / "again" / BOARD_PNG).read_bytes() == png  # same results, same bytes
+
+
+def test_a_point_over_other_tasks_than_identitys_says_so():
+    cases = [c for c in _grid() if not (c.method_label == "snapkv-cr0.75"
+                                        and c.bench_params["task"] == "vt")]
+    text = board_section(_run(cases))
+    assert _row(text, "snapkv", "compress: context ")[2].endswith("(1 task; identity 2)")
+    assert "identity" not in _row(text, "snapkv", "compress: context ")[1]
 
 
 def test_no_board_when_no_method_ran_at_two_ratios():

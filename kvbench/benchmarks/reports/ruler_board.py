@@ -105,9 +105,13 @@ def board_data(result: RunResult) -> Board | None:
                  kept)
 
 
-def _cell(point: BoardPoint) -> str:
+def _cell(point: BoardPoint, identity: Headline | None) -> str:
     achieved = "—" if point.achieved is None else f"{point.achieved:.2f}"
-    return f"{ci(point.head.mean, point.head.low, point.head.high)} ({achieved})"
+    text = f"{ci(point.head.mean, point.head.low, point.head.high)} ({achieved})"
+    if identity is not None and sorted(point.head.tasks) != sorted(identity.tasks):
+        count = len(point.head.tasks)
+        text += f" ({count} task{'' if count == 1 else 's'}; identity {len(identity.tasks)})"
+    return text
 
 
 def board_section(result: RunResult) -> str | None:
@@ -127,9 +131,13 @@ def board_section(result: RunResult) -> str | None:
         rows = []
         for line in panel.lines:
             at = {p.configured: p for p in line.points}
-            rows.append([line.method, *(_cell(at[r]) if r in at else "—" for r in ratios)])
-        ceiling = ("" if panel.identity is None else " (identity, the ceiling: "
-                   + ci(panel.identity.mean, panel.identity.low, panel.identity.high) + ")")
+            rows.append([line.method, *(_cell(at[r], panel.identity) if r in at else "—"
+                                        for r in ratios)])
+        ceiling = ""
+        if panel.identity is not None:
+            head = panel.identity
+            ceiling = (f" (identity, the ceiling: {ci(head.mean, head.low, head.high)};"
+                       f" {len(head.tasks)} tasks, {head.samples} samples)")
         out += ["", f"#### {length_name(panel.length)}, compress: {panel.compress}{ceiling}", "",
                 md_table(header, rows, set(range(1, len(header))))]
     return "\n".join(out)
