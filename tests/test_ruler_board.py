@@ -113,3 +113,13 @@ def test_no_board_when_no_method_ran_at_two_ratios():
     cases = [c for c in _grid() if c.method_label != "snapkv-cr0.75"]
     assert board_data(_run(cases)) is None
     assert board_section(_run(cases)) is None
+
+
+def test_another_setting_that_splits_rows_draws_its_own_line():
+    cases = _grid() + [c.model_copy(update={
+        "id": c.id + ",reads=packed", "bench_params": {**c.bench_params, "reads": "packed"}})
+        for c in _grid() if c.method == "snapkv"]
+    panel = board_data(_run(cases)).panels[0]
+    names = [line.method for line in panel.lines]
+    assert len(names) == 2 and names[0].startswith("snapkv (") and "reads=packed" in names[1]
+    assert all(len(line.points) == 2 for line in panel.lines)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.benchmarks.reports.retrieval import ci
-from kvbench.benchmarks.reports.ruler_numbers import Headline, RulerRow, ruler_table
+from kvbench.benchmarks.reports.ruler_numbers import (
+    Headline, RulerRow, length_of, ruler_table,
+)
 from kvbench.report.kit.figures import (
     PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
 )
@@ -33,7 +35,8 @@ class BoardPoint:
 
 @dataclass
 class BoardLine:
-    method: str  # registry name
+    method: str  # registry name, and any setting besides compress that splits its rows
+    family: str  # its colour and marker (kit.figures.method_family)
     points: list[BoardPoint] = field(default_factory=list)  # by configured ratio
 
 
@@ -62,10 +65,18 @@ def _configured(row: RulerRow) -> float | None:
 
 
 def _achieved(row: RulerRow, length: int) -> float | None:
-    kept = [finite_metric(c, "retained_kv") for c in row.cases
-            if int(c.bench_params.get("length", 0)) == length]
+    kept = [finite_metric(c, "retained_kv") for c in row.cases if length_of(c) == length]
     kept = [k for k in kept if k is not None]
     return 1 - sum(kept) / len(kept) if kept else None
+
+
+def _line_name(row: RulerRow, extras: list[str]) -> str:
+    """The method, and any setting besides compress that splits rows (the model, reads, ...):
+    each draws a line of its own."""
+    case = row.cases[0]
+    shown = ", ".join(f"{k}={case.model if k == 'model' else case.bench_params.get(k)}"
+                      for k in extras)
+    return f"{row.method} ({shown})" if shown else row.method
 
 
 def board_data(result: RunResult) -> Board | None:
@@ -84,9 +95,10 @@ def board_data(result: RunResult) -> Board | None:
             configured = _configured(row)
             if configured is None:
                 continue
-            line = next((li for li in panel.lines if li.method == row.method), None)
+            name = _line_name(row, [k for k in table.extras if k != "compress"])
+            line = next((li for li in panel.lines if li.method == name), None)
             if line is None:
-                line = BoardLine(row.method)
+                line = BoardLine(name, method_family(row.method))
                 panel.lines.append(line)
             line.points.append(BoardPoint(row.cases[0].method_label, configured,
                                           _achieved(row, length), head))
@@ -152,7 +164,7 @@ def board_plot_png(board: Board, path: str | Path) -> Path:
     fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharex=True,
                              sharey=True, squeeze=False)
     try:
-        styles = line_styles({line.method: method_family(line.method)
+        styles = line_styles({line.method: line.family
                               for panel in board.panels for line in panel.lines})
         for panel, ax in zip(board.panels, axes[0]):
             if panel.identity is not None:
@@ -191,6 +203,7 @@ def board_plot_png(board: Board, path: str | Path) -> Path:
 def board_figure(result: RunResult, out_dir: Path | None) -> str | None:
     """The figure's link (written when out_dir is given), the same text without out_dir."""
     return figure_text(
-        board_data(result), out_dir, lambda board, folder: board_plot_png(board, folder / BOARD_PNG),
+        board_data(result), out_dir,
+        lambda board, folder: board_plot_png(board, folder / BOARD_PNG),
         f"![RULER: mean score over tasks vs achieved compression ratio, kvpress's leaderboard"
         f" form]({BOARD_PNG})", "RULER leaderboard plot")
