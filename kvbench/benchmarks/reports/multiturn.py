@@ -21,7 +21,8 @@ from kvbench.judge.paired import paired_samples, same_samples
 from kvbench.report.kit.benchmark import Board, BenchmarkReport
 from kvbench.report.kit.drift import length_drift_section
 from kvbench.report.kit.figures import (
-    PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
+    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
+    save_png,
 )
 from kvbench.report.kit.paired import (
     IDENTITY, PairedScope, paired_legend, paired_table, signed,
@@ -293,12 +294,7 @@ def multiturn_plot_png(plot: TurnPlot, path: Path) -> Path:
             ax.grid(True, alpha=0.35)
         axes[0, 0].set_ylabel("score (0-100) [95% CI]")
         fig.suptitle(plot.title)
-        handles = {}
-        for ax in axes[0]:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(label, handle)
-        fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
-        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=8)
+        legend_right(fig, legend_handles(axes[0]), 1.8, fontsize=8)
         save_png(fig, path)
     finally:
         plt.close(fig)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvbench.report.kit.benchmark import BenchmarkReport, Board
 from kvbench.report.kit.figures import (
-    PlotPath, family_styles, figure_text, method_family, pareto_front, pyplot, save_png,
+    PlotPath, family_styles, figure_text, legend_handles, legend_right, method_family,
+    pareto_front, pyplot, save_png,
 )
 from kvbench.results import RunResult
 
@@ -165,15 +165,10 @@ def rate_distortion_png(result: RunResult, path: str | Path, x: str = "bits_per_
             ax.set_ylabel(_axis_label(result, y) + (" (log)" if plot.log_y else ""), fontsize=9)
         axes[-1, 0].set_xlabel(_axis_label(result, x))
         fig.suptitle(plot.title)
-        handles: dict[str, Any] = {}
-        for ax in axes[:, 0]:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(label, handle)
+        handles = legend_handles(axes[:, 0])
         if "Pareto front" in handles:  # last, after the families
             handles["Pareto front"] = handles.pop("Pareto front")
-        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
-        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=9,
-                   title="method family")
+        legend_right(fig, handles, fontsize=9, title="method family")
         # names go on last, once the layout has fixed where every point is
         renderer = fig.canvas.get_renderer()
         for s, ax in zip(plot.series, axes[:, 0]):

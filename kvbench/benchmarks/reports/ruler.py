@@ -27,7 +27,8 @@ from kvbench.judge.paired import fewest_pairs_to_separate
 from kvbench.report.kit.benchmark import BenchmarkReport
 from kvbench.report.kit.drift import length_drift_section
 from kvbench.report.kit.figures import (
-    PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
+    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
+    save_png,
 )
 from kvbench.report.kit.paired import PairedScope, paired_legend, paired_table, signed
 from kvbench.report.kit.tables import finite_metric, length_name, md_table
@@ -384,13 +385,9 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
         axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
         fig.suptitle(plot.title)
         # one legend right of the panels, off the points (most methods score low, at the left)
-        handles = {}
-        for ax in axes[0]:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(label.split(" (")[0] if label.startswith("identity (")
-                                   else label, handle)
-        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
-        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=8)
+        handles = legend_handles(axes[0], lambda label: label.split(" (")[0]
+                                 if label.startswith("identity (") else label)
+        legend_right(fig, handles, fontsize=8)
         save_png(fig, path)
     finally:
         plt.close(fig)

@@ -17,7 +17,8 @@ from kvbench.benchmarks.reports.ruler_numbers import (
     Headline, RulerRow, length_of, ruler_table,
 )
 from kvbench.report.kit.figures import (
-    PlotPath, figure_text, line_styles, method_family, pyplot, save_png,
+    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
+    save_png,
 )
 from kvbench.report.kit.tables import finite_metric, length_name, md_table
 from kvbench.results import RunResult
@@ -188,12 +189,7 @@ def board_plot_png(board: Board, path: str | Path) -> Path:
             ax.grid(True, alpha=0.35)
         axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
         fig.suptitle(board.title)
-        handles = {}
-        for ax in axes[0]:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(label, handle)
-        fig.tight_layout(rect=(0, 0, 1 - 1.6 / fig.get_figwidth(), 1))
-        fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=8)
+        legend_right(fig, legend_handles(axes[0]), fontsize=8)
         save_png(fig, path)
     finally:
         plt.close(fig)

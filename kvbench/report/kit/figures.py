@@ -149,6 +149,23 @@ def check_matplotlib() -> None:
     del matplotlib  # only whether it is there
 
 
+def legend_handles(axes: Iterable[Any], rename: Callable[[str], str] = lambda label: label
+                   ) -> dict[str, Any]:
+    """Each (renamed) label's first handle over the panels, in order: one legend for them all."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(rename(label), handle)
+    return handles
+
+
+def legend_right(fig, handles: dict[str, Any], margin_in: float = 1.6, **kwargs: Any) -> None:
+    """The panels laid out clear of `margin_in` inches at the right, the legend there (off the
+    points); kwargs go to fig.legend."""
+    fig.tight_layout(rect=(0, 0, 1 - margin_in / fig.get_figwidth(), 1))
+    fig.legend(handles.values(), handles.keys(), loc="center right", **kwargs)
+
+
 def save_png(fig, path: Path) -> None:
     """Via a temp file and a rename; no Software/date metadata, so the same results give the
     same bytes."""
