@@ -65,7 +65,7 @@ def _row(text: str, label: str, after: str) -> list[str]:
 
 def test_configured_and_achieved_ratios_and_identity_as_the_ceiling_per_compress_setting():
     result = _run(_grid())
-    text = board_section(result)
+    text = board_section(board_data(result))
     assert text.startswith("### RULER in kvpress's leaderboard form")
     low, high = wilson_interval(75.0, 8)
     ceiling = f"(identity, the ceiling: 75.0 [{low:.1f}–{high:.1f}]; 2 tasks, 8 samples)"
@@ -104,7 +104,7 @@ def test_the_figure_plots_score_against_achieved_ratio(tmp_path):
 def test_a_point_over_other_tasks_than_identitys_says_so():
     cases = [c for c in _grid() if not (c.method_label == "snapkv-cr0.75"
                                         and c.bench_params["task"] == "vt")]
-    text = board_section(_run(cases))
+    text = board_section(board_data(_run(cases)))
     assert _row(text, "snapkv", "compress: context ")[2].endswith("(1 task; identity 2)")
     assert "identity" not in _row(text, "snapkv", "compress: context ")[1]
 
@@ -112,7 +112,7 @@ def test_a_point_over_other_tasks_than_identitys_says_so():
 def test_no_board_when_no_method_ran_at_two_ratios():
     cases = [c for c in _grid() if c.method_label != "snapkv-cr0.75"]
     assert board_data(_run(cases)) is None
-    assert board_section(_run(cases)) is None
+    assert board_section(board_data(_run(cases))) is None
 
 
 def test_another_setting_that_splits_rows_draws_its_own_line():

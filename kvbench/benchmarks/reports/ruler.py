@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
-from kvbench.benchmarks.reports.ruler_board import board_figure, board_section
+from kvbench.benchmarks.reports.ruler_board import board_data, board_figure, board_section
 from kvbench.benchmarks.reports.ruler_numbers import (
     BENCHMARK, UNPAIRED_PARAMS, Headline, RulerRow, RulerTable, length_of, row_name, ruler_table,
     samples_of, task_of,
@@ -408,8 +408,9 @@ class RulerReport(BenchmarkReport):
     board = BOARD
 
     def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        parts = (ruler_section(result), ruler_figure(result, out_dir), board_section(result),
-                 board_figure(result, out_dir))
+        board = board_data(result)  # once, for its tables and its figure
+        parts = (ruler_section(result), ruler_figure(result, out_dir), board_section(board),
+                 board_figure(board, out_dir))
         return [part for part in parts if part]
 
 

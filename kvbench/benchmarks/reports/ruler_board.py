@@ -127,8 +127,8 @@ def _cell(point: BoardPoint, identity: Headline | None) -> str:
     return text
 
 
-def board_section(result: RunResult) -> str | None:
-    board = board_data(result)
+def board_section(board: Board | None) -> str | None:
+    """The tables of board_data(result); None without a board."""
     if board is None:
         return None
     ratios = board.ratios
@@ -196,10 +196,10 @@ def board_plot_png(board: Board, path: str | Path) -> Path:
     return PlotPath.of(path, board)
 
 
-def board_figure(result: RunResult, out_dir: Path | None) -> str | None:
+def board_figure(board: Board | None, out_dir: Path | None) -> str | None:
     """The figure's link (written when out_dir is given), the same text without out_dir."""
     return figure_text(
-        board_data(result), out_dir,
+        board, out_dir,
         lambda board, folder: board_plot_png(board, folder / BOARD_PNG),
         f"![RULER: mean score over tasks vs achieved compression ratio, kvpress's leaderboard"
         f" form]({BOARD_PNG})", "RULER leaderboard plot")
