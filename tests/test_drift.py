@@ -1,5 +1,5 @@
 """Output-length drift: each method's answer lengths paired with identity's on the same prompts
-(kvbench.report.kit.drift), in the ruler and niah reports; and a forked cache goes on exactly
+(kvbench.reportkit.drift), in the ruler and niah reports; and a forked cache goes on exactly
 as the original would (what answering one compressed context several ways stands on)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from kvbench.benchmarks.reports.niah import niah_section
 from kvbench.benchmarks.reports.ruler import ruler_section
-from kvbench.report.kit.drift import drift_scopes, length_drift_section
+from kvbench.reportkit.drift import drift_scopes, length_drift_section
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
 
 

@@ -14,9 +14,9 @@ from kvbench.benchmarks import BENCHMARKS
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
 from kvbench.methods.settings import build_method
 from kvbench.report.html import build_site
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
-from kvbench.report.kit.figures import method_family
-from kvbench.report.kit.tables import md_table, ok_cases
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.figures import method_family
+from kvbench.reportkit.tables import md_table, ok_cases
 from kvbench.report.markdown import render_markdown
 from kvbench.results import Metric, load_results, save_results
 from tests.plugins.browser import Browser, chromium_path

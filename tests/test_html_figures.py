@@ -13,7 +13,7 @@ from kvbench.benchmarks import BENCHMARKS
 from kvbench.report.html import build_site
 from kvbench.report.html_figures import TRENDS, pareto_figure, trend_figures
 from kvbench.report.html_run import Run
-from kvbench.report.kit.svg import Chart, Series, log_ticks, nice_ticks, render_svg
+from kvbench.reportkit.svg import Chart, Series, log_ticks, nice_ticks, render_svg
 from kvbench.results import load_results
 from tests.plugins.suites import ROOT
 

@@ -15,7 +15,7 @@ from kvbench.judge.paired import (
     per_sample, sign_test_p,
 )
 from kvbench.report.html import build_site
-from kvbench.report.kit.tables import fmt_number
+from kvbench.reportkit.tables import fmt_number
 from kvbench.report.markdown import render_markdown
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
 from kvbench.run.runner import judge_across

@@ -2,8 +2,8 @@
 from results.json alone, to the byte."""
 from __future__ import annotations
 
-from kvbench.report.kit.paired import p_text
-from kvbench.report.kit.tables import fmt_number
+from kvbench.reportkit.paired import p_text
+from kvbench.reportkit.tables import fmt_number
 from kvbench.report.markdown import render_markdown
 from kvbench.results import load_results
 from kvbench.run.runner import run_suite

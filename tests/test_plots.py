@@ -9,7 +9,7 @@ import pytest
 
 from kvbench.benchmarks.reports import proofs
 from kvbench.benchmarks.reports.proofs import rate_distortion_data, rate_distortion_png
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.figures import (
     FAMILY_STYLES, PlotUnavailable, family_styles, line_styles, method_family, pareto_front,
 )
 from kvbench.report.markdown import render_markdown, write_reports

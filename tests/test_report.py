@@ -13,9 +13,9 @@ import pytest
 from kvbench.judge.gate import gate
 from kvbench.report.compare import render_compare
 from kvbench.report.markdown import render_markdown, write_reports
-from kvbench.report.kit.figures import MATPLOTLIB_MISSING
+from kvbench.reportkit.figures import MATPLOTLIB_MISSING
 from kvbench.report.readme import inject_section, markers, render_section_table
-from kvbench.report.kit.tables import benchmark_table, fmt_number, fmt_param
+from kvbench.reportkit.tables import benchmark_table, fmt_number, fmt_param
 from kvbench.results import CaseResult, Metric, RunResult
 from tests.plugins.suites import DATA
 
@@ -144,7 +144,7 @@ def test_compare_marks(small):
 
 
 def test_by_method_table_joins_the_headline_metrics_of_each_benchmark(small):
-    from kvbench.report.kit.tables import method_table
+    from kvbench.reportkit.tables import method_table
     from kvbench.report.markdown import benchmark_report
 
     template = small.cases[0]
@@ -190,7 +190,7 @@ def test_a_table_leaves_unset_settings_out_and_writes_long_ones_below_it():
 
 def test_a_grid_puts_models_in_rows_and_methods_in_columns_and_reasons_below():
     """kvbench report --grid: a refusal's reason written once below, whatever cells it refuses."""
-    from kvbench.report.kit.tables import model_grid
+    from kvbench.reportkit.tables import model_grid
     from kvbench.results import CaseError
 
     def case(model: str, label: str, diff: float | None = None) -> CaseResult:

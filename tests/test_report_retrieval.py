@@ -10,7 +10,7 @@ from kvbench.benchmarks.reports.niah import niah_heatmap_pngs, niah_section
 from kvbench.benchmarks.reports.ruler import RULER_PNG, ruler_plot_png, ruler_section
 from kvbench.benchmarks.reports.ruler_numbers import ruler_table
 from kvbench.judge.intervals import wilson_interval
-from kvbench.report.kit.figures import PlotUnavailable
+from kvbench.reportkit.figures import PlotUnavailable
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
 

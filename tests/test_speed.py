@@ -14,7 +14,7 @@ from kvbench.methods import OnBackend, implementation
 from kvbench.methods.core.contracts import Implementation
 from kvbench.methods.settings.base import MethodSettings
 from kvbench.methods.settings.identity import Identity
-from kvbench.report.kit.tables import benchmark_table
+from kvbench.reportkit.tables import benchmark_table
 from kvbench.results import CaseResult
 from kvbench.methods.settings.intq import IntQ
 from tests.plugins.model_runs import cpu_context

@@ -41,7 +41,7 @@ def exit_causes(result, gate_report) -> list[str]:
     """Why exit_code() is not 0, one plain line per cause: failed claims, cases that did not
     finish, and what the gate found (run-level differences, cases not comparable or lost,
     regressions)."""
-    from kvbench.report.kit.tables import fmt_number
+    from kvbench.reportkit.tables import fmt_number
 
     causes = [f"claim {claim.verdict}: {case.id}: {claim.claim} ("
               + ("nothing measured" if claim.measured is None
@@ -62,7 +62,7 @@ def refresh_command(gate_report, results_path, baseline_path) -> str | None:
 
 def _cases_and_gate(result, gate_report) -> list[tuple[str, str]]:
     """(kind, text) for each case that did not finish and each thing the gate found."""
-    from kvbench.report.kit.tables import fmt_number
+    from kvbench.reportkit.tables import fmt_number
 
     lines = [(case.status, f"{case.id}: {case.error.type}: {case.error.message[:300]}")
              for case in result.cases if case.status != "ok" and case.error is not None]

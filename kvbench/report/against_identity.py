@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvbench.report.kit.figures import MATPLOTLIB_MISSING
-from kvbench.report.kit.paired import IDENTITY
+from kvbench.reportkit.figures import MATPLOTLIB_MISSING
+from kvbench.reportkit.paired import IDENTITY
 from kvbench.report.markdown import benchmark_report
 from kvbench.results import RunResult
 

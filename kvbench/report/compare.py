@@ -5,7 +5,7 @@ from collections import Counter
 
 from kvbench.judge.gate import GateReport, gate
 from kvbench.report.flipped import flipped_section
-from kvbench.report.kit.tables import (
+from kvbench.reportkit.tables import (
     fmt_number, fmt_ratio, md_table, metric_cell, metric_header,
 )
 from kvbench.results import Metric, RunResult

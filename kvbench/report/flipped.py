@@ -3,7 +3,7 @@ and `kvbench compare` list them: per case, each sample's prompt hash, values and
 from __future__ import annotations
 
 from kvbench.judge.gate import GateReport
-from kvbench.report.kit.tables import md_table
+from kvbench.reportkit.tables import md_table
 
 LISTED = 20  # samples listed per case: the rest are counted
 ANSWER_CHARS = 60

@@ -35,8 +35,8 @@ from kvbench.report.html_figures import headline_figures
 from kvbench.report.html_paired import against_identity_section
 from kvbench.report.html_parts import esc, row, section, table
 from kvbench.report.html_run import Run
-from kvbench.report.kit.figures import method_family
-from kvbench.report.kit.tables import fmt_number
+from kvbench.reportkit.figures import method_family
+from kvbench.reportkit.tables import fmt_number
 from kvbench.report.markdown import benchmark_report, write_reports
 from kvbench.files import atomic_write_text
 from kvbench.results import CaseResult, Metric, RunResult, save_results

@@ -8,9 +8,9 @@ import json
 
 from kvbench.report.html_parts import esc, row, section, table
 from kvbench.report.html_run import Run
-from kvbench.report.kit.benchmark import Board
-from kvbench.report.kit.figures import as_lower_better, method_family, pareto_front
-from kvbench.report.kit.tables import fmt_number
+from kvbench.reportkit.benchmark import Board
+from kvbench.reportkit.figures import as_lower_better, method_family, pareto_front
+from kvbench.reportkit.tables import fmt_number
 from kvbench.report.markdown import benchmark_report
 from kvbench.report.method_settings import non_default
 from kvbench.report.metric_labels import metric_description, metric_label, reference

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from kvbench.report.html_run import Run
-from kvbench.report.kit.benchmark import Board
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.benchmark import Board
+from kvbench.reportkit.figures import (
     as_lower_better, family_styles, line_styles, method_family, pareto_front,
 )
-from kvbench.report.kit.svg import (
+from kvbench.reportkit.svg import (
     Chart, Series, legend_key, render_svg, short_bytes, short_number,
 )
-from kvbench.report.kit.tables import BYTE_UNITS, length_name
+from kvbench.reportkit.tables import BYTE_UNITS, length_name
 from kvbench.report.metric_labels import metric_label
 from kvbench.results import CaseResult
 

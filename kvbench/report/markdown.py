@@ -9,8 +9,8 @@ from kvbench.benchmarks import BENCHMARKS
 from kvbench.judge.claims import NOT_SEPARATED, parse_claim
 from kvbench.judge.gate import GateReport, GateRow
 from kvbench.report.flipped import flipped_section
-from kvbench.report.kit.benchmark import BenchmarkReport
-from kvbench.report.kit.tables import (
+from kvbench.reportkit.benchmark import BenchmarkReport
+from kvbench.reportkit.tables import (
     benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
 )
 from kvbench.files import atomic_write_text

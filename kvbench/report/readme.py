@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.report.against_identity import against_identity
-from kvbench.report.kit.tables import benchmark_table, by_benchmark, model_grid
+from kvbench.reportkit.tables import benchmark_table, by_benchmark, model_grid
 from kvbench.report.markdown import claims_section
 from kvbench.files import atomic_write_text
 from kvbench.results import CaseResult, RunResult

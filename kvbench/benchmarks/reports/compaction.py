@@ -2,6 +2,6 @@
 leaderboard columns of its own, no section beyond its table)."""
 from __future__ import annotations
 
-from kvbench.report.kit.benchmark import BenchmarkReport
+from kvbench.reportkit.benchmark import BenchmarkReport
 
 REPORT = BenchmarkReport(headline=("retention", "answer_holds_fact"))

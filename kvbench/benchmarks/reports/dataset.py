@@ -11,10 +11,10 @@ from typing import Any
 
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
 from kvbench.judge.paired import paired_samples, same_samples
-from kvbench.report.kit.benchmark import BenchmarkReport
-from kvbench.report.kit.drift import length_drift_section
-from kvbench.report.kit.paired import IDENTITY, PairedScope, paired_legend, paired_table
-from kvbench.report.kit.tables import finite_metric, md_table, ok_cases, pair_key
+from kvbench.reportkit.benchmark import BenchmarkReport
+from kvbench.reportkit.drift import length_drift_section
+from kvbench.reportkit.paired import IDENTITY, PairedScope, paired_legend, paired_table
+from kvbench.reportkit.tables import finite_metric, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "dataset"

@@ -2,6 +2,6 @@
 beyond its table)."""
 from __future__ import annotations
 
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
 
 REPORT = BenchmarkReport(board=Board("compression_ratio", "rel_error", ()))

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.figures import (
     PlotPath, figure_text, line_styles, method_family, pyplot, save_png, xy_lines,
 )
-from kvbench.report.kit.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
+from kvbench.reportkit.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "ladder"

@@ -18,16 +18,16 @@ from typing import Any
 
 from kvbench.benchmarks.reports.retrieval import ci
 from kvbench.judge.paired import paired_samples, same_samples
-from kvbench.report.kit.benchmark import Board, BenchmarkReport
-from kvbench.report.kit.drift import length_drift_section
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.benchmark import Board, BenchmarkReport
+from kvbench.reportkit.drift import length_drift_section
+from kvbench.reportkit.figures import (
     PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
     save_png,
 )
-from kvbench.report.kit.paired import (
+from kvbench.reportkit.paired import (
     IDENTITY, PairedScope, paired_legend, paired_table, signed,
 )
-from kvbench.report.kit.tables import fmt_bytes, md_table, ok_cases, pair_key
+from kvbench.reportkit.tables import fmt_bytes, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "multiturn"

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.judge.paired import LEVEL, RESAMPLES, SEPARATION_LEVEL
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
-from kvbench.report.kit.paired import p_text
-from kvbench.report.kit.tables import finite_metric, fmt_number, md_table, ok_cases
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.paired import p_text
+from kvbench.reportkit.tables import finite_metric, fmt_number, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "perplexity"

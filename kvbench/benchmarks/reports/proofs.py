@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.figures import (
     PlotPath, family_styles, figure_text, legend_handles, legend_right, method_family,
     pareto_front, pyplot, save_png,
 )

@@ -2,7 +2,7 @@
 by-method table (no section beyond its table)."""
 from __future__ import annotations
 
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
 
 REPORT = BenchmarkReport(
     board=Board(None, "kl_plain_method", ("top1_agreement", "top_k_overlap", "greedy_agreement")),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from kvbench.report.kit.benchmark import Board
+from kvbench.reportkit.benchmark import Board
 
 # niah's and ruler's leaderboard: the score against the compression ratio
 BOARD = Board("compression_ratio", "score", ("retained_kv", "score_ci_low", "score_ci_high"))

@@ -24,14 +24,14 @@ from kvbench.benchmarks.reports.ruler_numbers import (
 )
 from kvbench.judge.intervals import wilson_interval
 from kvbench.judge.paired import fewest_pairs_to_separate
-from kvbench.report.kit.benchmark import BenchmarkReport
-from kvbench.report.kit.drift import length_drift_section
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.benchmark import BenchmarkReport
+from kvbench.reportkit.drift import length_drift_section
+from kvbench.reportkit.figures import (
     PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
     save_png,
 )
-from kvbench.report.kit.paired import PairedScope, paired_legend, paired_table, signed
-from kvbench.report.kit.tables import finite_metric, length_name, md_table
+from kvbench.reportkit.paired import PairedScope, paired_legend, paired_table, signed
+from kvbench.reportkit.tables import finite_metric, length_name, md_table
 from kvbench.results import CaseResult, RunResult
 
 RULER_PNG = "ruler_score_vs_ratio.png"

@@ -16,11 +16,11 @@ from kvbench.benchmarks.reports.retrieval import ci
 from kvbench.benchmarks.reports.ruler_numbers import (
     Headline, RulerRow, length_of, ruler_table,
 )
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.figures import (
     PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
     save_png,
 )
-from kvbench.report.kit.tables import finite_metric, length_name, md_table
+from kvbench.reportkit.tables import finite_metric, length_name, md_table
 from kvbench.results import RunResult
 
 BOARD_PNG = "ruler_score_vs_achieved_ratio.png"

@@ -10,8 +10,8 @@ from typing import Any
 
 from kvbench.judge.intervals import wilson_interval
 from kvbench.judge.paired import paired_samples, per_sample, same_samples
-from kvbench.report.kit.paired import IDENTITY, Pair
-from kvbench.report.kit.tables import finite_metric, ok_cases, pair_key
+from kvbench.reportkit.paired import IDENTITY, Pair
+from kvbench.reportkit.tables import finite_metric, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "ruler"

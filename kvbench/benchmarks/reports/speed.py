@@ -2,7 +2,7 @@
 table)."""
 from __future__ import annotations
 
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
 
 REPORT = BenchmarkReport(board=Board("compression_ratio", None, (
     "encode_vs_memcpy", "decode_vs_memcpy", "encode_gb_s", "decode_gb_s")))

@@ -8,7 +8,7 @@ and its leaderboard's columns.
 Where cases sent task samples (`task`): per method, a table over the levels of the score under
 load with its interval, the score alone, their paired comparison, goodput, SLO attainment and
 the share answered correctly, and a figure of goodput against users; the answers' lengths
-against identity's on the same prompts (kvbench.report.kit.drift). Under a KV budget: the
+against identity's on the same prompts (kvbench.reportkit.drift). Under a KV budget: the
 capacity table (sessions held, throughput and, with task samples, accuracy at the same memory).
 With a shared prefix: its table (kvbench.benchmarks.reports.stress_prefix).
 
@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.judge.paired import SEPARATION_LEVEL
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
-from kvbench.report.kit.drift import length_drift_section
-from kvbench.report.kit.figures import PlotPath, figure_text, pyplot, save_png, xy_lines
-from kvbench.report.kit.paired import p_text, signed
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.drift import length_drift_section
+from kvbench.reportkit.figures import PlotPath, figure_text, pyplot, save_png, xy_lines
+from kvbench.reportkit.paired import p_text, signed
 from kvbench.benchmarks.reports.stress_prefix import prefix_section
-from kvbench.report.kit.tables import finite_metric, fmt_bytes, md_table, ok_cases, pair_key
+from kvbench.reportkit.tables import finite_metric, fmt_bytes, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "stress"

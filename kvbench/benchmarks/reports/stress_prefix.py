@@ -3,7 +3,7 @@
 TTFT under load; where a method ran with the cache and without it, what the cache saves."""
 from __future__ import annotations
 
-from kvbench.report.kit.tables import finite_metric, fmt_bytes, md_table, ok_cases
+from kvbench.reportkit.tables import finite_metric, fmt_bytes, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "stress"

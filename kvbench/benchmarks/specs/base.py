@@ -15,7 +15,7 @@ from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.config.registry import Registry
 from kvbench.data.text import check_text, parse_hf_source, resolve_text
 from kvbench.models.info import ModelInfo
-from kvbench.report.kit.benchmark import BenchmarkReport
+from kvbench.reportkit.benchmark import BenchmarkReport
 from kvbench.results import Direction, Metric, Timing
 
 
@@ -53,7 +53,7 @@ class Benchmark:
     needs: ClassVar[dict[str, tuple[str, Any]]] = {}
     # its part of the report: the sections after its table in report.md (with their figures),
     # its leaderboard's columns on the results page, its metrics in the by-method table; the
-    # generic one has none of them (kvbench.report.kit.benchmark)
+    # generic one has none of them (kvbench.reportkit.benchmark)
     report: ClassVar[BenchmarkReport] = BenchmarkReport()
 
     def head_dim(self, params: Any, model: ModelInfo | None) -> int | None:

@@ -2,11 +2,11 @@
 and number formats (tables), what figures share (figures: family styles, the Pareto front,
 PNGs, `figure_text`), the results page's inline SVG charts in those styles (svg), and the base
 of what a benchmark declares (benchmark: Board, BenchmarkReport). It sits below the benchmarks: nothing here names or imports one."""
-from kvbench.report.kit.benchmark import BenchmarkReport, Board
-from kvbench.report.kit.figures import (
+from kvbench.reportkit.benchmark import BenchmarkReport, Board
+from kvbench.reportkit.figures import (
     MATPLOTLIB_MISSING, PlotPath, PlotUnavailable, figure_text, method_family, pyplot, save_png,
 )
-from kvbench.report.kit.tables import fmt_number, md_table, ok_cases
+from kvbench.reportkit.tables import fmt_number, md_table, ok_cases
 
 __all__ = ["BenchmarkReport", "Board", "MATPLOTLIB_MISSING", "PlotPath", "PlotUnavailable",
            "figure_text", "fmt_number", "md_table", "method_family", "ok_cases", "pyplot",

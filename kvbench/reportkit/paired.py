@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from kvbench.judge.paired import (
     LEVEL, RESAMPLES, SEPARATION_LEVEL, PairedComparison, compare_paired,
 )
-from kvbench.report.kit.tables import md_table
+from kvbench.reportkit.tables import md_table
 
 IDENTITY = "identity"  # the registry name of the full cache: the reference of every pairing
 NOT_PAIRED = "not paired: different samples"

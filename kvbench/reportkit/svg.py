@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from kvbench.report.kit.figures import family_styles, line_styles
+from kvbench.reportkit.figures import family_styles, line_styles
 
 WIDTH, HEIGHT = 330, 215
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 62, 10, 8, 38

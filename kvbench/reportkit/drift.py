@@ -15,8 +15,8 @@ from typing import Callable
 from kvbench.judge.paired import (
     LEVEL, SEPARATION_LEVEL, compare_paired, paired_interval, paired_samples,
 )
-from kvbench.report.kit.paired import IDENTITY, Pair, p_text, signed
-from kvbench.report.kit.tables import md_table, ok_cases, pair_key
+from kvbench.reportkit.paired import IDENTITY, Pair, p_text, signed
+from kvbench.reportkit.tables import md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
 VERDICTS = {"better": "longer", "worse": "shorter", "not separated": "not separated"}
