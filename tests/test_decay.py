@@ -173,7 +173,7 @@ def test_upstream_default_rate_never_evicts():
 def test_kivi_base_uses_its_key_and_value_codecs():
     method = implementation(Decay(base="kivi", base_params={"group_size": 4, "residual": 0},
                                   base_bits=4, min_bits=2, decay_rate=4.0, window=2, segment=8))
-    assert method.key_codec().axis == "channel" and method.value_codec().axis == "token"
+    assert method.key_codec().format.axis == "channel" and method.value_codec().format.axis == "token"
     cache = method.new_layer_cache(0)
     x = randn(1, HEADS, 80, DIM, seed=10)
     for t in range(80):

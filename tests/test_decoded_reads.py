@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
+from kvbench.kernels.formats import IntQFormat
 from kvbench.methods import METHODS, has_implementation, implementation
 from kvbench.methods.core.codec_cache import CodecCache
 from kvbench.methods.core.contracts import Implementation
@@ -227,8 +228,8 @@ def test_an_mlx_policy_reads_what_its_packed_path_reads(case):
 # ---- each packed chunk is decoded once --------------------------------------------------------
 
 class CountingIntQ(IntQCodec):
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, bits, group_size, axis):
+        super().__init__(IntQFormat(bits, group_size, axis))
         self.encodes = self.decodes = self.decoded_tokens = 0
 
     def encode(self, x):
@@ -409,7 +410,7 @@ def test_the_codec_cache_builds_an_exact_read_as_the_host_would(window, decoded)
     replaced (what the host does for any other policy), bit for bit, for steps that fall in
     the raw tail, in a packed chunk, or across both."""
     g = torch.Generator().manual_seed(7)
-    cache = CodecCache(IntQCodec(4, 16, "token"), IntQCodec(4, 16, "token"),
+    cache = CodecCache(IntQCodec(IntQFormat(4, 16, "token")), IntQCodec(IntQFormat(4, 16, "token")),
                        window, TORCH_ARRAYS)
     if decoded:
         assert cache.keep_decoded()

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from kvbench.kernels.formats import IntQFormat
 from kvbench.methods import METHODS, implementation
 from kvbench.methods.core.codec_cache import CodecCache
 from kvbench.methods.settings.intq import IntQ
@@ -199,7 +200,7 @@ def test_encoding_in_row_blocks_matches_encoding_the_pieces(axis, monkeypatch):
 def test_channel_axis_in_token_blocks_equals_one_pass():
     """Long inputs go through in tiles of tokens; the bytes are those of one pass over each
     channel's whole row."""
-    codec = IntQCodec(bits=2, group_size=32, axis="channel")
+    codec = IntQCodec(IntQFormat(bits=2, group_size=32, axis="channel"))
     step = codec._token_step(128)
     x = randn(1, 2, 2 * step + 37, 128, dtype=torch.float16)
     packed = codec.encode(x)

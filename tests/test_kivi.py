@@ -37,7 +37,7 @@ def test_registered_by_name_and_has_no_single_codec():
     assert (settings.bits, settings.group_size, settings.residual) == (2, 32, 128)
     method = implementation(settings)
     assert method.codec() is None
-    assert method.key_codec().axis == "channel" and method.value_codec().axis == "token"
+    assert method.key_codec().format.axis == "channel" and method.value_codec().format.axis == "token"
 
 
 @pytest.mark.parametrize("residual, group", [(8, 4), (12, 4), (0, 4)])

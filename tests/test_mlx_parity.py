@@ -148,7 +148,8 @@ def _code_lengths(torch_codec, shape) -> dict[str, tuple[int, int]]:
     """{stored tensor: (bits, codes per row)} of a codec's packed code tensors."""
     name = type(torch_codec).__name__
     if name == "IntQCodec":
-        return {"codes": (torch_codec.bits, shape[-1] if torch_codec.axis == "token"
+        fmt = torch_codec.format
+        return {"codes": (fmt.bits, shape[-1] if fmt.axis == "token"
                           else shape[-2])}
     if name == "LloydMaxCodec":
         return {"codes": (torch_codec.bits, shape[-1])}
@@ -324,7 +325,7 @@ def test_kivi_codecs_parity(bits):
     method, port = on_torch(settings), on_mlx(settings)
     for tc, mc in ((method.key_codec(), port.key_codec()),
                    (method.value_codec(), port.value_codec())):
-        assert (mc.axis, mc.token_block) == (tc.axis, tc.token_block)
+        assert (mc.format, mc.token_block) == (tc.format, tc.token_block)
         for shape in SHAPES:
             for seed in SEEDS:
                 _check_codec(tc, mc, inputs(shape, seed), exact=True)

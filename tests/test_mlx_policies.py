@@ -30,6 +30,7 @@ mx = pytest.importorskip("mlx.core")
 
 import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
 from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
+from kvbench.kernels.formats import IntQFormat  # noqa: E402
 from kvbench.methods import has_implementation, implementation  # noqa: E402
 from kvbench.methods.core.adaptive_cache import AdaptiveCache  # noqa: E402
 from kvbench.methods.core.decay_cache import DecayCache  # noqa: E402
@@ -305,7 +306,7 @@ def test_decay_uses_the_mlx_codecs_of_the_base_at_each_width():
                 mlx_codecs, (want.key_codec(), want.value_codec()), reference.codecs(bits),
                 ("channel", "token")):
             assert type(mine) is type(theirs) and mine.layout() == theirs.layout()
-            assert (mine.bits, mine.axis) == (torch_codec.bits, torch_codec.axis) == (bits, axis)
+            assert mine.format == torch_codec.format == IntQFormat(bits, 8, axis)
 
 
 # --- adaptive -----------------------------------------------------------------------------------

@@ -51,8 +51,10 @@ def code_slots(bits: int):
 
 @dataclass(frozen=True)
 class IntQFormat:
-    """kvbench.methods.intq.IntQCodec: per group of `group_size` values along a row, fp16 scale
-    and min and `bits`-bit codes; rows are tokens (axis "token") or channels (axis "channel")."""
+    """intq's layout (kvbench.methods.torch.intq.IntQCodec and its MLX twin): per group of
+    `group_size` values along a row, fp16 scale and min and `bits`-bit codes; rows are tokens
+    (axis "token") or channels (axis "channel"). Made once, by the settings (IntQ.format(),
+    Kivi.key_format() and value_format()), and held by the codecs and the kernels."""
 
     bits: int
     group_size: int
@@ -90,6 +92,24 @@ class IntQFormat:
         channel row (whole groups: bytes of codes, or scales and mins)."""
         groups = -(-tokens // self.group_size)
         return groups * self.group_size * self.bits // 8 if name == "codes" else groups
+
+    def merge_axis(self, shapes: list[tuple[int, ...]]) -> int | None:
+        """The stored arrays' axis that packs of these shapes join along, or None where they
+        cannot join."""
+        if self.axis == "token":
+            return -2  # rows are tokens: blocks stack
+        if all(s[-2] % self.group_size == 0 and s[-2] * self.bits % 8 == 0 for s in shapes[:-1]):
+            return -1  # rows are channels: whole groups and whole bytes join end to end
+        return None
+
+    def stacking_axis(self, ndim: int) -> int | None:
+        """The axis of a pack's stored arrays that its tokens run along (None: they span rows)."""
+        return ndim - 2 if self.axis == "token" else None
+
+    def describe(self) -> str:
+        along = "channels per token" if self.axis == "token" else "tokens per channel"
+        return (f"intq {self.bits}-bit, groups of {self.group_size} {along} (axis {self.axis}), "
+                f"fp16 scale+min per group")
 
 
 @dataclass(eq=False)

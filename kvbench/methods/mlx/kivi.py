@@ -13,7 +13,7 @@ class MLXKivi(KiviMethod):
     settings: Kivi
 
     def key_codec(self) -> MLXIntQCodec:
-        return MLXIntQCodec(self.settings.bits, self.settings.group_size, "channel")
+        return MLXIntQCodec(self.settings.key_format())
 
     def value_codec(self) -> MLXIntQCodec:
-        return MLXIntQCodec(self.settings.bits, self.settings.group_size, "token")
+        return MLXIntQCodec(self.settings.value_format())

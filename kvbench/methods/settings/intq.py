@@ -39,11 +39,15 @@ class IntQ(CodecPolicy, KernelSettings, MethodSettings):
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need a power-of-two group_size"
                        " of at least 8 / bits")
 
+    def format(self) -> IntQFormat:
+        """The layout its codec packs and its kernels read, made here only."""
+        return IntQFormat(self.bits, self.group_size, self.axis)
+
     def kernel_unsupported(self) -> str | None:
-        return IntQFormat(self.bits, self.group_size, self.axis).unsupported()
+        return self.format().unsupported()
 
     def kernel_fields(self) -> tuple[str, ...]:
         return "group_size", "bits"
 
     def token_block(self) -> int:
-        return IntQFormat(self.bits, self.group_size, self.axis).token_block
+        return self.format().token_block

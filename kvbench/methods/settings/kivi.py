@@ -57,15 +57,19 @@ class Kivi(KernelSettings, MethodSettings):
                                            f" ({self.group_size}) and >= 0, got {self.residual!r}")
         self.check_impl()
 
+    def key_format(self) -> IntQFormat:
+        """The keys' layout (per channel over tokens), made here only."""
+        return IntQFormat(self.bits, self.group_size, "channel")
+
+    def value_format(self) -> IntQFormat:
+        """The values' layout (per token over channels), made here only."""
+        return IntQFormat(self.bits, self.group_size, "token")
+
     def kernel_unsupported(self) -> str | None:
-        for axis in ("channel", "token"):
-            reason = IntQFormat(self.bits, self.group_size, axis).unsupported()
-            if reason:
-                return reason
-        return None
+        return self.key_format().unsupported() or self.value_format().unsupported()
 
     def kernel_fields(self) -> tuple[str, ...]:
         return "group_size", "bits"
 
     def token_block(self) -> int:
-        return IntQFormat(self.bits, self.group_size, "channel").token_block  # the keys'
+        return self.key_format().token_block  # the keys' groups span tokens

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from kvbench.kernels.formats import IntQFormat, packed_length
 from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed, concat_packed
-from kvbench.methods.core.intq_layout import IntQLayout
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
 from kvbench.methods.torch.base import KernelCodec, TorchMethod
@@ -20,7 +19,7 @@ from kvbench.methods.torch.rounding import divide
 ROWS_PER_BLOCK = 8192
 
 
-class IntQCodec(IntQLayout, KernelCodec):
+class IntQCodec(KernelCodec):
     """Per group: fp16 scale = (max - min) / (2^bits - 1), fp16 min, q = round((x - min) / scale).
 
     Groups run along rows: with axis "token" a row is one token's head_dim channels, with axis
@@ -36,13 +35,17 @@ class IntQCodec(IntQLayout, KernelCodec):
     # rounds exactly as decoding them merged (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
 
+    def __init__(self, fmt: IntQFormat):
+        self.format, self.token_block = fmt, fmt.token_block
+
     def reference_encode(self, x: torch.Tensor) -> Packed:
-        if self.axis == "channel":
+        if self.format.axis == "channel":
             return self._encode_channels(x)
         lead, length = x.shape[:-1], x.shape[-1]
         flat = x.reshape(-1, length)
-        n, groups = flat.shape[0], -(-length // self.group_size)
-        codes = torch.empty(n, packed_length(length, self.bits), dtype=torch.uint8, device=x.device)
+        n, groups = flat.shape[0], -(-length // self.format.group_size)
+        codes = torch.empty(n, packed_length(length, self.format.bits), dtype=torch.uint8,
+                            device=x.device)
         scale = torch.empty(n, groups, dtype=torch.float16, device=x.device)
         zero = torch.empty_like(scale)
         for start in range(0, n, ROWS_PER_BLOCK):
@@ -58,7 +61,7 @@ class IntQCodec(IntQLayout, KernelCodec):
     def _token_step(self, dim: int) -> int:
         """Tokens per block on the channel axis: whole groups and whole bytes, ~ROWS_PER_BLOCK
         tokens' worth of values."""
-        unit = self.group_size * 8
+        unit = self.format.group_size * 8
         return max(unit, ROWS_PER_BLOCK * 128 // dim // unit * unit)
 
     def _encode_channels(self, x: torch.Tensor) -> Packed:
@@ -66,15 +69,16 @@ class IntQCodec(IntQLayout, KernelCodec):
         cache, never the whole tensor at once."""
         lead, tokens, dim = x.shape[:-2], x.shape[-2], x.shape[-1]
         flat = x.reshape(-1, tokens, dim)
-        groups, step = -(-tokens // self.group_size), self._token_step(dim)
-        codes = torch.empty(flat.shape[0], dim, packed_length(tokens, self.bits),
+        groups, step = -(-tokens // self.format.group_size), self._token_step(dim)
+        codes = torch.empty(flat.shape[0], dim, packed_length(tokens, self.format.bits),
                             dtype=torch.uint8, device=x.device)
         scale = torch.empty(flat.shape[0], dim, groups, dtype=torch.float16, device=x.device)
         zero = torch.empty_like(scale)
         for i in range(flat.shape[0]):
             for start in range(0, tokens, step):
                 c, sc, z = self._encode_rows(flat[i, start : start + step].T.contiguous())
-                first_byte, first_group = start * self.bits // 8, start // self.group_size
+                first_byte = start * self.format.bits // 8
+                first_group = start // self.format.group_size
                 codes[i, :, first_byte : first_byte + c.shape[-1]] = c
                 scale[i, :, first_group : first_group + sc.shape[-1]] = sc
                 zero[i, :, first_group : first_group + z.shape[-1]] = z
@@ -87,24 +91,24 @@ class IntQCodec(IntQLayout, KernelCodec):
 
     def _encode_rows(self, rows: torch.Tensor):
         length = rows.shape[-1]
-        groups = -(-length // self.group_size)
-        extra = groups * self.group_size - length
+        groups = -(-length // self.format.group_size)
+        extra = groups * self.format.group_size - length
         if extra:
             # Repeating a row's last value leaves its partial group's min and max as they are.
             work = F.pad(rows.float().unsqueeze(1), (0, extra), mode="replicate").squeeze(1)
         else:
             work = rows.to(torch.float32, copy=True)  # quantized in place below
-        grouped = work.view(-1, groups, self.group_size)
+        grouped = work.view(-1, groups, self.format.group_size)
         lo, hi = grouped.amin(-1), grouped.amax(-1)
-        levels = (1 << self.bits) - 1
+        levels = (1 << self.format.bits) - 1
         scale, zero = divide(hi - lo, levels).half(), lo.half()
         # Quantize with the stored fp16 values so decode reproduces exactly what encode chose.
         divisor = torch.where(scale == 0, 1.0, scale.float())
         grouped.sub_(zero.float()[..., None]).div_(divisor[..., None]).round_().clamp_(0, levels)
-        return pack_bits(work[:, :length].to(torch.uint8), self.bits), scale, zero
+        return pack_bits(work[:, :length].to(torch.uint8), self.format.bits), scale, zero
 
     def reference_decode(self, packed: Packed) -> torch.Tensor:
-        if self.axis == "channel":
+        if self.format.axis == "channel":
             return self._decode_channels(packed)
         length = packed.shape[-1]
         codes, scale, zero = (packed.tensors[k] for k in ("codes", "scale", "min"))
@@ -125,8 +129,10 @@ class IntQCodec(IntQLayout, KernelCodec):
         for i in range(codes.shape[0]):
             for start in range(0, tokens, step):
                 n = min(step, tokens - start)
-                first_byte, first_group = start * self.bits // 8, start // self.group_size
-                bytes_, groups = packed_length(n, self.bits), -(-n // self.group_size)
+                first_byte = start * self.format.bits // 8
+                first_group = start // self.format.group_size
+                bytes_ = packed_length(n, self.format.bits)
+                groups = -(-n // self.format.group_size)
                 out[i, start : start + n] = self._decode_rows(
                     codes[i, :, first_byte : first_byte + bytes_],
                     scale[i, :, first_group : first_group + groups],
@@ -136,23 +142,29 @@ class IntQCodec(IntQLayout, KernelCodec):
 
     def _decode_rows(self, codes, scale, zero, length: int) -> torch.Tensor:
         groups = scale.shape[-1]
-        values = unpack_bits(codes, self.bits, length).float()
-        extra = groups * self.group_size - length
+        values = unpack_bits(codes, self.format.bits, length).float()
+        extra = groups * self.format.group_size - length
         if extra:
             values = F.pad(values, (0, extra))
-        grouped = values.view(-1, groups, self.group_size)
+        grouped = values.view(-1, groups, self.format.group_size)
         grouped.mul_(scale.float()[..., None]).add_(zero.float()[..., None])
         return values[:, :length]
 
     def merge(self, parts: list[Packed]) -> Packed | None:
-        axis = self.merge_axis(parts)
+        axis = self.format.merge_axis([p.shape for p in parts])
         return None if axis is None else concat_packed(parts, axis, torch.cat)
 
+    def stacking_axis(self, packed: Packed) -> int | None:
+        return self.format.stacking_axis(len(packed.shape))
+
+    def layout(self) -> str:
+        return self.format.describe()
+
     def kernel_unsupported(self) -> str | None:
-        return self.kernel_format(0).unsupported()
+        return self.format.unsupported()
 
     def kernel_format(self, dim: int) -> IntQFormat:
-        return IntQFormat(self.bits, self.group_size, self.axis)
+        return self.format
 
 
 @implements(IntQ)
@@ -160,5 +172,4 @@ class TorchIntQ(TorchMethod, CodecMethod):
     settings: IntQ
 
     def codec(self) -> IntQCodec:
-        s = self.settings
-        return self.run_as(IntQCodec(s.bits, s.group_size, s.axis))
+        return self.run_as(IntQCodec(self.settings.format()))

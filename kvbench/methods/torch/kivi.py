@@ -14,7 +14,7 @@ class TorchKivi(TorchMethod, KiviMethod):
     settings: Kivi
 
     def key_codec(self) -> IntQCodec:
-        return self.run_as(IntQCodec(self.settings.bits, self.settings.group_size, "channel"))
+        return self.run_as(IntQCodec(self.settings.key_format()))
 
     def value_codec(self) -> IntQCodec:
-        return self.run_as(IntQCodec(self.settings.bits, self.settings.group_size, "token"))
+        return self.run_as(IntQCodec(self.settings.value_format()))

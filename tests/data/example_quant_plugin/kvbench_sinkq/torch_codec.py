@@ -1,4 +1,5 @@
 """SinkQ on torch: kvbench's intq codec at 4 bits per token; the rest is CodecMethod's."""
+from kvbench.kernels.formats import IntQFormat
 from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.settings import implements
 from kvbench.methods.torch.base import TorchMethod
@@ -11,4 +12,4 @@ from kvbench_sinkq import SinkQ
 class TorchSinkQ(TorchMethod, CodecMethod):
     def codec(self):
         # any kvbench.methods.core.contracts.Codec: encode, decode, nbytes of every stored byte
-        return IntQCodec(bits=4, group_size=self.settings.group_size, axis="token")
+        return IntQCodec(IntQFormat(bits=4, group_size=self.settings.group_size, axis="token"))
