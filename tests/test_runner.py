@@ -268,3 +268,24 @@ def test_archives_made_in_the_same_second_are_all_kept(tmp_path, monkeypatch):
         assert invoke("run", SUITES / "steps.yaml", "--out", out, "--limit", limit).exit_code == 0
     archived = sorted(len(load_json(p)["cases"]) for p in out.glob("previous/*/results.json"))
     assert archived == [1, 5]  # both earlier runs kept (the current one has 2)
+
+
+def test_a_case_rebuilds_benchmark_and_method_settings_by_the_suites_strict_path():
+    """A case crosses processes as plain data; the worker refuses what the suite would have
+    ("4" for an int), for the benchmark's params as for the method's, before anything runs."""
+    from kvbench.benchmarks import BENCHMARKS, measurement
+    from kvbench.run.case import case_settings
+    from kvbench.suite.case import Case
+
+    def case(bench_params, method_params):
+        return Case(id="ruler/intq", benchmark="ruler", bench_params=bench_params,
+                    method="intq", method_label="intq", method_params=method_params,
+                    model=None, device="cpu", seed=0, repeats=1, timeout_s=None)
+
+    ruler = measurement(BENCHMARKS.get("ruler"))
+    params, settings = case_settings(case({"samples": 4}, {"bits": 2}), ruler)
+    assert (params.samples, settings.bits) == (4, 2)
+    for bench_params, method_params, blamed in (({"samples": "4"}, {}, "samples"),
+                                                ({}, {"bits": "2"}, "bits")):
+        with pytest.raises(ValueError, match=blamed):
+            case_settings(case(bench_params, method_params), ruler)
