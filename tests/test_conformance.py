@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvbench.config.fields import SettingError
-from kvbench.methods import METHODS, has_implementation
+from kvbench.methods import METHODS, has_implementation, implementation
 from kvbench.methods.core.wrappers import SparseVMethod
 from kvbench.methods.settings import implements
 from kvbench.methods.settings.sparse_v import SparseV
@@ -194,3 +194,26 @@ def test_a_method_claiming_a_shared_prefill_it_does_not_have_fails():
 
     with pytest.raises(ConformanceError, match="shared prefill: its own prefill gives other"):
         check_method(Claims())
+
+
+def test_a_score_only_method_registers_its_cache_class_alone():
+    """`@implements` on a layer cache makes the torch implementation that holds one per layer,
+    and the decorated class stays the cache: a plug-in writes one class."""
+    @dataclass
+    class Newest(TokenMethod):
+        pass
+
+    @implements(Newest)
+    class NewestCache(ScorerCache):
+        reads_queries = False
+
+        def scores(self):
+            return torch.arange(self.keys.shape[-2], dtype=torch.float32,
+                                device=self.keys.device).expand(
+                self.keys.shape[1], -1)
+
+    assert issubclass(NewestCache, ScorerCache)
+    method = implementation(Newest(ratio=0.5))
+    assert isinstance(method, TorchTokenMethod) and method.cache is NewestCache
+    assert type(method.new_layer_cache(0)) is NewestCache
+    check_method(Newest(ratio=0.5), model=False)

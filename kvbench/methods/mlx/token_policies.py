@@ -11,7 +11,7 @@ from __future__ import annotations
 from kvbench.backends.mlx_arrays import to_mx, to_torch
 from kvbench.methods.core.contracts import Implementation, LayerCachePolicy, WrappedPolicy
 from kvbench.methods.settings.am import AM, AMTask
-from kvbench.methods.settings.base import implements
+from kvbench.methods.settings.base import implements, registered_implementation
 from kvbench.methods.settings.butterfly import Butterfly
 from kvbench.methods.settings.eviction import H2O, SnapKV, StreamingLLM
 
@@ -35,13 +35,10 @@ class MLXTokenMethod(Implementation):
     """streamingllm, snapkv, h2o, am, am_task, butterfly: their torch policies, bridged."""
 
     def __init__(self, settings, on):
-        from kvbench.methods.torch import am, butterfly, eviction
+        import kvbench.methods.torch  # noqa: F401  registers the torch references
 
         super().__init__(settings, on)
-        torch_method = {StreamingLLM: eviction.TorchStreamingLLM, SnapKV: eviction.TorchSnapKV,
-                        H2O: eviction.TorchH2O, AM: am.TorchAM, AMTask: am.TorchAMTask,
-                        Butterfly: butterfly.TorchButterfly}[type(settings)]
-        self.reference = torch_method(settings, None)
+        self.reference = registered_implementation(type(settings), "torch")(settings, None)
 
     @property
     def shares_prefill(self) -> bool:

@@ -156,13 +156,16 @@ _IMPLEMENTATIONS: dict[tuple[type, str], Callable[[Any], Any]] = {}
 def implements(*settings_classes: type, backend: str = "torch") -> Callable[[type], type]:
     """Register the decorated class, built from a settings object, as the `backend`
     implementation of exactly `settings_classes`: a subclass (a plug-in overriding the
-    algorithm) has none until it registers its own, so it never silently runs its parent's."""
+    algorithm) has none until it registers its own, so it never silently runs its parent's.
+    A layer cache class (a score-only token method) may be decorated itself: its
+    `as_implementation()` makes the implementation that holds one per layer."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
     def register(cls: type) -> type:
+        made = getattr(cls, "as_implementation", None)  # a layer cache: its method is made
         for settings_cls in settings_classes:
-            _IMPLEMENTATIONS[(settings_cls, backend)] = cls
+            _IMPLEMENTATIONS[(settings_cls, backend)] = made() if made else cls
         return cls
     return register
 

@@ -12,9 +12,10 @@ import torch
 from kvbench.methods.settings.am import AM, AMTask
 from kvbench.methods.settings.base import implements
 from kvbench.methods.torch import am_fit
-from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod, per_kv_head
+from kvbench.methods.torch.token_cache import ScorerCache, per_kv_head
 
 
+@implements(AM)
 class AMCache(ScorerCache):
     method: AM
 
@@ -69,6 +70,7 @@ class AMCache(ScorerCache):
                   bias=beta.to(self.keys.dtype).unsqueeze(0) if m.fit_beta else None)
 
 
+@implements(AMTask)
 class AMTaskCache(AMCache):
     method: AMTask
 
@@ -93,13 +95,3 @@ class AMTaskCache(AMCache):
         if keep is None:  # the MAD threshold decides how many
             return am_fit.mad_mask(scores, self.method.tau).nonzero().squeeze(-1).unsqueeze(0)
         return super().select(scores, keep)
-
-
-@implements(AM)
-class TorchAM(TorchTokenMethod):
-    cache = AMCache
-
-
-@implements(AMTask)
-class TorchAMTask(TorchTokenMethod):
-    cache = AMTaskCache

@@ -13,9 +13,10 @@ import torch
 from kvbench.backends.torch_arrays import tensor_bytes
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.eviction import H2O, SnapKV, StreamingLLM
-from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod, attention_weights
+from kvbench.methods.torch.token_cache import ScorerCache, attention_weights
 
 
+@implements(StreamingLLM)
 class StreamingCache(ScorerCache):
     """The sinks and a window of the newest tokens: no scores needed. As upstream's
     evict_for_space, room is made before each decode step, so a step attends over the budget,
@@ -63,11 +64,7 @@ class StreamingCache(ScorerCache):
         return keys, values, own.expand(*keys.shape[:2], n, total)
 
 
-@implements(StreamingLLM)
-class TorchStreamingLLM(TorchTokenMethod):
-    cache = StreamingCache
-
-
+@implements(SnapKV)
 class SnapKVCache(ScorerCache):
     method: SnapKV
 
@@ -99,12 +96,7 @@ class SnapKVCache(ScorerCache):
         return torch.nn.functional.pad(pooled, (0, window))  # the window: protected, not scored
 
 
-@implements(SnapKV)
-class TorchSnapKV(TorchTokenMethod):
-    cache = SnapKVCache
-
-
-
+@implements(H2O)
 class H2OCache(ScorerCache):
     method: H2O
     holds_budget = True
@@ -140,8 +132,3 @@ class H2OCache(ScorerCache):
 
     def measured_bytes(self) -> int:
         return super().measured_bytes() + tensor_bytes(self.accumulated)
-
-
-@implements(H2O)
-class TorchH2O(TorchTokenMethod):
-    cache = H2OCache

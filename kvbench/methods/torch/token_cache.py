@@ -22,6 +22,14 @@ class TokenCache(LayerCachePolicy):
     """Holds keys, values (1, H, T, D) and a bias (1, H, T) or None; subclasses decide what to
     keep, with keep()."""
 
+    @classmethod
+    def as_implementation(cls) -> type:
+        """The torch implementation that holds one of these per layer: what
+        `@implements(Settings)` registers when it decorates a cache class (a score-only
+        method is its cache alone)."""
+        return type(f"Torch{cls.__name__}", (TorchTokenMethod,),
+                    {"cache": cls, "__module__": cls.__module__})
+
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None

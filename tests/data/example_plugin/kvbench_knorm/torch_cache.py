@@ -1,10 +1,11 @@
 """Knorm on torch: the scores; the rest is ScorerCache's."""
 from kvbench.methods.settings import implements
-from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
+from kvbench.methods.torch.token_cache import ScorerCache
 
 from kvbench_knorm import Knorm
 
 
+@implements(Knorm)  # a score-only method is its cache: the implementation is made from it
 class KnormCache(ScorerCache):
     reads_queries = False  # scores come from the keys alone
 
@@ -14,8 +15,3 @@ class KnormCache(ScorerCache):
     def scores(self):
         # self.keys: (1, kv_heads, tokens, head_dim); scores: (kv_heads, tokens), higher kept
         return -self.keys[0].float().norm(dim=-1)
-
-
-@implements(Knorm)
-class TorchKnorm(TorchTokenMethod):
-    cache = KnormCache
