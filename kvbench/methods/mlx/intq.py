@@ -27,7 +27,11 @@ class MLXIntQCodec(Codec):
     chunk_separable = True
 
     def __init__(self, fmt: IntQFormat):
-        self.format, self.token_block = fmt, fmt.token_block
+        self.format = fmt
+
+    @property
+    def token_block(self) -> int:
+        return self.format.token_block
 
     def encode(self, x: mx.array) -> Packed:
         rows = x if self.format.axis == "token" else mx.swapaxes(x, -1, -2)

@@ -36,7 +36,11 @@ class IntQCodec(KernelCodec):
     chunk_separable = True
 
     def __init__(self, fmt: IntQFormat):
-        self.format, self.token_block = fmt, fmt.token_block
+        self.format = fmt
+
+    @property
+    def token_block(self) -> int:
+        return self.format.token_block
 
     def reference_encode(self, x: torch.Tensor) -> Packed:
         if self.format.axis == "channel":
