@@ -113,10 +113,11 @@ def test_a_step_over_its_share_keeps_its_finished_cases_and_the_next_step_runs(t
     assert logged(log) == [0]
 
     # case 2 blocks until the first step's share ends (its share less GRACE_S); the second
-    # step then gets what is left
-    done = session(tmp_path, BUDGET_S="44", END_S="2", GRACE_S="5", MIN_S="5", DEVICE="cpu",
+    # step then gets what is left. The shares leave room for a loaded machine: each step
+    # starts an interpreter, and the first overruns its share by GRACE_S and its collection
+    done = session(tmp_path, BUDGET_S="90", END_S="2", GRACE_S="5", MIN_S="5", DEVICE="cpu",
                    PLAN=f"first suite {first} 1 {seed / 'results.jsonl'}\n"
-                        f"second suite {second} 1 -", **{BLOCK_AT: "2"})
+                        f"second suite {second} 2 -", **{BLOCK_AT: "2"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert plan_lines(done.stdout) == ["first", "second"]
     assert logged(log) == [0, 1, 2, 10, 11]  # case 0 kept from the seed, never run again
