@@ -33,7 +33,6 @@ import torch
 
 mx = pytest.importorskip("mlx.core")
 
-import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
 from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
 from kvbench.methods import METHODS, has_implementation, implementation  # noqa: E402
 from kvbench.methods.core.codec_cache import CodecCache  # noqa: E402

@@ -28,7 +28,6 @@ import torch
 
 mx = pytest.importorskip("mlx.core")
 
-import kvbench.methods.mlx  # noqa: E402,F401  registers the MLX implementations
 from kvbench.backends.mlx_arrays import MLXArrays  # noqa: E402
 from kvbench.kernels.formats import IntQFormat  # noqa: E402
 from kvbench.methods import has_implementation, implementation  # noqa: E402

@@ -111,3 +111,58 @@ def test_mlx_implementations_belong_to_their_exact_class():
     assert has_implementation(IntQ, "mlx") and not has_implementation(MyIntQ, "mlx")
     with pytest.raises(NotImplementedError, match="no mlx implementation"):
         implementation(MyIntQ(), "mlx")
+
+
+def test_a_builtin_is_imported_when_first_looked_up_and_its_table_entry_is_its_own_name():
+    """The built-ins' table (name -> module) is the one list of them: looking a name up imports
+    its module, which registers exactly that name."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, kvbench.methods, kvbench.benchmarks as b;"
+             "before = sorted(m for m in sys.modules if m.startswith(('kvbench.methods.settings.',"
+             " 'kvbench.benchmarks.specs.')));"
+             "kvbench.methods.METHODS.get('turbo3');"
+             "print(before, 'kvbench.methods.settings.turbo' in sys.modules,"
+             " 'kvbench.methods.settings.intq' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split("] ")
+    assert set(eval(out[0] + "]")) <= {"kvbench.methods.settings.base",  # noqa: S307
+                                       "kvbench.methods.settings.wrapped",
+                                       "kvbench.benchmarks.specs.base"}
+    assert out[1].split() == ["True", "False"]
+
+    from kvbench.benchmarks import BENCHMARKS
+    from kvbench.methods import METHODS
+
+    for registry in (METHODS, BENCHMARKS):
+        for name in registry.builtins:
+            assert registry.get(name).name == name
+
+
+def test_a_table_entry_whose_module_does_not_register_it_is_named():
+    reg = Registry("method", builtins={"ghost": "kvbench.methods.settings.identity"})
+    with pytest.raises(UnknownName, match="importing kvbench.methods.settings.identity did not"):
+        reg.get("ghost")
+
+
+def test_every_builtin_method_names_the_module_of_each_implementation():
+    """implemented_in is how a backend's implementation is found: a built-in registered in a
+    module its settings do not name would be 'not implemented' in a fresh process."""
+    from kvbench.methods import METHODS, has_implementation
+
+    for name in METHODS.builtins:
+        cls = METHODS.get(name)
+        assert cls.implemented_in, name
+        for backend in cls.implemented_in:
+            if backend == "torch":
+                assert has_implementation(cls, backend), name
+
+
+def test_the_leaderboards_run_in_the_stated_order_and_a_plugins_board_comes_after():
+    from kvbench.report.html import BOARD_ORDER, board_order
+
+    present = ["stress", "proofs", "speed", "ruler"]
+    assert board_order(present) == [kind for kind in BOARD_ORDER if kind in present]
+    assert set(BOARD_ORDER) == set(__import__("kvbench.benchmarks", fromlist=["x"]).BENCHMARKS
+                                   .builtins)

@@ -3,10 +3,12 @@ checks, report) and its measurement (kvbench.benchmarks.measure), registered aga
 declaration. A plug-in benchmark may be one class that declares and measures (has run()); the
 built-ins are split so that validating a suite needs no torch.
 
-measurement(benchmark class) is what runs a case; importing this package registers the
-built-in declarations only (no torch).
+measurement(benchmark class) is what runs a case, importing first the module the declaration
+names (`measured_in`); importing this package imports no benchmark (no torch).
 """
 from __future__ import annotations
+
+import importlib
 
 from kvbench.benchmarks.specs import BENCHMARKS, Benchmark, MetricSpec
 from kvbench.benchmarks.specs.base import registered_measurement
@@ -15,8 +17,8 @@ from kvbench.benchmarks.specs.base import registered_measurement
 def measurement(benchmark_cls: type[Benchmark]) -> Benchmark:
     """What measures `benchmark_cls`: an instance of the class registered for it exactly, or of
     the class itself when it has run(params, method, ctx)."""
-    import kvbench.benchmarks.measure  # noqa: F401 - registers the built-in ones
-
+    if benchmark_cls.measured_in:
+        importlib.import_module(benchmark_cls.measured_in)
     found = registered_measurement(benchmark_cls)
     if found is None and callable(getattr(benchmark_cls, "run", None)):
         found = benchmark_cls

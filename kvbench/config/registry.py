@@ -1,10 +1,11 @@
-"""Name -> class registries with entry points, `module:Class` paths and did-you-mean."""
+"""Name -> class registries: a table of built-in names, each the module that registers it
+(imported on first use), entry points for plug-ins, `module:Class` paths and did-you-mean."""
 from __future__ import annotations
 
 import difflib
 import importlib
 from importlib.metadata import entry_points
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Mapping, TypeVar
 
 T = TypeVar("T")
 
@@ -19,11 +20,14 @@ def did_you_mean(name: str, choices) -> str:
 
 
 class Registry(Generic[T]):
-    """Classes registered by name, plus an entry-point group and lazy `module:Class` strings."""
+    """Classes registered by name: the built-ins' table (name -> the module whose import
+    registers it), an entry-point group and `module:Class` strings, all loaded on first use."""
 
-    def __init__(self, kind: str, entry_point_group: str | None = None):
+    def __init__(self, kind: str, entry_point_group: str | None = None,
+                 builtins: Mapping[str, str] | None = None):
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.builtins = dict(builtins or {})
         self._classes: dict[str, type[T]] = {}
         self._broken: dict[str, str] = {}  # entry points that failed to load: why
         self._entry_points_loaded = False
@@ -43,7 +47,7 @@ class Registry(Generic[T]):
             return
         self._entry_points_loaded = True
         for ep in entry_points(group=self.entry_point_group):
-            if ep.name in self._classes:
+            if ep.name in self._classes or ep.name in self.builtins:
                 continue
             try:  # a broken plug-in must not take every other name down with it
                 cls = ep.load()
@@ -57,15 +61,16 @@ class Registry(Generic[T]):
             self._classes[ep.name] = cls
 
     def names(self) -> list[str]:
+        """Every name, the built-ins' without importing them."""
         self._load_entry_points()
-        return sorted(self._classes)
+        return sorted({*self.builtins, *self._classes})
 
-    def in_order(self) -> list[str]:
-        """The names in the order they were registered: the built-ins in the order their
-        modules are imported, then the entry points' (`module:Class` names are never
-        registered)."""
-        self._load_entry_points()
-        return list(self._classes)
+    def _load_builtin(self, name: str) -> type[T]:
+        importlib.import_module(self.builtins[name])
+        if name not in self._classes:
+            raise UnknownName(f"{self.kind} {name!r}: importing {self.builtins[name]} did not"
+                              " register it")
+        return self._classes[name]
 
     def get(self, name: str) -> type[T]:
         if ":" in name:
@@ -79,12 +84,16 @@ class Registry(Generic[T]):
             if not cls.__dict__.get("name"):  # not a name inherited from a registered parent
                 cls.name = name
             return cls
+        if name in self._classes:
+            return self._classes[name]
+        if name in self.builtins:
+            return self._load_builtin(name)
         self._load_entry_points()
         if name in self._broken:
             raise UnknownName(f"{self.kind} plug-in {name!r} failed to load ({self._broken[name]})")
         if name not in self._classes:
             raise UnknownName(
-                f"unknown {self.kind} {name!r}.{did_you_mean(name, self._classes)}"
-                f" Known: {', '.join(sorted(self._classes))}."
+                f"unknown {self.kind} {name!r}.{did_you_mean(name, self.names())}"
+                f" Known: {', '.join(self.names())}."
             )
         return self._classes[name]

@@ -2,8 +2,9 @@
 implementations, registered against the settings: the torch reference (kvbench.methods.torch),
 MLX (kvbench.methods.mlx), and what every backend shares (kvbench.methods.core).
 
-implementation(settings, backend) builds a method as a backend runs it; importing this package
-registers the built-in settings only (no torch, no MLX).
+implementation(settings, backend) builds a method as a backend runs it, importing first the
+module its settings name for that backend (`implemented_in`); importing this package imports
+no method (no torch, no MLX): names are looked up in METHODS's table when first used.
 """
 from __future__ import annotations
 
@@ -13,12 +14,6 @@ from typing import Any
 from kvbench.methods.core.contracts import Implementation
 from kvbench.methods.settings import METHODS, Capabilities, MethodSettings, build_method
 from kvbench.methods.settings.base import BACKENDS, registered_implementation
-
-# What registers each backend's built-in implementations (imported on first use): kvbench's
-# own, and the adapters that run a library's (kvbench.methods.external).
-_BUILTIN = {"torch": ("kvbench.methods.torch", "kvbench.methods.external.kvpress",
-                      "kvbench.methods.external.hf_quantized"),
-            "mlx": ("kvbench.methods.mlx", "kvbench.methods.external.mlx_lm_cache")}
 
 
 class OnBackend:
@@ -56,10 +51,10 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
 
 
 def _register(backend: str, settings_cls: type) -> None:
-    """Import what registers the backend's built-in implementations and, for a plug-in's
-    settings, the module it names for that backend (MethodSettings.implemented_in)."""
-    own = getattr(settings_cls, "implemented_in", {}).get(backend)
-    for module in (*_BUILTIN[backend], *([own] if own else [])):
+    """Import the module that registers the settings' implementation on `backend`, as the
+    settings name it (MethodSettings.implemented_in), built-ins and plug-ins alike."""
+    module = getattr(settings_cls, "implemented_in", {}).get(backend)
+    if module:
         importlib.import_module(module)
 
 

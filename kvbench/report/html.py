@@ -27,7 +27,6 @@ import os
 import re
 from pathlib import Path
 
-from kvbench.benchmarks import BENCHMARKS
 from kvbench.judge.gate import fingerprint_differences
 from kvbench.report.html_assets import SCRIPT, STYLE
 from kvbench.report.html_boards import leaderboard
@@ -99,13 +98,20 @@ def _contents(parts: list[str]) -> str:
     return f"<nav id='contents'><b>Contents</b><ul>{links}</ul></nav>"
 
 
+# The order of the built-in benchmarks' leaderboards on the page: the compression proofs first,
+# then what a method costs in quality, retrieval, memory, serving and speed.
+BOARD_ORDER = ("proofs", "perplexity", "quality", "niah", "ruler", "multiturn", "dataset",
+               "ladder", "stress", "speed", "decode_attention", "compaction", "parity")
+
+
 def board_order(present: list[str]) -> list[str]:
     """The order of the leaderboards of the benchmark kinds `present` (in order of appearance):
-    those with a board in the order their benchmarks were registered (the built-ins' order is
-    set in kvbench.benchmarks.specs), then the others as they appear."""
-    boarded = [kind for kind in BENCHMARKS.in_order()
-               if kind in present and benchmark_report(kind).board is not None]
-    return boarded + [kind for kind in present if kind not in boarded]
+    the built-ins' with a board in BOARD_ORDER, then the other kinds with a board (plug-ins'),
+    then those without, each as they appear."""
+    has_board = [kind for kind in present if benchmark_report(kind).board is not None]
+    builtin = [kind for kind in BOARD_ORDER if kind in has_board]
+    return builtin + [kind for kind in has_board if kind not in builtin] + [
+        kind for kind in present if kind not in has_board]
 
 
 # ------------------------------------------------------------ sections

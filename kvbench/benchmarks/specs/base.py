@@ -47,6 +47,8 @@ class Benchmark:
     codecs_only: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)  # array libraries it can measure on
     extras: ClassVar[tuple[str, ...]] = ()  # kvbench extras it needs (kvbench.config.extras)
+    # the module whose import registers what measures it (@measures); None: it has run() itself
+    measured_in: ClassVar[str | None] = None
     # parameter -> (method capability it needs, the value that needs none or a test of the
     # params that says they need none): checked against each method's supports() when a suite
     # is validated (kvbench.methods.settings.base.Capabilities)
@@ -132,7 +134,13 @@ class TextModelBenchmark(Benchmark):
         return None
 
 
-BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group="kvbench.benchmarks")
+# The built-in benchmarks, each in its module of kvbench.benchmarks.specs, imported when the
+# name is first looked up; plug-ins add theirs by the `kvbench.benchmarks` entry-point group.
+BUILTIN_BENCHMARKS = ("compaction", "dataset", "decode_attention", "ladder", "multiturn", "niah",
+                      "parity", "perplexity", "proofs", "quality", "ruler", "speed", "stress")
+BENCHMARKS: Registry[Benchmark] = Registry(
+    "benchmark", entry_point_group="kvbench.benchmarks",
+    builtins={name: f"kvbench.benchmarks.specs.{name}" for name in BUILTIN_BENCHMARKS})
 register_benchmark = BENCHMARKS.register
 
 # ---- measurements, registered against the exact declaration -----------------------------------

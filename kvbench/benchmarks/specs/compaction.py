@@ -40,6 +40,7 @@ class Compaction(Benchmark):
     end_prefill, so a task-guided method (am_task) or SnapKV can use its queries; without it a
     method gets its own reference probe, if it has one (am with `queries: repeat`). The plain
     cache answers the same question from the whole trajectory."""
+    measured_in = "kvbench.benchmarks.measure.compaction"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = CompactionParams

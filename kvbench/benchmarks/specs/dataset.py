@@ -111,6 +111,7 @@ class Dataset(Benchmark):
     decoded greedily through the compressed cache (as ruler answers), scored with qa_f1,
     rouge_l, exact, contains or classification as LongBench scores (the best over the
     references)."""
+    measured_in = "kvbench.benchmarks.measure.dataset"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = DatasetParams

@@ -48,6 +48,7 @@ class DecodeAttention(Benchmark):
     each timed in every repeat; their ratios, the fused kernel's read bandwidth against a device
     copy, and its error against attention over the decoded K/V. Needs a fused kernel: CUDA with
     triton, the CPU with numba (impl auto), or TRITON_INTERPRET=1 with impl triton."""
+    measured_in = "kvbench.benchmarks.measure.decode_attention"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = DecodeAttentionParams

@@ -33,6 +33,7 @@ class Ladder(TextModelBenchmark):
     """Time, true peak memory and KV bytes of one context length (a rung): chunked prefill,
     then greedy decode, through the method's cache. Compare rungs across methods with claims
     like `peak_bytes / identity <= 0.51`."""
+    measured_in = "kvbench.benchmarks.measure.ladder"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = LadderParams

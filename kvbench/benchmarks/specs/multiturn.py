@@ -83,6 +83,7 @@ class Multiturn(RetrievalBenchmark):
     question is answered from an independent copy of the compressed context. The method never
     sees a question before it is asked (compress: context), or sees the first with the context
     (context+question, multi-turn)."""
+    measured_in = "kvbench.benchmarks.measure.multiturn"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = MultiturnParams

@@ -48,6 +48,7 @@ class Niah(RetrievalBenchmark):
     A grid of context lengths x needle depths, one needle per cell, answered through the
     method's cache; a heatmap per method in the report. Essay text is `essay` (pydoc by
     default) in place of Paul Graham's essays."""
+    measured_in = "kvbench.benchmarks.measure.niah"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = NiahParams

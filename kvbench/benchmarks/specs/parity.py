@@ -33,6 +33,7 @@ class ParityParams(TextWindowParams):
 @register_benchmark("parity")
 class Parity(TextModelBenchmark):
     """Incremental decode through the cache against a full recompute of the same sequence."""
+    measured_in = "kvbench.benchmarks.measure.parity"
 
     Params = ParityParams
     needs = {"trim": ("trim", 0)}

@@ -121,6 +121,7 @@ def window_offsets(params: PerplexityParams, text_tokens: int, seed: int) -> lis
 @register_benchmark("perplexity")
 class Perplexity(TextModelBenchmark):
     """Perplexity of a continuation read through the method's cache, against the plain model."""
+    measured_in = "kvbench.benchmarks.measure.perplexity"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = PerplexityParams

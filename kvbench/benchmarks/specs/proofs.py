@@ -53,6 +53,7 @@ class Proofs(Benchmark):
     and attention-output error, encode/decode time. Needs a method with a codec. Measures the
     bare codecs: a method's cache policy (full-precision sinks or window, requantization,
     eviction, sparse reads) is not applied, so a claim on a method that has one is refused."""
+    measured_in = "kvbench.benchmarks.measure.proofs"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
     # every vector goes through the codecs, none through the cache: a suite's claim on a method
     # whose settings' policy_beyond_codec() is not empty is refused (kvbench.suite.expand)

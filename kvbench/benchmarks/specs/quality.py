@@ -27,6 +27,7 @@ class QualityParams(TextWindowParams):
 class Quality(TextModelBenchmark):
     """Next-token distributions and greedy text through the method's cache, against the plain
     model: top-k overlap, KL both ways, top-1 and greedy agreement."""
+    measured_in = "kvbench.benchmarks.measure.quality"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = QualityParams

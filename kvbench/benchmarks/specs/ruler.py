@@ -57,6 +57,7 @@ class Ruler(RetrievalBenchmark):
     SQuAD or HotpotQA), generated offline to `length` model tokens and answered through the
     method's cache, scored as NVIDIA does. Essay haystacks are the `essay` text (pydoc by
     default) in place of Paul Graham's essays; the noise haystacks are RULER's own."""
+    measured_in = "kvbench.benchmarks.measure.ruler"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = RulerParams

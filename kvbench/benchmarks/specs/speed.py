@@ -55,6 +55,7 @@ def physical_ram() -> int:
 class Speed(Benchmark):
     """Encode and decode throughput of a method's codec, and its ratio to a memory copy of the
     same bytes measured in the same repeat. Needs a method with a codec."""
+    measured_in = "kvbench.benchmarks.measure.speed"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = SpeedParams

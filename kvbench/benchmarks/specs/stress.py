@@ -311,6 +311,7 @@ class Stress(Benchmark):
     """Concurrent users against an OpenAI-compatible server on loopback (kvbench serve with the
     case's method, or another server): throughput, TTFT/TPOT/chunk-gap/e2e percentiles, errors,
     answers against the single-user answers, sessions held. One level (users) per case."""
+    measured_in = "kvbench.benchmarks.measure.stress"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
 
     Params = StressParams

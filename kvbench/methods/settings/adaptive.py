@@ -51,6 +51,10 @@ class Adaptive(BitWidths, MethodSettings):
     codec(), key_codec() and value_codec() are the base's at base_bits.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.core.wrappers",
+        "mlx": "kvbench.methods.core.wrappers",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({"base_params": {"block": 16}},)
 
     base: str = param("turbo", meaning="the method each head is stored with; it needs an integer"

@@ -38,6 +38,10 @@ class AM(TokenMethod):
     nnls_iters=2 and on_policy=True); here 20 projected-gradient steps from a seeded power
     iteration and no on-policy pass; upstream scales a nonzero ridge by ||X||_2^2."""
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.am",
+        "mlx": "kvbench.methods.mlx.token_policies",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"ratio": 0.5}, {"ratio": 0.5, "queries": "repeat"},
         {"budget": 12, "causal": True, "score": "max", "fit_values": False})

@@ -132,7 +132,21 @@ class KernelSettings:
             raise SettingError((*self.kernel_fields(), "impl"), str(exc)) from None
 
 
-METHODS: Registry[MethodSettings] = Registry("method", entry_point_group="kvbench.methods")
+# The built-in methods: each name and its module in kvbench.methods.settings, imported when
+# the name is first looked up; plug-ins add theirs by the `kvbench.methods` entry-point group.
+BUILTIN_METHODS = {
+    "identity": "identity", "intq": "intq", "kivi": "kivi", "lloydmax": "lloydmax",
+    "turbo": "turbo", "turbo2": "turbo", "turbo2.5": "turbo", "turbo3": "turbo",
+    "turbo3.5": "turbo", "turbo4": "turbo", "butterfly": "butterfly",
+    "streamingllm": "eviction", "snapkv": "eviction", "h2o": "eviction", "am": "am",
+    "am_task": "am", "sparse_v": "sparse_v", "decay": "decay", "adaptive": "adaptive",
+    "kvpress": "kvpress", "hf-quantized": "hf_quantized", "mlx-lm-quantized": "mlx_lm_cache",
+    "mlx-lm-rotating": "mlx_lm_cache",
+}
+METHODS: Registry[MethodSettings] = Registry(
+    "method", entry_point_group="kvbench.methods",
+    builtins={name: f"kvbench.methods.settings.{module}"
+              for name, module in BUILTIN_METHODS.items()})
 register_method = METHODS.register
 
 

@@ -46,6 +46,10 @@ class Butterfly(MethodSettings):
 
     adds_keys: ClassVar[bool] = True  # the block summaries
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.butterfly",
+        "mlx": "kvbench.methods.mlx.token_policies",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"block_size": 8, "window": 8}, {"block_size": 8, "window": 12, "partner_rule": "random"})
 

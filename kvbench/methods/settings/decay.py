@@ -60,6 +60,10 @@ class Decay(BitWidths, MethodSettings):
     window_size=None (when set it evicts all older tokens); window and segment are kvbench's.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.core.wrappers",
+        "mlx": "kvbench.methods.core.wrappers",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"base_params": {"block": 16}, "window": 8, "segment": 8},
         {"base": "intq", "base_params": {"group_size": 16}, "base_bits": 4, "window": 8,

@@ -17,6 +17,10 @@ from kvbench.methods.settings.tokens import TokenMethod
 class EvictionMethod(TokenMethod):
     """A token method that can also hold its budget while the prompt is fed (`evict`)."""
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.eviction",
+        "mlx": "kvbench.methods.mlx.token_policies",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         *TokenMethod.conformance_params, {"budget": 9, "evict": "every_chunk"})
 

@@ -32,6 +32,7 @@ class HFQuantized(MethodSettings):
     layer's defaults (transformers: nbits 4, axes 0, group 64, residual 128); FP8 takes none.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {"torch": "kvbench.methods.external.hf_quantized"}
     library_cache: ClassVar[bool] = True
     extra: ClassVar[str | None] = "quanto"  # the default backend's
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (

@@ -16,6 +16,10 @@ class Identity(MethodSettings):
     Must reproduce the unmodified model exactly with dtype "auto" (stores what the model gives).
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.identity",
+        "mlx": "kvbench.methods.mlx.identity",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {}, {"dtype": "float16"}, {"storage": "concat"})
 

@@ -24,6 +24,10 @@ class IntQ(CodecPolicy, KernelSettings, MethodSettings):
     Tensors: keys and values (batch, kv_heads, tokens, head_dim).
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.intq",
+        "mlx": "kvbench.methods.mlx.intq",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"group_size": 16}, {"axis": "channel", "group_size": 8, "window": 8},
         {"group_size": 16, "sinks": 4, "window": 8})

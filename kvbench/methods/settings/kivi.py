@@ -40,6 +40,10 @@ class Kivi(KernelSettings, MethodSettings):
     residual_length=32).
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.kivi",
+        "mlx": "kvbench.methods.mlx.kivi",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"group_size": 8, "residual": 16}, {})
 

@@ -32,6 +32,7 @@ class KVPress(MethodSettings):
     the suite is validated.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {"torch": "kvbench.methods.external.kvpress"}
     library_cache: ClassVar[bool] = True
     extra: ClassVar[str | None] = "kvpress"
     capabilities: ClassVar[Capabilities] = Capabilities(chunked_prefill=False,

@@ -30,6 +30,10 @@ class LloydMax(CodecPolicy, KernelSettings, MethodSettings):
     manthanquant-x86 csrc/turboquant_kernel.cu, bits 2..4 only); rotate/window/sinks are kvbench's.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.lloydmax",
+        "mlx": "kvbench.methods.mlx.lloydmax",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"rotate": True, "window": 8})
 
     bits: int = param(3, range=span(1, 8), meaning="bits per coordinate")

@@ -23,6 +23,7 @@ class MLXLMCache(MethodSettings):
     keys and values go to its update_and_fetch, and mlx-lm's own attention reads what that
     returns, with the cache's own mask, as in mlx-lm's generate_step(prompt_cache=...)."""
 
+    implemented_in: ClassVar[dict[str, str]] = {"mlx": "kvbench.methods.external.mlx_lm_cache"}
     library_cache: ClassVar[bool] = True
     extra: ClassVar[str | None] = "mlx"
     # its caches hold mx.arrays, on no torch device: it runs on the mlx backend only (its one

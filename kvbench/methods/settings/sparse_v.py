@@ -23,6 +23,10 @@ class SparseV(MethodSettings):
     In a suite: `{name: sparse_v, params: {base: turbo3, tau: 1.0e-4}}`.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.core.wrappers",
+        "mlx": "kvbench.methods.core.wrappers",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {}, {"base": "turbo3", "base_params": {"block": 16}, "tau": 1e-3},
         {"base": "am", "base_params": {"ratio": 0.5, "queries": "repeat"}})

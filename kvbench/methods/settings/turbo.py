@@ -71,6 +71,10 @@ class Turbo(CodecPolicy, KernelSettings, MethodSettings):
     tables) and that KVCacheCompressor codes K with QJL (TurboQuant) and V MSE-only at seed + 500.
     """
 
+    implemented_in: ClassVar[dict[str, str]] = {
+        "torch": "kvbench.methods.torch.turbo",
+        "mlx": "kvbench.methods.mlx.turbo",
+    }
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"block": 16}, {"block": 16, "bits": 4, "qjl": True, "window": 8},
         {"block": 16, "rotation": "haar", "codebook": "beta"})
