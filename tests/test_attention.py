@@ -12,7 +12,7 @@ from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecCache
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity
 from kvbench.methods.settings.sparse_v import SparseV
-from kvbench.methods.torch.base import TorchMethod
+from kvbench.methods.core.contracts import Implementation
 from kvbench.methods.torch.identity import CastCodec
 from kvbench.models.attention import biased_attention
 from kvbench.models.tiny import tiny_config
@@ -69,7 +69,7 @@ class BiasedIdentity(MethodSettings):
 
 
 @implements(BiasedIdentity)
-class _BiasedIdentity(TorchMethod):
+class _BiasedIdentity(Implementation):
     def new_layer_cache(self, layer_idx):
         return _BiasedCache(self.settings.bias_fn)
 
@@ -92,7 +92,7 @@ class DropPrefix(MethodSettings):
 
 
 @implements(DropPrefix)
-class _DropPrefix(TorchMethod):
+class _DropPrefix(Implementation):
     def new_layer_cache(self, layer_idx):
         return _DropPrefixCache(self.settings.n)
 

@@ -10,10 +10,9 @@ from transformers import DynamicCache
 
 from kvbench.backends.torch_arrays import tensor_bytes
 from kvbench.methods import implementation
-from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity
-from kvbench.methods.torch.base import TorchMethod
 from kvbench.models import BUNDLED, describe_model, kvbench_home, load_model, prepare_bundled
 from kvbench.models.capture import capture_qkv
 from kvbench.models.hf_cache import KVBenchCache
@@ -90,7 +89,7 @@ class TestMethod(MethodSettings):
 
 
 @implements(TestMethod)
-class TorchTestMethod(TorchMethod):
+class TorchTestMethod(Implementation):
     def new_layer_cache(self, layer_idx):
         options = self.settings.params()
         del options["prefill_reads"]

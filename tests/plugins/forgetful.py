@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
 from kvbench.methods.settings import MethodSettings, implements
-from kvbench.methods.torch.base import TorchMethod
 
 
 @dataclass
@@ -76,7 +75,7 @@ class ForgetsEarlierTurns(LayerCachePolicy):
 
 
 @implements(Forgetful)
-class ForgetfulMethod(TorchMethod):
+class ForgetfulMethod(Implementation):
     # until a new turn it keeps every token as the model made it: its prefill is the plain one
     shares_prefill = True
 

@@ -18,10 +18,9 @@ import torch
 from kvbench.benchmarks.measure.context import BenchmarkOutput
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
 from kvbench.config.fields import LibraryMissing, Settings, at_least, param
-from kvbench.methods.core.contracts import WrappedPolicy
+from kvbench.methods.core.contracts import Implementation, WrappedPolicy
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity
-from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.identity import TorchIdentity
 
 CRASH_MESSAGE = "kvb_testplugin: deliberate crash"
@@ -35,7 +34,7 @@ class Nop(MethodSettings):
 
 
 @implements(Nop)
-class NopMethod(TorchMethod):
+class NopMethod(Implementation):
     def new_layer_cache(self, layer_idx):
         raise NotImplementedError("Nop is for test benchmarks only")
 

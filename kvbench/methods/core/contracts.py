@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from kvbench.kernels import ImplLog
 
 if TYPE_CHECKING:
     from kvbench.kernels.formats import PackedRead
@@ -254,17 +256,27 @@ class Backend(Protocol):
     def implement(self, settings: Any) -> "Implementation": ...
 
 
+C = TypeVar("C", bound=Codec)
+
+
 class Implementation(ABC):
     """A method as one backend runs it, built from its settings (kvbench.methods.settings) and
     the backend: what benchmarks, models and the server call. Backends register one per
     settings class (kvbench.methods.settings.base.implements); kvbench.methods.implementation
     builds it."""
 
-    impl_log = None  # a torch method with kernels keeps which implementation ran (ImplLog)
+    impl_log: ImplLog | None = None  # which implementation ran, where the settings choose (impl)
 
     def __init__(self, settings: Any, on: Backend):
         self.settings = settings
         self.on = on
+        if hasattr(settings, "impl"):
+            self.impl_log = ImplLog()
+
+    def run_as(self, codec: C) -> C:
+        """`codec` set to run as the settings' impl, noting into this method's log."""
+        codec.impl, codec.impl_log = self.settings.impl, self.impl_log
+        return codec
 
     @property
     def name(self) -> str:

@@ -8,10 +8,9 @@ from typing import Any
 import torch
 
 from kvbench.backends.torch_arrays import storage_bytes
-from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.hf_quantized import HFQuantized
-from kvbench.methods.torch.base import TorchMethod
 
 
 def stored_bytes(held: Any) -> int:
@@ -68,7 +67,7 @@ class LibraryQuantizedLayer(LayerCachePolicy):
 
 
 @implements(HFQuantized)
-class TorchHFQuantized(TorchMethod):
+class TorchHFQuantized(Implementation):
     def new_layer_cache(self, layer_idx: int) -> LibraryQuantizedLayer:
         return LibraryQuantizedLayer(self.settings.new_layer())
 

@@ -1,15 +1,14 @@
-"""What the torch reference implementations share: the codecs' choice between the torch reference
-and the Triton kernels (impl), and the log of which ran."""
+"""What the torch codecs share: the choice between the torch reference and the kernels (impl),
+and the log of which ran (handed over by Implementation.run_as)."""
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import TypeVar
 
 import torch
 
 from kvbench.kernels import ImplLog, numba_installed, use_triton
 from kvbench.kernels.formats import KernelFormat
-from kvbench.methods.core.contracts import Codec, Implementation, Packed
+from kvbench.methods.core.contracts import Codec, Packed
 
 
 class TorchCodec(Codec):
@@ -105,22 +104,3 @@ class KernelCodec(TorchCodec):
     def decode(self, packed: Packed) -> torch.Tensor:
         decoded = self.kernel_decode(packed)
         return self.reference_decode(packed) if decoded is None else decoded
-
-
-C = TypeVar("C", bound=TorchCodec)
-
-
-class TorchMethod(Implementation):
-    """A torch reference implementation; one whose settings have an `impl` field keeps the log
-    of which implementation ran (ImplLog), which run_as hands to every codec it builds."""
-
-    def __init__(self, settings, on):
-        super().__init__(settings, on)
-        if hasattr(settings, "impl"):
-            self.impl_log = ImplLog()
-
-    def run_as(self, codec: C) -> C:
-        """`codec` set to run as the settings' impl, noting into this method's log."""
-        codec.impl, codec.impl_log = self.settings.impl, self.impl_log
-        return codec
-

@@ -9,10 +9,9 @@ import torch
 
 from kvbench.backends.torch_arrays import storage_bytes
 from kvbench.config.registry import did_you_mean
-from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.butterfly import Butterfly, PartnerRule
-from kvbench.methods.torch.base import TorchMethod
 
 PARTNER_RULES = typing.get_args(PartnerRule)
 
@@ -251,7 +250,7 @@ class ButterflyCache(LayerCachePolicy):
 
 
 @implements(Butterfly)
-class TorchButterfly(TorchMethod):
+class TorchButterfly(Implementation):
     settings: Butterfly
 
     def new_layer_cache(self, layer_idx: int) -> ButterflyCache:

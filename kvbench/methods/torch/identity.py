@@ -8,7 +8,7 @@ from kvbench.methods.core.codec_cache import UNBOUNDED_WINDOW, CodecMethod
 from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.identity import Identity
-from kvbench.methods.torch.base import TorchCodec, TorchMethod
+from kvbench.methods.torch.base import TorchCodec
 
 
 class CastCodec(TorchCodec):
@@ -36,7 +36,7 @@ class CastCodec(TorchCodec):
 
 
 @implements(Identity)
-class TorchIdentity(TorchMethod, CodecMethod):
+class TorchIdentity(CodecMethod):
     settings: Identity
 
     def codec(self) -> CastCodec:

@@ -10,7 +10,7 @@ from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed, concat_packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
-from kvbench.methods.torch.base import KernelCodec, TorchMethod
+from kvbench.methods.torch.base import KernelCodec
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rounding import divide
 
@@ -172,7 +172,7 @@ class IntQCodec(KernelCodec):
 
 
 @implements(IntQ)
-class TorchIntQ(TorchMethod, CodecMethod):
+class TorchIntQ(CodecMethod):
     settings: IntQ
 
     def codec(self) -> IntQCodec:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from kvbench.methods.core.kivi_cache import KiviMethod
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.kivi import Kivi
-from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.intq import IntQCodec
 
 
 @implements(Kivi)
-class TorchKivi(TorchMethod, KiviMethod):
+class TorchKivi(KiviMethod):
     settings: Kivi
 
     def key_codec(self) -> IntQCodec:

@@ -11,7 +11,6 @@ from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.lloydmax import LloydMax
-from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.codebooks import lloyd_max
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rotation import HaarRotation
@@ -91,7 +90,7 @@ class LloydMaxCodec(TokenwiseCodec):
 
 
 @implements(LloydMax)
-class TorchLloydMax(TorchMethod, CodecMethod):
+class TorchLloydMax(CodecMethod):
     settings: LloydMax
 
     def codec(self) -> LloydMaxCodec:

@@ -13,9 +13,8 @@ import math
 import torch
 
 from kvbench.backends.torch_arrays import storage_bytes, tensor_bytes
-from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
 from kvbench.methods.settings.tokens import TokenMethod
-from kvbench.methods.torch.base import TorchMethod
 
 
 class TokenCache(LayerCachePolicy):
@@ -252,7 +251,7 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     return logits.masked_fill_(hidden, -math.inf).softmax(-1)
 
 
-class TorchTokenMethod(TorchMethod):
+class TorchTokenMethod(Implementation):
     """A token-reduction method on torch: one policy of `cache` per layer, built from the
     settings (and the layer index, for a cache that takes it)."""
 

@@ -11,7 +11,6 @@ from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.core.turbo_steps import TurboSteps
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.turbo import Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4
-from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.codebooks import Codebook, gaussian_moments, lloyd_max
 from kvbench.methods.torch.packing import pack_bits, unpack_bits
 from kvbench.methods.torch.rotation import HaarRotation, SignedHadamard, make_rotation
@@ -199,7 +198,7 @@ def channels_by_magnitude(x: torch.Tensor, n: int) -> tuple[int, ...]:
 
 
 @implements(Turbo, Turbo2, Turbo2_5, Turbo3, Turbo3_5, Turbo4)
-class TorchTurbo(TorchMethod, CodecMethod):
+class TorchTurbo(CodecMethod):
     """Turbo and its presets (turbo2, turbo2.5, turbo3, turbo3.5, turbo4) on torch."""
 
     settings: Turbo

@@ -2,14 +2,13 @@
 from kvbench.kernels.formats import IntQFormat
 from kvbench.methods.core.codec_cache import CodecMethod
 from kvbench.methods.settings import implements
-from kvbench.methods.torch.base import TorchMethod
 from kvbench.methods.torch.intq import IntQCodec
 
 from kvbench_sinkq import SinkQ
 
 
 @implements(SinkQ)
-class TorchSinkQ(TorchMethod, CodecMethod):
+class TorchSinkQ(CodecMethod):
     def codec(self):
         # any kvbench.methods.core.contracts.Codec: encode, decode, nbytes of every stored byte
         return IntQCodec(IntQFormat(bits=4, group_size=self.settings.group_size, axis="token"))
