@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import triton
 
 from kvbench.kernels.formats import KVSegment
-from kvbench.kernels.triton import attention
+from kvbench.kernels.triton import attention, segments
 from kvbench.methods import build_method, implementation
 
 LAYOUTS = [("identity", None, {}), ("intq4", "intq", {"bits": 4}), ("turbo3", "turbo3", {})]
@@ -43,7 +43,7 @@ def main(per_sm):
                      for _ in range(copies)]
     print("programs/SM layout context fused_us sdpa_us sdpa/fused config", flush=True)
     for pps in per_sm:
-        attention.PROGRAMS_PER_SM = pps
+        segments.PROGRAMS_PER_SM = pps
         attention._SPLIT = attention._tuned()
         for label, name, params in LAYOUTS:
             codec = None if name is None else implementation(
@@ -62,7 +62,7 @@ def main(per_sm):
 
                 def fused():
                     state["i"] += 1
-                    return attention.decode_attention(q, segs[state["i"] % len(segs)])
+                    return segments.decode_attention(q, segs[state["i"] % len(segs)])
 
                 def sdpa():
                     state["i"] += 1

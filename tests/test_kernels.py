@@ -21,6 +21,7 @@ import triton.language as tl  # noqa: E402
 from kvbench.kernels import interpreting  # noqa: E402
 from kvbench.kernels.formats import KVSegment, token_axis  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
+from kvbench.kernels.triton.segments import decode_attention  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
 from kvbench.methods.core.contracts import Packed  # noqa: E402
 from tests.plugins.tensors import (  # noqa: E402
@@ -279,8 +280,7 @@ def test_fused_attention_matches_attention_over_the_decoded_cache(name, params, 
     scaling = 0.7 * shape[-1] ** -0.5
     for splits in (1, 2, 5):
         for b in (None, bias):
-            out = attention.decode_attention(query, segments, bias=b, scaling=scaling,
-                                             splits=splits)
+            out = decode_attention(query, segments, bias=b, scaling=scaling, splits=splits)
             assert out.shape == query.shape and out.dtype == dtype
             exact = exact_attention(query, all_k, all_v, b, scaling)
             error = float((out.double() - exact).norm() / exact.norm())
@@ -315,7 +315,7 @@ def test_fused_attention_softcap_sinks_and_window(name, params, dtype, shape):
              dict(window=in_block, softcap=1.5, sinks=sinks, bias=bias, splits=2),
              dict(window=9, softcap=1.5, sinks=sinks, bias=bias, splits=5)]
     for case in cases:
-        out = attention.decode_attention(query, segments, scaling=scaling, **case)
+        out = decode_attention(query, segments, scaling=scaling, **case)
         assert out.shape == query.shape and out.dtype == dtype
         exact = exact_attention(query, all_k, all_v, case.get("bias"), scaling,
                                 case.get("softcap"), case.get("sinks"), case.get("window"))
@@ -343,9 +343,9 @@ def test_the_softcap_tanh_is_within_a_few_ulp():
 def test_fused_attention_refuses_bad_sinks_and_windows():
     query, keys = _draw(1, 6, 64, seed=1), _draw(1, 3, 10, 64, seed=2)
     with pytest.raises(ValueError, match=r"sinks must be \(q_heads,\) = \(6,\), got \(3,\)"):
-        attention.decode_attention(query, [KVSegment(keys, keys)], sinks=torch.zeros(3))
+        decode_attention(query, [KVSegment(keys, keys)], sinks=torch.zeros(3))
     with pytest.raises(ValueError, match="window must be at least 1, got 0"):
-        attention.decode_attention(query, [KVSegment(keys, keys)], window=0)
+        decode_attention(query, [KVSegment(keys, keys)], window=0)
 
 
 @pytest.mark.parametrize("name,params", ATTENTION_METHODS,
@@ -391,8 +391,8 @@ def test_fused_attention_reads_views_of_bigger_buffers_in_place(name, params, mo
 
     monkeypatch.setattr(attention, "_SPLIT", Spy())
     for case in (dict(splits=2), dict(bias=bias, window=40, softcap=2.0, splits=5)):
-        got = attention.decode_attention(query, views, **case)
-        assert torch.equal(got, attention.decode_attention(query, segments, **case)), case
+        got = decode_attention(query, views, **case)
+        assert torch.equal(got, decode_attention(query, segments, **case)), case
     for segment in views[:2]:
         for side in (segment.keys, segment.values):
             for t in (side.values() if isinstance(side, dict) else [side]):
@@ -404,7 +404,7 @@ def test_fused_attention_merges_many_splits():
     query = _draw(1, 2, 64, seed=7)
     keys, values = _draw(1, 1, 1100, 64, seed=8), _draw(1, 1, 1100, 64, seed=9)
     splits = 2 * attention.COMBINE_CHUNK + 1
-    out = attention.decode_attention(query, [KVSegment(keys, values)], splits=splits)
+    out = decode_attention(query, [KVSegment(keys, values)], splits=splits)
     exact = exact_attention(query, keys, values, None, 64 ** -0.5)
     assert float((out.double() - exact).norm() / exact.norm()) < ATTENTION_TOLERANCE[torch.float32]
 
@@ -413,12 +413,12 @@ def test_fused_attention_reads_4d_queries_and_refuses_bad_shapes():
     query = _draw(1, 6, 1, 64, seed=1)
     keys = _draw(1, 4, 10, 64, seed=2)
     with pytest.raises(ValueError, match="6 query heads do not share 4 KV heads"):
-        attention.decode_attention(query, [KVSegment(keys, keys)])
+        decode_attention(query, [KVSegment(keys, keys)])
     keys = _draw(1, 3, 10, 64, seed=2)
-    out = attention.decode_attention(query, [KVSegment(keys, keys)])
+    out = decode_attention(query, [KVSegment(keys, keys)])
     assert out.shape == (1, 6, 1, 64)
     with pytest.raises(ValueError, match=r"bias must be \(batch, kv_heads, tokens\)"):
-        attention.decode_attention(query, [KVSegment(keys, keys)], bias=torch.zeros(1, 3, 9))
+        decode_attention(query, [KVSegment(keys, keys)], bias=torch.zeros(1, 3, 9))
 
 
 def test_kivi_keys_have_no_fused_attention():
@@ -532,6 +532,6 @@ def test_fused_attention_at_32k_on_the_gpu(name, monkeypatch):
     codec = _method(name, {"impl": "triton"}).codec()
     pk, pv = codec.encode(keys), codec.encode(values)
     fmt = codec.kernel_for(DEVICE, 128)
-    out = attention.decode_attention(query, [KVSegment(pk.tensors, pv.tensors, fmt, fmt)])
+    out = decode_attention(query, [KVSegment(pk.tensors, pv.tensors, fmt, fmt)])
     exact = exact_attention(query, codec.decode(pk), codec.decode(pv), None, 128 ** -0.5)
     assert float((out.double() - exact).norm() / exact.norm()) < ATTENTION_TOLERANCE[torch.bfloat16]

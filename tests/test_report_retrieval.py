@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from kvbench.benchmarks.reports import niah, ruler
+from kvbench.benchmarks.reports import niah, ruler_plot
 from kvbench.benchmarks.reports.niah import niah_heatmap_pngs, niah_section
-from kvbench.benchmarks.reports.ruler import RULER_PNG, ruler_plot_png, ruler_section
+from kvbench.benchmarks.reports.ruler import ruler_section
+from kvbench.benchmarks.reports.ruler_plot import RULER_PNG, ruler_plot_png
 from kvbench.benchmarks.reports.ruler_numbers import ruler_table
 from kvbench.judge.intervals import wilson_interval
 from kvbench.reportkit.figures import PlotUnavailable
@@ -226,7 +227,7 @@ def test_no_section_without_ok_ruler_cases(result):
     assert ruler_section(run([c for c in result.cases if c.benchmark != "ruler"])) is None
     errored = [c.model_copy(update={"status": "error"}) for c in result.cases]
     assert ruler_section(run(errored)) is None and niah_section(run(errored)) is None
-    assert ruler.ruler_plot_data(run(errored)) is None
+    assert ruler_plot.ruler_plot_data(run(errored)) is None
 
 
 def test_ruler_plot_lines_by_registry_name(result, tmp_path):
@@ -273,7 +274,7 @@ def test_the_ruler_figure_names_its_variants_and_ticks_a_narrow_axis(result, tmp
     than a factor of two."""
     pytest.importorskip("matplotlib")
     figures = []
-    monkeypatch.setattr(ruler, "save_png", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(ruler_plot, "save_png", lambda fig, path: figures.append(fig))
     narrow = run([c for c in result.cases if c.method_label in ("identity", "snapkv-0.5", "intq")])
     ruler_plot_png(narrow, tmp_path / RULER_PNG)
     (fig,) = figures

@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 from kvbench.kernels.formats import IntQFormat, KVSegment, token_axis  # noqa: E402
 from kvbench.kernels.triton import attention  # noqa: E402
+from kvbench.kernels.triton.segments import decode_attention  # noqa: E402
 from kvbench.kernels.triton.rows import (  # noqa: E402
     LINE, decode_attention_rows, row_formats,
 )
@@ -96,7 +97,7 @@ def _check(query, rows, decoded, dtype, **features):
     assert out.shape == query.shape and out.dtype == query.dtype
     scaling = features.get("scaling") or query.shape[-1] ** -0.5
     for i, (segments, (keys, values)) in enumerate(zip(rows, decoded)):
-        alone = attention.decode_attention(query[i : i + 1], segments, **features)
+        alone = decode_attention(query[i : i + 1], segments, **features)
         assert torch.equal(out[i : i + 1], alone), (i, (out[i : i + 1] - alone).abs().max())
         exact = exact_attention(query[i : i + 1].reshape(1, query.shape[1], -1), keys, values,
                                 None, scaling, features.get("softcap"), features.get("sinks"))

@@ -153,7 +153,7 @@ def decode_attention_of(kernel: str):
     if kernel == "cpu":
         from kvbench.kernels.cpu.attention import decode_attention
     else:
-        from kvbench.kernels.triton.attention import decode_attention
+        from kvbench.kernels.triton.segments import decode_attention
     return decode_attention
 
 

@@ -14,16 +14,18 @@ from typing import Any, TypeVar
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.config.extras import lacks
 from kvbench.config.fields import SettingError
-from kvbench.config.registry import Registry, UnknownName, did_you_mean
-from kvbench.judge.claims import Claim, parse_claim
+from kvbench.config.registry import Registry, did_you_mean
+from kvbench.judge.claims import Claim
 from kvbench.methods import METHODS, has_implementation
 from kvbench.models.info import ModelInfo, method_refusal
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, Placed
 from kvbench.suite.models import ModelDescriber, model_spec
+from kvbench.suite.names import (
+    bench_claims, check_metric, check_reference, check_scopes, lookup, parse,
+)
 from kvbench.suite.params import Unavailable, blame, matrix_combos, settings_of, value_text
-from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry, ScopedClaim
-from kvbench.suite.yaml_lines import YamlDoc
+from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry
 
 T = TypeVar("T")
 MAX_CASES = 10_000  # a suite expanding to more is a mistake (a matrix too many), not a plan
@@ -69,7 +71,7 @@ def expand_cases(
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
     metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
     for bench, chosen in zip(benchmarks, selections):
-        cls = _lookup(BENCHMARKS, bench.value.kind, bench.doc, bench.at("kind"), issues)
+        cls = lookup(BENCHMARKS, bench.value.kind, bench.doc, bench.at("kind"), issues)
         for case in _bench_cases(bench, cls, chosen, defaults, default_model, describe, issues):
             if made_by.get(case.id) is bench:
                 issues.add(bench.doc, bench.path, f"case id {case.id!r} is produced twice here",
@@ -89,23 +91,9 @@ def expand_cases(
         metrics = metrics_of.get(variant.label)
         if metrics is not None:  # not run, or run by an unknown benchmark: nothing to check
             for claim in variant.claims:
-                _check_metric(claim, metrics, "the benchmarks running this method do not report",
-                              issues)
+                check_metric(claim, metrics, "the benchmarks running this method do not report",
+                             issues)
     return cases
-
-
-def check_gate_metrics(names: list[Placed[str]], benchmarks: list[Placed[BenchmarkEntry]],
-                       issues: Issues) -> None:
-    """A gate tolerance must name a metric some benchmark of the suite reports."""
-    declared = [_declared(BENCHMARKS, b.value.kind) for b in benchmarks]
-    if None in declared or not declared:
-        return  # an unknown benchmark, or none: reported already; the metrics cannot be known
-    known = set().union(*declared)
-    for name in names:
-        if name.value not in known:
-            hint = did_you_mean(name.value, known).strip() or f"metrics: {', '.join(sorted(known))}"
-            issues.add(name.doc, name.path,
-                       f"no benchmark of this suite reports metric {name.value!r}", hint)
 
 
 # ---- methods ----------------------------------------------------------------------------------
@@ -115,8 +103,8 @@ def _method_variants(methods: list[Placed[MethodEntry]], registry: Registry,
     variants: list[_Variant] = []
     for placed in methods:
         entry = placed.value
-        cls = _lookup(registry, entry.name, placed.doc, placed.at("name"), issues)
-        claims = [_parse(text, placed.doc, placed.at("claims", i), issues)
+        cls = lookup(registry, entry.name, placed.doc, placed.at("name"), issues)
+        claims = [parse(text, placed.doc, placed.at("claims", i), issues)
                   for i, text in enumerate(entry.claims)]
         combos = matrix_combos(entry.matrix)
         settings = (settings_of(cls, placed, f"method {entry.name!r}", issues) if cls
@@ -205,16 +193,16 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                  issues: Issues) -> list[Case]:
     """The cases of one benchmark entry; `cls` is its class (None: an unknown kind)."""
     entry = bench.value
-    claims = _bench_claims(bench, cls, issues)
+    claims = bench_claims(bench, cls, issues)
     combos = matrix_combos(entry.matrix)
     suffixes = ["/" + ",".join(f"{k}={value_text(v)}" for k, v in c.items()) if c else ""
                 for c in combos]
     ids = [_case_id(entry, v.label, s) for s in suffixes for v in chosen]
-    _check_scopes(bench, claims, ids, issues)
+    check_scopes(bench, claims, ids, issues)
     labels = [v.label for v in chosen]
     for claim in [c for c, _, _ in claims] + [c for v in chosen for c in v.claims
                                               if cls is None or c.value.metric in cls.metrics]:
-        _check_reference(claim, labels, entry.kind, issues)
+        check_reference(claim, labels, entry.kind, issues)
     if cls is None:
         return []
     if defaults.backend not in cls.backends:
@@ -364,15 +352,6 @@ def _first(override, default):
     return default if override is None else override
 
 
-def _declared(registry: Registry, kind: str) -> set[str] | None:
-    """The metrics a benchmark kind reports; None for an unknown kind (or one that cannot be
-    imported, reported by _lookup)."""
-    try:
-        return set(registry.get(kind).metrics)
-    except Exception:  # a module:Class path can fail in any way
-        return None
-
-
 def _size(matrix: dict[str, list]) -> int:
     """How many combinations a matrix makes, without making them."""
     return math.prod(len(values) for values in matrix.values())
@@ -390,81 +369,6 @@ def _too_many(entries: list[Placed], sizes: list[int], what: str, issues: Issues
                f" cases a suite may have", f"this entry makes {size}; split the suite or drop"
                " matrix values")
     return True
-
-
-# ---- names, claims, models --------------------------------------------------------------------
-
-def _lookup(registry: Registry, name: str, doc: YamlDoc, path: tuple, issues: Issues):
-    """The class `name` stands for, or None with the issue added."""
-    try:
-        cls = registry.get(name)
-    except UnknownName as exc:
-        message, _, hint = str(exc).partition(". ")
-        issues.add(doc, path, message, hint or f"see `kvbench list {registry.kind}s`")
-        return None
-    except Exception as exc:  # importing a module:Class path runs its code: anything can fail
-        if ":" not in name:
-            raise
-        issues.add(doc, path, f"cannot import {registry.kind} {name!r}: {type(exc).__name__}:"
-                              f" {exc}")
-        return None
-    if registry.kind == "method":
-        shape, ok = "a dataclass", _is_dataclass(cls)
-    else:
-        shape = "a class with a dataclass Params and a metrics table"
-        ok = _is_dataclass(getattr(cls, "Params", None)) and isinstance(
-            getattr(cls, "metrics", None), dict)
-    if not ok:
-        issues.add(doc, path, f"{name!r} is not a {registry.kind}: it must be {shape}")
-        return None
-    return cls
-
-
-def _is_dataclass(cls: Any) -> bool:
-    return isinstance(cls, type) and dataclasses.is_dataclass(cls)
-
-
-def _parse(text: str, doc: YamlDoc, path: tuple, issues: Issues) -> Placed[Claim] | None:
-    try:
-        return Placed(parse_claim(text, source=f"{doc.file}:{doc.line(path)}"), doc, path)
-    except ValueError as exc:
-        issues.add(doc, path, str(exc))
-        return None
-
-
-def _bench_claims(bench: Placed[BenchmarkEntry], cls, issues: Issues):
-    """(claim, case glob or None, index) for each parsable claim of a benchmark entry."""
-    out = []
-    for i, item in enumerate(bench.value.claims):
-        scoped = isinstance(item, ScopedClaim)
-        path = bench.at("claims", i, "claim") if scoped else bench.at("claims", i)
-        claim = _parse(item.claim if scoped else item, bench.doc, path, issues)
-        if claim is None:
-            continue
-        if scoped and item.goal:
-            claim = Placed(dataclasses.replace(claim.value, goal=item.goal), claim.doc, claim.path)
-        if cls is not None:
-            who = f"benchmark {bench.value.kind!r} does not report"
-            _check_metric(claim, set(cls.metrics), who, issues)
-        out.append((claim, item.cases if scoped else None, i))
-    return out
-
-
-def _check_metric(claim: Placed[Claim], metrics: set[str], who: str, issues: Issues) -> None:
-    """`who` says who lacks it: "benchmark 'proofs' does not report" (metric X)."""
-    name = claim.value.metric
-    if name not in metrics:
-        hint = did_you_mean(name, metrics).strip() or f"known: {', '.join(sorted(metrics))}"
-        issues.add(claim.doc, claim.path, f"{who} metric {name!r}", hint)
-
-
-def _check_reference(claim: Placed[Claim], labels: list[str], kind: str, issues: Issues) -> None:
-    """A claim against another case names a method this benchmark runs."""
-    reference = claim.value.reference
-    if reference is not None and reference not in labels:
-        hint = did_you_mean(reference, labels).strip() or f"it runs: {', '.join(labels)}"
-        issues.add(claim.doc, claim.path, f"claim {claim.value.text!r} compares with method"
-                   f" {reference!r}, which benchmark {kind!r} does not run", hint)
 
 
 def _check_unseen_policy(kind: str, cls: type, variant: _Variant, case_id: str, claims,
@@ -487,12 +391,3 @@ def _check_unseen_policy(kind: str, cls: type, variant: _Variant, case_id: str, 
                    "its figure would be the bare codec's: claim it in a benchmark that runs the"
                    " cache (perplexity, niah, quality), or leave the method out of the claim's"
                    " cases")
-
-
-def _check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues: Issues) -> None:
-    for _, pattern, i in claims:
-        if pattern is not None and not any(fnmatch.fnmatchcase(c, pattern) for c in ids):
-            hint = did_you_mean(pattern, ids).strip() or (
-                f"case ids look like {ids[0]!r}" if ids else "this benchmark has no cases")
-            issues.add(bench.doc, bench.at("claims", i, "cases"),
-                       f"{pattern!r} matches no case of this benchmark", hint)

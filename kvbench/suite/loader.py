@@ -20,7 +20,8 @@ from pydantic import ValidationError
 from kvbench.suite.case import LoadedSuite
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 from kvbench.suite.errors import Issues, Placed, SuiteError, SuiteIssue
-from kvbench.suite.expand import check_gate_metrics, expand_cases
+from kvbench.suite.expand import expand_cases
+from kvbench.suite.names import check_gate_metrics
 from kvbench.suite.schema import (
     SCHEMA_VERSION,
     Defaults,

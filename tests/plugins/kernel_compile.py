@@ -23,6 +23,7 @@ from triton.runtime.jit import JITFunction, mangle_type
 from kvbench.kernels import triton as kernels
 from kvbench.kernels.formats import KVSegment
 from kvbench.kernels.triton import attention, rows
+from kvbench.kernels.triton.segments import decode_attention
 from kvbench.methods import build_method, implementation
 
 COMPILED: list[str] = []
@@ -67,13 +68,12 @@ def _launch_everything(every_tile: bool) -> None:
             attention._TILE = {**config.kwargs, "num_warps": config.num_warps,
                                "num_stages": config.num_stages}
             layouts = segments if every_tile or config is configs[0] else segments[-1:]
-            attention.decode_attention(query, layouts, splits=2,
-                                       bias=torch.zeros(1, 2, 40 * len(layouts)))
+            decode_attention(query, layouts, splits=2, bias=torch.zeros(1, 2, 40 * len(layouts)))
         # the softcap's and the sinks' branches (and a window), in the last layout
         attention._TILE = {**configs[0].kwargs, "num_warps": configs[0].num_warps,
                            "num_stages": configs[0].num_stages}
-        attention.decode_attention(query, segments[-1:], splits=2, softcap=30.0,
-                                   sinks=torch.zeros(8), window=30)
+        decode_attention(query, segments[-1:], splits=2, softcap=30.0, sinks=torch.zeros(8),
+                         window=30)
         # the rows of a batched step (_split's table path): two rows, a slot per layout
         rows.decode_attention_rows(torch.cat([query, query]), [segments, segments], splits=2)
 

@@ -29,7 +29,8 @@ What we do differently, and why (each is repeated where it happens):
 - Few-shot examples (cwe, vt) are plain task text in the user turn: RULER wraps them in the model
   template too, which only the caller knows.
 """
-from kvbench.data.ruler.generate import key_question, make_multikey_sample, make_sample
+from kvbench.data.ruler.generate import make_multikey_sample, make_sample
+from kvbench.data.ruler.niah import key_question
 from kvbench.data.ruler.qa_files import read_qa
 from kvbench.data.ruler.tasks import OFFLINE_TASKS, TASKS, QARecord, RulerSample, TaskSpec
 

@@ -244,7 +244,7 @@ def decode_attention(query: torch.Tensor, segments: list[KVSegment],
                      softcap: float | None = None,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(query K^T * scaling + bias) V over the segments' tokens, in order, for one query
-    token per sequence, on CPU tensors: kvbench.kernels.triton.attention.decode_attention's
+    token per sequence, on CPU tensors: kvbench.kernels.triton.segments.decode_attention's
     contract (query (batch, q_heads, [1,] head_dim); segments of (batch, kv_heads, tokens,
     head_dim); bias None or (batch, kv_heads, all tokens)). softcap: the logits become
     softcap * tanh(logits / softcap) first (Gemma 2); sinks (q_heads,): one more logit per query

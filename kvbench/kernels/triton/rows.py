@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from kvbench.kernels.formats import IntQFormat, KVSegment, check_decode_shapes, token_axis
-from kvbench.kernels.triton.attention import (
-    check_sinks, launch_split, merge, partials, plan, query_constants, side_args, token_rows,
+from kvbench.kernels.triton.attention import launch_split, merge
+from kvbench.kernels.triton.segments import (
+    check_sinks, partials, plan, query_constants, side_args, token_rows,
 )
 
 # A row's line: (address, head stride, token stride) of k0 k1 k2 v0 v1 v2 (side_args' p0 p1 p2

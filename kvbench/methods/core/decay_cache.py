@@ -6,8 +6,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvbench.methods.core.codec_cache import check_fresh
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed
+from kvbench.methods.core.packed_reads import check_fresh
 from kvbench.methods.settings.decay import Decay
 
 

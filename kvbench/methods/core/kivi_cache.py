@@ -5,10 +5,9 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead, is_channel, token_axis
-from kvbench.methods.core.codec_cache import (
-    DecodedChunks, FusedReads, check_fresh, newest_dropped,
-)
+from kvbench.methods.core.codec_cache import newest_dropped
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, SharesExactPrefill
+from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
 
 
 class Stream:
