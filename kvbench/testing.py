@@ -378,7 +378,7 @@ def _check_shared_prefill(method: Implementation, backend: str, device: str, arr
 
 def _tiny_session(backend: str, device: str):
     if backend == "mlx":
-        from kvbench.models.mlx_host import load_mlx_model
+        from kvbench.models.mlx_loading import load_mlx_model
         from kvbench.models.mlx_session import MLXSession
 
         return MLXSession(load_mlx_model("tiny:llama"))

@@ -374,7 +374,7 @@ def test_a_cache_without_the_path_says_so(torch_session, name, params):
 @pytest.fixture(scope="module")
 def mlx_session():
     pytest.importorskip("mlx.core")
-    from kvbench.models.mlx_host import load_mlx_model
+    from kvbench.models.mlx_loading import load_mlx_model
     from kvbench.models.mlx_session import MLXSession
 
     return MLXSession(load_mlx_model("tiny:llama"))

@@ -71,7 +71,7 @@ class KeyRecorder(Memo):
 
 def _load(spec, device, backend="torch", dtype="float32"):
     if backend == "mlx":
-        from kvbench.models.mlx_host import load_mlx_model
+        from kvbench.models.mlx_loading import load_mlx_model
 
         return load_mlx_model(spec)
     return load_model(spec, device, dtype=dtype)
@@ -131,7 +131,8 @@ def test_running_benchmarks_leaves_no_state_in_modules():
     backends, modules = ["torch"], list(MODULES)
     if importlib.util.find_spec("mlx") is not None:
         backends.append("mlx")
-        modules += ["kvbench.models.mlx_host", "kvbench.models.mlx_session"]
+        modules += ["kvbench.models.mlx_host", "kvbench.models.mlx_loading",
+                    "kvbench.models.mlx_session"]
     before = _module_state(modules)
     for backend in backends:
         ctx = RunContext(device=torch.device("cpu"), seed=0, repeats=1, model="tiny:llama",

@@ -30,9 +30,9 @@ from kvbench.models.mlx_host import (  # noqa: E402
     MLXKVBenchCache,
     cache_arrays,
     library_nbytes,
-    load_mlx_model,
     mlx_logits,
 )
+from kvbench.models.mlx_loading import load_mlx_model  # noqa: E402
 from kvbench.models.mlx_architectures import rope_overrides  # noqa: E402
 from kvbench.models.tiny_configs import WINDOW  # noqa: E402
 

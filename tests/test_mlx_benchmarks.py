@@ -13,7 +13,7 @@ from kvbench.benchmarks.specs.proofs import Proofs, ProofsParams  # noqa: E402
 from kvbench.benchmarks.specs.quality import Quality, QualityParams  # noqa: E402
 from kvbench.benchmarks.specs.speed import Speed, SpeedParams  # noqa: E402
 from kvbench.methods import build_method, implementation  # noqa: E402
-from kvbench.models.mlx_host import load_mlx_model  # noqa: E402
+from kvbench.models.mlx_loading import load_mlx_model  # noqa: E402
 from tests.plugins.model_runs import cpu_context  # noqa: E402
 
 TINY = "tiny:llama"

@@ -26,10 +26,8 @@ from kvbench.backends import mlx_backend  # noqa: E402
 from kvbench.methods.core.contracts import LayerCachePolicy  # noqa: E402
 from kvbench.models import mlx_host  # noqa: E402
 from kvbench.models.mlx_attention import biased_attention  # noqa: E402
-from kvbench.models.mlx_host import (  # noqa: E402
-    MLXKVBenchCache,
-    load_mlx_model,
-)
+from kvbench.models.mlx_host import MLXKVBenchCache  # noqa: E402
+from kvbench.models.mlx_loading import load_mlx_model  # noqa: E402
 from kvbench.models.mlx_architectures import rope_overrides  # noqa: E402
 
 # torch's OpenMP workers spin-wait: on a busy 2-core machine a bundled-model decode step took

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.benchmarks.measure.servers import kvbench_serve_command
+from kvbench.benchmarks.measure.kvbench_serve import kvbench_serve_command
 from kvbench.report.markdown import render_markdown
 from kvbench.results import fingerprint, load_results
 from kvbench.run.runner import run_suite

@@ -19,7 +19,9 @@ from kvbench.models.session import TorchSession, prefill
 from kvbench.serve.admission import Projection
 from kvbench.serve.app import create_app
 from kvbench.models.batch_step import BatchStep
-from kvbench.serve.engine import Engine, Failed, Finished, Request, Token
+from kvbench.serve.engine import Engine
+from kvbench.serve.events import Failed, Finished, Token
+from kvbench.serve.request import Request
 from tests.plugins.cli_support import invoke
 from tests.plugins.model_runs import staggered_prompts
 
@@ -256,7 +258,7 @@ def test_health_says_what_ran_the_codecs(session):
     records per case (kernels or torch, fused attention or decoded reads)."""
     from fastapi.testclient import TestClient
 
-    from kvbench.benchmarks.measure.servers import kvbench_server_impl
+    from kvbench.benchmarks.measure.kvbench_serve import kvbench_server_impl
 
     engine = Engine(session, _method("intq", {"bits": 4}))
     app = create_app(engine, "tiny:llama", "intq", session.loaded.max_context)

@@ -17,7 +17,8 @@ import torch
 
 from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession
-from kvbench.serve.engine import Engine, Failed, Finished, Token
+from kvbench.serve.engine import Engine
+from kvbench.serve.events import Failed, Finished, Token
 from tests.plugins.cli_support import kvbench_process, wait_until
 from tests.plugins.waits import healthy  # noqa: E402
 
@@ -151,7 +152,7 @@ def test_a_request_whose_sampling_fails_ends_alone(tiny_llama):
                 done[name].set()
         return emit
 
-    from kvbench.serve.engine import Request
+    from kvbench.serve.request import Request
 
     engine.start()
     try:
@@ -240,7 +241,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(tiny_llama, c
     """With chunks of 256 tokens, a 3000-token prompt arriving mid-stream lets the stream take a
     step after each of its 12 chunks but the last (with one chunk of 10,000, none): the longest
     pause of the stream is one chunk. Both answers are the ones each gets alone."""
-    from kvbench.serve.engine import Request
+    from kvbench.serve.request import Request
 
     session = TorchSession(tiny_llama, torch.device("cpu"))
     engine = Engine(session, implementation(build_method("intq", {"bits": 4, "group_size": 16})),
@@ -276,7 +277,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(tiny_llama, c
 @pytest.mark.parametrize("top_p, kept", [(0.5, [1.0, 0, 0]), (0.6, [0.625, 0.375, 0]),
                                          (1.0, [0.5, 0.3, 0.2])])
 def test_top_p_keeps_the_fewest_likeliest_tokens_that_reach_it(top_p, kept):
-    from kvbench.serve.engine import nucleus
+    from kvbench.serve.request import nucleus
 
     probs = torch.tensor([0.3, 0.5, 0.2])  # in no order: the likeliest is the second
     got = nucleus(probs, top_p)

@@ -14,7 +14,9 @@ import torch  # noqa: E402 - after the skip
 
 from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession, prefill
-from kvbench.serve.engine import Engine, Finished, Request, Scored, Token
+from kvbench.serve.engine import Engine
+from kvbench.serve.events import Finished, Scored, Token
+from kvbench.serve.request import Request
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,8 +16,9 @@ import torch
 
 from kvbench.methods import build_method, implementation
 from kvbench.models.session import TorchSession
-from kvbench.serve.engine import Engine, Request
+from kvbench.serve.engine import Engine
 from kvbench.serve.events import Failed, Finished, Token
+from kvbench.serve.request import Request
 from tests.plugins.cli_support import wait_until
 from tests.plugins.waits import HANG_S
 from tests.test_serve_hostile import _serve

@@ -26,13 +26,14 @@ from tests.plugins.extras import require_extra
 require_extra("serve")  # the server under test and its users' client
 
 from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure import load_figures as lf
 from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, Reference, RequestRecord
+from kvbench.benchmarks.measure.kvbench_serve import import_root, method_name
 from kvbench.benchmarks.measure.servers import (
     POOL_MEMO_KEY, ManagedServer, RunningServer, ServerError, ServerPool, free_port,
-    import_root, method_name,
 )
-from kvbench.benchmarks.measure.stress import (
+from kvbench.benchmarks.measure.stress_requests import (
     make_prompts, request_body,
 )
 from kvbench.benchmarks.specs.server_target import check_loopback_url, parse_server
@@ -182,7 +183,7 @@ def test_level_figures_count_only_successes_in_tokens_and_latencies():
         rec(1, 0.0, 1.0, 2.0, 3, chunks=[1.0, 1.5, 2.0]),
         rec(1, 2.0, None, 5.0, 0, error="HTTP 500: boom", turn=1),
     ]
-    f = lg.level_figures(records, users=2)
+    f = lf.level_figures(records, users=2)
     assert f["wall_s"] == 5.0  # first sent 0.0, last finished 5.0 (the failure included)
     assert f["output_tokens"] == 13
     assert f["output_tok_s"] == pytest.approx(13 / 5)
@@ -195,7 +196,7 @@ def test_level_figures_count_only_successes_in_tokens_and_latencies():
     assert f["ttft_s_p90"] == pytest.approx(0.5 + 0.8 * 0.5)
     # TPOT: (2.5-0.5)/4 = 0.5, (4.0-2.7)/4 = 0.325, (2.0-1.0)/2 = 0.5
     assert f["tpot_s_p50"] == pytest.approx(0.5)
-    assert lg.time_per_output_token(records[1]) == pytest.approx(0.325)
+    assert lf.time_per_output_token(records[1]) == pytest.approx(0.325)
     # e2e: 2.5, 1.5, 2.0 (the failure's 3.0 is not there)
     assert f["e2e_s_p50"] == pytest.approx(2.0)
     assert f["e2e_s_p99"] == pytest.approx(2.0 + 0.98 * 0.5)
@@ -211,7 +212,7 @@ def test_the_largest_chunk_gap_shows_a_stall_the_p99_hides():
     records = [rec(u, 0.0, 0.1, 200.0, 126,
                    chunks=[0.1 + 0.3 * i + (70.0 if i >= 60 else 0.0) for i in range(126)])
                for u in range(4)]
-    f = lg.level_figures(records, users=4)
+    f = lf.level_figures(records, users=4)
     assert f["chunk_gap_s_p99"] == pytest.approx(0.3)
     assert f["chunk_gap_s_max"] == pytest.approx(70.3)
 
@@ -219,17 +220,17 @@ def test_the_largest_chunk_gap_shows_a_stall_the_p99_hides():
 def test_no_success_gives_nan_latencies_and_zero_throughput():
     records = [rec(0, 0.0, None, 1.0, 0, error="timeout: ..."),
                rec(1, 0.0, None, 2.0, 0, error="HTTP 503: busy")]
-    f = lg.level_figures(records, users=2)
+    f = lf.level_figures(records, users=2)
     for name in ("ttft_s_p50", "tpot_s_p99", "chunk_gap_s_p90", "chunk_gap_s_max", "e2e_s_p99"):
         assert math.isnan(f[name])
     assert f["output_tok_s"] == 0 and f["errors"] == 2 and f["sessions_held"] == 0
 
 
 def test_tpot_needs_two_tokens_and_percentiles_of_nothing_are_nan():
-    assert lg.time_per_output_token(rec(0, 0, 1, 3, 1)) is None
-    assert lg.time_per_output_token(rec(0, 0, 1, 3, 3)) == pytest.approx(1.0)
-    assert all(math.isnan(v) for v in lg.percentiles([]).values())
-    assert lg.percentiles([1.0, 2.0, 3.0, 4.0]) == {50: 2.5, 90: pytest.approx(3.7),
+    assert lf.time_per_output_token(rec(0, 0, 1, 3, 1)) is None
+    assert lf.time_per_output_token(rec(0, 0, 1, 3, 3)) == pytest.approx(1.0)
+    assert all(math.isnan(v) for v in lf.percentiles([]).values())
+    assert lf.percentiles([1.0, 2.0, 3.0, 4.0]) == {50: 2.5, 90: pytest.approx(3.7),
                                                     99: pytest.approx(3.97)}
 
 
@@ -240,8 +241,8 @@ def test_sessions_held_is_the_most_streaming_at_once():
         rec(4, 0, 2.6, 2.9, 0, error="HTTP 500"),  # a failure holds nothing
     ]
     records[4].t_first = 2.6
-    assert lg.sessions_held(records) == 3
-    assert lg.sessions_held(records[3:]) == 1
+    assert lf.sessions_held(records) == 3
+    assert lf.sessions_held(records[3:]) == 1
 
 
 def test_tokens_come_from_usage_then_token_ids_then_the_tokenizer():
@@ -481,7 +482,7 @@ def test_failures_are_counted_and_kept_out_of_the_latencies(fake):
     assert all(r.status == 500 and r.error.startswith("HTTP 500") for r in by_prompt[1])
     assert all(r.status == 200 and r.error == "the stream ended with no token"
                for r in by_prompt[2])
-    f = lg.level_figures(level.records, 3)
+    f = lf.level_figures(level.records, 3)
     assert (f["errors"], f["requests"], f["output_tokens"]) == (4, 6, 8)
     e2e = sorted(r.t_end - r.t_sent for r in by_prompt[0])
     assert f["e2e_s_p50"] == pytest.approx(sum(e2e) / 2)  # two successes only
@@ -499,7 +500,7 @@ def test_the_level_timeout_bounds_the_loop():
     cancelled = [r for r in level.records if r.sent]
     assert len(cancelled) == 2 and all("level's time ran out" in r.error for r in cancelled)
     assert all(r.error.startswith("not sent") for r in level.records if not r.sent)
-    assert lg.level_figures(level.records, 2)["errors"] == 6
+    assert lf.level_figures(level.records, 2)["errors"] == 6
 
 
 def test_a_request_past_its_timeout_fails_and_the_next_is_sent():
@@ -864,15 +865,16 @@ def test_a_long_prompt_user_gets_its_column_where_a_level_had_one():
 
 def test_the_figure_has_three_panels_one_line_per_method(stress_result, tmp_path):
     pytest.importorskip("matplotlib")
-    from kvbench.benchmarks.reports import stress
+    from kvbench.benchmarks.reports import stress_figures
+    from kvbench.benchmarks.reports.stress_table import stress_table
     from kvbench.report.markdown import write_reports
     from tests.test_report_retrieval import PNG_MAGIC
 
     write_reports(stress_result, tmp_path)
-    assert (tmp_path / stress.THROUGHPUT_PNG).read_bytes()[:8] == PNG_MAGIC
-    assert f"]({stress.THROUGHPUT_PNG})" in (tmp_path / "report.md").read_text()
-    plot = stress.stress_throughput_png(stress.stress_table(stress_result), tmp_path / "p.png",
-                                        "t").plot
+    assert (tmp_path / stress_figures.THROUGHPUT_PNG).read_bytes()[:8] == PNG_MAGIC
+    assert f"]({stress_figures.THROUGHPUT_PNG})" in (tmp_path / "report.md").read_text()
+    plot = stress_figures.stress_throughput_png(stress_table(stress_result), tmp_path / "p.png",
+                                                "t").plot
     assert set(plot) == {"output_tok_s", "per_user_tok_s", "ttft_s_p99"}
     assert plot["output_tok_s"]["identity"] == ([1, 2, 4], [10.0, 18.0, 30.0])
     assert plot["per_user_tok_s"]["leaky"] == ([1, 4], [10.0, 7.0])
@@ -882,14 +884,14 @@ def test_one_level_per_method_draws_no_figure(tmp_path):
     """An interrupted run (on CUDA: one level of each method) has no curve; the report is still
     written, without the figure."""
     pytest.importorskip("matplotlib")
-    from kvbench.benchmarks.reports import stress
+    from kvbench.benchmarks.reports.stress_figures import THROUGHPUT_PNG
     from kvbench.report.markdown import write_reports
     from tests.test_report_retrieval import run
 
     report = write_reports(run([stress_case("identity", 1, 10.0), stress_case("intq", 1, 9.0)]),
                            tmp_path).read_text()
-    assert "**intq**" in report and stress.THROUGHPUT_PNG not in report
-    assert not (tmp_path / stress.THROUGHPUT_PNG).exists()
+    assert "**intq**" in report and THROUGHPUT_PNG not in report
+    assert not (tmp_path / THROUGHPUT_PNG).exists()
 
 
 def test_without_matplotlib_the_stress_section_says_so(stress_result, without_matplotlib):
@@ -900,11 +902,12 @@ def test_without_matplotlib_the_stress_section_says_so(stress_result, without_ma
 
 def test_two_settings_of_one_method_are_two_lines(stress_result):
     from kvbench.benchmarks.reports import stress
+    from kvbench.benchmarks.reports.stress_table import stress_table
 
     other = stress_case("identity", 1, 5.0)
     other.bench_params["kv_budget"] = 1 << 20
     stress_result.cases.append(other)
-    table = stress.stress_table(stress_result)
+    table = stress_table(stress_result)
     assert set(table.lines) == {"identity (kv_budget=0)", "identity (kv_budget=1048576)",
                                 "leaky"}
     assert "KV budgets (kvbench serve --kv-budget): none, 1 MiB" in stress.stress_section(
@@ -915,7 +918,8 @@ def test_the_plot_draws_curves_only_and_names_them_by_method():
     """A single-level run of a method under another setting (a capacity run) gets its own table
     but no curve, and the curves are labelled by method alone when that tells them apart."""
     from tests.test_report_retrieval import run
-    from kvbench.benchmarks.reports.stress import _short_labels, panel_lines, stress_table
+    from kvbench.benchmarks.reports.stress_figures import _short_labels, panel_lines
+    from kvbench.benchmarks.reports.stress_table import stress_table
 
     capacity = stress_case("identity", 40, 12.0)
     capacity = capacity.model_copy(update={

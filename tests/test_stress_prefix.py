@@ -9,7 +9,7 @@ from tests.plugins.extras import require_extra
 require_extra("serve")
 
 from kvbench.benchmarks import measurement  # noqa: E402 - after the skip
-from kvbench.benchmarks.measure.stress import make_prompts
+from kvbench.benchmarks.measure.stress_requests import make_prompts
 from kvbench.benchmarks.specs.stress import PREFIX_METRICS, Stress, StressParams
 from kvbench.config.fields import SettingError
 from kvbench.methods import build_method, implementation

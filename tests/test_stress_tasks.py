@@ -23,9 +23,10 @@ from tests.plugins.extras import require_extra
 require_extra("serve")  # the server under test and its users' client
 
 from kvbench.benchmarks import measurement
+from kvbench.benchmarks.measure import load_figures as lf
 from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, RequestRecord, Task
-from kvbench.benchmarks.measure.stress import request_body
+from kvbench.benchmarks.measure.stress_requests import request_body
 from kvbench.benchmarks.specs.server_target import parse_server
 from kvbench.benchmarks.specs.stress import PREFIX_METRICS, TASK_METRICS, Stress, StressParams
 from kvbench.config.fields import SettingError
@@ -82,13 +83,13 @@ def test_generated_tokens_leave_out_end_of_sequence():
 def test_slos_ttft_and_tpot_each_or_none():
     # TTFT 0.5 s; TPOT (1.5 - 0.5) / (5 - 1) = 0.25 s
     r = rec(t_sent=0.0, t_first=0.5, t_end=1.5, tokens=5)
-    assert lg.meets_slos(r, 0.5, 0.25)  # at the limit meets it
-    assert not lg.meets_slos(r, 0.4, None)
-    assert not lg.meets_slos(r, None, 0.2)
-    assert lg.meets_slos(r, None, None) and lg.meets_slos(r, 0, 0)  # no SLO at all
+    assert lf.meets_slos(r, 0.5, 0.25)  # at the limit meets it
+    assert not lf.meets_slos(r, 0.4, None)
+    assert not lf.meets_slos(r, None, 0.2)
+    assert lf.meets_slos(r, None, None) and lf.meets_slos(r, 0, 0)  # no SLO at all
     one = rec(t_first=0.5, t_end=0.5, tokens=1)  # one token: no TPOT to miss
-    assert lg.meets_slos(one, 1.0, 1e-9)
-    assert not lg.meets_slos(rec(error="timeout", t_first=None), None, None)
+    assert lf.meets_slos(one, 1.0, 1e-9)
+    assert not lf.meets_slos(rec(error="timeout", t_first=None), None, None)
 
 
 def test_goodput_counts_requests_within_the_slos_and_answered_correctly():
@@ -100,21 +101,21 @@ def test_goodput_counts_requests_within_the_slos_and_answered_correctly():
         rec(error="HTTP 503: full", t_first=None),  # failed: neither
     ]
     lg.score_records(records, [Prompt(0, "p", [1], NIAH)])
-    f = lg.goodput_figures(records, wall_s=10.0, slo_ttft_s=2.0, slo_tpot_s=1.0)
+    f = lf.goodput_figures(records, wall_s=10.0, slo_ttft_s=2.0, slo_tpot_s=1.0)
     assert f["goodput_rps"] == pytest.approx(1 / 10)
     assert f["slo_attainment"] == pytest.approx(2 / 5)  # of the planned requests
     assert f["correct_share"] == pytest.approx(3 / 5)
     # without SLOs every correct answer is good: goodput is the correct answers' rate
-    f = lg.goodput_figures(records, wall_s=10.0, slo_ttft_s=None, slo_tpot_s=0)
+    f = lf.goodput_figures(records, wall_s=10.0, slo_ttft_s=None, slo_tpot_s=0)
     assert f["goodput_rps"] == pytest.approx(3 / 10) and f["slo_attainment"] == 4 / 5
     # a partial score is not correct
     partial = [rec(text="11")]
     lg.score_records(partial, [Prompt(0, "p", [1], Task("t", ("11", "22"), "all", 8, ""))])
-    assert lg.goodput_figures(partial, 1.0, None, None)["goodput_rps"] == 0.0
+    assert lf.goodput_figures(partial, 1.0, None, None)["goodput_rps"] == 0.0
     # free text: no scores, so neither goodput nor correctness; the SLOs still hold or not
     free = [rec(text="x")]
     lg.score_records(free, [Prompt(0, "p", [1])])
-    f = lg.goodput_figures(free, 1.0, 2.0, 1.0)
+    f = lf.goodput_figures(free, 1.0, 2.0, 1.0)
     assert math.isnan(f["goodput_rps"]) and math.isnan(f["correct_share"])
     assert f["slo_attainment"] == 1.0
 
@@ -446,7 +447,8 @@ def test_the_report_has_the_accuracy_table_per_method(task_result):
 
 
 def test_the_capacity_table_shows_accuracy_at_the_same_memory(task_result):
-    from kvbench.benchmarks.reports.stress import capacity_section, stress_table
+    from kvbench.benchmarks.reports.stress import capacity_section
+    from kvbench.benchmarks.reports.stress_table import stress_table
     from tests.test_report_retrieval import _row
 
     text = capacity_section(stress_table(task_result))
@@ -485,15 +487,16 @@ def test_the_length_drift_pairs_each_method_once_with_identity(task_result):
 
 def test_the_goodput_figure_draws_one_line_per_method(task_result, tmp_path):
     pytest.importorskip("matplotlib")
-    from kvbench.benchmarks.reports import stress
+    from kvbench.benchmarks.reports import stress_figures
+    from kvbench.benchmarks.reports.stress_table import stress_table
     from kvbench.report.markdown import write_reports
     from tests.test_report_retrieval import PNG_MAGIC
 
     report = write_reports(task_result, tmp_path).read_text()
-    assert (tmp_path / stress.GOODPUT_PNG).read_bytes()[:8] == PNG_MAGIC
-    assert f"]({stress.GOODPUT_PNG})" in report
-    plot = stress.stress_goodput_png(stress.stress_table(task_result), tmp_path / "g.png",
-                                     "t").plot
+    assert (tmp_path / stress_figures.GOODPUT_PNG).read_bytes()[:8] == PNG_MAGIC
+    assert f"]({stress_figures.GOODPUT_PNG})" in report
+    plot = stress_figures.stress_goodput_png(stress_table(task_result), tmp_path / "g.png",
+                                             "t").plot
     # the kv_budget levels are one level per line: no curve
     assert plot["goodput_rps"] == {"identity (kv_budget=0)": ([1, 4], [0.5, 1.5]),
                                    "snapkv (kv_budget=0)": ([1, 4], [0.5, 0.25])}

@@ -248,7 +248,8 @@ def test_bad_settings_are_refused(name, params, message):
 ])
 def test_mlx_runs_the_same_reduction_with_the_bias_in_its_attention(tiny, name, params):
     mx = pytest.importorskip("mlx.core")
-    from kvbench.models.mlx_host import MLXKVBenchCache, load_mlx_model
+    from kvbench.models.mlx_host import MLXKVBenchCache
+    from kvbench.models.mlx_loading import load_mlx_model
 
     loaded = load_mlx_model("tiny:llama")
     ids = _ids()[0].tolist()

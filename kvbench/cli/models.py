@@ -85,7 +85,7 @@ def models_inspect(spec, backend):
 
 def _mlx_refusal(spec: str) -> str | None:
     try:
-        from kvbench.models.mlx_host import mlx_refusal
+        from kvbench.models.mlx_loading import mlx_refusal
     except ImportError as exc:
         fail(f"--backend mlx needs mlx-lm ({exc}): pip install 'kvbench[mlx]'")
     return mlx_refusal(spec)

@@ -1,4 +1,4 @@
-"""mlx-lm as kvbench's MLX model host: loading, and the prompt cache made of kvbench policies.
+"""mlx-lm's prompt cache made of kvbench policies (the model's loading: kvbench.models.mlx_loading).
 
 MLXKVBenchCache is the MLX twin of kvbench.models.hf_cache.KVBenchCache, a thin adapter of
 mlx-lm's prompt-cache protocol (update_and_fetch, offset, make_mask, state, trimming) over the
@@ -15,196 +15,25 @@ other layer (a sliding window, a linear-attention or Mamba state: kvbench.models
 and a hybrid layer's state, is mlx-lm's own cache object for it, as its make_cache() builds it,
 which the model drives as it does without kvbench; its arrays count in the cache's bytes as it
 holds them.
-
-Specs are those of kvbench.models.loading: bundled:NAME (prepared on first use), a local
-checkpoint folder, a hub id already in the local cache, and tiny:KIND (the torch tiny model's
-weights copied into the mlx-lm architecture of its model type, so tests can compare the
-backends). A model mlx-lm would run otherwise than torch (a sliding window or a softcap it
-ignores, MLA cached otherwise; kvbench.models.mlx_architectures) is refused at load.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import (
-    FULL, HYBRID, LayerKind, cached_widths, config_layer_kinds, with_sinks,
-)
-from kvbench.models.mlx_architectures import (
-    architecture,
-    check_layers,
-    check_mla,
-    library_caches,
-    mlx_layer_kind,
-    mlx_overrides,
-    mlx_sinks,
-    mlx_weights,
-    model_args,
-    refuse_ignored_features,
-    rope_overrides,
-    text_config,
-    torch_checkpoint_weights,
-)
-from kvbench.models.mlx_attention import install
+from kvbench.models.layer_kinds import FULL, HYBRID, LayerKind
+from kvbench.models.mlx_architectures import library_caches, mlx_layer_kind
 
 # Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
 # prefill can skip the vocabulary projection of every position but the last, as torch's
 # logits_to_keep=1 does. Others compute all logits and slice.
 _PLAIN_HEAD = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
-
-
-@dataclass
-class MLXLoaded:
-    spec: str
-    model: Any  # an mlx-lm model (mlx.nn.Module), weights as the checkpoint stores them
-    tokenizer: Any  # the checkpoint's transformers tokenizer: the same ids as the torch loader
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int  # each cached key's width
-    max_context: int | None
-    # Modules whose scaled_dot_product_attention is kvbench's (empty: bias / sparse-V refused).
-    attention: tuple[str, ...] = ()
-    layer_kinds: list = dataclasses.field(default_factory=list)  # kvbench.models.layer_kinds
-    value_dim: int | None = None  # each cached value's width (None: head_dim; MLA's differs)
-
-
-def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLoaded:
-    """The mlx-lm model a spec names (see kvbench.models.loading), loaded anew: the runner
-    shares one per run between its cases."""
-    from kvbench.models.bundled import prepared_dir
-    from kvbench.models.info import describe_model, resolve_spec
-
-    log = log or _stderr
-    kind, target = resolve_spec(spec)
-    if kind == "tiny":
-        model, tokenizer, config, kinds = _build_tiny(target)
-    else:
-        if kind == "bundled":
-            target = str(prepared_dir(target, log))
-        model, tokenizer, config, kinds = _load_folder(Path(target), log)
-    attention = install(model)
-    kv_heads, head_dim = _dimensions(model, config)
-    check_mla(model, config, kinds)
-    sinks = mlx_sinks(model)
-    if len(sinks) == len(kinds):
-        kinds = with_sinks(kinds, sinks)
-    kv_heads, head_dim, value_dim = cached_widths(kinds, kv_heads, head_dim)
-    return MLXLoaded(
-        spec=spec,
-        model=model,
-        tokenizer=tokenizer,
-        num_layers=len(model.layers),
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_context=describe_model(spec).max_context,
-        attention=attention,
-        layer_kinds=kinds,
-        value_dim=value_dim,
-    )
-
-
-def _dimensions(model, config: dict) -> tuple[int, int]:
-    """(KV heads, head width) from the config mlx-lm was given, else its model arguments."""
-    text = text_config(config)
-    args = getattr(model, "args", None)
-
-    def setting(name):
-        return text.get(name) or getattr(args, name, None)
-
-    heads = setting("num_attention_heads")
-    return (setting("num_key_value_heads") or heads,
-            setting("head_dim") or setting("hidden_size") // heads)
-
-
-def _checked_architecture(config: dict, kinds: list[LayerKind]):
-    """mlx-lm's model of `config` (weights not loaded), refused where it would run otherwise
-    than torch (kvbench.models.mlx_architectures)."""
-    refuse_ignored_features(config)
-    model = architecture(config).Model(model_args(config))
-    check_layers(model, config, kinds)
-    return model
-
-
-def _load_folder(folder: Path, log: Callable[[str], None]):
-    from mlx_lm.utils import load_model
-    from transformers import AutoTokenizer
-
-    config = json.loads((folder / "config.json").read_text())
-    overrides = mlx_overrides(config)
-    rope = [key for key in overrides if key in rope_overrides(config)]
-    if rope:
-        log(f"{folder}: config.json has {', '.join(rope)} only under rope_parameters"
-            " (transformers 5); passing it to mlx-lm, which reads the top-level key only")
-    derived = {key: value for key, value in overrides.items() if key not in rope}
-    if derived:
-        log(f"{folder}: passing mlx-lm {derived}, which config.json says only as"
-            " layer_types / a text-only model type")
-    kinds = config_layer_kinds(config)
-    config = {**config, **overrides}
-    _checked_architecture(config, kinds)
-    model, _ = load_model(folder, model_config=overrides)
-    model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    tokenizer.model_max_length = sys.maxsize  # as the torch loader: whole texts, then windows
-    return model, tokenizer, config, kinds
-
-
-def mlx_refusal(spec: str) -> str | None:
-    """Why mlx-lm would run the model a spec names otherwise than torch does (the checks made
-    when it is loaded, on its config and mlx-lm's model built without weights: mlx arrays are
-    lazy, so nothing is computed or held), or None: what validation refuses on backend mlx."""
-    from transformers import AutoConfig
-
-    from kvbench.models.info import resolve_spec
-    from kvbench.models.tiny_configs import TINY_CONFIGS
-
-    kind, target = resolve_spec(spec)
-    if kind == "bundled":
-        return None  # a Llama, as mlx-lm runs it
-    if kind == "tiny":
-        written = TINY_CONFIGS[target]
-        config = {**AutoConfig.for_model(**written).to_dict(), **written}
-    else:
-        config = written = json.loads(Path(target, "config.json").read_text())
-    try:
-        _checked_architecture({**config, **mlx_overrides(config)}, config_layer_kinds(written))
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _build_tiny(kind: str):
-    """The torch tiny model's config and weights in the mlx-lm architecture of its model type:
-    (model, tokenizer, the config mlx-lm was given, the layers' kinds). The config is the
-    family's as its checkpoints write it (kvbench.models.tiny_configs), transformers' defaults
-    filled in; the weights as the torch model's checkpoint stores them."""
-    from kvbench.models.tiny import build_tiny
-    from kvbench.models.tiny_configs import TINY_CONFIGS
-
-    torch_model, tokenizer = build_tiny(kind)
-    written = TINY_CONFIGS[kind]
-    config = {**torch_model.config.to_dict(), **written}
-    config.update(mlx_overrides(config))
-    kinds = config_layer_kinds(written)
-    model = _checked_architecture(config, kinds)
-    weights = {name: mx.array(np.ascontiguousarray(
-                   (t.detach().float() if t.is_floating_point() else t.detach()).numpy()))
-               for name, t in torch_checkpoint_weights(torch_model).items()}
-    model.load_weights(mlx_weights(model, config, weights), strict=True)
-    mx.eval(model.parameters())
-    model.eval()
-    return model, tokenizer, config, kinds
 
 
 class MLXPolicyLayer(LayerHost):
@@ -461,6 +290,3 @@ def cache_arrays(cache) -> list[mx.array]:
         return cache.state
     return [a for layer in cache for a in layer_arrays(layer)]
 
-
-def _stderr(message: str) -> None:
-    print(f"kvbench: {message}", file=sys.stderr)

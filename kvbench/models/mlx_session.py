@@ -22,7 +22,8 @@ from kvbench.methods.core.contracts import Implementation
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
 from kvbench.models.layer_kinds import without_attention
 from kvbench.models.mlx_attention import ATTENTION_ATTR, original_attention
-from kvbench.models.mlx_host import MLXKVBenchCache, MLXLoaded, cache_arrays, mlx_logits
+from kvbench.models.mlx_host import MLXKVBenchCache, cache_arrays, mlx_logits
+from kvbench.models.mlx_loading import MLXLoaded
 from kvbench.models.session import CalibrationStats, fork_cache
 
 

@@ -103,7 +103,7 @@ class ModelCache:
         key = (spec, str(device), backend, dtype)
         if key not in self._loaded:
             if backend == "mlx":
-                from kvbench.models.mlx_host import load_mlx_model
+                from kvbench.models.mlx_loading import load_mlx_model
 
                 self._loaded[key] = load_mlx_model(spec)
             else:

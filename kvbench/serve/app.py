@@ -19,15 +19,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import generate_latest
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 
 from kvbench.serve.bodies import MAX_STOPS, ChatBody, CommonBody, CompletionBody, StreamOptions
-from kvbench.serve.engine import Engine, Request
+from kvbench.serve.engine import Engine
 from kvbench.serve.events import Failed, Finished, Scored, Token
+from kvbench.serve.metrics import metrics_registry
 from kvbench.serve.reply import Reply, whole_batch
+from kvbench.serve.request import Request
 
 _DISCONNECT_POLL_S = 0.5
 
@@ -60,7 +61,7 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None)
     tokenizer = engine.session.tokenizer
     vocab = engine.session.loaded.model.get_input_embeddings().num_embeddings
-    app.state.registry = _registry(engine, method_label)
+    app.state.registry = metrics_registry(engine, method_label)
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
@@ -372,59 +373,3 @@ def _chat_ids(messages: list[dict], tokenizer) -> list[int]:
     # a model without a chat template (the tiny test models): role-tagged lines
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     return tokenizer.encode(text)
-
-
-def _registry(engine: Engine, method_label: str) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
-    registry.register(_EngineCollector(engine, method_label))
-    return registry
-
-
-class _EngineCollector:
-    def __init__(self, engine: Engine, method_label: str):
-        self.engine, self.method = engine, method_label
-
-    def collect(self):
-        state, totals = self.engine.state(), self.engine.totals
-        gauges = {
-            "kvbench_requests_active": ("requests being decoded", state["active"]),
-            "kvbench_requests_queued": ("requests waiting for room", state["queued"]),
-            "kvbench_live_caches": ("request caches not yet freed", state["live_caches"]),
-            "kvbench_kv_reserved_bytes": ("KV bytes reserved by active requests (budget)",
-                                          state["kv_reserved_bytes"]),
-            "kvbench_prefix_cache_entries": ("prompt prefixes kept (--prefix-cache)",
-                                             state.get("prefix_cache_entries", 0)),
-            "kvbench_prefix_cache_bytes": ("bytes of the arrays the kept prefixes hold, outside"
-                                           " the KV budget", state.get("prefix_cache_bytes", 0)),
-        }
-        for name, (doc, value) in gauges.items():
-            yield GaugeMetricFamily(name, doc, value=value)
-        for name, doc, key in (
-            ("kvbench_kv_bytes", "KV bytes the active caches hold, as the method accounts them",
-             "kv_accounted_bytes"),
-            ("kvbench_kv_measured_bytes", "bytes of the arrays the active caches hold",
-             "kv_measured_bytes"),
-        ):
-            gauge = GaugeMetricFamily(name, doc, labels=["method"])
-            gauge.add_metric([self.method], state[key])
-            yield gauge
-        budget = self.engine.kv_budget
-        yield GaugeMetricFamily("kvbench_kv_budget_bytes", "the --kv-budget (0: none)",
-                                value=budget or 0)
-        for name, doc, value in (
-            ("kvbench_prompt_tokens", "prompt tokens prefilled", totals.prompt_tokens),
-            ("kvbench_prefix_cache_hits", "prompts started from a kept prefix",
-             state.get("prefix_cache_hits", 0)),
-            ("kvbench_prefix_cache_reused_tokens", "prompt tokens a kept prefix supplied",
-             state.get("prefix_cache_reused_tokens", 0)),
-            ("kvbench_generated_tokens", "tokens generated", totals.generated_tokens),
-            ("kvbench_decode_steps", "batched decode forwards", totals.decode_steps),
-            ("kvbench_decode_rows", "requests summed over decode forwards", totals.decode_rows),
-        ):
-            yield CounterMetricFamily(name, doc, value=value)
-        finished = CounterMetricFamily("kvbench_requests_finished",
-                                       "requests that ended, by outcome", labels=["outcome"])
-        for outcome, count in sorted(totals.finished.items()):
-            finished.add_metric([outcome], count)
-        yield finished

@@ -44,11 +44,11 @@ class ModelDescriber:
         return info, not problem
 
     def mlx_refusal(self, spec: str) -> str | None:
-        """Why mlx-lm would run the model otherwise than torch (kvbench.models.mlx_host), once
+        """Why mlx-lm would run the model otherwise than torch (kvbench.models.mlx_loading), once
         per spec; None where mlx is not installed (the suite's own checks say so)."""
         if spec not in self.mlx_refusals:
             try:
-                from kvbench.models.mlx_host import mlx_refusal
+                from kvbench.models.mlx_loading import mlx_refusal
             except ImportError:
                 self.mlx_refusals[spec] = None
             else:

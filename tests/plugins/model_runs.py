@@ -27,7 +27,7 @@ def cpu_context(model: str | None = None, repeats: int = 1, *, loaded=None,
     else:
         def load(spec, device, backend="torch", dtype="float32"):
             if backend == "mlx":
-                from kvbench.models.mlx_host import load_mlx_model
+                from kvbench.models.mlx_loading import load_mlx_model
 
                 return load_mlx_model(spec)
             from kvbench.models import load_model
@@ -115,7 +115,7 @@ def methods_on(backend: str, methods: list[tuple[str, dict]]) -> list:
 
 def mlx_session(spec: str):
     """An MLXSession of the model `spec` names; the caller has checked that MLX imports."""
-    from kvbench.models.mlx_host import load_mlx_model
+    from kvbench.models.mlx_loading import load_mlx_model
     from kvbench.models.mlx_session import MLXSession
 
     return MLXSession(load_mlx_model(spec))

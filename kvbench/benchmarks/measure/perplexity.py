@@ -47,9 +47,10 @@ from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.measure.prompt_logprobs import (
     ScoringError, continuation_nll, prompt_logprobs,
 )
-from kvbench.benchmarks.measure.servers import (
-    ServeOptions, kvbench_server, kvbench_server_impl, pooled_server,
+from kvbench.benchmarks.measure.kvbench_serve import (
+    ServeOptions, kvbench_server, kvbench_server_impl,
 )
+from kvbench.benchmarks.measure.servers import pooled_server
 from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.perplexity import (
     DECODE_SEGMENT, Perplexity, PerplexityParams, window_offsets,

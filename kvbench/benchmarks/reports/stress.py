@@ -10,29 +10,28 @@ load with its interval, the score alone, their paired comparison, goodput, SLO a
 the share answered correctly, and a figure of goodput against users; the answers' lengths
 against identity's on the same prompts (kvbench.reportkit.drift). Under a KV budget: the
 capacity table (sessions held, throughput and, with task samples, accuracy at the same memory).
-With a shared prefix: its table (kvbench.benchmarks.reports.stress_prefix).
+With a shared prefix: its table (kvbench.benchmarks.reports.stress_prefix). The lines:
+kvbench.benchmarks.reports.stress_table; the figures: kvbench.benchmarks.reports.stress_figures.
 
 Made from results alone; the figures need matplotlib (without it, one line says so).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvbench.judge.paired import SEPARATION_LEVEL
 from kvbench.reportkit.benchmark import BenchmarkReport, Board
 from kvbench.reportkit.drift import length_drift_section
-from kvbench.reportkit.figures import PlotPath, figure_text, pyplot, save_png, xy_lines
 from kvbench.reportkit.paired import p_text, signed
+from kvbench.benchmarks.reports.stress_figures import goodput_figure, stress_figures
 from kvbench.benchmarks.reports.stress_prefix import prefix_section
+from kvbench.benchmarks.reports.stress_table import (
+    BENCHMARK, StressTable, short, stress_table, task_lines, task_of,
+)
 from kvbench.reportkit.tables import finite_metric, fmt_bytes, md_table, ok_cases, pair_key
 from kvbench.results import CaseResult, RunResult
 
-BENCHMARK = "stress"
-THROUGHPUT_PNG = "stress_throughput.png"
-GOODPUT_PNG = "stress_goodput.png"
-NO_TASK = "none"
 # Parameters that do not change a case's prompts nor its single-user answers (one request at a
 # time): its output lengths pair with identity's across them
 UNPAIRED = ("users", "requests_per_user", "kv_budget", "slo_ttft_s", "slo_tpot_s",
@@ -55,13 +54,6 @@ COLUMNS = (
 # shown where some level had a long-prompt user
 LONG_PROMPT_COLUMNS = (("chunk_gap_s_max", "max chunk gap s ↓", "{:.2f}"),
                        ("long_prompt_ttft_s", "long-prompt TTFT s ↓", "{:.2f}"))
-# (metric, panel title, y label) of the figure's panels
-PANELS = (
-    ("output_tok_s", "aggregate output tok/s", "tok/s (higher is better)"),
-    ("per_user_tok_s", "per-user tok/s", "tok/s (higher is better)"),
-    ("ttft_s_p99", "p99 time to first token", "s (lower is better)"),
-)
-_GRID_PARAM = "users"
 # Settings the section states once when every line shares them
 _SHOWN = ("requests_per_user", "prompts", "prompt_tokens", "max_tokens", "api", "text",
           "tie_margin", "shift_nats")
@@ -70,70 +62,9 @@ _SHOWN_TASK = ("requests_per_user", "prompts", "task", "task_length", "data_seed
                "tie_margin", "shift_nats")
 
 
-@dataclass
-class StressTable:
-    """Each line (a method label, split by any other setting that differs between its cases):
-    its cases by users."""
-
-    lines: dict[str, dict[int, CaseResult]] = field(default_factory=dict)
-
-    @property
-    def users(self) -> list[int]:
-        return sorted({n for cases in self.lines.values() for n in cases})
-
-
-def _users(case: CaseResult) -> int:
-    return int(case.bench_params.get(_GRID_PARAM, 1))
-
-
-def task_of(case: CaseResult) -> str | None:
-    """The RULER task whose samples the case sent; None for free text."""
-    task = case.bench_params.get("task")
-    return None if task in (None, NO_TASK) else str(task)
-
-
-def _setting(case: CaseResult) -> tuple:
-    return (case.model, *sorted((k, repr(v)) for k, v in case.bench_params.items()
-                                if k != _GRID_PARAM))
-
-
-def stress_table(result: RunResult) -> StressTable | None:
-    cases = ok_cases(result, BENCHMARK)
-    if not cases:
-        return None
-    settings: dict[str, list[tuple]] = {}
-    for case in cases:
-        seen = settings.setdefault(case.method_label, [])
-        if _setting(case) not in seen:
-            seen.append(_setting(case))
-    table = StressTable()
-    for case in cases:
-        name = case.method_label
-        if len(settings[name]) > 1:  # the same method under two settings: two lines
-            name += f" ({_differing(case, cases)})"
-        table.lines.setdefault(name, {})[_users(case)] = case
-    return table
-
-
-def _differing(case: CaseResult, cases: list[CaseResult]) -> str:
-    """The bench params (and model) that differ between this method label's cases, as set in
-    `case`."""
-    mine = [c for c in cases if c.method_label == case.method_label]
-    keys = sorted({k for c in mine for k in c.bench_params if k != _GRID_PARAM})
-    differing = [k for k in keys if len({repr(c.bench_params.get(k)) for c in mine}) > 1]
-    parts = [f"{k}={_short(case.bench_params.get(k))}" for k in differing]
-    if len({c.model for c in mine}) > 1:
-        parts.insert(0, f"model={case.model}")
-    return ", ".join(parts) or "?"
-
-
 def _common(values: list[Any]) -> Any:
     """The value when every one is the same, else None."""
     return values[0] if values and all(v == values[0] for v in values) else None
-
-
-def _short(value: Any) -> str:
-    return value.get("url", str(value)) if isinstance(value, dict) else str(value)
 
 
 def stress_section(result: RunResult) -> str | None:
@@ -157,7 +88,7 @@ def stress_section(result: RunResult) -> str | None:
         " e2e: to the last."
     )
     shown = _SHOWN_TASK if all(task_of(case) for case in cases) else _SHOWN
-    common = [f"{k}={_short(c)}" for k in shown
+    common = [f"{k}={short(c)}" for k in shown
               if (c := _common([case.bench_params.get(k) for case in cases])) is not None]
     server = _common([case.info.get("server") for case in cases])
     if server:
@@ -233,14 +164,6 @@ def _slo_text(cases: list[CaseResult]) -> str:
         value = values.pop()
         parts.append(f"{what} ≤ {value:g} s" if value else f"no {what} SLO")
     return ", ".join(parts)
-
-
-def task_lines(table: StressTable) -> dict[str, dict[int, CaseResult]]:
-    """The table's lines, each with its levels that sent task samples; lines without any left
-    out."""
-    lines = {name: {n: case for n, case in cases.items() if task_of(case)}
-             for name, cases in table.lines.items()}
-    return {name: cases for name, cases in lines.items() if cases}
 
 
 def accuracy_section(table: StressTable) -> str | None:
@@ -358,129 +281,6 @@ def _warnings(table: StressTable) -> list[str]:
                 lines.append(f"- **{name}** at {users} users: {errors:.0f} failed request(s)"
                              + (f": {why}" if why else ""))
     return lines
-
-
-# ---------------------------------------------------------------------------------------------
-# the figure
-
-
-def goodput_lines(table: StressTable) -> dict[str, tuple[list[int], list[float]]]:
-    """Per line with task samples at two levels or more: the levels with a finite goodput, and
-    its values there."""
-    return xy_lines({name: [(n, finite_metric(cases[n], "goodput_rps")) for n in sorted(cases)]
-                     for name, cases in task_lines(table).items()}, least=2)
-
-
-def goodput_figure(result: RunResult, out_dir: Path | None) -> str | None:
-    """The goodput figure's link (written to out_dir when given), a note without matplotlib,
-    or None when no line with task samples has two levels."""
-    table = stress_table(result)
-    if table is not None and not goodput_lines(table):
-        table = None
-    return figure_text(
-        table, out_dir,
-        lambda table, folder: stress_goodput_png(table, folder / GOODPUT_PNG, result.suite.name),
-        f"![goodput (requests meeting the SLOs and answered correctly, per second) against"
-        f" concurrent users]({GOODPUT_PNG})", "stress goodput plot")
-
-
-def stress_goodput_png(table: StressTable, path: Path, title: str) -> Path:
-    """Goodput against users, a solid line per method; its request throughput (every
-    successful request) dashed in the same colour: the gap is the requests that missed an SLO
-    or were answered wrongly."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=100)
-    try:
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        markers = "osD^v<>P*X"
-        lines = goodput_lines(table)
-        labels = _short_labels(table, list(lines))
-        throughput = {}
-        for k, (line, (x, y)) in enumerate(lines.items()):
-            colour = colours[k % len(colours)]
-            ax.plot(x, y, marker=markers[k % len(markers)], color=colour, linewidth=1.6,
-                    label=labels[line])
-            cases = table.lines[line]
-            tx = [n for n in x if finite_metric(cases[n], "request_throughput") is not None]
-            ty = [finite_metric(cases[n], "request_throughput") for n in tx]
-            throughput[line] = (tx, ty)
-            ax.plot(tx, ty, linestyle="--", color=colour, linewidth=0.9, alpha=0.6)
-        levels = sorted({n for x, _ in lines.values() for n in x})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(n) for n in levels])
-        ax.set_xlabel("concurrent users")
-        ax.set_ylabel("req/s (higher is better)")
-        ax.set_title(f"kvbench {title}: goodput (within the SLOs and correct); dashed: all"
-                     " successful requests", fontsize=10)
-        ax.grid(True, alpha=0.35)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        save_png(fig, path)
-    finally:
-        plt.close(fig)
-    return PlotPath.of(path, {"goodput_rps": lines, "request_throughput": throughput})
-
-
-def stress_figures(result: RunResult, out_dir: Path | None) -> str | None:
-    """The figure's link (written to out_dir when given), a note without matplotlib, or None
-    when no method has two levels or more (nothing to draw a curve of)."""
-    table = stress_table(result)
-    if table is not None and not any(panel_lines(table, metric) for metric, _, _ in PANELS):
-        table = None
-    return figure_text(
-        table, out_dir,
-        lambda table, folder: stress_throughput_png(table, folder / THROUGHPUT_PNG,
-                                                    result.suite.name),
-        f"![aggregate and per-user tok/s and p99 TTFT against concurrent users]"
-        f"({THROUGHPUT_PNG})", "stress plot")
-
-
-def panel_lines(table: StressTable, metric: str) -> dict[str, tuple[list[int], list[float]]]:
-    """Per line of two levels or more (a single level, such as a capacity run, is no curve):
-    the levels with a finite `metric`, and its values there."""
-    return xy_lines({name: [(n, finite_metric(cases[n], metric)) for n in sorted(cases)]
-                     for name, cases in table.lines.items()}, least=2)
-
-
-def stress_throughput_png(table: StressTable, path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), dpi=100)
-    try:
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        markers = "osD^v<>P*X"
-        plotted = {}
-        for ax, (metric, name, ylabel) in zip(axes, PANELS):
-            lines = panel_lines(table, metric)
-            labels = _short_labels(table, list(lines))
-            for k, (line, (x, y)) in enumerate(lines.items()):
-                ax.plot(x, y, marker=markers[k % len(markers)], color=colours[k % len(colours)],
-                        linewidth=1.4, label=labels[line])
-            plotted[metric] = lines
-            levels = sorted({n for x, _ in lines.values() for n in x})
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(levels, [str(n) for n in levels])
-            ax.set_title(name, fontsize=10)
-            ax.set_xlabel("concurrent users")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, alpha=0.35)
-        fig.suptitle(f"kvbench {title}: throughput and first-token latency under load")
-        handles, labels = axes[0].get_legend_handles_labels()
-        rows = -(-len(labels) // 4)  # the legend below the panels, four labels a row
-        fig.tight_layout(rect=(0, 0.055 * rows + 0.02, 1, 1))
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
-        save_png(fig, path)
-    finally:
-        plt.close(fig)
-    return PlotPath.of(path, plotted)
-
-
-def _short_labels(table: StressTable, names: list[str]) -> dict[str, str]:
-    """Each plotted line's method label, when that alone tells them apart, else its full name
-    (the label and the settings that differ)."""
-    labels = {name: next(iter(table.lines[name].values())).method_label for name in names}
-    if len(set(labels.values())) == len(names):
-        return labels
-    return {name: name for name in names}
 
 
 class StressReport(BenchmarkReport):
