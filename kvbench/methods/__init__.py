@@ -8,7 +8,6 @@ no method (no torch, no MLX): names are looked up in METHODS's table when first 
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from kvbench.methods.core.contracts import Implementation
@@ -32,7 +31,6 @@ class OnBackend:
 def has_implementation(settings_cls: type, backend: str) -> bool:
     """Whether `settings_cls` (exactly) has an implementation on `backend`; ImportError when the
     backend itself cannot be imported (MLX not installed)."""
-    _register(backend, settings_cls)
     return registered_implementation(settings_cls, backend) is not None
 
 
@@ -40,7 +38,6 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
     """The method `settings` configure, as `backend` ("torch" or "mlx") runs it."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    _register(backend, type(settings))
     factory = registered_implementation(type(settings), backend)
     if factory is None:
         name = type(settings).name or type(settings).__name__
@@ -48,14 +45,6 @@ def implementation(settings: MethodSettings, backend: str = "torch") -> Any:
             f"method {name!r} has no {backend} implementation (register one for its exact"
             f" settings class with kvbench.methods.settings.implements)")
     return factory(settings, _backends.setdefault(backend, OnBackend(backend)))
-
-
-def _register(backend: str, settings_cls: type) -> None:
-    """Import the module that registers the settings' implementation on `backend`, as the
-    settings name it (MethodSettings.implemented_in), built-ins and plug-ins alike."""
-    module = getattr(settings_cls, "implemented_in", {}).get(backend)
-    if module:
-        importlib.import_module(module)
 
 
 _backends: dict[str, OnBackend] = {}

@@ -8,8 +8,6 @@ parity; an Apple Silicon port that keeps the arrays in MLX would be measured aga
 """
 from __future__ import annotations
 
-import importlib
-
 from kvbench.backends.mlx_arrays import to_mx, to_torch
 from kvbench.methods.core.contracts import Implementation, LayerCachePolicy, WrappedPolicy
 from kvbench.methods.settings.am import AM, AMTask
@@ -38,7 +36,6 @@ class MLXTokenMethod(Implementation):
 
     def __init__(self, settings, on):
         super().__init__(settings, on)
-        importlib.import_module(type(settings).implemented_in["torch"])  # registers the reference
         self.reference = registered_implementation(type(settings), "torch")(settings, None)
 
     @property

@@ -8,6 +8,7 @@ Implementations (the torch reference, MLX, fused kernels) register against a set
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
@@ -185,7 +186,12 @@ def implements(*settings_classes: type, backend: str = "torch") -> Callable[[typ
 
 
 def registered_implementation(settings_cls: type, backend: str) -> Callable[[Any], Any] | None:
-    """The implementation registered for exactly `settings_cls` on `backend`, or None."""
+    """The implementation registered for exactly `settings_cls` on `backend`, or None; the
+    module the settings name for that backend (`implemented_in`) is imported first, built-ins
+    and plug-ins alike (ImportError when the backend itself cannot be imported)."""
+    module = getattr(settings_cls, "implemented_in", {}).get(backend)
+    if module:
+        importlib.import_module(module)
     return _IMPLEMENTATIONS.get((settings_cls, backend))
 
 
