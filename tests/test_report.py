@@ -15,6 +15,7 @@ from kvbench.report.compare import render_compare
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.reportkit.figures import MATPLOTLIB_MISSING
 from kvbench.report.readme import inject_section, markers, render_section_table
+from kvbench.reportkit.benchmark import BenchmarkReport
 from kvbench.reportkit.tables import benchmark_table, fmt_number, fmt_param
 from kvbench.results import CaseResult, Metric, RunResult
 from tests.plugins.suites import DATA
@@ -178,7 +179,8 @@ def test_a_table_leaves_unset_settings_out_and_writes_long_ones_below_it():
                           method_label=label, method_params={}, status="ok",
                           metrics={"ppl": Metric(value=11.0, direction="lower")})
 
-    table = benchmark_table([row("identity", None), row("q4_0", command), row("q4_0b", command)])
+    table = benchmark_table([row("identity", None), row("q4_0", command), row("q4_0b", command)],
+                            BenchmarkReport().row)
     lines = table.splitlines()
     assert "null" not in table and "None" not in table
     assert lines[0] == "<sub>all rows: windows=6 · device=cpu · seed=0</sub>"

@@ -1,7 +1,8 @@
 """A benchmark's leaderboard on the results page: a row per ok case of every run, the
 columns its report's board declares (a byte ratio's header naming what it is against), each
 method's settings that differ from its defaults, the benchmark parameters that differ between
-the rows, and the Pareto front of its two axes marked ★."""
+the rows, and the Pareto front of its two axes marked ★. Its metric cells are the benchmark's row, as
+report.md's table has them."""
 from __future__ import annotations
 
 import json
@@ -10,11 +11,11 @@ from kvbench.report.html_parts import esc, row, section, table
 from kvbench.report.html_run import Run
 from kvbench.reportkit.benchmark import Board
 from kvbench.reportkit.figures import as_lower_better, method_family, pareto_front
-from kvbench.reportkit.tables import fmt_number
+from kvbench.reportkit.tables import Cell
 from kvbench.report.markdown import benchmark_report
 from kvbench.report.method_settings import non_default
 from kvbench.report.metric_labels import metric_description, metric_label, reference
-from kvbench.results import CaseResult, Metric
+from kvbench.results import CaseResult
 
 # A benchmark's leaderboard shows the columns of its report's board; one without a board shows
 # its first metrics.
@@ -28,9 +29,9 @@ def leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
             if case.benchmark == kind and case.status == "ok"]
     if not rows:
         return ""
-    board = benchmark_report(kind).board or _fallback_board(rows)
-    columns = [m for m in (board.compression, board.quality, *board.extra) if m is not None
-               and any(m in case.metrics for _, case in rows)]
+    report = benchmark_report(kind)
+    board = report.board or _fallback_board(rows)
+    columns = board_columns(board, [case for _, case in rows])
     front = _front(rows, board)
     # the model among the parameters: a board of several models' cases tells them apart by it
     varying = _varying_keys([_with_model(case) for _, case in rows])
@@ -47,13 +48,19 @@ def leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
             esc(method_family(case.method)), f"<a href='#{link}'>{esc(case.method_label)}</a>",
             _settings_cell(case, settings[case.method]),
             _params_cell(_with_model(case), varying)]
-        cells += [_metric_cell(case.metrics.get(m), link) for m in columns]
+        cells += [_metric_cell(cell, link) for cell in report.row(case, columns)]
         on = (run.index, case.id) in front
         cells.append("<span class='star' title='on the Pareto front'>★</span>" if on else "")
         body.append(row(cells, family=method_family(case.method), front=on))
     note = _board_note(board) + _ratio_note(kind, columns)
     return section(f"Leaderboard: {kind}", f"<p class='note'>{note}</p>" + table(
         head, body, sortable=True, table_id=f"board-{kind}"), level=2)
+
+
+def board_columns(board: Board, cases: list[CaseResult]) -> list[str]:
+    """The board's metrics that some of the cases have, in its order."""
+    return [m for m in (board.compression, board.quality, *board.extra) if m is not None
+            and any(m in case.metrics for case in cases)]
 
 
 def _settings_cell(case: CaseResult, varying: set[str]) -> str:
@@ -139,11 +146,12 @@ def _metric_head(kind: str, rows: list[tuple[Run, CaseResult]], name: str) -> st
             f"<span class='unit'>{esc(rest)}</span></span>")
 
 
-def _metric_cell(metric: Metric | None, link: str) -> str:
-    if metric is None:
-        return "<td data-v=''>-</td>"
-    return (f"<td class='num' data-v='{metric.value!r}'><a href='#{link}'>"
-            f"{esc(fmt_number(metric.value, metric.unit))}</a></td>")
+def _metric_cell(cell: Cell, link: str) -> str:
+    """A cell of the benchmark's row (as report.md shows it), linked to its case."""
+    if cell.value is None:
+        return f"<td data-v=''>{esc(cell.text or '-')}</td>"
+    return (f"<td class='num' data-v='{cell.value!r}'><a href='#{link}'>{esc(cell.text)}</a>"
+            "</td>")
 
 
 def _varying_keys(params: list[dict]) -> set[str]:

@@ -29,7 +29,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
     groups = by_benchmark(result.cases)
     reports = {benchmark: benchmark_report(benchmark) for benchmark in groups}
     for benchmark, cases in groups.items():
-        parts.append(f"## {benchmark}\n\n{benchmark_table(cases)}")
+        parts.append(f"## {benchmark}\n\n{benchmark_table(cases, reports[benchmark].row)}")
         # what the benchmark adds below its table: summaries and figures (written to out_dir
         # when given; the same text either way)
         parts += [part for part in reports[benchmark].sections(result, out_dir) if part]

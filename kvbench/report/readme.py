@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvbench.report.against_identity import against_identity
 from kvbench.reportkit.tables import benchmark_table, by_benchmark, model_grid
-from kvbench.report.markdown import claims_section
+from kvbench.report.markdown import benchmark_report, claims_section
 from kvbench.files import atomic_write_text
 from kvbench.results import CaseResult, RunResult
 
@@ -37,7 +37,7 @@ def render_section_table(result: RunResult, benchmark: str | None = None) -> str
     """The compact table of one benchmark, or of each with a heading; made from the results file."""
     groups = by_benchmark(result.cases)
     if benchmark is not None:
-        return benchmark_table(_cases_of(groups, benchmark))
+        return benchmark_table(_cases_of(groups, benchmark), benchmark_report(benchmark).row)
     return render_section(result)
 
 
@@ -74,7 +74,7 @@ def render_section(result: RunResult, choice: SectionChoice = SectionChoice()) -
     parts, paired = [], 0
     for name, cases in chosen.items():
         settings = suite_settings(result, name) if choice.suite_settings else None
-        parts.append(f"### {name}\n\n{benchmark_table(cases, columns, settings)}")
+        parts.append(f"### {name}\n\n{benchmark_table(cases, benchmark_report(name).row, columns, settings)}")
         if choice.paired:
             blocks = against_identity(result, name)
             paired += bool(blocks)

@@ -1,15 +1,17 @@
 """What a benchmark declares of its part of a run's report (its `report`, a BenchmarkReport):
 the sections after its table in report.md (with their figures), its leaderboard's columns on
-the results page, and the metrics that sum it up in the by-method table. The renderers
-(kvbench.report.markdown, kvbench.report.html) ask each benchmark of a run for it; a benchmark
-that declares nothing gets the generic report: its table, and a leaderboard of its first
-metrics."""
+the results page, the metrics that sum it up in the by-method table, and its row: the cell of
+each metric, which its table in report.md, in `kvbench report --readme` and on the results page
+all show. The renderers (kvbench.report.markdown, readme, html) ask each benchmark of a run for
+it; a benchmark that declares nothing gets the generic report: its table, and a leaderboard of
+its first metrics."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.results import RunResult
+from kvbench.reportkit.tables import Cell, metric_cell
+from kvbench.results import CaseResult, RunResult
 
 
 @dataclass(frozen=True)
@@ -40,3 +42,14 @@ class BenchmarkReport:
         are written into out_dir when it is given, and the text is the same either way (so
         `kvbench report` prints what the run wrote)."""
         return []
+
+    def row(self, case: CaseResult, metrics: list[str]) -> list[Cell]:
+        """The case's cells for `metrics`, in that order: the one row definition of every table
+        of a benchmark (report.md, --readme, the results page's leaderboard)."""
+        return [self.cell(case, name) for name in metrics]
+
+    def cell(self, case: CaseResult, metric: str) -> Cell:
+        """The value (a timed metric as median ± IQR/2 of its samples); empty where the case
+        has no such metric."""
+        found = case.metrics.get(metric)
+        return Cell("") if found is None else Cell(metric_cell(found), found.value)

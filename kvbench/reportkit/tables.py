@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from kvbench.results import CaseResult, Metric, RunResult
-
 ARROWS = {"higher": "↑", "lower": "↓", "none": ""}
 BYTE_UNITS = {"B", "bytes"}
 _BINARY_PREFIXES = ["KiB", "MiB", "GiB", "TiB"]
@@ -130,9 +130,25 @@ def by_benchmark(cases: list[CaseResult]) -> dict[str, list[CaseResult]]:
 CASE_SETTINGS = ("model", "device", "model_dtype", "seed")
 
 
-def benchmark_table(cases: list[CaseResult], columns: list[str] | None = None,
+@dataclass(frozen=True)
+class Cell:
+    """A case's cell for one metric: its text, as Markdown and HTML show it, and the number the
+    results page sorts it by (None: it has none)."""
+
+    text: str
+    value: float | None = None
+
+
+# A benchmark's row definition (kvbench.reportkit.benchmark.BenchmarkReport.row): a case's cells
+# for the metrics named, in their order.
+Row = Callable[[CaseResult, list[str]], list[Cell]]
+
+
+def benchmark_table(cases: list[CaseResult], row: Row,
+                    columns: list[str] | None = None,
                     settings_set: set[str] | None = None) -> str:
-    """One row per case (method and the settings that vary), one column per metric, then a legend.
+    """One row per case (method and the settings that vary), one column per metric (its cells
+from `row`, the benchmark's row definition), then a legend.
 
     Settings (bench params, model, device) equal in every row are stated once above the table;
     unset ones (None) are not shown; a value too long for a cell is marked [n] and written out
@@ -170,12 +186,11 @@ def benchmark_table(cases: list[CaseResult], columns: list[str] | None = None,
         header.append("status")
     rows = []
     for case, label in zip(cases, labels):
-        row = [case.method_label, *(shown(k, label.get(k, "")) for k in varying)]
-        row += [metric_cell(case.metrics[n]) if n in case.metrics else _absent(case, n)
-                for n in metrics]
+        cells = [case.method_label, *(shown(k, label.get(k, "")) for k in varying)]
+        cells += [cell.text for cell in row(case, list(metrics))]
         if show_status:
-            row.append(_status_cell(case))
-        rows.append(row)
+            cells.append(_status_cell(case))
+        rows.append(cells)
     right = set(range(1 + len(varying), 1 + len(varying) + len(metrics)))
     caption = " · ".join(f"{k}={shown(k, labels[0][k])}" for k in fixed)
     if at_defaults:
@@ -185,12 +200,6 @@ def benchmark_table(cases: list[CaseResult], columns: list[str] | None = None,
     parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
              written_out, _legend(cases, metrics)]
     return "\n\n".join(part for part in parts if part)
-
-
-def _absent(case: CaseResult, metric: str) -> str:
-    """"n/a" for a metric of a step the case did not time because it did no work (its info's
-    `not_timed` lists the steps: speed's "encode", "decode"), else empty."""
-    return "n/a" if metric.partition("_")[0] in case.info.get("not_timed", ()) else ""
 
 
 def _settings(case: CaseResult) -> dict[str, str]:

@@ -172,6 +172,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         impl_log = method.impl_log  # which implementation ran (kvbench.kernels)
         if impl_log is not None and impl_log.ran:
             record.info["impl"] = impl_log.summary()
+        benchmark.record.check(record.info)  # a key its record does not declare: a bug here
         record.claims = judge_own(case.claims, output.metrics)
         record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
                            for name, metric in output.metrics.items() if not metric.finite()]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kvbench.benchmarks.measure.context import BenchmarkOutput
+from kvbench.benchmarks.records.base import Record
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
 from kvbench.config.fields import LibraryMissing, Settings, at_least, param
 from kvbench.methods.core.contracts import Implementation, WrappedPolicy
@@ -167,6 +168,21 @@ class Keeps(Step):
         ctx.keep({"i": params.i, "pid": os.getpid()})
         return super().run(params, method, ctx)
 
+
+
+class DeclaredRecord(Record):
+    kept: int
+
+
+class Declares(Step):
+    """Declares its record, then writes what `params.i` says: 0 what it declares, 1 a key it
+    does not declare, 2 a declared key of the wrong type."""
+
+    record = DeclaredRecord
+
+    def run(self, params, method, ctx):
+        info = [{"kept": 7}, {"kept": 7, "stray": 1}, {"kept": "seven"}][params.i]
+        return BenchmarkOutput(metrics=super().run(params, method, ctx).metrics, info=info)
 
 
 class NonFinite(Benchmark):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvbench.benchmarks.records.dataset import DatasetRecord
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
 from kvbench.judge.paired import paired_samples, same_samples
 from kvbench.reportkit.benchmark import BenchmarkReport
@@ -113,7 +114,7 @@ def _paired_scopes(cases: list[CaseResult], scope) -> list[PairedScope]:
 
 def dataset_section(result: RunResult) -> str | None:
     """The dataset summary below its generic table; None when the run has no ok case."""
-    cases = [c for c in ok_cases(result, BENCHMARK) if isinstance(c.info.get("scores"), list)]
+    cases = [c for c in ok_cases(result, BENCHMARK) if DatasetRecord.of(c).scores is not None]
     if not cases:
         return None
     scope = scope_namer(cases)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvbench.benchmarks.records.ladder import LadderRecord
 from kvbench.reportkit.benchmark import BenchmarkReport, Board
 from kvbench.reportkit.figures import (
     PlotPath, figure_text, line_styles, method_family, pyplot, save_png, xy_lines,
@@ -66,7 +67,7 @@ def ladder_table(result: RunResult) -> LadderTable | None:
     for case in cases:
         rung = Rung(case, identity.get(pair_key(case, ())))
         table.rungs.setdefault(case.method_label, {})[_length(case)] = rung
-        if case.info.get("beyond_trained_context"):
+        if LadderRecord.of(case).beyond_trained_context:
             table.beyond = min(table.beyond or _length(case), _length(case))
     return table
 
@@ -118,12 +119,12 @@ def ladder_section(result: RunResult) -> str | None:
     if table is None:
         return None
     first = next(iter(table.rungs[table.methods[0]].values())).case
-    params = first.bench_params
+    params, peak = first.bench_params, LadderRecord.of(first).peak_memory
     lines = [
         f"Each rung: a {params.get('text')} prompt of `length` tokens fed in forwards of"
         f" {params.get('prefill_chunk')} tokens (only the last logits kept), end_prefill, then"
         f" {params.get('decode')} greedy tokens, all through the method's cache. Peak:"
-        f" {first.info.get('peak_memory', '?')}. Ratios are against identity at the same rung"
+        f" {'?' if peak is None else peak}. Ratios are against identity at the same rung"
         " in this run (lower is better in every column).",
     ]
     if table.beyond is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.benchmarks.records.multiturn import MultiturnRecord
 from kvbench.benchmarks.reports.retrieval import ci
 from kvbench.judge.paired import paired_samples, same_samples
 from kvbench.reportkit.benchmark import Board, BenchmarkReport
@@ -47,6 +48,7 @@ class TurnRow:
 
     name: str  # the method label, and any setting that splits it from another case's
     case: CaseResult
+    record: MultiturnRecord  # the case's
 
     @property
     def is_identity(self) -> bool:
@@ -58,13 +60,12 @@ class TurnRow:
 
     @property
     def scores(self) -> list[float]:
-        return [float(s) for s in self.case.info["turn_scores"]]
+        return self.record.turn_scores
 
     @property
     def intervals(self) -> list[tuple[float, float]]:
-        found = self.case.info.get("turn_ci") or []
-        return [tuple(map(float, pair)) for pair in found] if len(found) == self.turns else \
-            [(math.nan, math.nan)] * self.turns
+        found = self.record.turn_ci or []
+        return list(found) if len(found) == self.turns else [(math.nan, math.nan)] * self.turns
 
 
 def mode_of(case: CaseResult) -> str:
@@ -72,8 +73,7 @@ def mode_of(case: CaseResult) -> str:
 
 
 def _cases(result: RunResult) -> list[CaseResult]:
-    return [c for c in ok_cases(result, BENCHMARK)
-            if isinstance(c.info.get("turn_scores"), list) and c.info["turn_scores"]]
+    return [c for c in ok_cases(result, BENCHMARK) if MultiturnRecord.of(c).turn_scores]
 
 
 def _extras(cases: list[CaseResult]) -> list[str]:
@@ -100,7 +100,8 @@ def rows_by_mode(result: RunResult) -> dict[str, list[TurnRow]]:
             name += " (" + ", ".join(
                 f"{k}={case.model if k == 'model' else case.bench_params.get(k)}"
                 for k in extras) + ")"
-        by_mode.setdefault(mode_of(case), []).append(TurnRow(name, case))
+        by_mode.setdefault(mode_of(case), []).append(
+            TurnRow(name, case, MultiturnRecord.of(case)))
     return {mode: [r for r in rows if r.is_identity] + [r for r in rows if not r.is_identity]
             for mode, rows in by_mode.items()}
 
@@ -149,13 +150,13 @@ def _score_table(rows: list[TurnRow]) -> str:
 
 
 def _bytes_table(rows: list[TurnRow]) -> str | None:
-    found = [(row, row.case.info.get("turn_retained_bytes")) for row in rows]
-    found = [(row, held) for row, held in found if isinstance(held, list) and held]
+    found = [(row, row.record.turn_retained_bytes) for row in rows
+             if row.record.turn_retained_bytes]
     if not found:
         return None
     most = max(len(held) for _, held in found)
     header = ["method", *(f"after turn {t + 1}" for t in range(most))]
-    body = [[row.name, *(fmt_bytes(float(held[t])) if t < len(held) else "—"
+    body = [[row.name, *(fmt_bytes(held[t]) if t < len(held) else "—"
                          for t in range(most))] for row, held in found]
     return md_table(header, body, set(range(1, len(header))))
 
@@ -188,7 +189,7 @@ def multiturn_section(result: RunResult) -> str | None:
     references = _references(_cases(result))
     parts = []
     for mode, rows in by_mode.items():
-        samples = sorted({len(r.case.info.get("sample_scores") or []) for r in rows})
+        samples = sorted({len(r.record.sample_scores or []) for r in rows})
         parts += [f"### multiturn ({mode}): score per turn [95% CI]", _score_table(rows),
                   f"<sub>{_mode_note(mode)} Score 0-100 (RULER's string_match_all), ↑ higher"
                   f" is better; {' or '.join(map(str, samples))} samples (contexts) per case,"

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.benchmarks.records.niah import NiahGrid, NiahRecord
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
 from kvbench.judge.paired import per_sample, same_samples
 from kvbench.reportkit.benchmark import BenchmarkReport
@@ -41,7 +42,12 @@ class NiahHeatmap:
 
 
 def _niah_cases(result: RunResult) -> list[CaseResult]:
-    return [c for c in ok_cases(result, BENCHMARK) if isinstance(c.info.get("grid"), dict)]
+    return [c for c in ok_cases(result, BENCHMARK) if NiahRecord.of(c).grid is not None]
+
+
+def _grid(case: CaseResult) -> NiahGrid:
+    """The grid of a case _niah_cases keeps."""
+    return NiahRecord.of(case).grid
 
 
 def niah_file_names(cases: list[CaseResult]) -> list[str]:
@@ -58,15 +64,15 @@ def niah_file_names(cases: list[CaseResult]) -> list[str]:
 
 
 def niah_heatmap_data(case: CaseResult) -> NiahHeatmap:
-    grid = case.info["grid"]
-    lengths, depths, scores = list(grid["lengths"]), list(grid["depths"]), grid["scores"]
+    grid = _grid(case)
+    lengths, depths, scores = grid.lengths, grid.depths, grid.scores
 
     def cell(d: int, k: int) -> float:
         try:
             value = scores[d][k]
-            return math.nan if value is None else float(value)
-        except (IndexError, TypeError, ValueError):
+        except IndexError:
             return math.nan
+        return math.nan if value is None else value
 
     rows = sorted(range(len(depths)), key=lambda d: depths[d])
     columns = sorted(range(len(lengths)), key=lambda k: lengths[k])
@@ -128,16 +134,16 @@ def niah_heatmap_pngs(result: RunResult, out_dir: str | Path) -> list[Path]:
 def _scores_by_length(case: CaseResult) -> dict[int, list[float]] | None:
     """The case's per-sample scores at each length of its grid, in the order drawn (depth, then
     sample); None when it recorded none."""
-    lengths = list(case.info["grid"].get("lengths", []))
+    grid = _grid(case)
+    lengths = grid.lengths
     flat = per_sample(case)
     if flat is None and case.bench_params.get("samples") == 1:
         # recorded before info["scores"]: with one sample a cell, the grid's columns are them
         try:
-            flat = [float(row[k]) for k in range(len(lengths))
-                    for row in case.info["grid"]["scores"]]
-        except (IndexError, KeyError, TypeError, ValueError):
+            flat = [row[k] for k in range(len(lengths)) for row in grid.scores]
+        except IndexError:
             return None
-        if not all(map(math.isfinite, flat)):
+        if not all(value is not None and math.isfinite(value) for value in flat):
             return None
     if flat is None or not lengths or len(flat) % len(lengths):
         return None
@@ -165,7 +171,7 @@ def _against_identity(cases: list[CaseResult]) -> list[str]:
         mine, theirs = _scores_by_length(case), _scores_by_length(reference)
         if paired and (mine is None or theirs is None or _shape(mine) != _shape(theirs)):
             continue  # no per-sample scores to pair
-        lengths = case.info["grid"].get("lengths", [])
+        lengths = _grid(case).lengths
         per_length = [PairedScope(case.method_label, length_name(n),
                                   [(mine[n], theirs[n])] if paired else [],
                                   [] if paired else [length_name(n)]) for n in lengths]
@@ -204,13 +210,13 @@ def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | 
              md_table(["method", "mean score over the grid [95% CI] ↑", "compression ratio (x) ↑"],
                       rows, {1, 2})]
     notes = []
-    grids = {(tuple(c.info["grid"].get("lengths", [])), tuple(c.info["grid"].get("depths", [])))
-             for c in _niah_cases(result)}
+    grids = {(tuple(grid.lengths), tuple(grid.depths))
+             for grid in map(_grid, _niah_cases(result))}
     if len(grids) == 1:
         lengths, depths = grids.pop()
         notes.append(f"grid: lengths {', '.join(map(str, lengths))} tokens × depths "
                      f"{', '.join(f'{d:g}' for d in depths)}%")
-    haystacks = list(dict.fromkeys(str(c.info["haystack"]) for c in cases if c.info.get("haystack")))
+    haystacks = list(dict.fromkeys(h for h in (NiahRecord.of(c).haystack for c in cases) if h))
     if haystacks:
         notes.append("haystack: " + "; ".join(haystacks))
     if notes:

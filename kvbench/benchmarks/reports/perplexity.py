@@ -1,6 +1,6 @@
 """The perplexity benchmark's part of the report: its leaderboard's columns, its metrics in the
 by-method table and, for cases that scored more than one window, a section made from their
-results alone (the case's info, as kvbench.benchmarks.measure.perplexity writes it): per case,
+results alone (their records, kvbench.benchmarks.records.perplexity): per case,
 perplexity over the windows with its 95% interval, and the paired verdict against identity
 (worse / not separated / better, its p, the relative delta and the mean per-window difference in
 NLL, each with its interval)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
+from kvbench.benchmarks.records.perplexity import PerplexityRecord
 from kvbench.judge.paired import LEVEL, RESAMPLES, SEPARATION_LEVEL
 from kvbench.reportkit.benchmark import BenchmarkReport, Board
 from kvbench.reportkit.paired import p_text
@@ -31,18 +31,16 @@ NOTE = (
 )
 
 
-def _number(value: Any) -> float | None:
-    """A finite number from a results file, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
-def _interval(value: float | None, ends: Any, show) -> str:
+def _interval(value: float | None, ends: tuple[float | None, float | None] | None,
+              show) -> str:
     if value is None:
         return "—"
-    low, high = (ends if isinstance(ends, (list, tuple)) and len(ends) == 2 else (None, None))
-    low, high = _number(low), _number(high)
+    low, high = ends or (None, None)
+    low, high = _finite(low), _finite(high)
     if low is None or high is None:
         return show(value)
     return f"{show(value)} [{show(low)}, {show(high)}]"
@@ -59,30 +57,28 @@ def _nats(value: float) -> str:
 
 
 def _row(case: CaseResult) -> list[str]:
-    paired = case.info["vs_plain"]
-    p_value = _number(paired.get("p_value"))
-    wins, losses, pairs = (paired.get(k) for k in ("wins", "losses", "pairs"))
+    record = PerplexityRecord.of(case)
+    paired = record.vs_plain
+    p_value = _finite(paired.p_value)
     return [
         case.id.removeprefix(f"{BENCHMARK}/"),
-        str(len(case.info.get("windows") or []) or "—"),
-        _interval(finite_metric(case, "perplexity"), case.info.get("perplexity_interval"),
-                  fmt_number),
+        str(len(record.windows or []) or "—"),
+        _interval(finite_metric(case, "perplexity"), record.perplexity_interval, fmt_number),
         fmt_number(finite_metric(case, "ppl_reference")) or "—",
         _interval(finite_metric(case, "ppl_rel_delta"),
                   (finite_metric(case, "ppl_rel_delta_ci_low"),
                    finite_metric(case, "ppl_rel_delta_ci_high")), _percent),
-        _interval(_number(paired.get("mean_difference")),
-                  (paired.get("low"), paired.get("high")), _nats),
-        str(paired.get("verdict", "—")),
+        _interval(_finite(paired.mean_difference), (paired.low, paired.high), _nats),
+        paired.verdict,
         "—" if p_value is None else p_text(p_value),
-        f"{wins} / {losses} of {pairs}",
+        f"{paired.wins} / {paired.losses} of {paired.pairs}",
     ]
 
 
 def windows_section(result: RunResult) -> str | None:
     """The table of the perplexity cases that scored more than one window; None when there is
     none."""
-    cases = [c for c in ok_cases(result, BENCHMARK) if isinstance(c.info.get("vs_plain"), dict)]
+    cases = [c for c in ok_cases(result, BENCHMARK) if PerplexityRecord.of(c).vs_plain is not None]
     if not cases:
         return None
     ci = f"[{LEVEL:.0%} CI]"

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvbench.benchmarks.records.proofs import ProofsRecord
 from kvbench.reportkit.benchmark import BenchmarkReport, Board
 from kvbench.reportkit.figures import (
     PlotPath, family_styles, figure_text, legend_handles, legend_right, method_family,
@@ -274,11 +275,11 @@ def rate_distortion_figure(result: RunResult, out_dir: Path | None) -> str | Non
 
 def bare_codec_note(result: RunResult) -> str | None:
     """The line after the proofs table naming the methods whose cache does more than their codecs
-    (each case's info "policy_not_measured"), whose rows are their bare codecs' figures; None when
-    no proofs case has such a method."""
+    (each case's record's policy_not_measured), whose rows are their bare codecs' figures; None
+    when no proofs case has such a method."""
     unseen: dict[str, list[str]] = {}
     for case in result.cases:
-        policy = case.info.get("policy_not_measured") if case.benchmark == BENCHMARK else None
+        policy = ProofsRecord.of(case).policy_not_measured if case.benchmark == BENCHMARK else None
         if policy:
             unseen.setdefault(case.method_label, policy)
     if not unseen:

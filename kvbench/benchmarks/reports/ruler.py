@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvbench.benchmarks.records.ruler import RulerRecord
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
 from kvbench.benchmarks.reports.ruler_board import board_data, board_figure, board_section
 from kvbench.benchmarks.reports.ruler_numbers import (
@@ -205,9 +206,9 @@ def _haystack_line(table: RulerTable) -> str | None:
     by_haystack: dict[str, list[str]] = {}
     for row in table.rows:
         for case in row.cases:
-            haystack = case.info.get("haystack")
+            haystack = RulerRecord.of(case).haystack
             if haystack:
-                tasks = by_haystack.setdefault(str(haystack), [])
+                tasks = by_haystack.setdefault(haystack, [])
                 if task_of(case) not in tasks:
                     tasks.append(task_of(case))
     if not by_haystack:

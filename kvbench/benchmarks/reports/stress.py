@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvbench.benchmarks.records.stress import StressRecord
 from kvbench.judge.paired import SEPARATION_LEVEL
 from kvbench.reportkit.benchmark import BenchmarkReport, Board
 from kvbench.reportkit.drift import length_drift_section
@@ -90,7 +91,7 @@ def stress_section(result: RunResult) -> str | None:
     shown = _SHOWN_TASK if all(task_of(case) for case in cases) else _SHOWN
     common = [f"{k}={short(c)}" for k in shown
               if (c := _common([case.bench_params.get(k) for case in cases])) is not None]
-    server = _common([case.info.get("server") for case in cases])
+    server = _common([StressRecord.of(case).server for case in cases])
     if server:
         common.append(f"server: {server}")
     if common:
@@ -141,12 +142,11 @@ def _score_cell(case: CaseResult) -> str:
 
 def _paired_cells(case: CaseResult) -> list[str]:
     """Δ under load − alone [paired CI], and the sign test's verdict with its p."""
-    paired = case.info.get("paired")
-    if not isinstance(paired, dict) or "verdict" not in paired:
+    paired = StressRecord.of(case).paired
+    if paired is None:
         return ["—", "—"]
-    delta = (f"{signed(paired['mean_difference'])} [{signed(paired['low'])},"
-             f" {signed(paired['high'])}]")
-    return [delta, f"{paired['verdict']} (p {p_text(paired['p_value'])})"]
+    delta = f"{signed(paired.mean_difference)} [{signed(paired.low)}, {signed(paired.high)}]"
+    return [delta, f"{paired.verdict} (p {p_text(paired.p_value)})"]
 
 
 def _cell(case: CaseResult, metric: str, form: str) -> str:
@@ -207,9 +207,9 @@ def accuracy_section(table: StressTable) -> str | None:
                          _cell(case, "errors", "{:.0f}")])
         parts.append(f"**{name}**\n\n" + md_table(header, rows, set(range(len(header)))))
     worse = [f"- ⚠ **{name}** at {users} users: the score under load is below the single-user"
-             f" answers' ({_paired_cells(case)[0]} points, p {p_text(case.info['paired']['p_value'])})"
+             f" answers' ({_paired_cells(case)[0]} points, p {p_text(paired.p_value)})"
              for name, line in lines.items() for users, case in sorted(line.items())
-             if (case.info.get("paired") or {}).get("verdict") == "worse"]
+             if (paired := StressRecord.of(case).paired) and paired.verdict == "worse"]
     if worse:
         parts.append("\n".join(worse))
     return "\n\n".join(parts)
@@ -276,7 +276,7 @@ def _warnings(table: StressTable) -> list[str]:
                              " differ from the single-user answer beyond float noise (the"
                              " run's predictions.jsonl keeps each with both texts)")
             if errors:
-                reasons = case.info.get("failures") or {}
+                reasons = StressRecord.of(case).failures or {}
                 why = "; ".join(f"{n}× {r}" for r, n in list(reasons.items())[:3])
                 lines.append(f"- **{name}** at {users} users: {errors:.0f} failed request(s)"
                              + (f": {why}" if why else ""))

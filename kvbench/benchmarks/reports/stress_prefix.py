@@ -3,6 +3,7 @@
 TTFT under load; where a method ran with the cache and without it, what the cache saves."""
 from __future__ import annotations
 
+from kvbench.benchmarks.records.stress import PrefixCacheState, StressRecord
 from kvbench.reportkit.tables import finite_metric, fmt_bytes, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
@@ -36,16 +37,16 @@ def prefix_section(result: RunResult) -> str | None:
         warm = finite_metric(case, "prefix_warm_ttft_s")
         loaded = finite_metric(case, "ttft_s_p50")
         plain = without.get((case.method_label, _users(case))) if _cache(case) else None
-        kept = case.info.get("prefix_cache") or {}
+        kept = StressRecord.of(case).prefix_cache or PrefixCacheState()
         rows.append([
             case.method_label, str(_cache(case) or "off"), str(_users(case)),
             _seconds(finite_metric(case, "prefix_cold_ttft_s")), _seconds(warm),
             _times(warm, finite_metric(case, "prefix_cold_ttft_s")),
             _times(warm, plain and finite_metric(plain, "prefix_warm_ttft_s")),
             _seconds(loaded), _times(loaded, plain and finite_metric(plain, "ttft_s_p50")),
-            str(kept.get("prefix_cache_hits", "—")),
-            f"{kept['prefix_cache_entries']}, {fmt_bytes(kept['prefix_cache_bytes'])}"
-            if kept else "—",
+            "—" if kept.prefix_cache_hits is None else str(kept.prefix_cache_hits),
+            f"{kept.prefix_cache_entries}, {fmt_bytes(kept.prefix_cache_bytes)}"
+            if kept.prefix_cache_entries is not None else "—",
         ])
     header = ["method", "prefix cache", "users", "first TTFT s", "later TTFT s ↓",
               "later / first ↓", "later × no cache ↓", "p50 TTFT under load s ↓",

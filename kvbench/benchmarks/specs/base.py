@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+from kvbench.benchmarks.records.base import OpenRecord, Record
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.config.registry import Registry
 from kvbench.data.text import check_text, parse_hf_source, resolve_text
@@ -57,6 +58,9 @@ class Benchmark:
     # its leaderboard's columns on the results page, its metrics in the by-method table; the
     # generic one has none of them (kvbench.reportkit.benchmark)
     report: ClassVar[BenchmarkReport] = BenchmarkReport()
+    # what its measurement writes into a case's info, which its report reads back: checked
+    # as each case ends (kvbench.benchmarks.records); a plug-in's that declares none: any keys
+    record: ClassVar[type[Record]] = OpenRecord
 
     def head_dim(self, params: Any, model: ModelInfo | None) -> int | None:
         """The width of the vectors a method encodes in a case (None: unknown)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.records.compaction import CompactionRecord
 from kvbench.benchmarks.reports.compaction import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
@@ -42,6 +43,7 @@ class Compaction(Benchmark):
     cache answers the same question from the whole trajectory."""
     measured_in = "kvbench.benchmarks.measure.compaction"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = CompactionRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = CompactionParams
     needs = {"probe": ("trim", False)}  # the task is fed, then taken back

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from kvbench.benchmarks.records.dataset import DatasetRecord
 from kvbench.benchmarks.reports.dataset import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.benchmarks.specs.retrieval import READS, RETRIEVAL_METRICS
@@ -113,6 +114,7 @@ class Dataset(Benchmark):
     references)."""
     measured_in = "kvbench.benchmarks.measure.dataset"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = DatasetRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = DatasetParams
     metrics = DATASET_METRICS

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.records.decode_attention import DecodeAttentionRecord
 from kvbench.benchmarks.reports.decode_attention import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
@@ -50,6 +51,7 @@ class DecodeAttention(Benchmark):
     triton, the CPU with numba (impl auto), or TRITON_INTERPRET=1 with impl triton."""
     measured_in = "kvbench.benchmarks.measure.decode_attention"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = DecodeAttentionRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = DecodeAttentionParams
     backends = ("torch",)

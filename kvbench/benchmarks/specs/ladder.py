@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import at_least, param
+from kvbench.benchmarks.records.ladder import LadderRecord
 from kvbench.benchmarks.reports.ladder import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
@@ -35,6 +36,7 @@ class Ladder(TextModelBenchmark):
     like `peak_bytes / identity <= 0.51`."""
     measured_in = "kvbench.benchmarks.measure.ladder"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = LadderRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = LadderParams
     # a prompt fed in several forwards

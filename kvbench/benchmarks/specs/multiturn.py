@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvbench.config.fields import SettingError, at_least, param
+from kvbench.benchmarks.records.multiturn import MultiturnRecord
 from kvbench.benchmarks.reports.multiturn import REPORT
 from kvbench.benchmarks.specs.base import MetricSpec, register_benchmark
 from kvbench.benchmarks.specs.retrieval import (
@@ -85,6 +86,7 @@ class Multiturn(RetrievalBenchmark):
     (context+question, multi-turn)."""
     measured_in = "kvbench.benchmarks.measure.multiturn"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = MultiturnRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = MultiturnParams
     metrics = MULTITURN_METRICS

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import SettingError, at_least, one_of, param
+from kvbench.benchmarks.records.niah import NiahRecord
 from kvbench.benchmarks.reports.niah import REPORT
 from kvbench.benchmarks.specs.base import register_benchmark
 from kvbench.benchmarks.specs.retrieval import RetrievalBenchmark, RetrievalParams
@@ -50,6 +51,7 @@ class Niah(RetrievalBenchmark):
     default) in place of Paul Graham's essays."""
     measured_in = "kvbench.benchmarks.measure.niah"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = NiahRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = NiahParams
 

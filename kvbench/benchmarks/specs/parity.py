@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import SettingError, at_least, param
+from kvbench.benchmarks.records.parity import ParityRecord
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
 )
@@ -34,6 +35,7 @@ class ParityParams(TextWindowParams):
 class Parity(TextModelBenchmark):
     """Incremental decode through the cache against a full recompute of the same sequence."""
     measured_in = "kvbench.benchmarks.measure.parity"
+    record = ParityRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = ParityParams
     needs = {"trim": ("trim", 0)}

@@ -14,6 +14,7 @@ from kvbench.benchmarks.specs.server_target import (
 )
 from kvbench.config.extras import lacks
 from kvbench.config.fields import LibraryMissing, SettingError, at_least, param
+from kvbench.benchmarks.records.perplexity import PerplexityRecord
 from kvbench.benchmarks.reports.perplexity import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
@@ -123,6 +124,7 @@ class Perplexity(TextModelBenchmark):
     """Perplexity of a continuation read through the method's cache, against the plain model."""
     measured_in = "kvbench.benchmarks.measure.perplexity"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = PerplexityRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = PerplexityParams
     needs = {"decode_chunk": ("decode_chunk", 1)}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.records.proofs import ProofsRecord
 from kvbench.benchmarks.reports.proofs import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
@@ -55,6 +56,7 @@ class Proofs(Benchmark):
     eviction, sparse reads) is not applied, so a claim on a method that has one is refused."""
     measured_in = "kvbench.benchmarks.measure.proofs"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = ProofsRecord  # what its info holds (kvbench.benchmarks.records)
     # every vector goes through the codecs, none through the cache: a suite's claim on a method
     # whose settings' policy_beyond_codec() is not empty is refused (kvbench.suite.expand)
     codecs_only = True

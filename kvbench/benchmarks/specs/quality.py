@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.config.fields import at_least, param
+from kvbench.benchmarks.records.quality import QualityRecord
 from kvbench.benchmarks.reports.quality import REPORT
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
@@ -29,6 +30,7 @@ class Quality(TextModelBenchmark):
     model: top-k overlap, KL both ways, top-1 and greedy agreement."""
     measured_in = "kvbench.benchmarks.measure.quality"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = QualityRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = QualityParams
     metrics = {

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.config.fields import SettingError, at_least, between, one_of, param
+from kvbench.benchmarks.records.ruler import RulerRecord
 from kvbench.benchmarks.reports.ruler import REPORT
 from kvbench.benchmarks.specs.base import register_benchmark
 from kvbench.benchmarks.specs.retrieval import RetrievalBenchmark, RetrievalParams
@@ -59,6 +60,7 @@ class Ruler(RetrievalBenchmark):
     default) in place of Paul Graham's essays; the noise haystacks are RULER's own."""
     measured_in = "kvbench.benchmarks.measure.ruler"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = RulerRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = RulerParams
 

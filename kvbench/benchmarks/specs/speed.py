@@ -13,6 +13,7 @@ from typing import Literal
 
 from kvbench.backends.devices import DTYPE_BYTES
 from kvbench.config.fields import Settings, SettingError, at_least, param
+from kvbench.benchmarks.records.speed import SpeedRecord
 from kvbench.benchmarks.reports.speed import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.models.info import ModelInfo
@@ -57,6 +58,7 @@ class Speed(Benchmark):
     same bytes measured in the same repeat. Needs a method with a codec."""
     measured_in = "kvbench.benchmarks.measure.speed"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = SpeedRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = SpeedParams
     backends = ("torch", "mlx")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kvbench.benchmarks.records.stress import StressRecord
 from kvbench.benchmarks.reports.stress import REPORT
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
 from kvbench.benchmarks.specs.retrieval import RETRIEVAL_METRICS
@@ -313,6 +314,7 @@ class Stress(Benchmark):
     answers against the single-user answers, sessions held. One level (users) per case."""
     measured_in = "kvbench.benchmarks.measure.stress"
     report = REPORT  # its part of the report (kvbench.benchmarks.reports)
+    record = StressRecord  # what its info holds (kvbench.benchmarks.records)
 
     Params = StressParams
     metrics = METRICS
