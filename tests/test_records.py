@@ -13,7 +13,7 @@ import pytest
 from kvbench.benchmarks.records.base import OpenRecord
 from kvbench.benchmarks.specs import BENCHMARKS
 from kvbench.benchmarks.specs.base import BUILTIN_BENCHMARKS
-from kvbench.report.html_boards import _fallback_board, board_columns, leaderboard
+from kvbench.report.html_boards import board_columns, board_of, leaderboard
 from kvbench.report.html_run import Run
 from kvbench.report.markdown import benchmark_report
 from kvbench.reportkit.tables import benchmark_table
@@ -117,7 +117,7 @@ def test_markdown_and_the_results_page_show_one_row_definition(kind, cases):
     run = Run(1, "results.json", _run_of(cases), ".", [])
     anchors = {(1, case.id): f"c{n}" for n, case in enumerate(cases)}
     page = leaderboard(kind, [run], anchors)
-    on_page = board_columns(report.board or _fallback_board([(run, c) for c in cases]), cases)
+    on_page = board_columns(board_of(kind, cases), cases)
     metrics = list(dict.fromkeys(m for c in cases for m in c.metrics))
     table = benchmark_table(cases, report.row).splitlines()
     for n, case in enumerate(cases):

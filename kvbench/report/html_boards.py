@@ -1,8 +1,8 @@
 """A benchmark's leaderboard on the results page: a row per ok case of every run, the
 columns its report's board declares (a byte ratio's header naming what it is against), each
 method's settings that differ from its defaults, the benchmark parameters that differ between
-the rows, and the Pareto front of its two axes marked ★. Its metric cells are the benchmark's row, as
-report.md's table has them."""
+the rows, and the Pareto front of its two axes marked ★. Its metric cells are the benchmark's
+row, as report.md's table has them."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,7 @@ def leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
     if not rows:
         return ""
     report = benchmark_report(kind)
-    board = report.board or _fallback_board(rows)
+    board = board_of(kind, [case for _, case in rows])
     columns = board_columns(board, [case for _, case in rows])
     front = _front(rows, board)
     # the model among the parameters: a board of several models' cases tells them apart by it
@@ -101,8 +101,12 @@ def _ratio_note(kind: str, columns: list[str]) -> str:
             "the bytes held over the plain cache's at the model's dtype (identity 1).")
 
 
-def _fallback_board(rows: list[tuple[Run, CaseResult]]) -> Board:
-    names = list(dict.fromkeys(m for _, case in rows for m in case.metrics))
+def board_of(kind: str, cases: list[CaseResult]) -> Board:
+    """The board its report declares; else the cases' first metrics."""
+    declared = benchmark_report(kind).board
+    if declared is not None:
+        return declared
+    names = list(dict.fromkeys(m for case in cases for m in case.metrics))
     return Board(None, None, tuple(names[:_FALLBACK_COLUMNS]))
 
 

@@ -74,7 +74,8 @@ def render_section(result: RunResult, choice: SectionChoice = SectionChoice()) -
     parts, paired = [], 0
     for name, cases in chosen.items():
         settings = suite_settings(result, name) if choice.suite_settings else None
-        parts.append(f"### {name}\n\n{benchmark_table(cases, benchmark_report(name).row, columns, settings)}")
+        table = benchmark_table(cases, benchmark_report(name).row, columns, settings)
+        parts.append(f"### {name}\n\n{table}")
         if choice.paired:
             blocks = against_identity(result, name)
             paired += bool(blocks)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvbench.results import CaseResult, Metric, RunResult
+
 ARROWS = {"higher": "↑", "lower": "↓", "none": ""}
 BYTE_UNITS = {"B", "bytes"}
 _BINARY_PREFIXES = ["KiB", "MiB", "GiB", "TiB"]
@@ -148,7 +149,7 @@ def benchmark_table(cases: list[CaseResult], row: Row,
                     columns: list[str] | None = None,
                     settings_set: set[str] | None = None) -> str:
     """One row per case (method and the settings that vary), one column per metric (its cells
-from `row`, the benchmark's row definition), then a legend.
+    from `row`, the benchmark's row definition), then a legend.
 
     Settings (bench params, model, device) equal in every row are stated once above the table;
     unset ones (None) are not shown; a value too long for a cell is marked [n] and written out
