@@ -270,22 +270,39 @@ def test_archives_made_in_the_same_second_are_all_kept(tmp_path, monkeypatch):
     assert archived == [1, 5]  # both earlier runs kept (the current one has 2)
 
 
-def test_a_case_rebuilds_benchmark_and_method_settings_by_the_suites_strict_path():
-    """A case crosses processes as plain data; the worker refuses what the suite would have
-    ("4" for an int), for the benchmark's params as for the method's, before anything runs."""
-    from kvbench.benchmarks import BENCHMARKS, measurement
-    from kvbench.run.case import case_settings
-    from kvbench.suite.case import Case
+CARRIED_SUITE = """\
+kvbench: 1
+name: carried
+defaults: {device: cpu}
+methods:
+  - {name: intq, params: {group_size: 16}, matrix: {bits: [2, 4]}}
+benchmarks:
+  - kind: proofs
+    params: {n_vectors: 64, dim: 32, n_queries: 4}
+"""
 
-    def case(bench_params, method_params):
-        return Case(id="ruler/intq", benchmark="ruler", bench_params=bench_params,
-                    method="intq", method_label="intq", method_params=method_params,
-                    model=None, device="cpu", seed=0, repeats=1, timeout_s=None)
 
-    ruler = measurement(BENCHMARKS.get("ruler"))
-    params, settings = case_settings(case({"samples": 4}, {"bits": 2}), ruler)
-    assert (params.samples, settings.bits) == (4, 2)
-    for bench_params, method_params, blamed in (({"samples": "4"}, {}, "samples"),
-                                                ({}, {"bits": "2"}, "bits")):
-        with pytest.raises(ValueError, match=blamed):
-            case_settings(case(bench_params, method_params), ruler)
+def test_a_case_runs_with_the_settings_its_suite_validated(tmp_path, monkeypatch):
+    """The suite validates each setting once; its cases carry the objects built (pickled to a
+    child process or a Ray worker as they are), so running them validates nothing again."""
+    import dataclasses
+    import pickle
+
+    import kvbench.config.strict as strict
+
+    (tmp_path / "carried.yaml").write_text(CARRIED_SUITE)
+    suite = load_suite(tmp_path / "carried.yaml")
+    assert [(c.settings.bits, c.settings.group_size, c.params.n_vectors) for c in suite.cases] \
+        == [(2, 16, 64), (4, 16, 64)]
+    for case in suite.cases:
+        assert case.method_params == dataclasses.asdict(case.settings)
+        assert case.bench_params == dataclasses.asdict(case.params)
+        again = pickle.loads(pickle.dumps(case))
+        assert (again.settings, again.params) == (case.settings, case.params)
+
+    def validated(cls, params):
+        raise AssertionError(f"{cls.__name__} validated again while running: {params}")
+    monkeypatch.setattr(strict, "validate", validated)
+    cases = run_suite(suite, tmp_path / "out").result.cases
+    assert [c.status for c in cases] == ["ok", "ok"]
+    assert cases[0].metrics["mse"].value > cases[1].metrics["mse"].value  # 2 bits, then 4

@@ -17,11 +17,10 @@ import torch
 from kvbench.backends.torch_backend import resolve_device
 from kvbench.benchmarks import BENCHMARKS, measurement
 from kvbench.benchmarks.measure.context import RunContext
-from kvbench.config.strict import build_strict
 from kvbench.judge.claims import judge
 from kvbench.memo import Memo
 from kvbench.run.files import now
-from kvbench.methods import build_method, implementation
+from kvbench.methods import implementation
 from kvbench.results import CaseError, CaseResult, fingerprint
 from kvbench.suite.case import Case
 
@@ -130,14 +129,6 @@ def judge_own(claims: list, metrics: dict) -> list:
     return [judge(claim, metrics) for claim in claims if claim.reference is None]
 
 
-def case_settings(case: Case, benchmark) -> tuple[object, object]:
-    """The case's benchmark params and method settings, rebuilt from the plain data it carries
-    (a case crosses processes and Ray as JSON), both by the strict path the suite validated them
-    with (kvbench.config.strict): a hand-edited case is refused as its suite would be."""
-    return (build_strict(benchmark.Params, case.bench_params),
-            build_method(case.method, case.method_params))
-
-
 def run_case(case: Case, load_model, progress: Progress, memo: Memo,
              keep: Callable[[dict], None] = lambda record: None,
              files_dir: Path | None = None, default_threads: int | None = None) -> CaseResult:
@@ -156,8 +147,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
             device = resolve_device(case.device)
             record.device = device_name(device, case.backend)
             benchmark = measurement(BENCHMARKS.get(case.benchmark))
-            params, settings = case_settings(case, benchmark)
-            method = implementation(settings, case.backend)
+            method = implementation(case.settings, case.backend)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
                 model_dtype=case.model_dtype,
@@ -165,7 +155,7 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
                 keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
                 files_dir=files_dir,
             )
-            output = benchmark.run(params, method, ctx)
+            output = benchmark.run(case.params, method, ctx)
         record.metrics, record.info, record.comparable = (
             output.metrics, output.info, output.comparable,
         )

@@ -26,6 +26,12 @@ class Case:
     threads: int | None = None  # torch CPU threads; None: torch's default
     model_dtype: str = "float32"
     claims: list[Claim] = field(default_factory=list)
+    # What the case runs with: the benchmark's Params and the method's settings as the suite
+    # validated them (their plain data is bench_params and method_params, for the record). A
+    # case reaches a child process or a Ray worker pickled, so they arrive as built, not
+    # rebuilt. None for a refused case.
+    params: Any = None
+    settings: Any = None
     # why it cannot run here (its method's library is not installed, or the method cannot run
     # on the model's layers): recorded, never run
     refused: str | None = None

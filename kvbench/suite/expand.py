@@ -224,7 +224,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     benchmark = cls()
 
     def case(variant: _Variant, suffix: str, bench_params: dict[str, Any],
-             refused: str | None, refused_as: str = "LibraryMissing") -> Case:
+             refused: str | None, refused_as: str = "LibraryMissing", params=None) -> Case:
         case_id = _case_id(entry, variant.label, suffix)
         return Case(
             id=case_id, benchmark=entry.kind, bench_params=bench_params,
@@ -240,6 +240,8 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             model_dtype=defaults.model_dtype,
             refused=refused,
             refused_as=refused_as,
+            params=params,
+            settings=variant.method,
             claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
             + [c.value for c, pattern, _ in claims
                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
@@ -272,7 +274,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 else _layer_refusal(variant, info, defaults.backend, describe)
             cases.append(case(variant, suffix, dataclasses.asdict(params),
                               variant.refused or unsupported,
-                              "LayersUnsupported" if unsupported else "LibraryMissing"))
+                              "LayersUnsupported" if unsupported else "LibraryMissing", params))
             _check_unseen_policy(entry.kind, cls, variant, cases[-1].id, claims, issues)
     return cases
 
