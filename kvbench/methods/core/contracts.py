@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from kvbench.kernels import ImplLog
 
 if TYPE_CHECKING:
+    from kvbench.backends.arrays import Arrays
     from kvbench.kernels.formats import PackedRead
 
 
@@ -29,11 +30,30 @@ class Packed:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-class Codec(ABC):
-    """Turns (..., tokens, head_dim) arrays into fewer bytes and back."""
+class LayoutFormat(Protocol):
+    """A stored layout that a codec holds as its `format` (kvbench.kernels.formats.IntQFormat):
+    what Codec's defaults read from it."""
 
-    # Tokens a codec must see at once (per-channel quantization groups over tokens).
-    token_block: int = 1
+    @property
+    def token_block(self) -> int: ...
+
+    def merge_axis(self, shapes: list[tuple[int, ...]]) -> int | None: ...
+
+    def stacking_axis(self, ndim: int) -> int | None: ...
+
+    def describe(self) -> str: ...
+
+
+class Codec(ABC):
+    """Turns (..., tokens, head_dim) arrays into fewer bytes and back.
+
+    A codec built from a format (Codec(fmt), a LayoutFormat) takes its token_block, merge,
+    stacking_axis and layout from it, on any backend: merge joins the parts with the codec's
+    `arrays` (kvbench.backends.arrays), which each backend's codecs name."""
+
+    # The library of the arrays it stores (torch's or MLX's).
+    arrays: Arrays | None = None
+    format: LayoutFormat | None = None
     # decode(merge(parts)) equals, bit for bit, the concatenation of decode(part) whatever the
     # parts' sizes: true only where every decoded element comes from its own stored values by
     # elementwise operations (unpacking, lookups, multiplies, adds), never from a product or a
@@ -43,6 +63,14 @@ class Codec(ABC):
     # gives: what lets a batched step pack every sequence's tokens in one call
     # (kvbench.methods.core.codec_cache.append_rows).
     chunk_separable: bool = False
+
+    def __init__(self, fmt: LayoutFormat | None = None):
+        self.format = fmt
+
+    @property
+    def token_block(self) -> int:
+        """Tokens a codec must see at once (per-channel quantization groups over tokens)."""
+        return 1 if self.format is None else self.format.token_block
 
     @abstractmethod
     def encode(self, x) -> Packed: ...
@@ -57,17 +85,23 @@ class Codec(ABC):
     def merge(self, parts: list[Packed]) -> Packed | None:
         """One Packed equal to `parts` concatenated along tokens, or None if the layout cannot.
         Lets a cache hold one block instead of a chunk per decode step (decode cost per step)."""
-        return None
+        axis = None if self.format is None else self.format.merge_axis([p.shape for p in parts])
+        return None if axis is None else concat_packed(parts, axis, self.arrays.concat)
 
     def stacking_axis(self, packed: Packed) -> int | None:
         """The axis (from the front) along which every stored array of `packed` holds one entry
         per token, so that tokens can be written after the last in place (Room); None where
         the layout does not stack tokens."""
-        return None
+        return None if self.format is None else self.format.stacking_axis(len(packed.shape))
 
     def layout(self) -> str:
         """What a ratio built on this codec's bytes is made of."""
-        return type(self).__name__
+        return type(self).__name__ if self.format is None else self.format.describe()
+
+    def kernel_unsupported(self) -> str | None:
+        """Why this configuration has no kernel; None when it has one (then a torch codec's
+        kernel_format describes its layout to the kernels, kvbench.methods.torch.base)."""
+        return f"{type(self).__name__} has no kernel"
 
 
 def concat_packed(parts: list[Packed], axis: int, concat: Any) -> Packed:

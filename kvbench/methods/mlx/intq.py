@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.kernels.formats import IntQFormat
 from kvbench.methods.core.codec_cache import CodecMethod
-from kvbench.methods.core.contracts import Codec, Packed, concat_packed
+from kvbench.methods.core.contracts import Codec, Packed
 from kvbench.methods.mlx.packing import pack_bits, unpack_bits
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
@@ -19,19 +20,17 @@ class MLXIntQCodec(Codec):
     Rows: axis "token", one token's head_dim channels; axis "channel", one channel over the tokens
     given (token_block = group_size). A trailing partial group has its own scale and min.
     Stored tensors, as torch: codes uint8 (..., rows, ceil(L * bits / 8)), scale and min float16
-    (..., rows, ceil(L / group_size)), rows = tokens (token) or head_dim (channel).
+    (..., rows, ceil(L / group_size)), rows = tokens (token) or head_dim (channel). Built from
+    its format (MLXIntQCodec(fmt)), whence its token_block, merge, stacking_axis and layout
+    (kvbench.methods.core.contracts.Codec).
     """
+
+    arrays = MLX_ARRAYS
+    format: IntQFormat
 
     # decode is elementwise per stored value (unpack, multiply, add): decoding chunk by chunk
     # rounds exactly as decoding them merged (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
-
-    def __init__(self, fmt: IntQFormat):
-        self.format = fmt
-
-    @property
-    def token_block(self) -> int:
-        return self.format.token_block
 
     def encode(self, x: mx.array) -> Packed:
         rows = x if self.format.axis == "token" else mx.swapaxes(x, -1, -2)
@@ -72,16 +71,6 @@ class MLXIntQCodec(Codec):
         rows = grouped.reshape(*lead, groups * self.format.group_size)[..., :length]
         out = rows if self.format.axis == "token" else mx.swapaxes(rows, -1, -2)
         return out.astype(packed.dtype)
-
-    def merge(self, parts: list[Packed]) -> Packed | None:
-        axis = self.format.merge_axis([p.shape for p in parts])
-        return None if axis is None else concat_packed(parts, axis, mx.concatenate)
-
-    def stacking_axis(self, packed: Packed) -> int | None:
-        return self.format.stacking_axis(len(packed.shape))
-
-    def layout(self) -> str:
-        return self.format.describe()
 
 
 @implements(IntQ, backend="mlx")

@@ -6,23 +6,20 @@ from abc import abstractmethod
 
 import torch
 
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.kernels import ImplLog, numba_installed, use_triton
 from kvbench.kernels.formats import KernelFormat
 from kvbench.methods.core.contracts import Codec, Packed
 
 
 class TorchCodec(Codec):
-    """A torch codec. Its `impl` ("auto" | "torch" | "triton", kvbench.kernels) says who encodes
-    and decodes; a method with kernels sets it from its settings and hands over its log of what
-    ran (run_as)."""
+    """A torch codec: its arrays are torch tensors. Its `impl` ("auto" | "torch" | "triton",
+    kvbench.kernels) says who encodes and decodes; a method with kernels sets it from its
+    settings and hands over its log of what ran (run_as)."""
 
+    arrays = TORCH_ARRAYS
     impl: str = "torch"
     impl_log: ImplLog | None = None
-
-    def kernel_unsupported(self) -> str | None:
-        """Why this configuration has no Triton kernel; None when it has one (then
-        kernel_format describes its layout to the kernels)."""
-        return f"{type(self).__name__} has no kernel"
 
     def kernel_format(self, dim: int) -> KernelFormat:
         """The layout of vectors of `dim` values, as kvbench.kernels.triton reads and writes it."""

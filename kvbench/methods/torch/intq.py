@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from kvbench.kernels.formats import IntQFormat, packed_length
 from kvbench.methods.core.codec_cache import CodecMethod
-from kvbench.methods.core.contracts import Packed, concat_packed
+from kvbench.methods.core.contracts import Packed
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.intq import IntQ
 from kvbench.methods.torch.base import KernelCodec
@@ -28,19 +28,16 @@ class IntQCodec(KernelCodec):
     ceil(row_length * bits / 8) bytes.
 
     Stored tensors: codes uint8 (..., rows, ceil(L * bits / 8)), scale and min float16
-    (..., rows, ceil(L / group_size)), with L the row length.
+    (..., rows, ceil(L / group_size)), with L the row length. Built from its format
+    (IntQCodec(fmt)), whence its token_block, merge, stacking_axis and layout
+    (kvbench.methods.core.contracts.Codec).
     """
+
+    format: IntQFormat
 
     # decode is elementwise per stored value (unpack, multiply, add): decoding chunk by chunk
     # rounds exactly as decoding them merged (kvbench.methods.core.contracts.Codec.chunk_separable)
     chunk_separable = True
-
-    def __init__(self, fmt: IntQFormat):
-        self.format = fmt
-
-    @property
-    def token_block(self) -> int:
-        return self.format.token_block
 
     def reference_encode(self, x: torch.Tensor) -> Packed:
         if self.format.axis == "channel":
@@ -153,16 +150,6 @@ class IntQCodec(KernelCodec):
         grouped = values.view(-1, groups, self.format.group_size)
         grouped.mul_(scale.float()[..., None]).add_(zero.float()[..., None])
         return values[:, :length]
-
-    def merge(self, parts: list[Packed]) -> Packed | None:
-        axis = self.format.merge_axis([p.shape for p in parts])
-        return None if axis is None else concat_packed(parts, axis, torch.cat)
-
-    def stacking_axis(self, packed: Packed) -> int | None:
-        return self.format.stacking_axis(len(packed.shape))
-
-    def layout(self) -> str:
-        return self.format.describe()
 
     def kernel_unsupported(self) -> str | None:
         return self.format.unsupported()
