@@ -7,7 +7,9 @@ implementation for that backend, and bring results back to torch (to_torch) for 
 arithmetic of their metrics, so a metric means the same on both. Timers read the clock only
 after the work is done (a device sync on torch, mx.eval of every array in the result on MLX).
 Caches hold arrays and use concat, copy, cast, take, zeros and the byte counts; codecs
-written once (kvbench.methods.core.turbo_steps) also cast, where and the dtypes.
+written once (kvbench.methods.core.turbo_steps) also cast, where and the dtypes; the attention
+written once (kvbench.models.biased_attention) also repeat, broadcast_to, tanh, softmax,
+maximum and causal_mask, each one library call, so the float arithmetic is the library's own.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from typing import Any, Protocol, Sequence
 
 class Arrays(Protocol):
     name: str
-    float32: Any  # the library's dtypes that codecs written once name
+    float32: Any  # the library's dtypes that codecs and attention written once name
     uint8: Any
+    bool_: Any
 
     # ---- what a cache does to what it holds
     def concat(self, arrays: list[Any], axis: int = -2) -> Any:
@@ -53,6 +56,25 @@ class Arrays(Protocol):
 
     def held_bytes(self, *arrays: Any) -> int:
         """Measured bytes: the storages really held, views included."""
+
+    # ---- what attention does (kvbench.models.biased_attention)
+    def repeat(self, x: Any, repeats: int, axis: int) -> Any:
+        """Each entry `repeats` times in a row along `axis` (the query heads of a GQA group)."""
+
+    def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
+        """x broadcast to `shape` (a view where the library has them)."""
+
+    def tanh(self, x: Any) -> Any: ...
+
+    def softmax(self, x: Any, axis: int = -1) -> Any:
+        """softmax along `axis` in x's dtype (on MLX the precise one: float32 inside)."""
+
+    def maximum(self, x: Any, floor: float) -> Any:
+        """x, with every entry below the number `floor` raised to it."""
+
+    def causal_mask(self, queries: int, keys: int, like: Any) -> Any:
+        """(queries, keys) bool, True = attend: the queries at the last `queries` positions,
+        each seeing every key up to its own (on like's device)."""
 
     # ---- what a benchmark does to cross over and time
     def from_torch(self, tensor: Any) -> Any: ...

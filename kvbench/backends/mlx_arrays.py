@@ -49,7 +49,7 @@ def arrays_in(obj: Any) -> list:
 class MLXArrays(Arrays):
     name = "mlx"
     device = "cpu"  # torch data for MLX is made on the CPU
-    float32, uint8 = mx.float32, mx.uint8
+    float32, uint8, bool_ = mx.float32, mx.uint8, mx.bool_
 
     def concat(self, arrays: list[mx.array], axis: int = -2) -> mx.array:
         return mx.concatenate(arrays, axis=axis)
@@ -74,6 +74,24 @@ class MLXArrays(Arrays):
 
     def zeros(self, shape: tuple[int, ...], like: mx.array) -> mx.array:
         return mx.zeros(shape, like.dtype)
+
+    def repeat(self, x: mx.array, repeats: int, axis: int) -> mx.array:
+        return mx.repeat(x, repeats, axis=axis)
+
+    def broadcast_to(self, x: mx.array, shape: tuple[int, ...]) -> mx.array:
+        return mx.broadcast_to(x, shape)
+
+    def tanh(self, x: mx.array) -> mx.array:
+        return mx.tanh(x)
+
+    def softmax(self, x: mx.array, axis: int = -1) -> mx.array:
+        return mx.softmax(x, axis=axis, precise=True)
+
+    def maximum(self, x: mx.array, floor: float) -> mx.array:
+        return mx.maximum(x, floor)
+
+    def causal_mask(self, queries: int, keys: int, like: mx.array) -> mx.array:
+        return mx.arange(keys - queries, keys)[:, None] >= mx.arange(keys)[None]
 
     def nbytes(self, *arrays: mx.array | None) -> int:
         return array_bytes(*arrays)

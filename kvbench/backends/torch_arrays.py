@@ -25,7 +25,7 @@ def storage_bytes(*tensors: torch.Tensor | None) -> int:
 
 class TorchArrays(Arrays):
     name = "torch"
-    float32, uint8 = torch.float32, torch.uint8
+    float32, uint8, bool_ = torch.float32, torch.uint8, torch.bool
 
     def __init__(self, device: torch.device | None = None):
         self.device = device
@@ -66,6 +66,25 @@ class TorchArrays(Arrays):
 
     def zeros(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         return like.new_zeros(shape)
+
+    def repeat(self, x: torch.Tensor, repeats: int, axis: int) -> torch.Tensor:
+        return x.repeat_interleave(repeats, dim=axis)
+
+    def broadcast_to(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return x.expand(*shape)
+
+    def tanh(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+    def softmax(self, x: torch.Tensor, axis: int = -1) -> torch.Tensor:
+        return torch.softmax(x, dim=axis)
+
+    def maximum(self, x: torch.Tensor, floor: float) -> torch.Tensor:
+        return x.clamp_min(floor)
+
+    def causal_mask(self, queries: int, keys: int, like: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones(queries, keys, dtype=torch.bool, device=like.device)
+        return ones.tril(keys - queries)
 
     def nbytes(self, *arrays: torch.Tensor | None) -> int:
         return tensor_bytes(*arrays)

@@ -22,6 +22,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
+from kvbench.models.biased_attention import biased_attention as attention_on
 from kvbench.models.host import AttentionRead, BatchRead
 
 NAME = "kvbench"
@@ -161,51 +163,9 @@ def biased_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      mask: torch.Tensor | None, bias: torch.Tensor | None,
                      scaling: float | None = None, skip_below: float = 0.0,
                      softcap: float | None = None, sinks: torch.Tensor | None = None):
-    """softmax(q k^T * scaling + mask + bias) v in float32, GQA by head groups.
-
-    query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T) or None; mask bool (True =
-    attend) or additive, broadcastable to (B, Hq, q, T), or None: causal, as SDPA's is_causal,
-    with the q queries at the last q positions. A bias (B, Hkv, q, T) is per query and replaces
-    the mask: it is the policy's own visibility (-inf = hidden), causality included.
-    softcap: the logits q k^T * scaling become softcap * tanh(logits / softcap) first (Gemma 2).
-    sinks (Hq,): one more logit per query head that takes its share of the softmax and adds no
-    value (gpt-oss's s_aux).
-    With skip_below > 0 and a single query, value rows whose weight is below it are left out of
-    the sum (no renormalisation, as sparse-V kernels skip them).
-    Returns (output in query's dtype, None or (rows skipped, rows, mean relative squared error
-    of the output against the dense sum)).
-    """
-    groups = query.shape[1] // key.shape[1]
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    k = key.float().repeat_interleave(groups, dim=1)
-    v = value.float().repeat_interleave(groups, dim=1)
-    logits = query.float() @ k.transpose(-1, -2) * scaling
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    queries, keys = query.shape[-2], key.shape[-2]
-    if bias is not None and bias.dim() == 4:
-        mask, bias = bias.float().repeat_interleave(groups, dim=1), None
-    if mask is None and queries > 1:
-        # SDPA's is_causal case: the new queries are the last ones, every earlier key is visible
-        offset = keys - queries
-        mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(offset)
-    if mask is not None:
-        mask = mask[..., :keys]
-        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    if bias is not None:
-        logits = logits + bias.float().repeat_interleave(groups, dim=1).unsqueeze(-2)
-    if sinks is not None:
-        sink = sinks.float().reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
-        weights = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        weights = torch.softmax(logits, dim=-1)
-    out = weights @ v
-    if not skip_below or queries != 1:
-        return out.to(query.dtype), None
-    skipped = weights < skip_below
-    sparse = weights.masked_fill(skipped, 0.0) @ v
-    error = (sparse - out).square().sum(-1) / out.square().sum(-1).clamp_min(1e-30)
-    return sparse.to(query.dtype), (skipped.sum().item(), skipped.numel(), error.mean().item())
+    """kvbench.models.biased_attention.biased_attention on torch tensors: the float reference."""
+    return attention_on(TORCH_ARRAYS, query, key, value, mask, bias, scaling, skip_below,
+                        softcap, sinks)
 
 
 AttentionInterface.register(NAME, kvbench_attention)

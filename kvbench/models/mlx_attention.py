@@ -26,6 +26,9 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from kvbench.backends.mlx_arrays import MLX_ARRAYS
+from kvbench.models.biased_attention import biased_attention as attention_on
+
 ATTENTION_ATTR = "scaled_dot_product_attention"
 
 
@@ -54,8 +57,9 @@ def _wrap(original: Callable) -> Callable:
         if read is None:
             return original(queries, keys, values, *args, **kwargs)
         if kwargs.get("sinks") is not None:
-            raise NotImplementedError("kvbench's biased / sparse-V attention has no attention"
-                                      " sinks; this model uses them")
+            # the shared body takes sinks, but nothing checks it against mlx-lm's use of them
+            raise NotImplementedError("kvbench's biased / sparse-V attention on MLX takes no"
+                                      " attention sinks; this model uses them")
         scale = kwargs["scale"] if "scale" in kwargs else args[1]
         mask = kwargs["mask"] if "mask" in kwargs else args[2]
         sparse = None
@@ -82,51 +86,7 @@ def original_attention(module: Any) -> Callable:
 
 def biased_attention(query: mx.array, key: mx.array, value: mx.array, mask: Any,
                      bias: mx.array | None, scale: float | None = None, skip_below: float = 0.0):
-    """softmax(q k^T * scale + mask + bias) v in float32, GQA by head groups: the MLX twin of
-    kvbench.models.attention.biased_attention, step for step.
-
-    query (B, Hq, q, D); key, value (B, Hkv, T, D); bias (B, Hkv, T), per query (B, Hkv, q, T)
-    replacing the mask, or None; mask as mlx-lm
-    gives it: None (no mask for one query, else causal), "causal" (the q queries at the last q
-    positions), a bool array (True = attend) or an additive one, broadcastable to (B, Hq, q, T).
-    With skip_below > 0 and a single query, value rows whose weight is below it are left out of
-    the sum (no renormalisation, as sparse-V kernels skip them).
-    Returns (output in query's dtype, None or (rows skipped, rows, mean relative squared error
-    of the output against the dense sum)).
-    """
-    groups = query.shape[1] // key.shape[1]
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    k = mx.repeat(key.astype(mx.float32), groups, axis=1)
-    v = mx.repeat(value.astype(mx.float32), groups, axis=1)
-    logits = query.astype(mx.float32) @ k.swapaxes(-1, -2) * scale
-    queries, keys = query.shape[-2], key.shape[-2]
-    if bias is not None and bias.ndim == 4:
-        mask, bias = mx.repeat(bias.astype(mx.float32), groups, axis=1), None
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"unknown attention mask {mask!r}")
-        mask = None if queries == 1 else _causal(queries, keys)
-    elif mask is None and queries > 1:
-        mask = _causal(queries, keys)
-    if mask is not None:
-        mask = mask[..., :keys]
-        if mask.dtype == mx.bool_:
-            logits = mx.where(mask, logits, mx.array(-mx.inf, dtype=mx.float32))
-        else:
-            logits = logits + mask.astype(mx.float32)
-    if bias is not None:
-        logits = logits + mx.expand_dims(mx.repeat(bias.astype(mx.float32), groups, axis=1), -2)
-    weights = mx.softmax(logits, axis=-1, precise=True)
-    out = weights @ v
-    if not skip_below or queries != 1:
-        return out.astype(query.dtype), None
-    skipped = weights < skip_below
-    sparse = mx.where(skipped, mx.array(0.0, dtype=mx.float32), weights) @ v
-    error = (sparse - out).square().sum(-1) / mx.maximum(out.square().sum(-1), 1e-30)
-    return sparse.astype(query.dtype), (int(skipped.sum().item()), skipped.size,
-                                        float(error.mean().item()))
-
-
-def _causal(queries: int, keys: int) -> mx.array:
-    """(queries, keys) bool mask, the queries at the last positions; every earlier key visible."""
-    return mx.arange(keys - queries, keys)[:, None] >= mx.arange(keys)[None]
+    """kvbench.models.biased_attention.biased_attention on mx.arrays, with mlx-lm's mask
+    (None, "causal", a bool array or an additive one); no softcap or sinks (an mlx-lm model
+    file that softcaps computes its attention itself; the wrapper refuses sinks)."""
+    return attention_on(MLX_ARRAYS, query, key, value, mask, bias, scale, skip_below)

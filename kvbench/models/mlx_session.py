@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copyreg
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -20,11 +20,10 @@ import torch
 from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
-from kvbench.models.layer_kinds import without_attention
 from kvbench.models.mlx_attention import ATTENTION_ATTR, original_attention
 from kvbench.models.mlx_host import MLXKVBenchCache, cache_arrays, mlx_logits
 from kvbench.models.mlx_loading import MLXLoaded
-from kvbench.models.session import CalibrationStats, fork_cache
+from kvbench.models.session import SessionBase
 
 
 def dtype_named(name: str) -> Any:
@@ -36,14 +35,10 @@ def dtype_named(name: str) -> Any:
 copyreg.pickle(type(mx.float32), lambda dtype: (dtype_named, (str(dtype).rpartition(".")[2],)))
 
 
-class MLXSession:
+class MLXSession(SessionBase):
     def __init__(self, loaded: MLXLoaded):
-        self.loaded = loaded
-        self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
-        self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
-        self.head_dim = loaded.head_dim
+        super().__init__(loaded, MLXKVBenchCache)
         self.value_dim = loaded.value_dim or loaded.head_dim
-        self.layer_kinds = loaded.layer_kinds
         # K/V come out of the projections at the weights' float dtype
         weight = next(w for _, w in tree_flatten(loaded.model.parameters())
                       if mx.issubdtype(w.dtype, mx.floating))
@@ -61,9 +56,14 @@ class MLXSession:
 
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
         x = mx.array([ids])
-        (logits, _), seconds = timed(
-            lambda: (mlx_logits(self.loaded.model, x, cache, last_only), cache_arrays(cache)))
+        logits, seconds = self.timed_through(
+            cache, lambda: mlx_logits(self.loaded.model, x, cache, last_only))
         return _to_torch(logits[0]), seconds
+
+    def timed_through(self, cache, work: Callable[[], Any]) -> tuple[Any, float]:
+        """Evaluating the result and every array the cache holds (MLX is lazy)."""
+        (result, _), seconds = timed(lambda: (work(), cache_arrays(cache)))
+        return result, seconds
 
     def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
         """Row by row: mlx-lm's caches have no batched step here."""
@@ -87,26 +87,6 @@ class MLXSession:
             for module, attend in zip(modules, installed):
                 setattr(module, ATTENTION_ATTR, attend)
 
-    def begin_prompt(self, cache, tokens: int) -> None:
-        if isinstance(cache, MLXKVBenchCache):
-            cache.begin_prompt(tokens)
-
-    def reserve(self, cache, tokens: int) -> None:
-        if isinstance(cache, MLXKVBenchCache):
-            cache.reserve(tokens)
-
-    def end_prefill(self, cache) -> float:
-        if not isinstance(cache, MLXKVBenchCache):
-            return 0.0
-        def finish():
-            cache.end_prefill()
-            return cache_arrays(cache)
-
-        return timed(finish)[1]
-
-    def fork(self, cache):
-        return fork_cache(cache)
-
     def trim(self, cache, n: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 
@@ -121,11 +101,8 @@ class MLXSession:
         if trimmed != n:
             raise ValueError(f"the cache took back {trimmed} of the {n} newest tokens")
 
-    def calibrate(self, method: Implementation, tokens: list[int]) -> None:
-        without = without_attention(self.layer_kinds)
-        stats = CalibrationStats(tokens, self.num_kv_heads,
-                                 lambda ids: attention_entropy(self.loaded, ids, without))
-        method.calibrate(stats, tokens)
+    def attention_entropy_of(self, tokens: list[int], without: frozenset[int]) -> torch.Tensor:
+        return attention_entropy(self.loaded, tokens, without)
 
     def weights_bytes(self) -> int:
         return sum(w.nbytes for _, w in tree_flatten(self.loaded.model.parameters()))

@@ -35,7 +35,8 @@ class Session(Protocol):
         outputs, bit for bit; the cache's `decoded_reads` says whether any took it); the plain
         cache ignores it."""
 
-    def step(self, ids: list[int], cache: Any, last_only: bool = False) -> tuple[torch.Tensor, float]:
+    def step(self, ids: list[int], cache: Any,
+             last_only: bool = False) -> tuple[torch.Tensor, float]:
         """(logits (len(ids) or 1, vocab), seconds) of feeding `ids` through `cache`."""
 
     def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
@@ -82,15 +83,54 @@ class Session(Protocol):
         """(bytes, what was measured) since reset_peak_memory()."""
 
 
-class TorchSession:
-    def __init__(self, loaded, device: torch.device):
-        from kvbench.backends.torch_backend import timed
+class SessionBase:
+    """What a Session does alike on every backend. A backend's session passes the class of its
+    method's caches, `method_cache` (the plain cache has no policies to tell of a prompt or the
+    end of prefill), and gives timed_through and attention_entropy_of."""
 
-        self.loaded, self.device, self._timed = loaded, device, timed
+    def __init__(self, loaded, method_cache: type):
+        self.loaded, self.method_cache = loaded, method_cache
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
-        self.head_dim, self.value_dim = loaded.head_dim, loaded.value_dim
-        self.layer_kinds = loaded.layer_kinds
+        self.head_dim, self.layer_kinds = loaded.head_dim, loaded.layer_kinds
+
+    def timed_through(self, cache: Any, work: Callable[[], Any]) -> tuple[Any, float]:
+        """(work(), seconds), the clock read once the work done through `cache` is done."""
+        raise NotImplementedError
+
+    def attention_entropy_of(self, tokens: list[int], without: frozenset[int]) -> torch.Tensor:
+        """CalibrationStats.attention_entropy of `tokens`, NaN rows for the layers `without`."""
+        raise NotImplementedError
+
+    def begin_prompt(self, cache, tokens: int) -> None:
+        if isinstance(cache, self.method_cache):
+            cache.begin_prompt(tokens)
+
+    def reserve(self, cache, tokens: int) -> None:
+        if isinstance(cache, self.method_cache):
+            cache.reserve(tokens)
+
+    def end_prefill(self, cache) -> float:
+        if not isinstance(cache, self.method_cache):
+            return 0.0
+        return self.timed_through(cache, cache.end_prefill)[1]
+
+    def fork(self, cache):
+        return fork_cache(cache)
+
+    def calibrate(self, method: Implementation, tokens: list[int]) -> None:
+        without = without_attention(self.layer_kinds)
+        stats = CalibrationStats(tokens, self.num_kv_heads,
+                                 lambda ids: self.attention_entropy_of(ids, without))
+        method.calibrate(stats, tokens)
+
+
+class TorchSession(SessionBase):
+    def __init__(self, loaded, device: torch.device):
+        from kvbench.models.hf_cache import KVBenchCache
+
+        super().__init__(loaded, KVBenchCache)
+        self.device, self.value_dim = device, loaded.value_dim
         self.kv_element_size = torch.empty((), dtype=loaded.dtype).element_size()
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.memo_key = ("torch", self.spec, str(device), self.dtype)
@@ -107,17 +147,22 @@ class TorchSession:
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
-        from kvbench.models.hf_cache import KVBenchCache, with_cache
+        from kvbench.models.hf_cache import with_cache
 
         x = torch.tensor([ids], device=self.device)
         keep = 1 if last_only else 0
-        if isinstance(cache, KVBenchCache):
+        if isinstance(cache, self.method_cache):
             run = lambda: cache.forward(self.loaded.model, x, logits_to_keep=keep)  # noqa: E731
         else:
             run = lambda: self.loaded.model(  # noqa: E731
                 x, **with_cache(self.loaded.model, cache), use_cache=True, logits_to_keep=keep)
-        logits, seconds = self._timed(lambda: run().logits, self.device)
+        logits, seconds = self.timed_through(cache, lambda: run().logits)
         return logits[0].float().cpu(), seconds
+
+    def timed_through(self, cache, work: Callable[[], Any]) -> tuple[Any, float]:
+        from kvbench.backends.torch_backend import timed
+
+        return timed(work, self.device)
 
     @torch.inference_mode()
     def step_rows(self, ids: list[int], caches: list) -> torch.Tensor:
@@ -146,38 +191,13 @@ class TorchSession:
         finally:
             model.set_attn_implementation(previous)
 
-    def begin_prompt(self, cache, tokens: int) -> None:
-        from kvbench.models.hf_cache import KVBenchCache
-
-        if isinstance(cache, KVBenchCache):
-            cache.begin_prompt(tokens)
-
-    def reserve(self, cache, tokens: int) -> None:
-        from kvbench.models.hf_cache import KVBenchCache
-
-        if isinstance(cache, KVBenchCache):
-            cache.reserve(tokens)
-
-    def end_prefill(self, cache) -> float:
-        from kvbench.models.hf_cache import KVBenchCache
-
-        if not isinstance(cache, KVBenchCache):
-            return 0.0
-        return self._timed(cache.end_prefill, self.device)[1]
-
     def trim(self, cache, n: int) -> None:
         cache.crop(-n)
 
-    def fork(self, cache):
-        return fork_cache(cache)
-
-    def calibrate(self, method: Implementation, tokens: list[int]) -> None:
+    def attention_entropy_of(self, tokens: list[int], without: frozenset[int]) -> torch.Tensor:
         from kvbench.models.capture import attention_entropy
 
-        without = without_attention(self.layer_kinds)
-        stats = CalibrationStats(tokens, self.num_kv_heads,
-                                 lambda ids: attention_entropy(self.loaded.model, ids, without))
-        method.calibrate(stats, tokens)
+        return attention_entropy(self.loaded.model, tokens, without)
 
     def weights_bytes(self) -> int:
         model = self.loaded.model
@@ -196,10 +216,10 @@ class TorchSession:
 
 
 class CalibrationStats:
-    """What a session hands Implementation.calibrate in place of the model: statistics of the calibration
-    tokens on the case's model and backend, each measured when a method first asks for it (a
-    method that needs none costs no pass). A method calibrates from these tensors; it never
-    drives a model itself."""
+    """What a session hands Implementation.calibrate in place of the model: statistics of the
+    calibration tokens on the case's model and backend, each measured when a method first asks
+    for it (a method that needs none costs no pass). A method calibrates from these tensors; it
+    never drives a model itself."""
 
     def __init__(self, tokens: list[int], num_kv_heads: int,
                  measure_attention_entropy: Callable[[list[int]], torch.Tensor]):
