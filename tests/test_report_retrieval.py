@@ -11,6 +11,7 @@ from kvbench.benchmarks.reports.ruler import ruler_section
 from kvbench.benchmarks.reports.ruler_plot import RULER_PNG, ruler_plot_png
 from kvbench.benchmarks.reports.ruler_numbers import ruler_table
 from kvbench.judge.intervals import wilson_interval
+from kvbench.reportkit import figures as figure_kit
 from kvbench.reportkit.figures import PlotUnavailable
 from kvbench.report.markdown import render_markdown, write_reports
 from kvbench.results import CaseResult, Metric, RunResult, SuiteRecord
@@ -274,7 +275,7 @@ def test_the_ruler_figure_names_its_variants_and_ticks_a_narrow_axis(result, tmp
     than a factor of two."""
     pytest.importorskip("matplotlib")
     figures = []
-    monkeypatch.setattr(ruler_plot, "save_png", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(figure_kit, "save_png", lambda fig, path: figures.append(fig))
     narrow = run([c for c in result.cases if c.method_label in ("identity", "snapkv-0.5", "intq")])
     ruler_plot_png(narrow, tmp_path / RULER_PNG)
     (fig,) = figures

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
 from kvbench.reportkit.tables import Cell, metric_cell
 from kvbench.results import CaseResult, RunResult
+
+# A report's sections for a run and an output folder, None for one with nothing to say.
+Parts = Callable[[RunResult, Path | None], Iterable[str | None]]
 
 
 @dataclass(frozen=True)
@@ -26,22 +30,29 @@ class Board:
 class BenchmarkReport:
     """A benchmark's part of the report. The generic one has no board (the page shows the
     benchmark's first metrics), no headline metrics and no sections; a benchmark's own report
-    is a subclass (for sections) or an instance with a board and headline metrics."""
+    is an instance with a board, headline metrics and `parts` (its sections, those that say
+    nothing dropped), or a subclass (for its row's cells)."""
 
     board: Board | None = None  # its leaderboard's columns on the results page
     headline: tuple[str, ...] = ()  # its metrics in the by-method table of report.md
+    parts: Parts | None = None  # its sections
 
-    def __init__(self, board: Board | None = None, headline: tuple[str, ...] | None = None):
+    def __init__(self, board: Board | None = None, headline: tuple[str, ...] | None = None,
+                 parts: Parts | None = None):
         if board is not None:
             self.board = board
         if headline is not None:
             self.headline = tuple(headline)
+        if parts is not None:
+            self.parts = parts
 
     def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
         """The Markdown parts after the benchmark's table in the run's report.md; its figures
         are written into out_dir when it is given, and the text is the same either way (so
         `kvbench report` prints what the run wrote)."""
-        return []
+        if self.parts is None:
+            return []
+        return [part for part in self.parts(result, out_dir) if part]
 
     def row(self, case: CaseResult, metrics: list[str]) -> list[Cell]:
         """The case's cells for `metrics`, in that order: the one row definition of every table

@@ -15,8 +15,8 @@ from typing import Callable
 from kvbench.judge.paired import (
     LEVEL, SEPARATION_LEVEL, compare_paired, paired_interval, paired_samples,
 )
-from kvbench.reportkit.paired import IDENTITY, Pair, p_text, signed
-from kvbench.reportkit.tables import md_table, ok_cases, pair_key
+from kvbench.reportkit.paired import IdentityReferences, Pair, p_text, signed
+from kvbench.reportkit.tables import md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 VERDICTS = {"better": "longer", "worse": "shorter", "not separated": "not separated"}
@@ -40,15 +40,8 @@ def drift_scopes(cases: list[CaseResult], scope_of: Callable[[CaseResult], str],
     """Each non-identity case's per-sample lengths and times paired with the first identity
     case that shares its model and every bench param but `unpaired_params`, pooled per (method
     label, scope) in the order the cases come."""
-    reference: dict[tuple, CaseResult] = {}
-    for case in cases:
-        if case.method == IDENTITY:
-            reference.setdefault(pair_key(case, unpaired_params), case)
     scopes: dict[tuple[str, str], DriftScope] = {}
-    for case in cases:
-        ref = reference.get(pair_key(case, unpaired_params))
-        if case.method == IDENTITY or ref is None:
-            continue
+    for case, ref in IdentityReferences(cases, unpaired_params).pairs(cases):
         tokens = paired_samples(case, ref, "generated_tokens")
         if tokens is None:
             continue

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 from kvbench.files import replacing
 
@@ -164,6 +165,34 @@ def legend_right(fig, handles: dict[str, Any], margin_in: float = 1.6, **kwargs:
     points); kwargs go to fig.legend."""
     fig.tight_layout(rect=(0, 0, 1 - margin_in / fig.get_figwidth(), 1))
     fig.legend(handles.values(), handles.keys(), loc="center right", **kwargs)
+
+
+@contextmanager
+def panel_row(count: int, height: float, **share: bool) -> Iterator[tuple[Any, Any]]:
+    """(figure, its axes) of `count` panels side by side, 4.8 inches wide each and 2 more for
+    the legend, `height` tall (`share`: sharex, sharey); the figure is closed however the
+    drawing ends. PlotUnavailable without matplotlib."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, height), dpi=100, **share,
+                             squeeze=False)
+    try:
+        yield fig, axes[0]
+    finally:
+        plt.close(fig)
+
+
+def save_score_panels(fig, axes, ylabel: str, title: str, path: Path,
+                      handles: dict[str, Any] | None = None, margin_in: float = 1.6) -> None:
+    """Every panel on the 0-100 score scale with its grid, `ylabel` on the first, `title` above
+    them and one legend at their right (`handles`, else each label's first), written to path."""
+    for ax in axes:
+        ax.set_ylim(-3, 102)  # a score of 0 sits above the axis, not on it
+        ax.grid(True, alpha=0.35)
+    axes[0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    legend_right(fig, legend_handles(axes) if handles is None else handles, margin_in,
+                 fontsize=8)
+    save_png(fig, path)
 
 
 def save_png(fig, path: Path) -> None:

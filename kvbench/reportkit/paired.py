@@ -2,19 +2,67 @@
 method's per-sample scores set against identity's on the same samples, pooled over a scope (a
 context length, a task at a length, a whole grid) and judged by kvbench.judge.paired: pairs,
 wins / losses, the mean difference with its paired interval, the sign test's p and the verdict
-worse / not separated / better."""
+worse / not separated / better. IdentityReferences finds each case's identity case to pair
+with."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from kvbench.judge.paired import (
-    LEVEL, RESAMPLES, SEPARATION_LEVEL, PairedComparison, compare_paired,
+    LEVEL, RESAMPLES, SEPARATION_LEVEL, PairedComparison, compare_paired, paired_samples,
+    same_samples,
 )
-from kvbench.reportkit.tables import md_table
+from kvbench.reportkit.tables import md_table, pair_key
+from kvbench.results import CaseResult
 
 IDENTITY = "identity"  # the registry name of the full cache: the reference of every pairing
 NOT_PAIRED = "not paired: different samples"
 Pair = tuple[list[float], list[float]]  # one cell's per-sample scores: (the method's, identity's)
+Item = TypeVar("Item")
+Paired = TypeVar("Paired")
+
+
+class IdentityReferences:
+    """The reference of each case: the first identity case among `cases` that shares its model
+    and every bench param but `unpaired` (those that do not change which samples a case
+    draws)."""
+
+    def __init__(self, cases: Iterable[CaseResult], unpaired: tuple[str, ...] = ()):
+        self.unpaired = unpaired
+        self.found: dict[tuple, CaseResult] = {}
+        for case in cases:
+            if case.method == IDENTITY:
+                self.found.setdefault(pair_key(case, unpaired), case)
+
+    def of(self, case: CaseResult) -> CaseResult | None:
+        """None for identity itself, and where no identity case pairs with the case."""
+        if case.method == IDENTITY:
+            return None
+        return self.found.get(pair_key(case, self.unpaired))
+
+    def pairs(self, cases: Iterable[CaseResult]) -> Iterator[tuple[CaseResult, CaseResult]]:
+        """(case, its reference) for each case that has one, in order."""
+        for case in cases:
+            reference = self.of(case)
+            if reference is not None:
+                yield case, reference
+
+    def scored(self, items: Iterable[Item],
+               pairing: Callable[[CaseResult, CaseResult], Paired | None] = paired_samples,
+               case_of: Callable[[Item], CaseResult] = lambda item: item,
+               ) -> Iterator[tuple[Item, Paired | None]]:
+        """(item, pairing(its case, the reference)) for each item whose case has a reference:
+        None where identity ran other samples; an item on the same samples that pairs nothing
+        (no per-sample scores) is left out."""
+        for item in items:
+            case = case_of(item)
+            reference = self.of(case)
+            if reference is None:
+                continue
+            paired = pairing(case, reference)
+            if paired is not None or not same_samples(case, reference):
+                yield item, paired
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kvbench.results import CaseResult, Metric, RunResult
 
@@ -119,6 +119,11 @@ def md_table(header: list[str], rows: list[list[str]], right: set[int] = frozens
     return "\n".join("| " + " | ".join(escape(c) for c in line) + " |" for line in lines)
 
 
+def join_blocks(blocks: Iterable[str | None]) -> str:
+    """The Markdown blocks that say something (None or "" dropped), a blank line between."""
+    return "\n\n".join(block for block in blocks if block)
+
+
 def by_benchmark(cases: list[CaseResult]) -> dict[str, list[CaseResult]]:
     """Cases grouped by benchmark, both in order of first appearance."""
     groups: dict[str, list[CaseResult]] = {}
@@ -200,7 +205,7 @@ def benchmark_table(cases: list[CaseResult], row: Row,
                              for (key, value), mark in long_values.items())
     parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
              written_out, _legend(cases, metrics)]
-    return "\n\n".join(part for part in parts if part)
+    return join_blocks(parts)
 
 
 def _settings(case: CaseResult) -> dict[str, str]:
@@ -302,4 +307,4 @@ def model_grid(cases: list[CaseResult], metric: str) -> str:
     written_out = "\n".join(f"- {mark} {escape(why)}" for why, mark in reasons.items())
     parts = [f"<sub>{title}, by model and method</sub>",
              md_table(["model", *methods], rows, set(range(1, len(methods) + 1))), written_out]
-    return "\n\n".join(part for part in parts if part)
+    return join_blocks(parts)

@@ -11,11 +11,12 @@ from typing import Any
 
 from kvbench.benchmarks.records.dataset import DatasetRecord
 from kvbench.benchmarks.reports.retrieval import BOARD, ci, ratio_text
-from kvbench.judge.paired import paired_samples, same_samples
 from kvbench.reportkit.benchmark import BenchmarkReport
 from kvbench.reportkit.drift import length_drift_section
-from kvbench.reportkit.paired import IDENTITY, PairedScope, paired_legend, paired_table
-from kvbench.reportkit.tables import finite_metric, md_table, ok_cases, pair_key
+from kvbench.reportkit.paired import (
+    IDENTITY, IdentityReferences, PairedScope, paired_legend, paired_table,
+)
+from kvbench.reportkit.tables import finite_metric, join_blocks, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "dataset"
@@ -94,22 +95,10 @@ def _score_table(cases: list[CaseResult], scope) -> str:
 
 
 def _paired_scopes(cases: list[CaseResult], scope) -> list[PairedScope]:
-    references: dict[tuple, CaseResult] = {}
-    for case in cases:
-        if case.method == IDENTITY:
-            references.setdefault(pair_key(case, UNPAIRED_PARAMS), case)
-    scopes = []
-    for case in cases:
-        reference = references.get(pair_key(case, UNPAIRED_PARAMS))
-        if case.method == IDENTITY or reference is None:
-            continue
-        pair = paired_samples(case, reference)
-        if pair is not None:
-            scopes.append(PairedScope(case.method_label, scope(case), [pair]))
-        elif not same_samples(case, reference):
-            scopes.append(PairedScope(case.method_label, scope(case),
-                                      unpaired=["other samples"]))
-    return scopes
+    references = IdentityReferences(cases, UNPAIRED_PARAMS)
+    return [PairedScope(case.method_label, scope(case), [pair]) if pair is not None
+            else PairedScope(case.method_label, scope(case), unpaired=["other samples"])
+            for case, pair in references.scored(cases)]
 
 
 def dataset_section(result: RunResult) -> str | None:
@@ -128,19 +117,9 @@ def dataset_section(result: RunResult) -> str | None:
     if scopes:
         parts += ["### dataset: against identity, on the same samples",
                   paired_table(scopes, SCOPE_HEADER), paired_legend(PAIRS_ARE)]
-    drift = length_drift_section(result, BENCHMARK, scope, PAIRS_ARE, UNPAIRED_PARAMS,
-                                 "dataset", SCOPE_HEADER)
-    if drift:
-        parts.append(drift)
-    return "\n\n".join(parts)
+    parts.append(length_drift_section(result, BENCHMARK, scope, PAIRS_ARE, UNPAIRED_PARAMS,
+                                      "dataset", SCOPE_HEADER))
+    return join_blocks(parts)
 
 
-class DatasetReport(BenchmarkReport):
-    board = BOARD
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        section = dataset_section(result)
-        return [section] if section else []
-
-
-REPORT = DatasetReport()
+REPORT = BenchmarkReport(board=BOARD, parts=lambda result, out_dir: [dataset_section(result)])

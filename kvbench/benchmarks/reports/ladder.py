@@ -13,7 +13,9 @@ from kvbench.reportkit.benchmark import BenchmarkReport, Board
 from kvbench.reportkit.figures import (
     PlotPath, figure_text, line_styles, method_family, pyplot, save_png, xy_lines,
 )
-from kvbench.reportkit.tables import fmt_bytes, length_name, md_table, ok_cases, pair_key
+from kvbench.reportkit.tables import (
+    fmt_bytes, join_blocks, length_name, md_table, ok_cases, pair_key,
+)
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "ladder"
@@ -141,10 +143,8 @@ def ladder_section(result: RunResult) -> str | None:
             header = [f"{name} ↓"] + [length_name(n) for n in table.lengths]
             parts.append(md_table(header, rows, right=set(range(1, len(header)))))
     parts.append(_top_rung(table))
-    decode = _decode_against_plain(table, result)
-    if decode:
-        parts.append(decode)
-    return "\n\n".join(parts)
+    parts.append(_decode_against_plain(table, result))
+    return join_blocks(parts)
 
 
 def _joining_identity(case: CaseResult) -> bool:
@@ -314,13 +314,7 @@ def ladder_peak_split_png(table: LadderTable, path: Path, title: str) -> Path:
     return PlotPath.of(path, dict(zip(labels, parts)))
 
 
-class LadderReport(BenchmarkReport):
-    board = Board("retained_kv_bytes", "peak_bytes", ("peak_over_loaded_bytes",
-                                                      "kv_bytes_measured"))
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        return [part for part in (ladder_section(result), ladder_figures(result, out_dir))
-                if part]
-
-
-REPORT = LadderReport()
+REPORT = BenchmarkReport(
+    board=Board("retained_kv_bytes", "peak_bytes", ("peak_over_loaded_bytes",
+                                                    "kv_bytes_measured")),
+    parts=lambda result, out_dir: (ladder_section(result), ladder_figures(result, out_dir)))

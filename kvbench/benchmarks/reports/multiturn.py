@@ -18,17 +18,16 @@ from typing import Any
 
 from kvbench.benchmarks.records.multiturn import MultiturnRecord
 from kvbench.benchmarks.reports.retrieval import ci
-from kvbench.judge.paired import paired_samples, same_samples
+from kvbench.judge.paired import paired_samples
 from kvbench.reportkit.benchmark import Board, BenchmarkReport
 from kvbench.reportkit.drift import length_drift_section
 from kvbench.reportkit.figures import (
-    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
-    save_png,
+    PlotPath, figure_text, line_styles, method_family, panel_row, save_score_panels,
 )
 from kvbench.reportkit.paired import (
-    IDENTITY, PairedScope, paired_legend, paired_table, signed,
+    IDENTITY, IdentityReferences, PairedScope, paired_legend, paired_table, signed,
 )
-from kvbench.reportkit.tables import fmt_bytes, md_table, ok_cases, pair_key
+from kvbench.reportkit.tables import fmt_bytes, join_blocks, md_table, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "multiturn"
@@ -106,26 +105,19 @@ def rows_by_mode(result: RunResult) -> dict[str, list[TurnRow]]:
             for mode, rows in by_mode.items()}
 
 
-def _turn_pairs(case: CaseResult, reference: CaseResult,
-                turns: int) -> list[tuple[list[float], list[float]]] | None:
+def _turn_pairs(case: CaseResult,
+                reference: CaseResult) -> list[tuple[list[float], list[float]]] | None:
     """Per turn, (the case's scores, identity's) over the samples both answered on the same
     prompts (info is sample-major: entry sample * turns + turn); None when nothing pairs."""
     pair = paired_samples(case, reference)
     if pair is None:
         return None
     mine, theirs = pair
+    turns = len(MultiturnRecord.of(case).turn_scores)
     whole = len(mine) // turns * turns  # the samples both answered every turn of
     if not whole:
         return None
     return [(mine[t:whole:turns], theirs[t:whole:turns]) for t in range(turns)]
-
-
-def _references(cases: list[CaseResult]) -> dict[tuple, CaseResult]:
-    found: dict[tuple, CaseResult] = {}
-    for case in cases:
-        if case.method == IDENTITY:
-            found.setdefault(pair_key(case, _UNPAIRED_PARAMS), case)
-    return found
 
 
 def _score_table(rows: list[TurnRow]) -> str:
@@ -162,22 +154,15 @@ def _bytes_table(rows: list[TurnRow]) -> str | None:
 
 
 def _paired_scopes(mode: str, rows: list[TurnRow],
-                   references: dict[tuple, CaseResult]) -> list[PairedScope]:
+                   references: IdentityReferences) -> list[PairedScope]:
     scopes = []
-    for row in rows:
-        if row.is_identity:
-            continue
-        ref = references.get(pair_key(row.case, _UNPAIRED_PARAMS))
-        if ref is None:
-            continue
-        pairs = _turn_pairs(row.case, ref, row.turns)
+    for row, pairs in references.scored(rows, _turn_pairs, lambda row: row.case):
         if pairs is None:
-            if not same_samples(row.case, ref):
-                scopes.append(PairedScope(row.name, f"{mode} · every turn",
-                                          unpaired=["other samples"]))
-            continue
-        scopes += [PairedScope(row.name, f"{mode} · {t + 1}", [pair])
-                   for t, pair in enumerate(pairs)]
+            scopes.append(PairedScope(row.name, f"{mode} · every turn",
+                                      unpaired=["other samples"]))
+        else:
+            scopes += [PairedScope(row.name, f"{mode} · {t + 1}", [pair])
+                       for t, pair in enumerate(pairs)]
     return scopes
 
 
@@ -186,7 +171,7 @@ def multiturn_section(result: RunResult) -> str | None:
     by_mode = rows_by_mode(result)
     if not by_mode:
         return None
-    references = _references(_cases(result))
+    references = IdentityReferences(_cases(result), _UNPAIRED_PARAMS)
     parts = []
     for mode, rows in by_mode.items():
         samples = sorted({len(r.record.sample_scores or []) for r in rows})
@@ -206,12 +191,10 @@ def multiturn_section(result: RunResult) -> str | None:
         if held:
             parts += [f"<sub>multiturn ({mode}): accounted KV bytes the cache held after each"
                       " turn's answer, the mean over samples.</sub>", held]
-    drift = length_drift_section(result, BENCHMARK, mode_of,
-                                 "one sample's answer to one turn's question",
-                                 _UNPAIRED_PARAMS, title="multiturn", scope_header="mode")
-    if drift:
-        parts.append(drift)
-    return "\n\n".join(parts)
+    parts.append(length_drift_section(result, BENCHMARK, mode_of,
+                                      "one sample's answer to one turn's question",
+                                      _UNPAIRED_PARAMS, title="multiturn", scope_header="mode"))
+    return join_blocks(parts)
 
 
 def _mode_note(mode: str) -> str:
@@ -265,14 +248,10 @@ def multiturn_plot_data(result: RunResult) -> TurnPlot | None:
 def multiturn_plot_png(plot: TurnPlot, path: Path) -> Path:
     """One panel per mode: each method's per-turn mean score with its 95% interval (the lines
     set a little apart along x), identity dashed. Raises PlotUnavailable without matplotlib."""
-    plt = pyplot()
-    count = len(plot.panels)
-    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.0), dpi=100, sharey=True,
-                             squeeze=False)
-    try:
+    with panel_row(len(plot.panels), 5.0, sharey=True) as (fig, axes):
         styles = line_styles({line.name: line.family for lines in plot.panels.values()
                               for line in lines if not line.is_identity})
-        for (mode, lines), ax in zip(plot.panels.items(), axes[0]):
+        for (mode, lines), ax in zip(plot.panels.items(), axes):
             for number, line in enumerate(lines):
                 # each line a little apart, so equal scores and their intervals stay readable
                 dodge = 0.06 * (number - (len(lines) - 1) / 2)
@@ -289,16 +268,9 @@ def multiturn_plot_png(plot: TurnPlot, path: Path) -> Path:
             most = max((max(line.turns) for line in lines), default=1)
             ax.set_xticks(range(1, most + 1))
             ax.set_xlim(0.6, most + 0.4)
-            ax.set_ylim(-3, 102)
             ax.set_title(mode, fontsize=10)
             ax.set_xlabel("turn")
-            ax.grid(True, alpha=0.35)
-        axes[0, 0].set_ylabel("score (0-100) [95% CI]")
-        fig.suptitle(plot.title)
-        legend_right(fig, legend_handles(axes[0]), 1.8, fontsize=8)
-        save_png(fig, path)
-    finally:
-        plt.close(fig)
+        save_score_panels(fig, axes, "score (0-100) [95% CI]", plot.title, path, margin_in=1.8)
     return PlotPath.of(path, plot)
 
 
@@ -310,12 +282,5 @@ def multiturn_figure(result: RunResult, out_dir: Path | None) -> str | None:
         "multiturn plot")
 
 
-class MultiturnReport(BenchmarkReport):
-    board = BOARD
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        return [part for part in (multiturn_section(result), multiturn_figure(result, out_dir))
-                if part]
-
-
-REPORT = MultiturnReport()
+REPORT = BenchmarkReport(board=BOARD, parts=lambda result, out_dir: (
+    multiturn_section(result), multiturn_figure(result, out_dir)))

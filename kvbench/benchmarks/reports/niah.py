@@ -20,8 +20,10 @@ from kvbench.judge.paired import per_sample, same_samples
 from kvbench.reportkit.benchmark import BenchmarkReport
 from kvbench.reportkit.figures import PlotPath, figure_text, pyplot, save_png
 from kvbench.reportkit.drift import length_drift_section
-from kvbench.reportkit.paired import IDENTITY, PairedScope, paired_legend, paired_table
-from kvbench.reportkit.tables import finite_metric, length_name, md_table, ok_cases, pair_key
+from kvbench.reportkit.paired import IdentityReferences, PairedScope, paired_legend, paired_table
+from kvbench.reportkit.tables import (
+    finite_metric, join_blocks, length_name, md_table, ok_cases,
+)
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "niah"
@@ -158,15 +160,8 @@ def _shape(scores: dict[int, list[float]]) -> dict[int, int]:
 def _against_identity(cases: list[CaseResult]) -> list[str]:
     """Each method against identity on the same samples, per length and over the whole grid (a
     pair is a needle: a depth's sample at a length). [] when no method pairs with identity."""
-    references: dict[tuple, CaseResult] = {}
-    for case in cases:
-        if case.method == IDENTITY:
-            references.setdefault(pair_key(case, _UNPAIRED_PARAMS), case)
     scopes = []
-    for case in cases:
-        reference = references.get(pair_key(case, _UNPAIRED_PARAMS))
-        if case.method == IDENTITY or reference is None:
-            continue
+    for case, reference in IdentityReferences(cases, _UNPAIRED_PARAMS).pairs(cases):
         paired = same_samples(case, reference)
         mine, theirs = _scores_by_length(case), _scores_by_length(reference)
         if paired and (mine is None or theirs is None or _shape(mine) != _shape(theirs)):
@@ -223,28 +218,16 @@ def niah_section(result: RunResult, out_dir: str | Path | None = None) -> str | 
         parts.append(f"<sub>{' · '.join(notes)}</sub>")
     plotted = _niah_cases(result)
     parts += _against_identity(plotted)
-    drift = length_drift_section(result, BENCHMARK, lambda case: "grid",
-                                 "one needle (a depth's sample at a length)", _UNPAIRED_PARAMS,
-                                 "NIAH")
-    if drift:
-        parts.append(drift)
+    parts.append(length_drift_section(result, BENCHMARK, lambda case: "grid",
+                                      "one needle (a depth's sample at a length)",
+                                      _UNPAIRED_PARAMS, "NIAH"))
     links = "\n".join(
         f"![needle in a haystack: {re.sub(r'[][]', '', case.method_label)}]({name})"
         for case, name in zip(plotted, niah_file_names(plotted)))
-    figures = figure_text(plotted or None, out_dir,
-                          lambda _, folder: niah_heatmap_pngs(result, folder), links,
-                          "needle heatmaps")
-    if figures:
-        parts.append(figures)
-    return "\n\n".join(parts)
+    parts.append(figure_text(plotted or None, out_dir,
+                             lambda _, folder: niah_heatmap_pngs(result, folder), links,
+                             "needle heatmaps"))
+    return join_blocks(parts)
 
 
-class NiahReport(BenchmarkReport):
-    board = BOARD
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        section = niah_section(result, out_dir)
-        return [section] if section else []
-
-
-REPORT = NiahReport()
+REPORT = BenchmarkReport(board=BOARD, parts=lambda result, out_dir: [niah_section(result, out_dir)])

@@ -7,7 +7,6 @@ NLL, each with its interval)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from kvbench.benchmarks.records.perplexity import PerplexityRecord
 from kvbench.judge.paired import LEVEL, RESAMPLES, SEPARATION_LEVEL
@@ -93,13 +92,7 @@ def windows_section(result: RunResult) -> str | None:
     ])
 
 
-class PerplexityReport(BenchmarkReport):
-    board = Board("compression_ratio", "ppl_rel_delta", ("perplexity", "kv_bytes", "retained_kv"))
-    headline = ("ppl_rel_delta", "retained_kv")
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        section = windows_section(result)
-        return [section] if section else []
-
-
-REPORT = PerplexityReport()
+REPORT = BenchmarkReport(
+    board=Board("compression_ratio", "ppl_rel_delta", ("perplexity", "kv_bytes", "retained_kv")),
+    headline=("ppl_rel_delta", "retained_kv"),
+    parts=lambda result, out_dir: [windows_section(result)])

@@ -28,7 +28,7 @@ from kvbench.judge.paired import fewest_pairs_to_separate
 from kvbench.reportkit.benchmark import BenchmarkReport
 from kvbench.reportkit.drift import length_drift_section
 from kvbench.reportkit.paired import PairedScope, paired_legend, paired_table, signed
-from kvbench.reportkit.tables import finite_metric, length_name, md_table
+from kvbench.reportkit.tables import finite_metric, join_blocks, length_name, md_table
 from kvbench.results import CaseResult, RunResult
 
 
@@ -234,21 +234,15 @@ def ruler_section(result: RunResult) -> str | None:
         "### RULER: score per task and length [95% CI]",
         f"<sub>{identity}; score 0-100, ↑ higher is better.</sub>",
         *_per_task_tables(result, table),
+        _haystack_line(table),
     ]
-    haystacks = _haystack_line(table)
-    if haystacks:
-        parts.append(haystacks)
-    return "\n\n".join(parts)
+    return join_blocks(parts)
 
 
-class RulerReport(BenchmarkReport):
-    board = BOARD
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        board = board_data(result)  # once, for its tables and its figure
-        parts = (ruler_section(result), ruler_figure(result, out_dir), board_section(board),
-                 board_figure(board, out_dir))
-        return [part for part in parts if part]
+def ruler_parts(result: RunResult, out_dir: Path | None) -> tuple[str | None, ...]:
+    board = board_data(result)  # once, for its tables and its figure
+    return (ruler_section(result), ruler_figure(result, out_dir), board_section(board),
+            board_figure(board, out_dir))
 
 
-REPORT = RulerReport()
+REPORT = BenchmarkReport(board=BOARD, parts=ruler_parts)

@@ -8,7 +8,6 @@ configured ratios or more at one length and setting; made from results alone
 (kvbench.benchmarks.reports.ruler_numbers)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +15,9 @@ from kvbench.benchmarks.reports.retrieval import ci
 from kvbench.benchmarks.reports.ruler_numbers import (
     Headline, RulerRow, length_of, ruler_table,
 )
+from kvbench.benchmarks.reports.ruler_plot import RULER_SCORE, draw_identity, draw_scores
 from kvbench.reportkit.figures import (
-    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
-    save_png,
+    PlotPath, figure_text, line_styles, method_family, panel_row, save_score_panels,
 )
 from kvbench.reportkit.tables import finite_metric, length_name, md_table
 from kvbench.results import RunResult
@@ -159,40 +158,24 @@ def board_section(board: Board | None) -> str | None:
 def board_plot_png(board: Board, path: str | Path) -> Path:
     """Score against achieved ratio, a panel per (length, compress), a line per method, identity
     dashed with its interval shaded. Raises PlotUnavailable without matplotlib."""
-    plt = pyplot()
     path = Path(path)
-    count = len(board.panels)
-    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharex=True,
-                             sharey=True, squeeze=False)
-    try:
+    with panel_row(len(board.panels), 5.2, sharex=True, sharey=True) as (fig, axes):
         styles = line_styles({line.method: line.family
                               for panel in board.panels for line in panel.lines})
-        for panel, ax in zip(board.panels, axes[0]):
+        for panel, ax in zip(board.panels, axes):
             if panel.identity is not None:
-                ax.axhline(panel.identity.mean, color="black", linestyle="--", linewidth=1.2,
-                           label="identity (ceiling)", zorder=2)
-                if all(map(math.isfinite, (panel.identity.low, panel.identity.high))):
-                    ax.axhspan(panel.identity.low, panel.identity.high, color="black",
-                               alpha=0.07, zorder=1, label="identity 95% CI")
+                draw_identity(ax, panel.identity.mean, (panel.identity.low, panel.identity.high),
+                              "identity (ceiling)")
             for line in panel.lines:
                 points = [p for p in line.points if p.achieved is not None]
-                ax.errorbar([p.achieved for p in points], [p.head.mean for p in points],
-                            yerr=[[p.head.mean - p.head.low for p in points],
-                                  [p.head.high - p.head.mean for p in points]],
-                            markersize=6, capsize=3, linewidth=1.4, elinewidth=1.0,
-                            label=line.method, zorder=3, **styles[line.method])
+                draw_scores(ax, [p.achieved for p in points], [p.head.mean for p in points],
+                            [p.head.low for p in points], [p.head.high for p in points],
+                            line.method, styles[line.method])
             ax.set_title(f"{length_name(panel.length)}, compress: {panel.compress}",
                          fontsize=10)
             ax.set_xlabel("achieved compression ratio (share of the plain cache removed)")
             ax.set_xlim(-0.02, 1.0)
-            ax.set_ylim(-3, 102)
-            ax.grid(True, alpha=0.35)
-        axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
-        fig.suptitle(board.title)
-        legend_right(fig, legend_handles(axes[0]), fontsize=8)
-        save_png(fig, path)
-    finally:
-        plt.close(fig)
+        save_score_panels(fig, axes, RULER_SCORE, board.title, path)
     return PlotPath.of(path, board)
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.judge.intervals import wilson_interval
-from kvbench.judge.paired import paired_samples, per_sample, same_samples
-from kvbench.reportkit.paired import IDENTITY, Pair
-from kvbench.reportkit.tables import finite_metric, ok_cases, pair_key
+from kvbench.judge.paired import per_sample
+from kvbench.reportkit.paired import IDENTITY, IdentityReferences, Pair
+from kvbench.reportkit.tables import finite_metric, ok_cases
 from kvbench.results import CaseResult, RunResult
 
 BENCHMARK = "ruler"
@@ -137,22 +137,19 @@ def ruler_table(result: RunResult) -> RulerTable | None:
     ordered = ([r for r in rows.values() if r.is_identity]
                + [r for r in rows.values() if not r.is_identity])
     # The reference of each (model, task, length, seed, samples) cell: the first identity case.
-    reference: dict[tuple, CaseResult] = {}
-    for row in ordered:
-        if row.is_identity:
-            for case in row.cases:
-                reference.setdefault(pair_key(case, UNPAIRED_PARAMS), case)
+    references = IdentityReferences((case for row in ordered if row.is_identity
+                                     for case in row.cases), UNPAIRED_PARAMS)
     lengths = sorted({length_of(c) for c in cases})
     for row in ordered:
         for length in lengths:
             here = [c for c in row.cases if length_of(c) == length]
             if here:
-                row.headline[length] = _headline(row, here, reference)
+                row.headline[length] = _headline(row, here, references)
     return RulerTable(ordered, lengths, list(dict.fromkeys(task_of(c) for c in cases)), extras)
 
 
 def _headline(row: RulerRow, cases: list[CaseResult],
-              reference: dict[tuple, CaseResult]) -> Headline:
+              references: IdentityReferences) -> Headline:
     samples = sum(samples_of(c) for c in cases)
     # weighted by samples: cases sampled to a precision answered different numbers of them
     mean = (sum(finite_metric(c, "score") * samples_of(c) for c in cases) / samples if samples
@@ -162,13 +159,9 @@ def _headline(row: RulerRow, cases: list[CaseResult],
     head = Headline([task_of(c) for c in cases], mean, low, high, samples, ratio=_mean(ratios))
     if row.is_identity:
         return head
-    for case in cases:
-        ref = reference.get(pair_key(case, UNPAIRED_PARAMS))
-        if ref is None:
-            continue
-        pair = paired_samples(case, ref)
-        if pair is not None:
-            head.pairs.append((task_of(case), pair))
-        elif not same_samples(case, ref):
+    for case, pair in references.scored(cases):
+        if pair is None:
             head.unpaired_tasks.append(task_of(case))
+        else:
+            head.pairs.append((task_of(case), pair))
     return head

@@ -1,4 +1,6 @@
-"""The ruler benchmark's figure: the mean score over tasks against the compression ratio."""
+"""The ruler benchmark's figure: the mean score over tasks against the compression ratio; and
+how ruler's figures (this one and kvbench.benchmarks.reports.ruler_board's) draw identity and a
+method's scores."""
 from __future__ import annotations
 
 import math
@@ -7,13 +9,14 @@ from pathlib import Path
 
 from kvbench.benchmarks.reports.ruler_numbers import ruler_table
 from kvbench.reportkit.figures import (
-    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, pyplot,
-    save_png,
+    PlotPath, figure_text, legend_handles, line_styles, method_family, panel_row,
+    save_score_panels,
 )
 from kvbench.reportkit.tables import length_name
 from kvbench.results import RunResult
 
 RULER_PNG = "ruler_score_vs_ratio.png"
+RULER_SCORE = "RULER score, mean over tasks (0-100) [95% CI]"  # the y axis of ruler's figures
 
 
 @dataclass
@@ -94,6 +97,21 @@ def ruler_plot_data(result: RunResult) -> RulerPlot | None:
                      panels)
 
 
+def draw_identity(ax, mean: float, interval: tuple[float, float] | None, label: str) -> None:
+    """identity's score dashed across the panel, its 95% interval shaded where it is finite."""
+    ax.axhline(mean, color="black", linestyle="--", linewidth=1.2, label=label, zorder=2)
+    if interval and all(map(math.isfinite, interval)):
+        ax.axhspan(*interval, color="black", alpha=0.07, zorder=1, label="identity 95% CI")
+
+
+def draw_scores(ax, x: list[float], y: list[float], low: list[float], high: list[float],
+                label: str, style: dict) -> None:
+    """A method's mean scores at x, each with its interval as an error bar."""
+    yerr = [[mean - lo for mean, lo in zip(y, low)], [hi - mean for mean, hi in zip(y, high)]]
+    ax.errorbar(x, y, yerr=yerr, markersize=6, capsize=3, linewidth=1.4, elinewidth=1.0,
+                label=label, zorder=3, **style)
+
+
 def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
     """Write the kvpress-style figure: per length, the mean RULER score over tasks against the
     compression ratio, a line per method, identity dashed. Returns the path with the plotted
@@ -102,31 +120,21 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
     plot = ruler_plot_data(result)
     if plot is None:
         return None
-    plt = pyplot()
     path = Path(path)
-    count = len(plot.panels)
     # one log x for all panels: the eviction methods crowd 1-2x and the codecs reach 20x
-    fig, axes = plt.subplots(1, count, figsize=(2 + 4.8 * count, 5.2), dpi=100, sharex=True,
-                             sharey=True, squeeze=False)
-    try:
+    with panel_row(len(plot.panels), 5.2, sharex=True, sharey=True) as (fig, axes):
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
         styles = line_styles({line.method: line.family for panel in plot.panels
                               for line in panel.lines})
-        for panel, ax in zip(plot.panels, axes[0]):
+        for panel, ax in zip(plot.panels, axes):
             if panel.identity is not None:
-                ax.axhline(panel.identity, color="black", linestyle="--", linewidth=1.2,
-                           label=f"identity ({panel.identity:.1f})", zorder=2)
-                if panel.identity_ci and all(map(math.isfinite, panel.identity_ci)):
-                    ax.axhspan(*panel.identity_ci, color="black", alpha=0.07, zorder=1,
-                               label="identity 95% CI")
+                draw_identity(ax, panel.identity, panel.identity_ci,
+                              f"identity ({panel.identity:.1f})")
             for line in panel.lines:
-                yerr = [[y - lo for y, lo in zip(line.y, line.low)],
-                        [hi - y for y, hi in zip(line.y, line.high)]]
                 # the legend names the variants (intq4, intq2), not only their family
-                ax.errorbar(line.x, line.y, yerr=yerr, markersize=6, capsize=3, linewidth=1.4,
-                            elinewidth=1.0, label=", ".join(dict.fromkeys(line.labels)),
-                            zorder=3, **styles[line.method])
+                draw_scores(ax, line.x, line.y, line.low, line.high,
+                            ", ".join(dict.fromkeys(line.labels)), styles[line.method])
             if not panel.lines:
                 ax.text(0.5, 0.5, "no compressed method\nscored at this length",
                         transform=ax.transAxes, ha="center", va="center", fontsize=9, alpha=0.7)
@@ -138,21 +146,14 @@ def ruler_plot_png(result: RunResult, path: str | Path) -> Path | None:
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.margins(x=0.08)  # a point at either end of the ratios stays off the frame
-            ax.set_ylim(-3, 102)  # a score of 0 sits above the axis, not on it
-            ax.grid(True, alpha=0.35)
-        low, high = axes[0, 0].get_xlim()
+        low, high = axes[0].get_xlim()
         if high < 2 * low:  # an octave at least (shared by the panels): two ticks or more
             middle = math.sqrt(low * high)
-            axes[0, 0].set_xlim(middle / math.sqrt(2), middle * math.sqrt(2))
-        axes[0, 0].set_ylabel("RULER score, mean over tasks (0-100) [95% CI]")
-        fig.suptitle(plot.title)
+            axes[0].set_xlim(middle / math.sqrt(2), middle * math.sqrt(2))
         # one legend right of the panels, off the points (most methods score low, at the left)
-        handles = legend_handles(axes[0], lambda label: label.split(" (")[0]
+        handles = legend_handles(axes, lambda label: label.split(" (")[0]
                                  if label.startswith("identity (") else label)
-        legend_right(fig, handles, fontsize=8)
-        save_png(fig, path)
-    finally:
-        plt.close(fig)
+        save_score_panels(fig, axes, RULER_SCORE, plot.title, path, handles)
     return PlotPath.of(path, plot)
 
 

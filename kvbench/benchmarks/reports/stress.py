@@ -283,17 +283,16 @@ def _warnings(table: StressTable) -> list[str]:
     return lines
 
 
-class StressReport(BenchmarkReport):
-    board = Board(None, "errors", ("token_agreement", "sessions_held", "output_tok_s",
-                                   "aggregate_vs_single"))
-
-    def sections(self, result: RunResult, out_dir: Path | None = None) -> list[str]:
-        table = stress_table(result)
-        parts = [stress_section(result), stress_figures(result, out_dir), prefix_section(result)]
-        if table is not None:
-            parts += [accuracy_section(table), goodput_figure(result, out_dir),
-                      capacity_section(table), drift_section(result)]
-        return [part for part in parts if part]
+def stress_parts(result: RunResult, out_dir: Path | None) -> list[str | None]:
+    table = stress_table(result)
+    parts = [stress_section(result), stress_figures(result, out_dir), prefix_section(result)]
+    if table is not None:
+        parts += [accuracy_section(table), goodput_figure(result, out_dir),
+                  capacity_section(table), drift_section(result)]
+    return parts
 
 
-REPORT = StressReport()
+REPORT = BenchmarkReport(
+    board=Board(None, "errors", ("token_agreement", "sessions_held", "output_tok_s",
+                                 "aggregate_vs_single")),
+    parts=stress_parts)
