@@ -34,6 +34,13 @@ class MLXLMCache(MethodSettings):
         "stored", kw_only=True, meaning="stored: attention reads what the cache's update_and_fetch"
         " returns, the step's own tokens included (the only reading mlx-lm's caches have)")
 
+    # the mlx-lm class it runs and what that holds, for its layout
+    cache_class: ClassVar[str]
+    holds: ClassVar[str]
+
+    def layout(self) -> str:
+        return f"mlx-lm {self.cache_class}, {self.describe()}: {self.holds}; K and V both counted"
+
     def check(self) -> None:
         if self.prefill_reads != "stored":
             raise SettingError("prefill_reads", f"{self.name} reads what mlx-lm's cache returns:"
@@ -54,6 +61,9 @@ class MLXLMQuantized(MLXLMCache):
     default), so its first prompt tokens attend each other in full precision: this method is
     generate_step with prompt_cache=[QuantizedKVCache(group_size, bits), ...] instead.
     """
+
+    cache_class = "QuantizedKVCache"
+    holds = "packed uint32 codes, a scale and a bias per group at the model's dtype, every token"
 
     bits: int = param(8, range=one_of(*BITS), meaning="bits per code (mx.quantize's affine"
                       " mode)", rule="the head_dim // (32 // bits) words mlx-lm makes room for"
@@ -79,10 +89,6 @@ class MLXLMQuantized(MLXLMCache):
     def describe(self) -> str:
         return f"{self.bits} bits, group {self.group_size}"
 
-    def layout(self) -> str:
-        return (f"mlx-lm QuantizedKVCache, {self.describe()}: packed uint32 codes, a scale and a"
-                " bias per group at the model's dtype, every token; K and V both counted")
-
 
 @register_method("mlx-lm-rotating")
 @dataclass
@@ -103,6 +109,9 @@ class MLXLMRotating(MLXLMCache):
     conformance_params: ClassVar[tuple[dict[str, Any], ...]] = (
         {"max_size": 32}, {"max_size": 20, "keep": 0})
 
+    cache_class = "RotatingKVCache"
+    holds = "the keys and values of the tokens it holds, at the model's dtype"
+
     max_size: int = param(range=at_least(1), meaning="the tokens the cache holds after a"
                           " one-token step, the kept first ones included")
     keep: int = param(4, range=at_least(0), meaning="the first tokens always kept (attention"
@@ -116,7 +125,3 @@ class MLXLMRotating(MLXLMCache):
 
     def describe(self) -> str:
         return f"max_size {self.max_size}, keep {self.keep}"
-
-    def layout(self) -> str:
-        return (f"mlx-lm RotatingKVCache, {self.describe()}: the keys and values of the tokens"
-                " it holds, at the model's dtype; K and V both counted")

@@ -32,6 +32,11 @@ OUTLIER_SPLIT = (
     " 6 fewer norm bytes, but cannot give outlier channels their own scale. Ignored when n = 0")
 
 
+def bits_param(default: int):
+    """turbo's `bits`, at the default of the class declaring it (turbo's own, or a preset's)."""
+    return param(default, range=one_of(2, 3, 4), meaning=BITS)
+
+
 @register_method("turbo")
 @dataclass
 class Turbo(CodecPolicy, KernelSettings, MethodSettings):
@@ -79,7 +84,7 @@ class Turbo(CodecPolicy, KernelSettings, MethodSettings):
         {"block": 16}, {"block": 16, "bits": 4, "qjl": True, "window": 8},
         {"block": 16, "rotation": "haar", "codebook": "beta"})
 
-    bits: int = param(3, range=one_of(2, 3, 4), meaning=BITS)
+    bits: int = bits_param(3)
     block: int = param(128, range=at_least(2), rule="a power of two for the hadamard rotation",
                        meaning="QK; head_dim must be a multiple (checked at encode); a power of"
                        " two for the Hadamard rotation (the parts' sizes instead, with the"
@@ -196,7 +201,7 @@ class Turbo2(Turbo):
     """turbo preset: 2 bits per coordinate (2.125 bits/value at block 128); the fork's
     block_turbo2_0 (QK_TURBO2 = 128, ggml/src/ggml-common.h)."""
 
-    bits: int = param(2, range=one_of(2, 3, 4), meaning=BITS)
+    bits: int = bits_param(2)
 
 
 @dataclass
@@ -217,7 +222,7 @@ class Turbo2_5(_ChannelSplit):
     block 128; outlier_split="rotated" gives 2.625). Upstream: turboquant/outlier.py
     OutlierTurboQuant (TheTom/turboquant_plus), target_bits=2.5, with QJL (qjl=True here)."""
 
-    bits: int = param(2, range=one_of(2, 3, 4), meaning=BITS)
+    bits: int = bits_param(2)
 
 
 @register_method("turbo3")
@@ -226,7 +231,7 @@ class Turbo3(Turbo):
     """turbo preset: 3 bits per coordinate (3.125 bits/value at block 128); the fork's
     block_turbo3_0 (QK_TURBO3 = 128, ggml/src/ggml-common.h)."""
 
-    bits: int = param(3, range=one_of(2, 3, 4), meaning=BITS)
+    bits: int = bits_param(3)
 
 
 @register_method("turbo3.5")
@@ -237,7 +242,7 @@ class Turbo3_5(_ChannelSplit):
     block 128; outlier_split="rotated" gives 3.625). Upstream: turboquant/outlier.py
     OutlierTurboQuant (TheTom/turboquant_plus), target_bits=3.5, with QJL (qjl=True here)."""
 
-    bits: int = param(3, range=one_of(2, 3, 4), meaning=BITS)
+    bits: int = bits_param(3)
 
 
 @register_method("turbo4")
@@ -246,4 +251,4 @@ class Turbo4(Turbo):
     """turbo preset: 4 bits per coordinate (4.125 bits/value at block 128); the fork's default
     block_turbo4_0 (TURBO4_USE_4BIT 1: 4-bit MSE, 66 bytes per 128, ggml/src/ggml-common.h)."""
 
-    bits: int = param(4, range=one_of(2, 3, 4), meaning=BITS)
+    bits: int = bits_param(4)
