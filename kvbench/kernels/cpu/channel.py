@@ -45,43 +45,44 @@ def kernels(bits: int, group_size: int, scale_dtype: type):
             decode_vector(block[d].ctypes.data, codes[bh, d].ctypes.data + g * row_bytes,
                           factors[0].ctypes.data, factors[1].ctypes.data, NO_TABLE.ctypes.data)
 
-    def scores(q, codes, scale, zmin, half, out, offset, tokens, chunks, per):
-        dim, groups = q.shape[2], -(-tokens // group_size)
-        for job in prange(q.shape[0] * chunks):
-            bh, first = job // chunks, job % chunks * per
-            block = np.empty((dim, group_size), np.float32)
-            factors, acc = np.empty((2, 1), np.float32), np.empty(group_size, np.float32)
-            for g in range(first, min(groups, first + per)):
-                decode_block(codes, scale, zmin, half, bh, g, factors, block)
-                start, n = offset + g * group_size, tokens - g * group_size
-                for h in range(q.shape[1]):
-                    acc[:] = 0.0
-                    for d in range(dim):
-                        qd = q[bh, h, d]
-                        for p in range(group_size):
-                            acc[p] += qd * block[d, p]
-                    for p in range(group_size):
-                        if token_at[p] < n:
-                            out[bh, h, start + token_at[p]] = acc[p]
+    @njit(inline="always")
+    def score_head(q, out, bh, chunk, h, block, acc, start, n):
+        """Query head h's scores against the group's tokens, into out from token start."""
+        acc[:] = 0.0
+        for d in range(block.shape[0]):
+            qd = q[bh, h, d]
+            for p in range(group_size):
+                acc[p] += qd * block[d, p]
+        for p in range(group_size):
+            if token_at[p] < n:
+                out[bh, h, start + token_at[p]] = acc[p]
 
-    def values(w, codes, scale, zmin, half, partial, offset, tokens, chunks, per):
-        dim, groups = partial.shape[3], -(-tokens // group_size)
-        for job in prange(w.shape[0] * chunks):
-            bh, first = job // chunks, job % chunks * per
-            acc = partial[bh, job % chunks]
-            block = np.empty((dim, group_size), np.float32)
-            factors, weights = np.empty((2, 1), np.float32), np.empty(group_size, np.float32)
-            for g in range(first, min(groups, first + per)):
-                decode_block(codes, scale, zmin, half, bh, g, factors, block)
-                start, n = offset + g * group_size, tokens - g * group_size
-                for h in range(w.shape[1]):
-                    for p in range(group_size):
-                        weights[p] = w[bh, h, start + token_at[p]] if token_at[p] < n else 0.0
-                    for d in range(dim):
-                        s = np.float32(0.0)
-                        for p in range(group_size):
-                            s += weights[p] * block[d, p]
-                        acc[h, d] += s
+    @njit(inline="always")
+    def value_head(w, partial, bh, chunk, h, block, weights, start, n):
+        """The group's values summed by query head h's weights, into its chunk's partial sum."""
+        for p in range(group_size):
+            weights[p] = w[bh, h, start + token_at[p]] if token_at[p] < n else 0.0
+        for d in range(block.shape[0]):
+            s = np.float32(0.0)
+            for p in range(group_size):
+                s += weights[p] * block[d, p]
+            partial[bh, chunk, h, d] += s
+
+    def over_groups(per_head):
+        """A kernel that decodes each group of a job's chunk once, then hands it to per_head
+        for every query head of the KV head (x: the queries or the weights, (BH, heads, ...))."""
+        def kernel(x, codes, scale, zmin, half, into, offset, tokens, chunks, per):
+            dim, groups = codes.shape[1], -(-tokens // group_size)
+            for job in prange(x.shape[0] * chunks):
+                bh, chunk = job // chunks, job % chunks
+                block = np.empty((dim, group_size), np.float32)
+                factors, lanes = np.empty((2, 1), np.float32), np.empty(group_size, np.float32)
+                for g in range(chunk * per, min(groups, chunk * per + per)):
+                    decode_block(codes, scale, zmin, half, bh, g, factors, block)
+                    start, n = offset + g * group_size, tokens - g * group_size
+                    for h in range(x.shape[1]):
+                        per_head(x, into, bh, chunk, h, block, lanes, start, n)
+        return kernel
 
     f32, stored = np.float32, array(scale_dtype, 3, "A")
     place = (types.int64,) * 4  # offset, tokens, chunks, per
@@ -91,8 +92,9 @@ def kernels(bits: int, group_size: int, scale_dtype: type):
         types.void(array(f32, 3), array(np.uint8, 3, "A"), stored, stored, array(f32, 1),
                    array(f32, 4), *place),
     )
-    return {parallel: tuple(njit(signature, parallel=parallel, fastmath=FAST)(kernel)
-                            for signature, kernel in zip(signatures, (scores, values)))
+    bodies = [over_groups(per_head) for per_head in (score_head, value_head)]
+    return {parallel: tuple(njit(signature, parallel=parallel, fastmath=FAST)(body)
+                            for signature, body in zip(signatures, bodies))
             for parallel in (False, True)}
 
 
