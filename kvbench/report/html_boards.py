@@ -29,9 +29,9 @@ def leaderboard(kind: str, runs: list[Run], anchors: dict) -> str:
             if case.benchmark == kind and case.status == "ok"]
     if not rows:
         return ""
-    report = benchmark_report(kind)
-    board = board_of(kind, [case for _, case in rows])
-    columns = board_columns(board, [case for _, case in rows])
+    report, cases = benchmark_report(kind), [case for _, case in rows]
+    board = board_of(kind, cases)
+    columns = board_columns(board, cases)
     front = _front(rows, board)
     # the model among the parameters: a board of several models' cases tells them apart by it
     varying = _varying_keys([_with_model(case) for _, case in rows])
