@@ -525,3 +525,19 @@ benchmarks:
                      (5, "methods[0].params.group_size"), (8, "benchmarks[0].params.context"),
                      (8, "benchmarks[0].params.continuation"),
                      (8, "benchmarks[0].params.windows")]
+
+
+
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS.names()
+                                  if BENCHMARKS.get(name).uses_model])
+def test_a_benchmark_that_runs_the_model_refuses_a_check_without_one(name, tmp_path):
+    """A suite without a model is refused before check() runs; a direct call to check() (a
+    plug-in's, a test's) gets the same sentence, not a crash on the missing model."""
+    data = tmp_path / "samples.jsonl"
+    data.write_text(json.dumps({"context": "c", "input": "q", "answers": ["a"]}) + "\n")
+    # the parameters without a default, or whose default cannot be checked
+    given = {"dataset": {"data": str(data)},
+             "compaction": {"trajectory": "a passage", "task": "a question"}}.get(name, {})
+    cls = BENCHMARKS.get(name)
+    with pytest.raises(SettingError, match=f"^{name} needs a model; set the suite's model$"):
+        cls().check(cls.Params(**given), None)

@@ -82,8 +82,14 @@ class Benchmark:
             check_text(text)
         except ValueError as exc:
             raise SettingError(field, str(exc)) from None
+        self.require_model(model)
+
+    def require_model(self, model: ModelInfo | None) -> ModelInfo:
+        """The model a check() that reads through it goes on with. A suite without one is
+        refused before check() runs; this is for check()'s other callers."""
         if model is None:
             raise SettingError(None, f"{self.name} needs a model; set the suite's model")
+        return model
 
     @staticmethod
     def check_length(model: ModelInfo, what: str, total: int, *fields: str) -> None:
@@ -115,12 +121,16 @@ class TextWindowParams(Settings):
                 raise SettingError("text", str(exc)) from None
 
 
-class TextModelBenchmark(Benchmark):
-    """A benchmark that reads a text's tokens through the suite's model, on either backend.
-    Its Params are TextWindowParams."""
+class ModelBenchmark(Benchmark):
+    """A benchmark that runs the suite's model, on either backend."""
 
     uses_model = True
     backends = ("torch", "mlx")
+
+
+class TextModelBenchmark(ModelBenchmark):
+    """A benchmark that reads a text's tokens through the suite's model. Its Params are
+    TextWindowParams."""
 
     def resolve_paths(self, params: TextWindowParams, base_dir: Path) -> TextWindowParams:
         return dataclasses.replace(params, text=resolve_text(params.text, base_dir))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.benchmarks.records.compaction import CompactionRecord
 from kvbench.benchmarks.reports.compaction import REPORT
-from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.base import MetricSpec, ModelBenchmark, register_benchmark
 from kvbench.models.info import ModelInfo
 
 
@@ -33,7 +33,7 @@ class CompactionParams(Settings):
 
 
 @register_benchmark("compaction")
-class Compaction(Benchmark):
+class Compaction(ModelBenchmark):
     """Compact a passage, ask a question from the compacted cache: retention, compaction time,
     the answer and whether it holds the expected fact.
 
@@ -42,13 +42,11 @@ class Compaction(Benchmark):
     method gets its own reference probe, if it has one (am with `queries: repeat`). The plain
     cache answers the same question from the whole trajectory."""
     measured_in = "kvbench.benchmarks.measure.compaction"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = CompactionRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = CompactionRecord
 
     Params = CompactionParams
     needs = {"probe": ("trim", False)}  # the task is fed, then taken back
-    uses_model = True
-    backends = ("torch", "mlx")
     metrics = {
         "prompt_tokens": MetricSpec("tokens", "lower", "trajectory tokens prefilled"),
         "kept_tokens": MetricSpec("tokens", "lower", "K/V slots kept per layer after compaction,"
@@ -66,5 +64,4 @@ class Compaction(Benchmark):
     }
 
     def check(self, params: CompactionParams, model: ModelInfo | None) -> None:
-        if model is None:
-            raise SettingError(None, "compaction needs a model; set the suite's model")
+        self.require_model(model)

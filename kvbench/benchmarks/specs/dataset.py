@@ -10,7 +10,7 @@ from typing import Literal
 
 from kvbench.benchmarks.records.dataset import DatasetRecord
 from kvbench.benchmarks.reports.dataset import REPORT
-from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.base import MetricSpec, ModelBenchmark, register_benchmark
 from kvbench.benchmarks.specs.retrieval import READS, RETRIEVAL_METRICS
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.data.prompt_template import LONGBENCH_QA, PromptTemplate
@@ -102,7 +102,7 @@ class DatasetParams(Settings):
 
 
 @register_benchmark("dataset")
-class Dataset(Benchmark):
+class Dataset(ModelBenchmark):
     """Your own samples through the cache, scored with LongBench's metrics.
 
     Rows of a local JSONL/JSON/CSV/Parquet file (or a dataset in the local datasets cache, read
@@ -113,13 +113,11 @@ class Dataset(Benchmark):
     rouge_l, exact, contains or classification as LongBench scores (the best over the
     references)."""
     measured_in = "kvbench.benchmarks.measure.dataset"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = DatasetRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = DatasetRecord
 
     Params = DatasetParams
     metrics = DATASET_METRICS
-    uses_model = True
-    backends = ("torch", "mlx")
     extras = ("datasets",)  # the datasets library and rouge-score
 
     def resolve_paths(self, params: DatasetParams, base_dir: Path) -> DatasetParams:
@@ -137,8 +135,6 @@ class Dataset(Benchmark):
         except RecordsError as exc:
             raise SettingError((BLAMED[exc.role], "data") if exc.role else "data",
                                str(exc)) from None
-        if model is None:
-            raise SettingError(None, f"{self.name} needs a model; set the suite's model")
-        self.check_length(model, "max_length + answer_tokens",
+        self.check_length(self.require_model(model), "max_length + answer_tokens",
                           params.max_length + params.answer_tokens, "max_length",
                           "answer_tokens")

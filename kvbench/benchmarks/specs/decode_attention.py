@@ -50,8 +50,8 @@ class DecodeAttention(Benchmark):
     copy, and its error against attention over the decoded K/V. Needs a fused kernel: CUDA with
     triton, the CPU with numba (impl auto), or TRITON_INTERPRET=1 with impl triton."""
     measured_in = "kvbench.benchmarks.measure.decode_attention"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = DecodeAttentionRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = DecodeAttentionRecord
 
     Params = DecodeAttentionParams
     backends = ("torch",)

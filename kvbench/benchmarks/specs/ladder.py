@@ -35,8 +35,8 @@ class Ladder(TextModelBenchmark):
     then greedy decode, through the method's cache. Compare rungs across methods with claims
     like `peak_bytes / identity <= 0.51`."""
     measured_in = "kvbench.benchmarks.measure.ladder"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = LadderRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = LadderRecord
 
     Params = LadderParams
     # a prompt fed in several forwards

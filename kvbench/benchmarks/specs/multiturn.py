@@ -85,8 +85,8 @@ class Multiturn(RetrievalBenchmark):
     sees a question before it is asked (compress: context), or sees the first with the context
     (context+question, multi-turn)."""
     measured_in = "kvbench.benchmarks.measure.multiturn"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = MultiturnRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = MultiturnRecord
 
     Params = MultiturnParams
     metrics = MULTITURN_METRICS

@@ -50,8 +50,8 @@ class Niah(RetrievalBenchmark):
     method's cache; a heatmap per method in the report. Essay text is `essay` (pydoc by
     default) in place of Paul Graham's essays."""
     measured_in = "kvbench.benchmarks.measure.niah"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = NiahRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = NiahRecord
 
     Params = NiahParams
 

@@ -35,7 +35,7 @@ class ParityParams(TextWindowParams):
 class Parity(TextModelBenchmark):
     """Incremental decode through the cache against a full recompute of the same sequence."""
     measured_in = "kvbench.benchmarks.measure.parity"
-    record = ParityRecord  # what its info holds (kvbench.benchmarks.records)
+    record = ParityRecord
 
     Params = ParityParams
     needs = {"trim": ("trim", 0)}

@@ -123,8 +123,8 @@ def window_offsets(params: PerplexityParams, text_tokens: int, seed: int) -> lis
 class Perplexity(TextModelBenchmark):
     """Perplexity of a continuation read through the method's cache, against the plain model."""
     measured_in = "kvbench.benchmarks.measure.perplexity"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = PerplexityRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = PerplexityRecord
 
     Params = PerplexityParams
     needs = {"decode_chunk": ("decode_chunk", 1)}

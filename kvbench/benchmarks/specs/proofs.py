@@ -55,15 +55,15 @@ class Proofs(Benchmark):
     bare codecs: a method's cache policy (full-precision sinks or window, requantization,
     eviction, sparse reads) is not applied, so a claim on a method that has one is refused."""
     measured_in = "kvbench.benchmarks.measure.proofs"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = ProofsRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = ProofsRecord
     # every vector goes through the codecs, none through the cache: a suite's claim on a method
     # whose settings' policy_beyond_codec() is not empty is refused (kvbench.suite.expand)
     codecs_only = True
 
     Params = ProofsParams
-    # Synthetic data needs no model; check() refuses data "captured" when the suite names none.
-    uses_model = False
+    # Synthetic data needs no model (uses_model stays False); check() refuses data "captured"
+    # when the suite names none.
     backends = ("torch", "mlx")
     metrics = {
         "compression_ratio": MetricSpec("x", "higher", "16-bit bytes of K and V / codec bytes"),

@@ -29,8 +29,8 @@ class Quality(TextModelBenchmark):
     """Next-token distributions and greedy text through the method's cache, against the plain
     model: top-k overlap, KL both ways, top-1 and greedy agreement."""
     measured_in = "kvbench.benchmarks.measure.quality"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = QualityRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = QualityRecord
 
     Params = QualityParams
     metrics = {

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvbench.config.fields import Settings, SettingError, param
-from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
+from kvbench.benchmarks.specs.base import MetricSpec, ModelBenchmark
 from kvbench.data.text import parse_hf_source, resolve_text
 from kvbench.models.info import ModelInfo
 
@@ -56,9 +56,7 @@ class RetrievalParams(Settings):
                 raise SettingError("essay", str(exc)) from None
 
 
-class RetrievalBenchmark(Benchmark):
-    uses_model = True
-    backends = ("torch", "mlx")
+class RetrievalBenchmark(ModelBenchmark):
     metrics = RETRIEVAL_METRICS
 
     def resolve_paths(self, params: Any, base_dir: Path) -> Any:

@@ -59,8 +59,8 @@ class Ruler(RetrievalBenchmark):
     method's cache, scored as NVIDIA does. Essay haystacks are the `essay` text (pydoc by
     default) in place of Paul Graham's essays; the noise haystacks are RULER's own."""
     measured_in = "kvbench.benchmarks.measure.ruler"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = RulerRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = RulerRecord
 
     Params = RulerParams
 

@@ -57,8 +57,8 @@ class Speed(Benchmark):
     """Encode and decode throughput of a method's codec, and its ratio to a memory copy of the
     same bytes measured in the same repeat. Needs a method with a codec."""
     measured_in = "kvbench.benchmarks.measure.speed"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = SpeedRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = SpeedRecord
 
     Params = SpeedParams
     backends = ("torch", "mlx")

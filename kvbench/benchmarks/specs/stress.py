@@ -313,8 +313,8 @@ class Stress(Benchmark):
     case's method, or another server): throughput, TTFT/TPOT/chunk-gap/e2e percentiles, errors,
     answers against the single-user answers, sessions held. One level (users) per case."""
     measured_in = "kvbench.benchmarks.measure.stress"
-    report = REPORT  # its part of the report (kvbench.benchmarks.reports)
-    record = StressRecord  # what its info holds (kvbench.benchmarks.records)
+    report = REPORT
+    record = StressRecord
 
     Params = StressParams
     metrics = METRICS
