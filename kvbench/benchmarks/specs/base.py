@@ -127,6 +127,9 @@ class ModelBenchmark(Benchmark):
     uses_model = True
     backends = ("torch", "mlx")
 
+    def check(self, params: Any, model: ModelInfo | None) -> None:
+        self.require_model(model)
+
 
 class TextModelBenchmark(ModelBenchmark):
     """A benchmark that reads a text's tokens through the suite's model. Its Params are

@@ -9,7 +9,6 @@ from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.benchmarks.records.compaction import CompactionRecord
 from kvbench.benchmarks.reports.compaction import REPORT
 from kvbench.benchmarks.specs.base import MetricSpec, ModelBenchmark, register_benchmark
-from kvbench.models.info import ModelInfo
 
 
 @dataclass
@@ -62,6 +61,3 @@ class Compaction(ModelBenchmark):
         "answer_agreement": MetricSpec(
             "", "higher", "fraction of answer tokens equal to the plain cache's"),
     }
-
-    def check(self, params: CompactionParams, model: ModelInfo | None) -> None:
-        self.require_model(model)
