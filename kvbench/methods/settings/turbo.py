@@ -206,10 +206,8 @@ class Turbo2(Turbo):
 
 @dataclass
 class _ChannelSplit(Turbo):
-    """The outlier presets' shared settings: upstream's channel split, the first half of each
-    block's channels one bit above the rest, each half with its own Haar rotation and fp32 norm.
-    Upstream: turboquant/outlier.py OutlierTurboQuant (TheTom/turboquant_plus), with QJL
-    (qjl=True here)."""
+    """The outlier presets' shared settings: upstream's split of the channels, turboquant/outlier.py
+    OutlierTurboQuant (TheTom/turboquant_plus), with QJL (qjl=True here)."""
 
     outlier_fraction: float = param(0.5, range=between(0, 1, high_open=True),
                                     meaning=OUTLIER_FRACTION)
@@ -221,8 +219,8 @@ class _ChannelSplit(Turbo):
 @dataclass
 class Turbo2_5(_ChannelSplit):
     """turbo preset: upstream's channel split, the first half of each block's channels at 3 bits
-    and the rest at 2 (3.0 bits/value at block 128; outlier_split="rotated" gives 2.625).
-    Upstream: OutlierTurboQuant(target_bits=2.5)."""
+    and the rest at 2, each half with its own Haar rotation and fp32 norm (3.0 bits/value at
+    block 128; outlier_split="rotated" gives 2.625). Upstream: target_bits=2.5."""
 
     bits: int = bits_param(2)
 
@@ -240,8 +238,8 @@ class Turbo3(Turbo):
 @dataclass
 class Turbo3_5(_ChannelSplit):
     """turbo preset: upstream's channel split, the first half of each block's channels at 4 bits
-    and the rest at 3 (4.0 bits/value at block 128; outlier_split="rotated" gives 3.625).
-    Upstream: OutlierTurboQuant(target_bits=3.5)."""
+    and the rest at 3, each half with its own Haar rotation and fp32 norm (4.0 bits/value at
+    block 128; outlier_split="rotated" gives 3.625). Upstream: target_bits=3.5."""
 
     bits: int = bits_param(3)
 
