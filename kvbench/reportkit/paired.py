@@ -49,18 +49,18 @@ class IdentityReferences:
                 yield case, reference
 
     def scored(self, items: Iterable[Item],
-               pairing: Callable[[CaseResult, CaseResult], Paired | None] = paired_samples,
+               pairing: Callable[[Item, CaseResult], Paired | None] = paired_samples,
                case_of: Callable[[Item], CaseResult] = lambda item: item,
                ) -> Iterator[tuple[Item, Paired | None]]:
-        """(item, pairing(its case, the reference)) for each item whose case has a reference:
-        None where identity ran other samples; an item on the same samples that pairs nothing
-        (no per-sample scores) is left out."""
+        """(item, pairing(item, its case's reference)) for each item whose case has a
+        reference: None where identity ran other samples; an item on the same samples that
+        pairs nothing (no per-sample scores) is left out."""
         for item in items:
             case = case_of(item)
             reference = self.of(case)
             if reference is None:
                 continue
-            paired = pairing(case, reference)
+            paired = pairing(item, reference)
             if paired is not None or not same_samples(case, reference):
                 yield item, paired
 

@@ -105,15 +105,15 @@ def rows_by_mode(result: RunResult) -> dict[str, list[TurnRow]]:
             for mode, rows in by_mode.items()}
 
 
-def _turn_pairs(case: CaseResult,
+def _turn_pairs(row: TurnRow,
                 reference: CaseResult) -> list[tuple[list[float], list[float]]] | None:
-    """Per turn, (the case's scores, identity's) over the samples both answered on the same
+    """Per turn, (the row's scores, identity's) over the samples both answered on the same
     prompts (info is sample-major: entry sample * turns + turn); None when nothing pairs."""
-    pair = paired_samples(case, reference)
+    pair = paired_samples(row.case, reference)
     if pair is None:
         return None
     mine, theirs = pair
-    turns = len(MultiturnRecord.of(case).turn_scores)
+    turns = row.turns
     whole = len(mine) // turns * turns  # the samples both answered every turn of
     if not whole:
         return None
