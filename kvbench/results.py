@@ -99,7 +99,9 @@ class CaseResult(_Record):
     device: str = "cpu"
     backend: str = "torch"
     threads: int | None = None  # the suite's torch thread setting; None: torch's default
-    model_dtype: str = "float32"
+    model_dtype: str = "float32"  # as it ran ("auto" only in a plan, before it runs)
+    model_revision: str | None = None  # a hub model's commit
+    chat: dict[str, Any] = Field(default_factory=dict)  # a system prompt, template arguments
     seed: int = 0
     status: Status
     metrics: dict[str, Metric] = Field(default_factory=dict)
@@ -119,17 +121,22 @@ class CaseResult(_Record):
 def defining_parts(case: CaseResult) -> dict[str, Any]:
     """What defines a case: two results may be compared only if all of it is equal. The
     machine is checked per run (its key), the code is what a gate judges, so neither is here.
-    A float32 model is left out, as every record before model_dtype was: their fingerprints
-    hold."""
+    A float32 model, no hub commit and no chat options are left out, as every record before
+    them was: their fingerprints hold. A hub model is its repository and commit, however the
+    suite named the revision."""
+    model = case.model
+    if case.model_revision and model:
+        model = model.partition("@")[0]
     parts = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": case.benchmark, "bench_params": case.bench_params,
         "method": case.method, "method_params": case.method_params,
-        "backend": case.backend, "model": case.model, "threads": case.threads,
+        "backend": case.backend, "model": model, "threads": case.threads,
         "data": case.comparable,
     }
-    if case.model_dtype != "float32":
-        parts["model_dtype"] = case.model_dtype
+    later = {"model_dtype": case.model_dtype != "float32" and case.model_dtype,
+             "model_revision": case.model_revision, "chat": case.chat}
+    parts.update({key: value for key, value in later.items() if value})
     return _portable(parts)
 
 

@@ -69,7 +69,7 @@ class KeyRecorder(Memo):
         return super().get(key, make)
 
 
-def _load(spec, device, backend="torch", dtype="float32"):
+def _load(spec, device, backend="torch", dtype="float32", **loading):
     if backend == "mlx":
         from kvbench.models.mlx_loading import load_mlx_model
 

@@ -91,14 +91,20 @@ def test_the_results_page_names_the_model_dtype(tmp_path):
     assert "tiny:llama (float16)" in (tmp_path / "site" / "index.html").read_text()
 
 
-def test_a_float32_suite_hashes_as_before_model_dtype(tmp_path):
-    """Runs started before model_dtype existed resume: a float32 suite's resolved defaults do
-    not name it, so its hash is unchanged; another dtype is another suite."""
+def test_a_suite_naming_no_dtype_hashes_as_before_model_dtype(tmp_path):
+    """Runs started before model_dtype existed resume: a suite that names none of the model
+    settings added since records none of them, so its hash is unchanged; a dtype it names is
+    another suite (float32 too: auto is the checkpoint's own dtype on a GPU)."""
+    from kvbench.suite.schema import LATER_MODEL_SETTINGS
+
     hashes = {}
-    for extra in ("", ", model_dtype: float32", ", model_dtype: bfloat16"):
+    for extra in ("", ", model_dtype: auto", ", model_dtype: float32", ", model_dtype: bfloat16"):
         path = tmp_path / "suite.yaml"
         path.write_text(SUITE.format(extra=extra))
         suite = load_suite(path)
         hashes[extra] = suite.hash
-        assert ("model_dtype" in suite.resolved["defaults"]) == ("bfloat16" in extra)
-    assert hashes[""] == hashes[", model_dtype: float32"] != hashes[", model_dtype: bfloat16"]
+        named = set(LATER_MODEL_SETTINGS) & set(suite.resolved["defaults"])
+        assert named == ({"model_dtype"} if extra not in ("", ", model_dtype: auto") else set())
+    assert hashes[""] == hashes[", model_dtype: auto"]
+    assert len({hashes[""], hashes[", model_dtype: float32"],
+                hashes[", model_dtype: bfloat16"]}) == 3

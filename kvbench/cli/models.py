@@ -1,5 +1,8 @@
-"""`kvbench models prepare NAME`: convert a bundled model once and verify it."""
+"""`kvbench models`: prepare the bundled model, download a hub model ahead of a run, and inspect
+which layers a method compresses."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -28,6 +31,39 @@ def models_prepare(name, force):
     console.print(f"[green]ready:[/] bundled:{name} at {path}")
 
 
+@models.command("download")
+@click.argument("spec")
+@click.option("--trust-remote-code", is_flag=True,
+              help="Also fetch the checkpoint's own modelling code (*.py), for a suite that"
+                   " sets trust_remote_code: true.")
+@click.option("--tokenizer-only", is_flag=True,
+              help="Only the config, tokenizer and generation config (what a client of a server"
+                   " that has the model needs), not the weights.")
+def models_download(spec, trust_remote_code, tokenizer_only):
+    """Download a hub model (Org/Name, or Org/Name@revision: a branch, tag or commit) into the
+    Hugging Face cache ahead of a run: what a cluster's shared cache, or a machine that runs
+    offline later (HF_HUB_OFFLINE=1), needs. The files a checkpoint needs are fetched: config,
+    generation config, tokenizer and chat template, and its weights (safetensors; .bin where it
+    has none). HF_TOKEN is the token for a gated model; HF_HUB_CACHE or HF_HOME say where the
+    cache is."""
+    from kvbench import hub
+    from kvbench.models.info import checkpoint_folder, describe_model
+
+    if hub.HubRef.parse(spec) is None:
+        fail(f"{spec!r} is not a hub model id: Org/Name or Org/Name@revision")
+    try:
+        commit = describe_model(spec).revision
+        folder = checkpoint_folder(spec, commit, weights=not tokenizer_only,
+                                   code=trust_remote_code,
+                                   report=lambda text: console.print(escape(text)))
+    except ValueError as exc:
+        fail(str(exc))
+    files = [path for path in sorted(Path(folder).rglob("*")) if path.is_file()]
+    size = sum(path.stat().st_size for path in files)
+    console.print(f"[green]ready:[/] {escape(spec)} at commit {commit}: {len(files)} files,"
+                  f" {size / 1e9:.2f} GB in {escape(folder)}")
+
+
 @models.command("inspect")
 @click.argument("spec")
 @click.option("--backend", type=click.Choice(["torch", "mlx"]), default="torch",
@@ -37,8 +73,8 @@ def models_prepare(name, force):
 def models_inspect(spec, backend):
     """Each layer's kind (full, sliding window, linear attention or Mamba state, softcap, sinks,
     MLA), read from the model's config, and whether each shipped method runs on it or is refused,
-    and why. SPEC: a checkpoint folder, bundled:NAME, tiny:KIND or a cached hub id. The weights
-    are not loaded (with torch, the model is built on the meta device to read its attention
+    and why. SPEC: a checkpoint folder, bundled:NAME, tiny:KIND or a hub id (Org/Name[@revision]:
+    its config and tokenizer are fetched, not its weights). The weights are not loaded (with torch, the model is built on the meta device to read its attention
     modules)."""
     from rich.table import Table
 

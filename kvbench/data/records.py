@@ -1,6 +1,6 @@
 """A user's samples for the dataset benchmark: the rows of a local JSONL, JSON, CSV or Parquet
-file, or of a dataset already in the local `datasets` cache ("hf:<dataset>[:<config>]:<split>",
-never the network), read through the `datasets` library; and the fields a suite maps to each
+file, or of a dataset on the Hugging Face Hub ("hf:<dataset>[@<revision>][:<config>]:<split>",
+downloaded on first use), read through the `datasets` library; and the fields a suite maps to each
 sample's context, question, reference answers and classes (LongBench's context, input, answers
 and all_classes by default).
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvbench.data.hf_cache import load_cached, offline_datasets
+from kvbench.data.hf_datasets import datasets_module, load_hub_rows
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 HF = "hf:"
@@ -59,7 +59,7 @@ def is_hf(source: str) -> bool:
 
 
 def parse_hf_dataset(source: str) -> tuple[str, str | None, str]:
-    """"hf:<dataset>[:<config>]:<split>" -> (dataset, config, split)."""
+    """"hf:<dataset>[@<revision>][:<config>]:<split>" -> (dataset[@revision], config, split)."""
     parts = source.removeprefix(HF).split(":")
     if len(parts) == 2 and all(parts):
         return parts[0], None, parts[1]
@@ -85,10 +85,9 @@ def check_source(source: str) -> None:
 def load_rows(source: str) -> Any:
     """The rows as a datasets.Dataset (one split)."""
     check_source(source)
-    datasets = offline_datasets(f"data {source!r}", RecordsError)
-    datasets.disable_progress_bars()  # kvbench shows its own progress
     if is_hf(source):
-        return load_cached(f"data {source!r}", *parse_hf_dataset(source), error=RecordsError)
+        return load_hub_rows(f"data {source!r}", *parse_hf_dataset(source), error=RecordsError)
+    datasets = datasets_module(f"data {source!r}", RecordsError)
     try:
         return datasets.load_dataset(FORMATS[Path(source).suffix.lower()],
                                      data_files=str(source), split="train")

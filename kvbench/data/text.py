@@ -1,7 +1,8 @@
 """Offline text for perplexity and friends.
 
 A text source is "pydoc" (Python's own topic help, shipped with every Python), a file path, or
-"hf:<dataset>[:<config>]:<split>:<column>" read from the local `datasets` cache, never the network.
+"hf:<dataset>[@<revision>][:<config>]:<split>:<column>", a dataset on the Hugging Face Hub
+(kvbench.data.hf_datasets: downloaded on first use).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from kvbench.data.hf_cache import load_cached
+from kvbench.data.hf_datasets import load_hub_rows
 from kvbench.memo import Memo
 
 
@@ -45,7 +46,7 @@ def parse_hf_source(source: str) -> tuple[str, str | None, str, str]:
 
 def _hf_text(source: str) -> str:
     name, config, split, column = parse_hf_source(source)
-    rows = load_cached(f"text {source!r}: dataset {name!r}", name, config, split)
+    rows = load_hub_rows(f"text {source!r}", name, config, split)
     if column not in rows.column_names:
         raise ValueError(f"text {source!r}: no column {column!r}; columns: {rows.column_names}")
     return "\n\n".join(str(value) for value in rows[column])

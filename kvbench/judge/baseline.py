@@ -29,7 +29,10 @@ def definition_problems(baseline: RunResult, planned: list[CaseResult]) -> list[
         old = stored.get(record.id)
         if old is None or old.status != "ok":
             continue
-        record = record.model_copy(update={"comparable": old.comparable})  # data: known later
+        known_later = {"comparable": old.comparable}  # the data's hashes, once it runs
+        if record.model_dtype == "auto":  # resolved on the device that runs it
+            known_later["model_dtype"] = old.model_dtype
+        record = record.model_copy(update=known_later)
         record.fingerprint = fingerprint(record)
         differences = fingerprint_differences(old, record)
         if differences:

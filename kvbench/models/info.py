@@ -5,21 +5,23 @@ A spec is one of:
   tiny:KIND         tiny random-weight models for tests (kvbench.models.tiny; the kinds in
                     kvbench.models.tiny_configs)
   PATH              a local transformers checkpoint folder with a config.json
-  ORG/NAME          a hub id, only if already in the local Hugging Face cache (no network at run)
+  ORG/NAME[@REV]    a model on the Hugging Face Hub, at a branch, tag or commit (main by
+                    default): its config.json is read at validate (downloaded if the cache
+                    lacks it), its weights when it is loaded (kvbench.hub)
 """
 from __future__ import annotations
 
 import json
-import re
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from kvbench import hub
 from kvbench.config.registry import did_you_mean
 from kvbench.config.fields import SettingError
 from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, refusal
 from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, TINY_MAX_CONTEXT
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -30,6 +32,18 @@ class ModelInfo:
     # what each layer caches (kvbench.models.layer_kinds); empty where the config does not say
     layer_kinds: list[LayerKind] = field(default_factory=list)
     value_dim: int | None = None  # each cached value's width (head_dim, except under MLA)
+    revision: str | None = None  # a hub model's commit, resolved from the revision asked for
+    dtype: str | None = None  # the dtype its checkpoint stores (config.json's)
+    context_from: str = ""  # where max_context comes from, for the messages that quote it
+    config: dict = field(default_factory=dict, repr=False)  # config.json as written
+
+    def with_max_context(self, tokens: int | None) -> ModelInfo:
+        """This model with the suite's `max_context:` in place of its config's (None: as is)."""
+        if tokens is None:
+            return self
+        said = f"; its config says {self.max_context}" if self.max_context else ""
+        return dataclasses.replace(self, max_context=tokens,
+                                   context_from=f"the suite's max_context{said}")
 
 
 @dataclass(frozen=True)
@@ -68,24 +82,72 @@ def describe_model(spec: str) -> ModelInfo:
     """What validation needs to know about `spec`, without loading it (ValueError if unusable)."""
     kind, target = resolve_spec(spec)
     if kind == "bundled":
-        return ModelInfo(spec, BUNDLED[target].max_context, BUNDLED[target].head_dim)
+        bundle = BUNDLED[target]
+        return ModelInfo(spec, bundle.max_context, bundle.head_dim, dtype="float32",
+                         context_from="the bundled model's training length")
     if kind == "tiny":
-        return _described(spec, TINY_CONFIGS[target], TINY_MAX_CONTEXT)
+        return _described(spec, TINY_CONFIGS[target], TINY_MAX_CONTEXT,
+                          "the tiny models' limit")
+    revision = None
+    if kind == "hub":
+        path = hub.file_at(hub.HubRef.parse(target), "config.json")
+        revision = hub.commit_of(path)
+    else:
+        path = Path(target, "config.json")
     try:
-        config = json.loads(Path(target, "config.json").read_text())
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"model {spec!r}: cannot read its config.json ({exc})") from None
     if not isinstance(config, dict):
         raise ValueError(f"model {spec!r}: its config.json is not a mapping")
-    limit = config.get("max_position_embeddings")
-    return _described(spec, config, limit if type(limit) is int else None)
+    info = _described(spec, config, *context_limit(config))
+    return dataclasses.replace(info, revision=revision, config=config)
 
 
-def _described(spec: str, config: dict, max_context: int | None) -> ModelInfo:
+def _described(spec: str, config: dict, max_context: int | None, context_from: str) -> ModelInfo:
     kinds = config_layer_kinds(config)
-    _, head_dim, value_dim = cached_widths(kinds, 0, _head_dim(config.get("text_config") or config))
+    text = _text_config(config)
+    _, head_dim, value_dim = cached_widths(kinds, 0, _head_dim(text))
+    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") \
+        or config.get("torch_dtype")
     return ModelInfo(spec=spec, max_context=max_context, head_dim=head_dim, layer_kinds=kinds,
-                     value_dim=value_dim)
+                     value_dim=value_dim, dtype=dtype if isinstance(dtype, str) else None,
+                     context_from=context_from)
+
+
+# rope scalings that stretch the positions a model was trained on by `factor`
+# (transformers' modeling_rope_utils); llama3's and longrope's configs state the stretched
+# length as max_position_embeddings already
+_STRETCHING = ("linear", "dynamic", "yarn")
+
+
+def context_limit(config: dict) -> tuple[int | None, str]:
+    """(tokens the model is good for, where that comes from), as transformers reads its config:
+    max_position_embeddings, stretched by a linear, dynamic or YaRN rope scaling's factor over
+    the length it was trained on."""
+    text = _text_config(config)
+    limit = text.get("max_position_embeddings")
+    if type(limit) is not int:
+        return None, "its config states no max_position_embeddings"
+    said = f"max_position_embeddings {limit}"
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        rope = rope["full_attention"]  # transformers 5: per layer type
+    kind = isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type"))
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if kind not in _STRETCHING or not isinstance(factor, (int, float)) or factor <= 1:
+        return limit, said
+    trained = rope.get("original_max_position_embeddings")
+    trained = trained if type(trained) is int else limit
+    stretched = int(trained * factor)
+    if stretched <= limit:
+        return limit, said
+    return stretched, f"{said}; rope scaling {kind} x{factor:g} over {trained} gives {stretched}"
+
+
+def _text_config(config: dict) -> dict:
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
 
 
 def method_refusal(settings, info: ModelInfo, kinds: list[LayerKind] | None = None,
@@ -120,7 +182,8 @@ def _head_dim(config: dict) -> int | None:
 
 
 def resolve_spec(spec: str) -> tuple[str, str]:
-    """(kind, target): bundled/tiny -> name; path/hub -> a folder holding config.json."""
+    """(kind, target): bundled/tiny -> name; path -> the folder holding its config.json; hub ->
+    the spec (Org/Name[@revision]), whose files kvbench.hub fetches."""
     if spec.startswith("bundled:"):
         name = spec.removeprefix("bundled:")
         bundled_model(name)  # raises ValueError with the known names
@@ -142,8 +205,8 @@ def resolve_spec(spec: str) -> tuple[str, str]:
                 f"model path {str(path)!r} has no config.json (not a checkpoint folder)"
             )
         return "path", str(path)
-    if _HUB_ID.match(spec):
-        return "hub", _cached_hub_folder(spec)
+    if hub.HubRef.parse(spec):
+        return "hub", spec
     raise ValueError(f"model path {spec!r} does not exist")
 
 
@@ -155,19 +218,25 @@ def expand_home(spec: str) -> Path:
         return Path(spec)
 
 
-def _cached_hub_folder(repo_id: str) -> str:
+def checkpoint_folder(spec: str, revision: str | None = None, weights: bool = True,
+                      code: bool = False, report: Callable[[str], None] | None = None) -> str:
+    """The folder holding a checkpoint folder's or a hub model's files: for a hub model, at
+    `revision` (a commit; None: the one its revision names now), downloaded on first use, with
+    its weights when `weights` and its own code when `code`. Not for bundled or tiny specs."""
+    kind, target = resolve_spec(spec)
+    if kind != "hub":
+        return target
+    ref = hub.HubRef.parse(target)
+    commit = revision or hub.commit_of(hub.file_at(ref, "config.json"))
+    return str(hub.checkpoint(ref, commit, weights=weights, code=code, report=report))
+
+
+def generation_stop_ids(folder: str) -> tuple[int, ...]:
+    """The ids a checkpoint's generation_config.json says end a generation (its eos_token_id:
+    one id or a list), where it has one."""
     try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # comes with transformers: not there in an install without torch
-        raise ValueError(
-            f"model {repo_id!r} is not a local folder, and looking for it in the Hugging Face"
-            " cache needs huggingface_hub (pip install 'kvbench[torch]')"
-        ) from None
-    config = try_to_load_from_cache(repo_id, "config.json")
-    if not isinstance(config, str):
-        raise ValueError(
-            f"model {repo_id!r} is not a local folder and not in the local Hugging Face cache;"
-            " kvbench has no network at run time. Download it beforehand, or pass a local"
-            " checkpoint path (or bundled:smollm2-135m)."
-        )
-    return str(Path(config).parent)
+        ids = json.loads(Path(folder, "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return ()
+    ids = ids if isinstance(ids, list) else [ids]
+    return tuple(i for i in ids if type(i) is int)

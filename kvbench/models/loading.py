@@ -12,7 +12,10 @@ import torch
 from kvbench.backends.torch_backend import DTYPES
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
-from kvbench.models.info import TINY_MAX_CONTEXT, describe_model, resolve_spec
+from kvbench.models.info import (
+    checkpoint_folder, describe_model, generation_stop_ids, resolve_spec,
+)
+from kvbench.models.options import AUTO, LoadOptions, resolved_dtype
 from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, with_sinks
 from kvbench.models.tiny import build_tiny
 
@@ -29,43 +32,72 @@ class LoadedModel:
     dtype: torch.dtype
     layer_kinds: list[LayerKind]  # what each layer caches (kvbench.models.layer_kinds)
     value_dim: int  # each cached value's width: head_dim, except under MLA
+    # the model's generation_config.json: the ids that end an answer, beside the tokenizer's
+    # eos (Llama 3's <|eot_id|>, Gemma's <end_of_turn>)
+    stop_ids: tuple[int, ...] = ()
+    # what computes the prompt's attention (SDPA's backends differ in rounding), for info.impl
+    prefill_attention: str = ""
 
 
 def load_model(
     spec: str, device: torch.device | str = "cpu", log: Callable[[str], None] | None = None,
-    dtype: str = "float32",
+    dtype: str = AUTO, revision: str | None = None, options: LoadOptions = LoadOptions(),
 ) -> LoadedModel:
-    """Load the model a spec names, in eval mode, on `device`, its weights in `dtype`
-    (float32, bfloat16 or float16)."""
+    """Load the model a spec names, in eval mode, on `device` (or placed by options.device_map),
+    its weights loaded in `dtype` (float32, bfloat16, float16, or auto: models.options); a hub
+    model at `revision` (a commit; None: what its spec names now), downloaded on first use with
+    its progress handed to `log`."""
     log = log or _stderr
+    device = torch.device(device)
     kind, target = resolve_spec(spec)
+    info = describe_model(spec).with_max_context(options.max_context)
+    torch_dtype = DTYPES[resolved_dtype(dtype, device.type, info.dtype)]
     if kind == "tiny":
         model, tokenizer = build_tiny(target)
-        max_context = TINY_MAX_CONTEXT
+        model = model.to(device=device, dtype=torch_dtype)
+        stop_ids: tuple[int, ...] = ()
     else:
         if kind == "bundled":
             target = str(prepared_dir(target, log))
-        model, tokenizer = _load_transformers(target)
-        max_context = describe_model(spec).max_context
+        else:
+            target = checkpoint_folder(spec, revision, code=options.trust_remote_code,
+                                       report=log)
+        model = _load_transformers(target, torch_dtype, device, options)
+        tokenizer = _tokenizer(target, options.trust_remote_code)
+        stop_ids = generation_stop_ids(target)
     config = model.config.get_text_config()
     heads = config.num_attention_heads
-    torch_dtype = DTYPES[dtype]
     kinds = model_layer_kinds(model)
     kv_heads, head_dim, value_dim = cached_widths(
         kinds, getattr(config, "num_key_value_heads", None) or heads,
         getattr(config, "head_dim", None) or config.hidden_size // heads)
     return LoadedModel(
         spec=spec,
-        model=model.to(device=device, dtype=torch_dtype),
+        model=model,
         tokenizer=tokenizer,
         num_layers=config.num_hidden_layers,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_context=max_context,
+        max_context=info.max_context,
         dtype=torch_dtype,
         layer_kinds=kinds,
         value_dim=value_dim,
+        stop_ids=stop_ids,
+        prefill_attention=prefill_attention(device),
     )
+
+
+def prefill_attention(device: torch.device) -> str:
+    """What computes a prompt's attention: kvbench's attention over torch's SDPA, with the SDPA
+    backends torch may pick from on this device."""
+    if device.type != "cuda":
+        return f"kvbench attention over torch SDPA ({device.type})"
+    enabled = [name for name, on in (
+        ("flash", torch.backends.cuda.flash_sdp_enabled()),
+        ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
+        ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+        ("math", torch.backends.cuda.math_sdp_enabled())) if on]
+    return f"kvbench attention over torch SDPA (cuda: {', '.join(enabled)} enabled)"
 
 
 def model_layer_kinds(model) -> list[LayerKind]:
@@ -95,6 +127,8 @@ def meta_layer_kinds(spec: str) -> list[LayerKind]:
     else:
         if kind == "bundled":
             target = str(prepared_dir(target, _stderr))
+        else:
+            target = checkpoint_folder(spec, weights=False)
         try:
             config = AutoConfig.from_pretrained(target, local_files_only=True)
         except (OSError, ValueError):
@@ -104,22 +138,34 @@ def meta_layer_kinds(spec: str) -> list[LayerKind]:
     return model_layer_kinds(model)
 
 
-def _load_transformers(folder: str):
+def _load_transformers(folder: str, dtype: torch.dtype, device: torch.device,
+                       options: LoadOptions):
+    """The checkpoint's weights loaded straight into `dtype` (never float32 first: an 8B model
+    in bf16 needs 16 GB, not 32), onto `device` or where options.device_map places them."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its bar would tear kvbench's own progress display
+    placement = {}
+    if options.device_map is not None:
+        placement["device_map"] = options.device_map
+        if options.max_memory:
+            placement["max_memory"] = {int(key) if key.isdigit() else key: value
+                                       for key, value in options.max_memory.items()}
+    elif device.type != "cpu":
+        placement["device_map"] = {"": device}  # loaded on the device, not through host memory
     # kvbench's attention is SDPA unless a cache layer hands it a key bias or sparse-V; the
     # adapter relies on SDPA needing no mask for one-token steps.
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation=ATTENTION, local_files_only=True
-    )
-    return model.eval(), _tokenizer(folder)
+        folder, dtype=dtype, attn_implementation=ATTENTION, local_files_only=True,
+        trust_remote_code=options.trust_remote_code, **placement)
+    return model.eval()
 
 
-def load_tokenizer(spec: str, log: Callable[[str], None] | None = None) -> Any:
-    """The tokenizer alone of the model a spec names (no weights): what a client of a server
-    that has the model needs."""
+def load_tokenizer(spec: str, log: Callable[[str], None] | None = None,
+                   revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """The tokenizer alone of the model a spec names (no weights read or downloaded): what a
+    client of a server that has the model needs."""
     kind, target = resolve_spec(spec)
     if kind == "tiny":
         from kvbench.models.tiny import ByteTokenizer
@@ -127,13 +173,16 @@ def load_tokenizer(spec: str, log: Callable[[str], None] | None = None) -> Any:
         return ByteTokenizer()
     if kind == "bundled":
         target = str(prepared_dir(target, log or _stderr))
-    return _tokenizer(target)
+    else:
+        target = checkpoint_folder(spec, revision, weights=False, code=trust_remote_code)
+    return _tokenizer(target, trust_remote_code)
 
 
-def _tokenizer(folder: str) -> Any:
+def _tokenizer(folder: str, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                              trust_remote_code=trust_remote_code)
     # Whole texts are tokenized and then windowed: the "longer than max length" warning is noise.
     tokenizer.model_max_length = sys.maxsize
     return tokenizer

@@ -48,22 +48,32 @@ class MLXLoaded:
     attention: tuple[str, ...] = ()
     layer_kinds: list = dataclasses.field(default_factory=list)  # kvbench.models.layer_kinds
     value_dim: int | None = None  # each cached value's width (None: head_dim; MLA's differs)
+    stop_ids: tuple[int, ...] = ()  # generation_config.json's ids that end an answer
+    prefill_attention: str = "kvbench attention over MLX's scaled_dot_product_attention"
 
 
-def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLoaded:
-    """The mlx-lm model a spec names (see kvbench.models.loading), loaded anew: the runner
-    shares one per run between its cases."""
+def load_mlx_model(spec: str, log: Callable[[str], None] | None = None,
+                   revision: str | None = None, max_context: int | None = None) -> MLXLoaded:
+    """The mlx-lm model a spec names (see kvbench.models.loading; a hub model at `revision`, a
+    commit, downloaded on first use), loaded anew: the runner shares one per run between its
+    cases. max_context: the suite's, in place of the config's."""
     from kvbench.models.bundled import prepared_dir
-    from kvbench.models.info import describe_model, resolve_spec
+    from kvbench.models.info import (
+        checkpoint_folder, describe_model, generation_stop_ids, resolve_spec,
+    )
 
     log = log or _stderr
     kind, target = resolve_spec(spec)
+    stop_ids: tuple[int, ...] = ()
     if kind == "tiny":
         model, tokenizer, config, kinds = _build_tiny(target)
     else:
         if kind == "bundled":
             target = str(prepared_dir(target, log))
+        else:
+            target = checkpoint_folder(spec, revision, report=log)
         model, tokenizer, config, kinds = _load_folder(Path(target), log)
+        stop_ids = generation_stop_ids(target)
     attention = install(model)
     kv_heads, head_dim = _dimensions(model, config)
     check_mla(model, config, kinds)
@@ -78,10 +88,11 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None) -> MLXLo
         num_layers=len(model.layers),
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_context=describe_model(spec).max_context,
+        max_context=describe_model(spec).with_max_context(max_context).max_context,
         attention=attention,
         layer_kinds=kinds,
         value_dim=value_dim,
+        stop_ids=stop_ids,
     )
 
 
@@ -137,7 +148,7 @@ def mlx_refusal(spec: str) -> str | None:
     lazy, so nothing is computed or held), or None: what validation refuses on backend mlx."""
     from transformers import AutoConfig
 
-    from kvbench.models.info import resolve_spec
+    from kvbench.models.info import describe_model, resolve_spec
     from kvbench.models.tiny_configs import TINY_CONFIGS
 
     kind, target = resolve_spec(spec)
@@ -147,7 +158,7 @@ def mlx_refusal(spec: str) -> str | None:
         written = TINY_CONFIGS[target]
         config = {**AutoConfig.for_model(**written).to_dict(), **written}
     else:
-        config = written = json.loads(Path(target, "config.json").read_text())
+        config = written = describe_model(spec).config
     try:
         _checked_architecture({**config, **mlx_overrides(config)}, config_layer_kinds(written))
     except ValueError as exc:

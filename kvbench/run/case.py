@@ -21,6 +21,7 @@ from kvbench.judge.claims import judge
 from kvbench.memo import Memo
 from kvbench.run.files import now
 from kvbench.methods import implementation
+from kvbench.models.options import LoadOptions, resolved_dtype
 from kvbench.results import CaseError, CaseResult, fingerprint
 from kvbench.suite.case import Case
 
@@ -92,23 +93,26 @@ def device_name(device: torch.device, backend: str) -> str:
 
 
 class ModelCache:
-    """Loads each (model, device) once per run: cases share weights, never caches."""
+    """Loads each model (spec, device, backend, dtype, commit, options) once per run: cases
+    share weights, never caches."""
 
     def __init__(self):
         self._loaded = {}
 
     def __call__(self, spec: str, device: torch.device, backend: str = "torch",
-                 dtype: str = "float32"):
-        key = (spec, str(device), backend, dtype)
+                 dtype: str = "float32", revision: str | None = None,
+                 options: LoadOptions = LoadOptions(),
+                 log: Callable[[str], None] | None = None):
+        key = (spec, str(device), backend, dtype, revision, options.key())
         if key not in self._loaded:
             if backend == "mlx":
                 from kvbench.models.mlx_loading import load_mlx_model
 
-                self._loaded[key] = load_mlx_model(spec)
+                self._loaded[key] = load_mlx_model(spec, log, revision, options.max_context)
             else:
                 from kvbench.models import load_model
 
-                self._loaded[key] = load_model(spec, device, dtype=dtype)
+                self._loaded[key] = load_model(spec, device, log, dtype, revision, options)
         return self._loaded[key]
 
 
@@ -146,11 +150,14 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
             seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
             record.device = device_name(device, case.backend)
+            record.model_dtype = resolved_dtype(case.model_dtype, device.type,
+                                                case.load_options.checkpoint_dtype)
             benchmark = measurement(BENCHMARKS.get(case.benchmark))
             method = implementation(case.settings, case.backend)
             ctx = RunContext(
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
-                model_dtype=case.model_dtype,
+                model_dtype=record.model_dtype, model_revision=case.model_revision,
+                load_options=case.load_options, chat=case.chat,
                 load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
                 keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
                 files_dir=files_dir,
@@ -159,9 +166,13 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         record.metrics, record.info, record.comparable = (
             output.metrics, output.info, output.comparable,
         )
-        impl_log = method.impl_log  # which implementation ran (kvbench.kernels)
-        if impl_log is not None and impl_log.ran:
-            record.info["impl"] = impl_log.summary()
+        impl = {}  # which implementation ran (kvbench.kernels), and the prompt's attention
+        if method.impl_log is not None:
+            impl.update(method.impl_log.summary())
+        if ctx.loaded is not None:
+            impl["prefill_attention"] = ctx.loaded.prefill_attention
+        if impl:
+            record.info["impl"] = impl
         benchmark.record.check(record.info)  # a key its record does not declare: a bug here
         record.claims = judge_own(case.claims, output.metrics)
         record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"

@@ -6,6 +6,7 @@ from typing import Any
 
 from kvbench.judge.claims import Claim
 from kvbench.judge.tolerance import Tolerance
+from kvbench.models.options import ChatOptions, LoadOptions
 from kvbench.results import CaseError, CaseResult
 
 
@@ -24,7 +25,12 @@ class Case:
     timeout_s: float | None
     backend: str = "torch"
     threads: int | None = None  # torch CPU threads; None: torch's default
-    model_dtype: str = "float32"
+    model_dtype: str = "auto"  # auto: resolved where the case runs (models.options)
+    # a hub model's commit, resolved from its revision when the suite was validated: every
+    # process that runs the case loads that commit
+    model_revision: str | None = None
+    load_options: LoadOptions = field(default_factory=LoadOptions)
+    chat: ChatOptions = field(default_factory=ChatOptions)
     claims: list[Claim] = field(default_factory=list)
     # What the case runs with: the benchmark's Params and the method's settings as the suite
     # validated them (their plain data is bench_params and method_params, for the record). A
@@ -44,7 +50,8 @@ class Case:
             id=self.id, benchmark=self.benchmark, bench_params=self.bench_params,
             method=self.method, method_label=self.method_label, method_params=self.method_params,
             model=self.model, device=self.device, backend=self.backend, threads=self.threads,
-            model_dtype=self.model_dtype, seed=self.seed,
+            model_dtype=self.model_dtype, model_revision=self.model_revision,
+            chat=self.chat.record(), seed=self.seed,
             status="refused" if self.refused else "ok",
             error=self.refused and CaseError(type=self.refused_as, message=self.refused,
                                              traceback=""),

@@ -20,7 +20,7 @@ from kvbench.methods import METHODS, has_implementation
 from kvbench.models.info import ModelInfo, method_refusal
 from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, Placed
-from kvbench.suite.models import ModelDescriber, model_spec
+from kvbench.suite.models import ModelDescriber, model_options, model_spec
 from kvbench.suite.names import (
     bench_claims, check_metric, check_reference, check_scopes, lookup, parse,
 )
@@ -66,7 +66,7 @@ def expand_cases(
     sizes = [_size(b.value.matrix) * max(1, len(c)) for b, c in zip(benchmarks, selections)]
     if _too_many(benchmarks, sizes, "cases", issues):
         return []
-    describe = ModelDescriber(issues)
+    describe = ModelDescriber(issues, defaults)
     cases: list[Case] = []
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
     metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
@@ -222,6 +222,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                    "set defaults.model, or model: on this benchmark, e.g. tiny:llama")
     cases = []
     benchmark = cls()
+    load_options, chat = model_options(defaults, info)
 
     def case(variant: _Variant, suffix: str, bench_params: dict[str, Any],
              refused: str | None, refused_as: str = "LibraryMissing", params=None) -> Case:
@@ -238,6 +239,9 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             backend=defaults.backend,
             threads=defaults.threads,
             model_dtype=defaults.model_dtype,
+            model_revision=info.revision if info else None,
+            load_options=load_options,
+            chat=chat,
             refused=refused,
             refused_as=refused_as,
             params=params,

@@ -23,6 +23,7 @@ from kvbench.suite.errors import Issues, Placed, SuiteError, SuiteIssue
 from kvbench.suite.expand import expand_cases
 from kvbench.suite.names import check_gate_metrics
 from kvbench.suite.schema import (
+    LATER_MODEL_SETTINGS,
     SCHEMA_VERSION,
     Defaults,
     SuiteFile,
@@ -57,8 +58,10 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
     issues.raise_if_any()
 
     defaults_written = settings.model_dump()
-    if defaults_written["model_dtype"] == "float32":  # as before model_dtype: runs still resume
-        del defaults_written["model_dtype"]
+    for key in LATER_MODEL_SETTINGS:
+        if defaults_written[key] == Defaults.model_fields[key].get_default(
+                call_default_factory=True):
+            del defaults_written[key]
     resolved = {
         "kvbench": SCHEMA_VERSION,
         "name": top.name or Path(shown).stem,

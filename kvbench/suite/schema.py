@@ -72,20 +72,55 @@ class Defaults(_Strict):
     seed: int = 0
     repeats: int = Field(1, ge=1)
     timeout_s: float | None = Field(900, gt=0, description="per case; null: no limit")
-    model_dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="the torch model's weights and activations (a method's cache "
-                               "stores in this dtype unless its own dtype says otherwise)")
+    model_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the torch model's weights and activations, loaded in it (a "
+                            "method's cache stores in this dtype unless its own dtype says "
+                            "otherwise); auto: the checkpoint's own dtype on CUDA and MPS, "
+                            "float32 on the CPU")
+    max_context: int | None = Field(
+        None, ge=1, description="tokens the model is good for, in place of what its config "
+                                "says (max_position_embeddings, stretched by its rope scaling)")
+    trust_remote_code: bool = Field(
+        False, description="run a hub checkpoint's own modelling code (its config's auto_map):"
+                           " only for a repository you trust")
+    device_map: str | dict[str, str | int] | None = Field(
+        None, description="accelerate's placement of a model larger than one device: auto, "
+                          "balanced, sequential, or {module: device}; null: the whole model on "
+                          "the case's device")
+    max_memory: dict[str | int, str] | None = Field(
+        None, description="with device_map: the most each device may hold, e.g. {0: 70GiB, "
+                          "cpu: 200GiB}")
+    system_prompt: str | None = Field(
+        None, description="a system message before every question put to a chat model")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra arguments of the model's chat template, e.g. "
+                                          "{enable_thinking: false} for Qwen3")
     threads: int | None = Field(
         None, ge=1, description="torch CPU threads for every case; null: torch's default. One "
                                 "thread keeps timings steady on a shared machine")
 
-
     @model_validator(mode="after")
-    def _model_dtype_on_torch(self) -> "Defaults":
-        if self.backend == "mlx" and self.model_dtype != "float32":
-            raise ValueError("model_dtype applies to torch models; on mlx the model runs as"
-                             " mlx-lm loads it (leave model_dtype out)")
+    def _torch_model_settings(self) -> "Defaults":
+        if self.backend == "mlx":
+            torch_only = [key for key in TORCH_MODEL_SETTINGS
+                          if getattr(self, key) != type(self).model_fields[key].default]
+            if self.model_dtype == "float32":  # what a suite written before auto said of any
+                torch_only.remove("model_dtype")
+            if torch_only:
+                verb = "applies" if len(torch_only) == 1 else "apply"
+                raise ValueError(f"{', '.join(torch_only)} {verb} to torch models; on mlx the"
+                                 " model runs as mlx-lm loads it (leave it out)")
+        if self.max_memory is not None and self.device_map is None:
+            raise ValueError("max_memory is for device_map: set device_map (e.g. auto) too")
         return self
+
+
+# what only a torch model is loaded with
+TORCH_MODEL_SETTINGS = ("model_dtype", "device_map", "max_memory", "trust_remote_code")
+# the model's settings added after suites were first stored: a suite's record (and so its hash,
+# which --resume checks) holds them only where they are set
+LATER_MODEL_SETTINGS = ("model_dtype", "max_context", "trust_remote_code", "device_map",
+                        "max_memory", "system_prompt", "chat_template_kwargs")
 
 
 class MethodEntry(_Strict):

@@ -19,13 +19,13 @@ def cpu_context(model: str | None = None, repeats: int = 1, *, loaded=None,
     if loaded is not None:
         model = model or loaded.spec
 
-        def load(spec, device, backend="torch", dtype="float32"):
+        def load(spec, device, backend="torch", dtype="float32", **loading):
             return loaded
     elif model is None:
         def load(spec, device, *args, **kwargs):
             return None
     else:
-        def load(spec, device, backend="torch", dtype="float32"):
+        def load(spec, device, backend="torch", dtype="float32", **loading):
             if backend == "mlx":
                 from kvbench.models.mlx_loading import load_mlx_model
 

@@ -15,6 +15,7 @@ from kvbench.backends.arrays import Arrays
 from kvbench.benchmarks.specs.base import TextWindowParams
 from kvbench.data.text import token_window
 from kvbench.memo import Memo
+from kvbench.models.options import ChatOptions, LoadOptions
 from kvbench.models.session import Session, TorchSession
 from kvbench.results import Metric
 
@@ -39,11 +40,15 @@ class RunContext:
     # A folder beside the run's results for files a case keeps (a server's log): made on first
     # use by whoever writes there; None outside a run.
     files_dir: Path | None = None
-    model_dtype: str = "float32"  # the torch model's dtype
+    model_dtype: str = "float32"  # the torch model's dtype (resolved: never auto)
+    model_revision: str | None = None  # a hub model's commit
+    load_options: LoadOptions = field(default_factory=LoadOptions)
+    chat: ChatOptions = field(default_factory=ChatOptions)  # how questions are put to it
+    loaded: Any = None  # the model once a measurement has loaded it
 
     def loaded_model(self) -> Any:
         """The suite's model on torch, in model_dtype (loaded once per run by the runner)."""
-        return self.load_model(self.model, self.device, dtype=self.model_dtype)
+        return self._load("torch")
 
     def open_session(self) -> Session:
         """The suite's model on the case's backend, as a session (loaded once per run by the
@@ -53,8 +58,14 @@ class RunContext:
         if self.backend == "mlx":
             from kvbench.models.mlx_session import MLXSession
 
-            return MLXSession(self.load_model(self.model, self.device, backend="mlx"))
+            return MLXSession(self._load("mlx"))
         return TorchSession(self.loaded_model(), self.device)
+
+    def _load(self, backend: str) -> Any:
+        self.loaded = self.load_model(self.model, self.device, backend=backend,
+                                      dtype=self.model_dtype, revision=self.model_revision,
+                                      options=self.load_options, log=self.status)
+        return self.loaded
 
     def open_window(self, params: TextWindowParams,
                     need: int) -> tuple[Session, list[int], list[int]]:

@@ -26,7 +26,6 @@ from kvbench.benchmarks.specs.ladder import Ladder, LadderParams
 from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.memo import Memo
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.info import describe_model
 from kvbench.models.session import Session, plain_kv_bytes, prefill
 
 # Warm-up prompt at most: long enough for a 10% budget to hold attention sinks and a window.
@@ -94,7 +93,7 @@ class LadderRun(Ladder):
         plain_bytes = plain_kv_bytes(session, cache)[1]
         retained = cache.accounted_bytes()
         prefill_s = forward_s + compact_s
-        trained = describe_model(session.spec).max_context
+        trained = session.loaded.max_context
         m = self.metrics
         return BenchmarkOutput(
             metrics={

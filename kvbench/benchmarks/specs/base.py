@@ -98,7 +98,8 @@ class Benchmark:
         if model.max_context is not None and total > model.max_context:
             raise SettingError(fields, f"{what} = {total} tokens is above the"
                                        f" {model.max_context} that model {model.spec} is good"
-                                       " for")
+                                       f" for ({model.context_from}); the suite's max_context:"
+                                       " sets another limit")
 
 
 @dataclass(kw_only=True)

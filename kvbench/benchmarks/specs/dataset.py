@@ -1,5 +1,5 @@
-"""`dataset`: a user's own samples (a local JSONL, JSON, CSV or Parquet file, or a dataset in the
-local `datasets` cache) answered through the compressed cache as ruler answers, scored with
+"""`dataset`: a user's own samples (a local JSONL, JSON, CSV or Parquet file, or a dataset on the
+Hugging Face Hub) answered through the compressed cache as ruler answers, scored with
 LongBench's metrics (THUDM/LongBench)."""
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class DatasetParams(Settings):
     """Parameters of the dataset benchmark."""
 
     data: str | None = param(None, meaning="a local .jsonl, .json, .csv or .parquet file (relative"
-                             " to the suite's folder), or hf:<dataset>[:<config>]:<split> read"
-                             " from the local datasets cache (never the network)")
+                             " to the suite's folder), or hf:<dataset>[@<revision>][:<config>]:"
+                             "<split> from the Hugging Face Hub (downloaded on first use)")
     context_field: str = param("context", meaning="the field holding a sample's context:"
                                " the template's {context}")
     question_field: str = param("input", meaning="the field holding a sample's question: the"
@@ -105,8 +105,8 @@ class DatasetParams(Settings):
 class Dataset(ModelBenchmark):
     """Your own samples through the cache, scored with LongBench's metrics.
 
-    Rows of a local JSONL/JSON/CSV/Parquet file (or a dataset in the local datasets cache, read
-    offline) mapped to a context, a question and reference answers, filled into a LongBench-style
+    Rows of a local JSONL/JSON/CSV/Parquet file (or a dataset on the Hugging Face Hub,
+    downloaded on first use) mapped to a context, a question and reference answers, filled into a LongBench-style
     template, framed by the model's chat template, cut in the middle or skipped past
     max_length; the context is prefilled and compressed once by the method and the answer is
     decoded greedily through the compressed cache (as ruler answers), scored with qa_f1,

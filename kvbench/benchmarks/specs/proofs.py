@@ -96,6 +96,4 @@ class Proofs(Benchmark):
             return
         if model is None:
             raise SettingError("data", "data: captured needs a model; set the suite's model")
-        if model.max_context is not None and params.tokens > model.max_context:
-            raise SettingError("tokens", f"tokens: {params.tokens} is above the model's context"
-                                         f" of {model.max_context}")
+        self.check_length(model, "tokens", params.tokens, "tokens")

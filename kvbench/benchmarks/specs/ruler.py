@@ -40,8 +40,8 @@ class RulerParams(RetrievalParams):
     min_samples: int = param(16, range=at_least(1), meaning="with half_width: the fewest"
                              " prompts a case answers before it may stop")
     qa_data: str | None = param(None, meaning="qa_1: SQuAD v2 dev JSON; qa_2: HotpotQA dev"
-                                " distractor JSON (a file, or a cached hf: source); other tasks"
-                                " ignore it")
+                                " distractor JSON (a file, or an hf: dataset on the hub); other"
+                                " tasks ignore it")
 
     def check(self) -> None:
         super().check()
@@ -75,7 +75,7 @@ class Ruler(RetrievalBenchmark):
         if kind and params.qa_data is None:
             raise SettingError(("qa_data", "task"), f"task {params.task} reads {kind}, which"
                                f" kvbench does not ship: set qa_data to a local"
-                               f" {QA_FILES[kind]} or a cached hf: source")
+                               f" {QA_FILES[kind]} or an hf: dataset on the hub")
         if kind and not params.qa_data.startswith("hf:") and not Path(params.qa_data).is_file():
             raise SettingError("qa_data", f"qa_data file {params.qa_data!r} does not exist")
         self.check_model(params, model, params.length, "length")

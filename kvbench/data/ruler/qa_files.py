@@ -1,11 +1,11 @@
 """The QA haystacks RULER reads (qa.py's read_squad / read_hotpotqa): a local file, or rows of a
-cached Hugging Face dataset."""
+Hugging Face Hub dataset."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from kvbench.data.hf_cache import load_cached
+from kvbench.data.hf_datasets import load_hub_rows
 from kvbench.data.ruler.tasks import QARecord
 
 
@@ -14,7 +14,7 @@ def read_qa(path_or_source: str, kind: str) -> list[QARecord]:
     dev-v2.0.json; unanswerable questions left out) or read_hotpotqa ("hotpotqa": HotpotQA dev
     distractor JSON; every listed paragraph is one of the question's documents). Documents are
     deduplicated and sorted into one pool. `path_or_source` is a JSON file, or
-    "hf:<dataset>[:<config>]:<split>" read from the local `datasets` cache (rajpurkar/squad_v2,
+    "hf:<dataset>[@<revision>][:<config>]:<split>" from the hub (rajpurkar/squad_v2,
     hotpotqa/hotpot_qa:distractor)."""
     if kind not in ("squad", "hotpotqa"):
         raise ValueError(f"QA kind must be 'squad' or 'hotpotqa', got {kind!r}")
@@ -71,7 +71,7 @@ def hf_rows(source: str) -> list[dict]:
     if len(parts) not in (2, 3):
         raise ValueError(f"QA source {source!r}: expected hf:<dataset>[:<config>]:<split>")
     name, config, split = (parts[0], None, parts[1]) if len(parts) == 2 else parts
-    return list(load_cached(f"QA source {source!r}", name, config, split))
+    return list(load_hub_rows(f"QA source {source!r}", name, config, split))
 
 
 def squad_from_rows(rows: list[dict]) -> dict:
