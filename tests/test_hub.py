@@ -190,3 +190,26 @@ def test_a_hub_dataset_is_downloaded_and_read(hub, tmp_path):
     records = read_records("hf:kvb-test/qa:easy:test", Fields("context", "input", "answers", None))
     assert [r.question for r in records] == ["q 0", "q 1", "q 2"]
     assert "datasets/kvb-test/qa/hard/test.jsonl" not in hub.downloaded()  # the config's files
+
+
+def test_an_mlx_community_4bit_checkpoint_runs_on_mlx_and_is_refused_on_torch(hub, tmp_path):
+    pytest.importorskip("mlx_lm")
+    from mlx_lm import convert
+
+    from kvbench.run.runner import run_suite
+
+    source = save_checkpoint(tmp_path / "source", hidden_size=128, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=32, intermediate_size=256)
+    convert(hf_path=str(source), mlx_path=str(tmp_path / "q4"), quantize=True, q_bits=4,
+            q_group_size=32)
+    sha = hub.add_model("mlx-community/tiny-4bit", checkpoint_files(tmp_path / "q4"))
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE.format(model="mlx-community/tiny-4bit").replace(
+        "device: cpu", "device: cpu, backend: mlx"))
+    result = run_suite(load_suite(path), tmp_path / "out").result
+    case = result.cases[0]
+    assert case.status == "ok", case.error
+    assert (case.model_revision, case.backend) == (sha, "mlx")
+    assert case.metrics["ppl_rel_delta"].value == 0
+    with pytest.raises(SuiteError, match="quantized by mlx-lm"):
+        _suite(tmp_path, "mlx-community/tiny-4bit")

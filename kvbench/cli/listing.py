@@ -66,6 +66,9 @@ def list_(what, name):
         for name, config in TINY_CONFIGS.items():
             table.add_row(f"tiny:{name}", "-", f"random weights, made in code (tests):"
                           f" transformers' {config['model_type']} config")
+        table.add_row(escape("Org/Name[@revision]"), "on first use",
+                      "any model on the Hugging Face Hub, at a branch, tag or commit (kvbench"
+                      " models download fetches it ahead); or a local checkpoint folder")
     else:
         from kvbench.suite.loader import suite_descriptions
         from kvbench.suite.locate import shipped_folder

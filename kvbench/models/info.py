@@ -78,8 +78,9 @@ def bundled_model(name: str) -> BundledModel:
     return BUNDLED[name]
 
 
-def describe_model(spec: str) -> ModelInfo:
-    """What validation needs to know about `spec`, without loading it (ValueError if unusable)."""
+def describe_model(spec: str, revision: str | None = None) -> ModelInfo:
+    """What validation needs to know about `spec`, without loading it (ValueError if unusable);
+    a hub model's config.json at `revision` (a commit) in place of the one its spec names."""
     kind, target = resolve_spec(spec)
     if kind == "bundled":
         bundle = BUNDLED[target]
@@ -90,7 +91,7 @@ def describe_model(spec: str) -> ModelInfo:
                           "the tiny models' limit")
     revision = None
     if kind == "hub":
-        path = hub.file_at(hub.HubRef.parse(target), "config.json")
+        path = hub.file_at(hub.HubRef.parse(target), "config.json", revision=revision)
         revision = hub.commit_of(path)
     else:
         path = Path(target, "config.json")
@@ -208,6 +209,12 @@ def resolve_spec(spec: str) -> tuple[str, str]:
     if hub.HubRef.parse(spec):
         return "hub", spec
     raise ValueError(f"model path {spec!r} does not exist")
+
+
+def pinned(spec: str, revision: str | None) -> str:
+    """A hub spec at the commit `revision` (Org/Name@sha), what another process loads to load
+    the same weights; any spec without a revision as it is."""
+    return f"{spec.partition('@')[0]}@{revision}" if revision else spec
 
 
 def expand_home(spec: str) -> Path:

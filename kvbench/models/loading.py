@@ -50,7 +50,7 @@ def load_model(
     log = log or _stderr
     device = torch.device(device)
     kind, target = resolve_spec(spec)
-    info = describe_model(spec).with_max_context(options.max_context)
+    info = describe_model(spec, revision).with_max_context(options.max_context)
     torch_dtype = DTYPES[resolved_dtype(dtype, device.type, info.dtype)]
     if kind == "tiny":
         model, tokenizer = build_tiny(target)

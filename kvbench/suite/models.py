@@ -74,8 +74,10 @@ def loading_refusal(info: ModelInfo, defaults: Defaults) -> str | None:
     """Why the suite's settings cannot load this checkpoint: weights quantized by mlx-lm on
     torch, or modelling code of its own that transformers lacks without trust_remote_code."""
     config = info.config
+    # mlx-lm writes `quantization` (and a copy as quantization_config); transformers'
+    # quantization_config names its quant_method
     if defaults.backend == "torch" and isinstance(config.get("quantization"), dict) \
-            and "quantization_config" not in config:
+            and "quant_method" not in (config.get("quantization_config") or {}):
         return (f"model {info.spec} is quantized by mlx-lm (config.json's quantization:"
                 f" {config['quantization']}); transformers cannot load it: run it with"
                 " backend: mlx, or name the checkpoint it was converted from")

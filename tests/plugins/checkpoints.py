@@ -44,10 +44,11 @@ def tokenizer_files() -> dict[str, str]:
 
 def save_checkpoint(folder: Path, kind: str = "llama", dtype: torch.dtype = torch.float32,
                     chat_template: str | None = None, stop_tokens: tuple[str, ...] = (),
-                    seed: int = 0) -> Path:
-    """A tiny checkpoint of `kind` in `folder`: config.json, model.safetensors in `dtype`, the
-    tokenizer (its eos <|endoftext|>), a chat template if given, and a generation_config.json
-    whose eos_token_id lists the tokenizer's eos and `stop_tokens`."""
+                    seed: int = 0, **config) -> Path:
+    """A tiny checkpoint of `kind` in `folder`: config.json (the kind's, with `config` over
+    it), model.safetensors in `dtype`, the tokenizer (its eos <|endoftext|>), a chat template
+    if given, and a generation_config.json whose eos_token_id lists the tokenizer's eos and
+    `stop_tokens`."""
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from kvbench.models.tiny_configs import TINY_CONFIGS
@@ -64,7 +65,7 @@ def save_checkpoint(folder: Path, kind: str = "llama", dtype: torch.dtype = torc
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = AutoConfig.for_model(**{**TINY_CONFIGS[kind], "vocab_size": len(tokenizer),
                                      "bos_token_id": eos, "eos_token_id": eos,
-                                     "pad_token_id": eos})
+                                     "pad_token_id": eos, **config})
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
