@@ -12,6 +12,7 @@ import torch
 
 from kvbench.models import load_model
 from kvbench.models.info import describe_model
+from kvbench.report.markdown import render_markdown
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 from tests.plugins.checkpoints import checkpoint_files, save_checkpoint
@@ -161,6 +162,7 @@ def test_a_suite_records_the_commit_and_the_gate_refuses_another(hub, two_commit
         runs[model] = run_suite(suite, tmp_path / model.replace("/", "_")).result
     stored = json.loads((tmp_path / f"{REPO}@v1".replace("/", "_") / "results.json").read_text())
     assert stored["cases"][0]["model_revision"] == first
+    assert f"model_revision={first[:12]}" in render_markdown(runs[f"{REPO}@v1"])
     report = gate(runs[REPO], runs[f"{REPO}@v1"])
     assert report.not_comparable_cases == ["perplexity/identity"]
     assert any(f"model_revision: '{first}' -> '{second}'" in reason for reason in report.reasons)

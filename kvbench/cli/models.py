@@ -61,7 +61,7 @@ def models_download(spec, trust_remote_code, tokenizer_only):
     files = [path for path in sorted(Path(folder).rglob("*")) if path.is_file()]
     size = sum(path.stat().st_size for path in files)
     console.print(f"[green]ready:[/] {escape(spec)} at commit {commit}: {len(files)} files,"
-                  f" {size / 1e9:.2f} GB in {escape(folder)}")
+                  f" {hub.readable_size(size)} in {escape(folder)}")
 
 
 @models.command("inspect")

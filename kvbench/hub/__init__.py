@@ -212,7 +212,7 @@ def _reporting(report: Callable[[str], None], what: str) -> type:
         def display(self, msg=None, pos=None):
             if self.unit != "B" or not self.total:
                 return True
-            text = f"downloading {what}: {_size(self.n)} of {_size(self.total)}"
+            text = f"downloading {what}: {readable_size(self.n)} of {readable_size(self.total)}"
             done = self.n >= self.total
             if text != Reported.said and (done or time.monotonic() - Reported.last >= 1):
                 Reported.last, Reported.said = time.monotonic(), text
@@ -222,7 +222,8 @@ def _reporting(report: Callable[[str], None], what: str) -> type:
     return Reported
 
 
-def _size(count: float) -> str:
+def readable_size(count: float) -> str:
+    """Bytes as a person reads them: 582.8 kB, 16.1 GB."""
     for unit in ("B", "kB", "MB"):
         if count < 1000:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

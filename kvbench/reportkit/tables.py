@@ -133,7 +133,7 @@ def by_benchmark(cases: list[CaseResult]) -> dict[str, list[CaseResult]]:
 
 
 # What every case has besides its bench params: the settings_set filter always keeps them.
-CASE_SETTINGS = ("model", "device", "model_dtype", "seed")
+CASE_SETTINGS = ("model", "model_revision", "device", "model_dtype", "seed")
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,8 @@ def benchmark_table(cases: list[CaseResult], row: Row,
 def _settings(case: CaseResult) -> dict[str, str]:
     shown = {k: fmt_param(v) for k, v in case.bench_params.items() if v is not None}  # unset
     shown.update({k: v for k, v in (("model", case.model), ("device", case.device)) if v})
+    if case.model_revision:  # a hub model's commit, as git shortens it
+        shown["model_revision"] = case.model_revision[:12]
     if case.model_dtype != "float32":
         shown["model_dtype"] = case.model_dtype
     shown["seed"] = str(case.seed)

@@ -338,3 +338,31 @@ def point_kvbench_at(hub: HubStandIn, monkeypatch, cache: Path) -> dict[str, str
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return env
+
+
+def main() -> None:
+    """Serve tiny checkpoints as hub repositories until interrupted, for trying kvbench against
+    a hub by hand: `python -m tests.plugins.hub_standin REPO[=FOLDER] ...` (a folder's files,
+    or a tiny checkpoint made here, tests.plugins.checkpoints) prints HF_ENDPOINT and each
+    repository's commit."""
+    import argparse
+    import tempfile
+    import time
+
+    from tests.plugins.checkpoints import checkpoint_files, save_checkpoint
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("repos", nargs="+", metavar="REPO[=FOLDER]")
+    args = parser.parse_args()
+    with HubStandIn() as hub, tempfile.TemporaryDirectory() as made:
+        for number, item in enumerate(args.repos):
+            repo, _, folder = item.partition("=")
+            folder = Path(folder) if folder else save_checkpoint(Path(made) / str(number))
+            print(f"{repo}@{hub.add_model(repo, checkpoint_files(folder))}", flush=True)
+        print(f"HF_ENDPOINT={hub.endpoint}", flush=True)
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
