@@ -38,6 +38,7 @@ class _ScriptedSession:
 
     num_kv_heads, head_dim, value_dim, kv_element_size = 1, 2, 2, 4
     layer_kinds: list = []  # a plain model
+    stop_ids = frozenset({EOS})
 
     def __init__(self, script: list[int]):
         self.script, self.calls = iter(script), []

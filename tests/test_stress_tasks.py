@@ -73,11 +73,11 @@ def test_responses_are_scored_as_ruler_scores_them():
 def test_generated_tokens_leave_out_end_of_sequence():
     r = rec()
     r.ids = [5, 6, 2]
-    assert lg.generated_tokens(r, eos=2) == 2
-    assert lg.generated_tokens(r, eos=None) == 3
+    assert lg.generated_tokens(r, stop_ids={2}) == 2
+    assert lg.generated_tokens(r, stop_ids=()) == 3
     r.ids = [2, 6]  # only a final end-of-sequence is the stop
-    assert lg.generated_tokens(r, eos=2) == 2
-    assert lg.generated_tokens(rec(error="x", t_first=None), eos=2) == 0
+    assert lg.generated_tokens(r, stop_ids={2}) == 2
+    assert lg.generated_tokens(rec(error="x", t_first=None), stop_ids={2}) == 0
 
 
 def test_slos_ttft_and_tpot_each_or_none():

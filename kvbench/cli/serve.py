@@ -54,26 +54,43 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any 
               help="Refuse request bodies above BYTES with 413, before reading the rest.")
 @click.option("--calibration", default=512, show_default=True, type=click.IntRange(min=0),
               help="Tokens of offline text handed to methods that calibrate themselves.")
+@click.option("--system-prompt", default=None, metavar="TEXT",
+              help="A system message before every chat request's messages (a request that opens"
+                   " with a system message of its own keeps it).")
+@click.option("--chat-template-kwargs", "template_kwargs_json", default="{}", show_default=True,
+              metavar="JSON",
+              help="Extra arguments of the model's chat template for every chat request, e.g."
+                   """ '{"enable_thinking": false}' for Qwen3; a request's"""
+                   " chat_template_kwargs override them key by key.")
+@click.option("--reasoning-parser", type=click.Choice(["think"]), default=None,
+              help="think: a chat answer's <think>...</think> block (or the text up to a"
+                   " </think> when the template opened the block) comes in the message's"
+                   " reasoning_content, the rest in its content, as vLLM's --reasoning-parser"
+                   " qwen3 / deepseek_r1 give it; usage counts every token generated. Default:"
+                   " the answer's whole text in content.")
 def serve(model, method_name, params_json, host, port, allow_remote, device, model_dtype, threads,
-          kv_budget, queue_timeout, max_batch, prefill_chunk, prefix_cache, max_body, calibration):
+          kv_budget, queue_timeout, max_batch, prefill_chunk, prefix_cache, max_body, calibration,
+          system_prompt, template_kwargs_json, reasoning_parser):
     """Serve a model over an OpenAI-compatible HTTP API with a kvbench method as every request's
     KV cache, decoding all active requests as one batch (continuous batching).
 
     Endpoints: /v1/completions and /v1/chat/completions (streaming with SSE), /v1/models,
     /health, /metrics (Prometheus: active and queued requests, KV bytes held, tokens). Requests
-    may set ignore_eos and return_token_ids (vLLM's extensions). Needs the [serve] extra.
+    may set ignore_eos and return_token_ids (vLLM's extensions), and a chat request
+    chat_template_kwargs (vLLM's). An answer ends at the tokenizer's end-of-sequence token or
+    any id the checkpoint's generation_config.json lists (Llama 3's <|eot_id|>, Qwen's
+    <|im_end|>). Chat and reasoning models (Qwen3): --chat-template-kwargs
+    '{"enable_thinking": false}' asks without thinking; --reasoning-parser think returns the
+    reasoning apart. Needs the [serve] extra.
     """
     from kvbench.config.extras import lacks
 
-    try:
-        params = json.loads(params_json)
-        if not isinstance(params, dict):
-            raise ValueError("must be a JSON object")
-    except ValueError as exc:
-        fail(f"--params: {exc}")
+    params = json_object("--params", params_json)
+    template_kwargs = json_object("--chat-template-kwargs", template_kwargs_json)
     missing = lacks("serve", "kvbench serve")
     if missing:
         fail(missing)
+    from kvbench.models.options import ChatOptions
     from kvbench.serve.server import check_host, serve as run_server
 
     try:
@@ -85,7 +102,20 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, mod
                    queue_timeout, max_batch, calibration, model_dtype=model_dtype,
                    prefill_chunk=prefill_chunk, max_body_bytes=max_body,
                    prefix_cache=prefix_cache,
+                   chat_options=ChatOptions(system_prompt, template_kwargs),
+                   reasoning_parser=reasoning_parser,
                    log=lambda message: print(f"kvbench serve: {message}", file=sys.stderr,
                                              flush=True))
     except ValueError as exc:  # a bad method, parameter or model spec
         fail(str(exc))
+
+
+def json_object(option: str, text: str) -> dict:
+    """`text` as a JSON object; the command fails naming `option` otherwise."""
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
+    except ValueError as exc:
+        fail(f"{option}: {exc}")
+    return value

@@ -11,6 +11,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.chat import stop_ids
 from kvbench.models.layer_kinds import every_layer_plain, without_attention
 from kvbench.models.shared_prefill import PrefilledPrompt, ingest
 
@@ -25,6 +26,8 @@ class Session(Protocol):
     layer_kinds: list  # what each layer caches (kvbench.models.layer_kinds.LayerKind)
     kv_element_size: int  # bytes per cached K/V element in the plain cache (the model's dtype)
     dtype: str  # the model's float dtype: "float32", "bfloat16", ...
+    # every id that ends an answer: the tokenizer's eos and the checkpoint's generation config's
+    stop_ids: frozenset[int]
     # What the model's outputs depend on: (backend, spec, device, dtype), the start of every
     # run-memo key of a value computed through it.
     memo_key: tuple[str, ...]
@@ -93,6 +96,7 @@ class SessionBase:
         self.spec, self.tokenizer = loaded.spec, loaded.tokenizer
         self.num_layers, self.num_kv_heads = loaded.num_layers, loaded.num_kv_heads
         self.head_dim, self.layer_kinds = loaded.head_dim, loaded.layer_kinds
+        self.stop_ids = stop_ids(loaded.tokenizer, loaded.stop_ids)
 
     def timed_through(self, cache: Any, work: Callable[[], Any]) -> tuple[Any, float]:
         """(work(), seconds), the clock read once the work done through `cache` is done."""

@@ -7,9 +7,12 @@ bodies it accepts are kvbench.serve.bodies', the replies it builds kvbench.serve
 ids). A completion may carry a batch of prompts (a choice each), and echo with logprobs scores
 the prompt through the method's cache (kvbench.serve.engine: its first `prefill_tokens`, half by
 default, prefilled and compressed, the rest fed one at a time and scored), so lm-eval's
-loglikelihood requests run unchanged. A bad request gets an OpenAI-style error object with the
-right status before anything is queued; a client that goes away has its request dropped and
-its cache freed.
+loglikelihood requests run unchanged. A chat request is framed with the server's chat options
+under its own chat_template_kwargs (kvbench.serve.chat_prompt); with a reasoning parser, its
+answer's reasoning comes in `reasoning_content` beside `content`, as vLLM's parsers give it (the
+reasoning's tokens counted in usage all the same). A bad request gets an OpenAI-style error object
+with the right status before anything is queued; a client that goes away has its request dropped
+and its cache freed.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 
+from kvbench.models.options import ChatOptions
 from kvbench.serve.bodies import MAX_STOPS, ChatBody, CommonBody, CompletionBody, StreamOptions
+from kvbench.serve.chat_prompt import chat_prompt, request_options
 from kvbench.serve.engine import Engine
 from kvbench.serve.events import Failed, Finished, Scored, Token
 from kvbench.serve.metrics import metrics_registry
@@ -55,9 +60,12 @@ def below_minimum(field: str, least: int, value: int) -> APIError:
 
 
 def create_app(engine: Engine, model_id: str, method_label: str, max_context: int | None,
-               default_max_tokens: int = 16,
-               max_body_bytes: int | None = None) -> FastAPI:
-    """The app over `engine`; max_body_bytes: bodies above it get 413 (None: no limit)."""
+               default_max_tokens: int = 16, max_body_bytes: int | None = None,
+               chat_options: ChatOptions = ChatOptions(),
+               reasoning_parser: str | None = None) -> FastAPI:
+    """The app over `engine`; max_body_bytes: bodies above it get 413 (None: no limit);
+    chat_options: what frames every chat request (its own chat_template_kwargs over them);
+    reasoning_parser: "think" puts a chat answer's <think>…</think> in reasoning_content."""
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None)
     tokenizer = engine.session.tokenizer
     vocab = engine.session.loaded.model.get_input_embeddings().num_embeddings
@@ -141,8 +149,13 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         field, max_tokens = body.reply_limit()
         if max_tokens is not None and max_tokens < 1:  # OpenAI's chat refuses 0 too
             raise below_minimum(field, 1, max_tokens)
-        prompt = await asyncio.to_thread(_chat_ids, [m.as_text() for m in body.messages],
-                                         tokenizer)
+        options = request_options(chat_options, body.chat_template_kwargs)
+        try:
+            framed = await asyncio.to_thread(
+                chat_prompt, [m.as_text() for m in body.messages], tokenizer, options, model_id)
+        except ValueError as exc:  # the template refused the messages or the options
+            raise APIError(400, str(exc), param="messages") from None
+        prompt = framed.ids
         if max_tokens is None and max_context is not None:  # as OpenAI: until the context ends
             if len(prompt) >= max_context:
                 raise APIError(400, f"the prompt's {len(prompt)} tokens leave no room for a reply"
@@ -152,13 +165,15 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
         check_context(prompt, max_tokens, field)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return await _serve(http, body, [prompt], max_tokens, logprobs, chat=True)
+        return await _serve(http, body, [prompt], max_tokens, logprobs, chat=True,
+                            opened=framed.reasoning_opened)
 
     async def _serve(http: HTTPRequest, body: CommonBody, prompts: list[list[int]],
                      max_tokens: int, logprobs: int | None, chat: bool,
-                     echoes: list[str] | None = None, prefilled: list[int] | None = None):
+                     echoes: list[str] | None = None, prefilled: list[int] | None = None,
+                     opened: bool = False):
         """Each prompt served as one engine request; a stream (one prompt) or one response
-        with a choice per prompt."""
+        with a choice per prompt. opened: a chat prompt ends inside a reasoning block."""
         if body.model is not None and body.model != model_id:
             raise unknown_model(body.model)
         if body.n != 1:
@@ -190,7 +205,8 @@ def create_app(engine: Engine, model_id: str, method_label: str, max_context: in
             reply = Reply(tokenizer, chat, model_id, body.return_token_ids, len(prompt),
                           body.stops, set(body.stop_token_ids), echoes[i] if echoes else "",
                           options.continuous_usage_stats, logprobs=logprobs is not None,
-                          index=i)
+                          index=i, reasoning=chat and reasoning_parser is not None,
+                          reasoning_opened=opened)
             runs.append((request, reply, events))
         for request, _, _ in runs:
             engine.submit(request)
@@ -365,11 +381,3 @@ def _prompt_ids(prompt: str | list[int] | list[str] | list[list[int]], tokenizer
         raise APIError(400, "prompt token ids must be within the vocabulary", param="prompt")
     return ids
 
-
-def _chat_ids(messages: list[dict], tokenizer) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    # a model without a chat template (the tiny test models): role-tagged lines
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-    return tokenizer.encode(text)

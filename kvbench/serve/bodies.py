@@ -3,7 +3,7 @@ may set; any other is refused with 400, never ignored. The README's "API surface
 them."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,6 +87,9 @@ class ChatBody(CommonBody):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: ResponseFormat | None = None
+    # vLLM's: the chat template's extra arguments (Qwen3's enable_thinking), over the server's
+    # --chat-template-kwargs key by key
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def reply_limit(self) -> tuple[str, int | None]:
         """(the field that sets the reply's length, its value): max_completion_tokens, which

@@ -79,7 +79,7 @@ class Engine:
         self.session, self.method = session, method
         self.kv_budget, self.queue_timeout_s, self.max_batch = kv_budget, queue_timeout_s, max_batch
         self.prefill_chunk = prefill_chunk
-        self.eos = getattr(session.tokenizer, "eos_token_id", None)
+        self.stop_ids = session.stop_ids  # the tokenizer's eos and the generation config's
         self.projection = Projection(method, session)
         if prefix_cache and not reusable(method):
             raise ValueError("--prefix-cache: the method evicts while the prompt is fed, or takes"
@@ -374,7 +374,7 @@ class Engine:
         request.emit(token)
         if len(request.generated) >= request.max_tokens:
             self._finish(request, "length")
-        elif token.id == self.eos and not request.ignore_eos:
+        elif token.id in self.stop_ids and not request.ignore_eos:
             self._finish(request, "stop")
 
     # a method, so that a subclass can make one request's sampling fail (the tests)

@@ -1,23 +1,28 @@
 """One request's OpenAI-shaped response, whole or as stream chunks: text decoded from the tokens,
 stop strings and stop token ids, echo (with the prompt's logprobs when it was scored), logprobs,
-usage; and a batch of prompts' replies as one response, a choice per prompt."""
+usage, a chat answer's reasoning apart (`reasoning_content`, with a reasoning parser); and a
+batch of prompts' replies as one response, a choice per prompt."""
 from __future__ import annotations
 
 import time
 import uuid
 from typing import Any
 
+from kvbench.models.chat import decode_answer, skipped_markers, split_reasoning
 from kvbench.serve.events import Finished, Scored, Token
 
 
 class Reply:
     """Builds one request's OpenAI-shaped response, whole or chunk by chunk. With stop strings
     the text ends before the first one (the tail that could begin one is held back while
-    streaming); a stop token id ends it before that token."""
+    streaming); a stop token id ends it before that token. With `reasoning` (a chat reply under
+    a reasoning parser), the text's <think>…</think> block (kvbench.models.chat.split_reasoning;
+    reasoning_opened: the prompt opened it) goes to reasoning_content, the rest to content."""
 
     def __init__(self, tokenizer, chat: bool, model_id: str, with_token_ids: bool,
                  prompt_tokens: int, stops: list[str], stop_ids: set[int], echo: str = "",
-                 usage_in_chunks: bool = False, logprobs: bool = False, index: int = 0):
+                 usage_in_chunks: bool = False, logprobs: bool = False, index: int = 0,
+                 reasoning: bool = False, reasoning_opened: bool = False):
         self.tokenizer, self.chat, self.model_id = tokenizer, chat, model_id
         self.with_token_ids, self.prompt_tokens = with_token_ids, prompt_tokens
         self.stops, self.stop_ids, self.echo = stops, stop_ids, echo
@@ -30,6 +35,10 @@ class Reply:
         self.text = ""  # the text sent so far
         self.stopped = False  # a stop string or stop token ended the reply
         self.streaming = False  # set by chunk(): a stream decodes at every token
+        self.reasoning, self.reasoning_opened = reasoning, reasoning_opened
+        # the markers kept in the text for the parser, even where they are special tokens
+        self.markers = skipped_markers(tokenizer) if reasoning else {}
+        self.sent = {"reasoning_content": "", "content": ""}  # a stream's parts sent so far
 
     def add(self, token: Token) -> str:
         """Record `token`; return the new text it completes (held back while it ends inside a
@@ -98,12 +107,27 @@ class Reply:
         choice: dict[str, Any] = {"index": self.index, "finish_reason": finish,
                                   "logprobs": self._logprobs(tokens, prompt, whole)}
         if self.chat:
-            choice["message" if whole else "delta"] = {"role": "assistant", "content": text}
+            choice["message" if whole else "delta"] = {"role": "assistant",
+                                                       **self._content(text, whole)}
         else:
             choice["text"] = text
         if self.with_token_ids:
             choice["token_ids"] = [t.id for t in tokens]
         return choice
+
+    def _content(self, text: str, whole: bool) -> dict[str, Any]:
+        """A chat message's content (whole: its text; a delta: the text new since the last),
+        its reasoning apart under the parser: a delta's from the whole text sent so far."""
+        if not self.reasoning:
+            return {"content": text}
+        parts = split_reasoning(text if whole else self.text, self.reasoning_opened)
+        if whole:
+            return {"content": parts.answer, "reasoning_content": parts.reasoning}
+        delta = {}
+        for key, now in (("reasoning_content", parts.reasoning or ""), ("content", parts.answer)):
+            if now.startswith(self.sent[key]) and len(now) > len(self.sent[key]):
+                delta[key], self.sent[key] = now[len(self.sent[key]):], now
+        return {"content": delta.pop("content", ""), **delta}
 
     def _envelope(self, choices: list, whole: bool = False, **extra) -> dict[str, Any]:
         if self.chat:
@@ -150,7 +174,7 @@ class Reply:
         return self._envelope([choice], whole=True, usage=self.usage(finished))
 
     def _decoded(self) -> str:
-        return self.tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
+        return decode_answer(self.tokenizer, [t.id for t in self.tokens], self.markers)
 
 
 def whole_batch(replies: list[Reply], ends: list[Finished]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import signal
 import threading
 from typing import Any, Callable
 
+from kvbench.models.options import ChatOptions
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Start-up check's prompt: past the full-precision windows of the shipped defaults (decay's 128),
 # so the method's codec encodes and decodes before the first request does.
@@ -31,8 +33,11 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
           max_batch: int, calibration: int, log: Callable[[str], None],
           model_dtype: str = "float32", prefill_chunk: int = 512,
-          max_body_bytes: int | None = None, prefix_cache: int = 0) -> None:
-    """ValueError, before serving, for a method, parameter or model spec that cannot run."""
+          max_body_bytes: int | None = None, prefix_cache: int = 0,
+          chat_options: ChatOptions = ChatOptions(), reasoning_parser: str | None = None) -> None:
+    """ValueError, before serving, for a method, parameter or model spec that cannot run, or
+    chat options the model's chat template refuses. chat_options: what frames every chat
+    request; reasoning_parser: "think" (a chat answer's <think>…</think> in reasoning_content)."""
     import torch
     import uvicorn
 
@@ -43,6 +48,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     from kvbench.models import load_model
     from kvbench.models.session import TorchSession
     from kvbench.serve.app import create_app
+    from kvbench.serve.chat_prompt import chat_prompt
     from kvbench.serve.engine import Engine
 
     # a bad method fails before the load
@@ -52,6 +58,8 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     torch_device = resolve_device(device)
     loaded = load_model(model, torch_device, log=log, dtype=model_dtype)
     session = TorchSession(loaded, torch_device)
+    # options the template refuses fail here, not on every request
+    chat_prompt([{"role": "user", "content": "?"}], loaded.tokenizer, chat_options, model)
     text = text_tokens(Memo(), session, "pydoc")
     if calibration:  # methods that set themselves from statistics; free for those that do not
         session.calibrate(method, text[:calibration])
@@ -63,11 +71,12 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
         engine.start(check=text[:min(CHECK_TOKENS, (loaded.max_context or CHECK_TOKENS + 1) - 1)])
     except Exception as exc:  # noqa: BLE001 - whatever the method raises, said at start-up
         raise ValueError(f"--method {label} cannot run on {model}: {exc}") from None
-    app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes)
+    app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes,
+                     chat_options=chat_options, reasoning_parser=reasoning_parser)
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"
         f" KV budget {kv_budget or 'none'}, prefill chunk {prefill_chunk}, prefix cache"
-        f" {prefix_cache or 'off'})")
+        f" {prefix_cache or 'off'}, reasoning parser {reasoning_parser or 'none'})")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=5))
     try:

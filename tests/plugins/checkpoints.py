@@ -79,3 +79,57 @@ def save_checkpoint(folder: Path, kind: str = "llama", dtype: torch.dtype = torc
 def checkpoint_files(folder: Path) -> dict[str, bytes]:
     """Every file of a checkpoint folder by its name: what HubStandIn.add_model takes."""
     return {path.name: path.read_bytes() for path in Path(folder).iterdir() if path.is_file()}
+
+
+def save_scripted_checkpoint(folder: Path, script: dict[str, str], otherwise: str,
+                             stop_tokens: tuple[str, ...] = ("<|im_end|>",),
+                             chat_template: str = QWEN3_TEMPLATE,
+                             generation_config: bool = True) -> Path:
+    """save_checkpoint's tiny llama, made to answer a script: its greedy next token depends on
+    the current token alone, script[text] after the one token `text` encodes to and `otherwise`
+    after any other (each key and value one token of the tokenizer). Every layer's attention
+    and MLP outputs are zero (o_proj, down_proj), so the final norm reads the current token's
+    embedding; each scripted token's embedding has a dimension of its own, which lm_head's row
+    of its successor reads, and every embedding a shared one that `otherwise`'s row reads.
+    `<think>` and `</think>` are ordinary added tokens, as Qwen3's tokenizer has them
+    (skip_special_tokens keeps them). generation_config False: no generation_config.json."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = save_checkpoint(folder, "llama", chat_template=chat_template,
+                             stop_tokens=stop_tokens)
+    tokenizer_json = folder / "tokenizer.json"
+    spec = json.loads(tokenizer_json.read_text())
+    for added in spec["added_tokens"]:
+        if added["content"] in ("<think>", "</think>"):
+            added["special"] = False
+    tokenizer_json.write_text(json.dumps(spec))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+
+    def one(text: str) -> int:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert len(ids) == 1, f"{text!r} is {len(ids)} tokens, not one"
+        return ids[0]
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    hidden = model.config.hidden_size
+    assert len(script) < hidden - 1, "one embedding dimension per scripted token"
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        embed[:, 1 : len(script) + 1] = 0.0  # the scripted dimensions: theirs alone
+        embed[:, 0] = 1.0  # the shared dimension
+        head.zero_()
+        head[one(otherwise), 0] = 1.0
+        for dim, (current, following) in enumerate(script.items(), 1):
+            embed[one(current)] = 0.0
+            embed[one(current), 0], embed[one(current), dim] = 1.0, 4.0
+            head[one(following), dim] = 10.0
+    kept = (folder / "generation_config.json").read_bytes()
+    model.save_pretrained(folder)  # writes a generation config of its own: put back below
+    if generation_config:
+        (folder / "generation_config.json").write_bytes(kept)
+    else:
+        (folder / "generation_config.json").unlink()
+    return folder

@@ -1,11 +1,15 @@
-"""Questions answered through a method's cache, for the retrieval benchmarks (ruler, niah).
+"""Questions answered through a method's cache, for the benchmarks that answer (ruler, niah,
+dataset, multiturn).
 
 A prompt is framed by the model's chat template (RULER's scripts/data/template.py does the same
-per model family) and cut in two: the context, which `compress: context` prefills and
+per model family), with the case's chat options (a system message, the template's arguments:
+kvbench.models.chat), and cut in two: the context, which `compress: context` prefills and
 compresses before the question is seen, and the question with the template's close and the
 answer prefix. The answer is decoded greedily through the same cache, one token per step, until
-the model's end-of-sequence token or the task's tokens_to_generate; the prompts of a group are
-decoded together, one batched forward per step (kvbench.models.batch_step).
+any of the model's end-of-sequence ids (session.stop_ids) or the task's tokens_to_generate; the
+prompts of a group are decoded together, one batched forward per step
+(kvbench.models.batch_step). An answer's reasoning (<think>…</think>) is kept in its text and
+left out of what is scored (kvbench.models.chat.split_reasoning).
 """
 from __future__ import annotations
 
@@ -14,6 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.chat import (
+    chat_text, decode_answer, has_chat_template, opens_reasoning, refuse_without_template,
+    split_reasoning,
+)
+from kvbench.models.options import ChatOptions
 from kvbench.models.session import Session, plain_kv_bytes, prefill, shares_prefill
 from kvbench.models.shared_prefill import PrefillStore
 
@@ -26,21 +35,26 @@ class ChatFrame:
 
     before: str
     after: str
+    reasoning_opened: bool = False  # the template's close opens a reasoning block
 
     @classmethod
-    def of(cls, tokenizer: Any) -> ChatFrame:
-        if not getattr(tokenizer, "chat_template", None):
+    def of(cls, tokenizer: Any, options: ChatOptions = ChatOptions(),
+           model: str = "the model") -> ChatFrame:
+        """The frame with options' system message and template arguments (ValueError naming
+        `model` where its template refuses them)."""
+        if not has_chat_template(tokenizer):
+            refuse_without_template(options, model)
             return cls("", "")  # a base model: the task text as it is (RULER's "base" template)
-        text = tokenizer.apply_chat_template([{"role": "user", "content": _SLOT}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = chat_text(tokenizer, [{"role": "user", "content": _SLOT}], options, model)
         before, _, after = text.partition(_SLOT)
-        return cls(before, after)
+        return cls(before, after, opens_reasoning(after))
 
 
 @dataclass(frozen=True)
 class Prompt:
     context: list[int]  # the template's opening and the task's context
     question: list[int]  # the question, the template's close, the answer prefix
+    reasoning_opened: bool = False  # the answer starts inside a reasoning block (ChatFrame's)
 
     @property
     def ids(self) -> list[int]:
@@ -60,12 +74,14 @@ def frame(tokenizer: Any, chat: ChatFrame, context: str, question: str,
     return Prompt(
         tokenizer.encode(chat.before + context, add_special_tokens=plain),
         tokenizer.encode(question + chat.after + answer_prefix, add_special_tokens=False),
+        chat.reasoning_opened,
     )
 
 
 @dataclass(frozen=True)
 class Answer:
-    text: str
+    text: str  # as generated, its reasoning included
+    scored: str  # what is scored: the text without its reasoning (answer_text)
     generated: int  # tokens decoded, end-of-sequence not counted
     # the question's forward (compress: context) and the decode steps the answer took part in;
     # a timing, not part of what the answer is
@@ -101,8 +117,8 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
         logits.append(last[-1])
         question_s.append(seconds)
     decoded = decode_rows(session, caches, logits, max_new_tokens, status)
-    return [_answer(session, cache, row, asked_s)
-            for cache, row, asked_s in zip(caches, decoded, question_s)]
+    return [_answer(session, cache, row, asked_s, prompt.reasoning_opened)
+            for cache, row, asked_s, prompt in zip(caches, decoded, question_s, prompts)]
 
 
 @dataclass(frozen=True)
@@ -118,8 +134,8 @@ def decode_rows(session: Session, caches: list, logits: list, max_new_tokens: li
                 status: Callable[[str], None] = lambda text: None) -> list[Decoded]:
     """Greedy answers of rows whose caches have read their prompts (logits[i]: row i's last
     logits, (vocab,)): one batched forward per step for the rows still answering
-    (session.step_rows), each stopping at end-of-sequence or its own max_new_tokens."""
-    eos = session.tokenizer.eos_token_id
+    (session.step_rows), each stopping at any of session.stop_ids or its own max_new_tokens."""
+    stops = session.stop_ids
     generated: list[list[int]] = [[] for _ in caches]
     seconds = [0.0] * len(caches)
     rows = list(range(len(caches)))
@@ -127,7 +143,7 @@ def decode_rows(session: Session, caches: list, logits: list, max_new_tokens: li
         answering = []
         for row, row_logits in zip(rows, logits, strict=True):
             token = int(row_logits.argmax())
-            if token != eos:
+            if token not in stops:
                 generated[row].append(token)
                 if len(generated[row]) < max_new_tokens[row]:
                     answering.append(row)
@@ -145,10 +161,19 @@ def decode_rows(session: Session, caches: list, logits: list, max_new_tokens: li
             for tokens, most, took_s in zip(generated, max_new_tokens, seconds)]
 
 
-def _answer(session: Session, cache: Any, decoded: Decoded, question_s: float) -> Answer:
+def answer_text(session: Session, tokens: list[int], reasoning_opened: bool) -> tuple[str, str]:
+    """(an answer's text, reasoning included; what is scored: the text without its reasoning)."""
+    text = decode_answer(session.tokenizer, tokens)
+    return text, split_reasoning(text, reasoning_opened).answer
+
+
+def _answer(session: Session, cache: Any, decoded: Decoded, question_s: float,
+            reasoning_opened: bool) -> Answer:
     bytes_16bit, bytes_plain = plain_kv_bytes(session, cache)
+    text, scored = answer_text(session, decoded.tokens, reasoning_opened)
     return Answer(
-        text=session.tokenizer.decode(decoded.tokens, skip_special_tokens=True),
+        text=text,
+        scored=scored,
         generated=len(decoded.tokens),
         seconds=question_s + decoded.seconds,
         kv_bytes=cache.accounted_bytes(),

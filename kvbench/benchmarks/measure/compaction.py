@@ -5,6 +5,10 @@ trajectory shrank, how long compaction took, the answer, and whether it holds th
 With `probe` (the default) the question is first fed through the cache and taken back before
 end_prefill, so a task-guided method (am_task) or SnapKV can use its queries; without it a method
 gets its own reference probe, if it has one (am with `queries: repeat`). The plain cache answers the same question from the whole trajectory.
+
+With `chat`, the prompt is one user message in the model's chat template with the case's chat
+options; an answer ends at any of the model's end-of-sequence ids, and whether it holds the fact
+is read from it without its reasoning (kvbench.models.chat.split_reasoning).
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from kvbench.benchmarks.specs.base import measures
 from kvbench.benchmarks.specs.compaction import Compaction, CompactionParams
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.chat import chat_text, opens_reasoning, split_reasoning
+from kvbench.models.options import ChatOptions
 from kvbench.models.session import ProbeNotTakenBack, Session, prefill
 
 
@@ -22,7 +28,7 @@ class CompactionRun(Compaction):
     def run(self, params: CompactionParams, method: Implementation,
             ctx: RunContext) -> BenchmarkOutput:
         session = ctx.open_session()
-        trajectory, task = _prompt(session, params)
+        trajectory, task, opened = _prompt(session, params, ctx.chat)
         sha = tokens_sha256(trajectory + task)
 
         def plain_answer() -> list[int]:
@@ -64,8 +70,9 @@ class CompactionRun(Compaction):
             "answer_agreement": m["answer_agreement"].of(same),
         }
         if params.expect:
-            metrics["answer_holds_fact"] = m["answer_holds_fact"].of(params.expect in text)
-            metrics["plain_holds_fact"] = m["plain_holds_fact"].of(params.expect in plain_text)
+            holds = [params.expect in split_reasoning(t, opened).answer for t in (text, plain_text)]
+            metrics["answer_holds_fact"] = m["answer_holds_fact"].of(holds[0])
+            metrics["plain_holds_fact"] = m["plain_holds_fact"].of(holds[1])
         return BenchmarkOutput(
             metrics=metrics,
             info={"layout": method.layout(), "answer": text, "plain_answer": plain_text,
@@ -75,31 +82,32 @@ class CompactionRun(Compaction):
         )
 
 
-def _prompt(session: Session, params: CompactionParams) -> tuple[list[int], list[int]]:
-    """(trajectory tokens, task tokens); with chat, the template's text around them goes to the
-    trajectory before it and to the task after it."""
+def _prompt(session: Session, params: CompactionParams,
+            chat: ChatOptions) -> tuple[list[int], list[int], bool]:
+    """(trajectory tokens, task tokens, whether the answer starts inside a reasoning block);
+    with chat, the template's text around them (with the chat options) goes to the trajectory
+    before it and to the task after it."""
     tokenizer = session.tokenizer
     if not params.chat:
-        return tokenizer.encode(params.trajectory), tokenizer.encode(" " + params.task)
+        return tokenizer.encode(params.trajectory), tokenizer.encode(" " + params.task), False
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"model {session.spec} has no chat template; set chat: false")
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"{params.trajectory}\n{params.task}"}],
-        tokenize=False, add_generation_prompt=True)
+    message = {"role": "user", "content": f"{params.trajectory}\n{params.task}"}
+    text = chat_text(tokenizer, [message], chat, session.spec)
     split = text.index(params.trajectory) + len(params.trajectory)
     encode = lambda part: tokenizer.encode(part, add_special_tokens=False)  # noqa: E731
-    return encode(text[:split]), encode(text[split:])
+    return encode(text[:split]), encode(text[split:]), opens_reasoning(text[split:])
 
 
 def _answer(session: Session, cache, task: list[int], n: int) -> list[int]:
-    """Greedy tokens after feeding `task` through `cache`, up to n or the end of sequence. The
+    """Greedy tokens after feeding `task` through `cache`, up to n or an end-of-sequence id. The
     task goes in one token at a time: after compaction, layers may keep different counts, which
     one causal mask for a multi-token step cannot fit."""
     for token in task:
         logits, _ = session.step([token], cache)
-    eos = getattr(session.tokenizer, "eos_token_id", None)
+    stops = session.stop_ids
     tokens = [int(logits[-1].argmax())]
-    while len(tokens) < n and tokens[-1] != eos:
+    while len(tokens) < n and tokens[-1] not in stops:
         logits, _ = session.step(tokens[-1:], cache)
         tokens.append(int(logits[-1].argmax()))
-    return tokens[:-1] if tokens[-1] == eos else tokens
+    return tokens[:-1] if tokens[-1] in stops else tokens

@@ -1,9 +1,10 @@
 """`dataset`: a user's samples answered through the method's cache and scored as LongBench scores.
 
 Each row (kvbench.data.records) is filled into the template (kvbench.data.prompt_template),
-framed by the model's chat template (or, with chat_template: false, as it is) and cut in two as
-ruler's prompts are (answering.frame): the template's text up to and including the context,
-which the method prefills and compresses once, and the rest. A prompt longer than max_length
+framed by the model's chat template with the case's chat options (or, with chat_template: false,
+as it is, without them) and cut in two as ruler's prompts are (answering.frame): the template's
+text up to and including the context, which the method prefills and compresses once, and the
+rest. A prompt longer than max_length
 tokens is cut in the middle, its first and last max_length // 2 tokens kept as LongBench's
 pred.py keeps them (on the tokens as fed, chat template included, each on its side of the
 context's end; not decoded and encoded again), or skipped. The answers are decoded greedily
@@ -50,7 +51,8 @@ def middle_cut(prompt: Prompt, max_length: int) -> Prompt:
     half = max_length // 2
     kept = [i for i in range(len(ids)) if i < half or i >= len(ids) - half]
     end = len(prompt.context)
-    return Prompt([ids[i] for i in kept if i < end], [ids[i] for i in kept if i >= end])
+    return Prompt([ids[i] for i in kept if i < end], [ids[i] for i in kept if i >= end],
+                  prompt.reasoning_opened)
 
 
 def prompts_of(reader: Reader, params: DatasetParams,
@@ -81,8 +83,9 @@ class DatasetRun(Dataset):
         fields = params.fields()
         records = ctx.memo.get(("dataset_records", params.data, fields, params.samples),
                                lambda: read_records(params.data, fields, params.samples))
-        key = ("dataset_prompts", *session.memo_key, params.data, fields, params.samples,
-               params.template, params.chat_template, params.max_length, params.truncation)
+        key = ("dataset_prompts", *session.memo_key, reader.chat_key, params.data, fields,
+               params.samples, params.template, params.chat_template, params.max_length,
+               params.truncation)
         samples, skipped = ctx.memo.get(key, lambda: prompts_of(reader, params, records))
         if not samples:
             raise ValueError(f"every one of the {len(records)} samples of data {params.data!r}"
@@ -111,8 +114,9 @@ def record_of(params: DatasetParams, sample: Sample, reply: Answer) -> dict:
     return {
         "row": record.row, "prompt_sha256": tokens_sha256(sample.prompt.ids),
         "prompt_tokens": len(sample.prompt.ids), "truncated": sample.truncated,
-        "prediction": reply.text, "references": list(record.answers), "metric": params.metric,
-        "score": sample_score(reply.text, record.answers, params.metric, record.classes,
+        "prediction": reply.text, "scored_text": reply.scored,
+        "references": list(record.answers), "metric": params.metric,
+        "score": sample_score(reply.scored, record.answers, params.metric, record.classes,
                               params.first_line),
         "generated": reply.generated,
     }

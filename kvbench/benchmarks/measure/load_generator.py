@@ -11,7 +11,8 @@ Times are time.perf_counter() seconds. A token chunk is a stream chunk that carr
 ids; its arrival time is when its `data:` line was read.
 
 A task sample's response is scored as NVIDIA RULER scores it (kvbench.benchmarks.measure.
-ruler_scoring). A level's figures, goodput among them: kvbench.benchmarks.measure.load_figures.
+ruler_scoring), its reasoning (<think>…</think>) left out (kvbench.models.chat.split_reasoning).
+A level's figures, goodput among them: kvbench.benchmarks.measure.load_figures.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
 from kvbench.benchmarks.specs.server_target import check_loopback_url
+from kvbench.models.chat import split_reasoning
 
 ERROR_CHARS = 300  # of a failed response's body kept in its error
 
@@ -73,6 +75,7 @@ class Task:
     metric: str  # "all" (string_match_all) or "part" (string_match_part)
     tokens_to_generate: int
     message: str  # the sample's text (context and question), as one chat user message
+    reasoning_opened: bool = False  # its prompt's template opens a reasoning block
 
 
 @dataclass
@@ -272,21 +275,27 @@ def count_tokens(records: list[RequestRecord], tokenizer: Any) -> None:
             record.output_tokens, record.count_source = len(encoded), "tokenizer"
 
 
-def generated_tokens(record: RequestRecord, eos: int | None) -> int:
-    """The tokens a successful response generated, end-of-sequence not counted (kvbench serve
-    sends it as a token id with no text); 0 for a failed one. Call count_tokens first."""
+def generated_tokens(record: RequestRecord, stop_ids: Collection[int]) -> int:
+    """The tokens a successful response generated, the end-of-sequence id that ended it (any of
+    `stop_ids`) not counted (kvbench serve sends it as a token id with no text); 0 for a failed
+    one. Call count_tokens first."""
     if not record.ok:
         return 0
     ids = record.ids
-    return len(ids) - 1 if ids and eos is not None and ids[-1] == eos else len(ids)
+    return len(ids) - 1 if ids and ids[-1] in stop_ids else len(ids)
 
 
 # ---- task samples: scores ---------------------------------------------------------------------
 
+def scored_text(text: str, task: Task) -> str:
+    """What of a response is scored: its text without its reasoning."""
+    return split_reasoning(text, task.reasoning_opened).answer
+
+
 def score_response(text: str, task: Task) -> float:
-    """RULER's score of a response (0-100): postprocessed, then string_match_all or _part
-    against the sample's references."""
-    return sample_score(postprocess(text), task.references, task.metric)
+    """RULER's score of a response (0-100): its reasoning left out, postprocessed, then
+    string_match_all or _part against the sample's references."""
+    return sample_score(postprocess(scored_text(text, task)), task.references, task.metric)
 
 
 def score_records(records: list[RequestRecord], prompts: list[Prompt]) -> None:

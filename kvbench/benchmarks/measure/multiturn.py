@@ -2,8 +2,8 @@
 
 Each sample is a conversation (kvbench.data.multiturn): an essay haystack with one needle per
 turn, fitted to `length` tokens of the suite's model as ruler fits its prompts, framed by the
-model's chat template. Its context is prefilled and compressed once (the run's shared prefill
-where the method starts from the plain one), then:
+model's chat template with the case's chat options. Its context is prefilled and compressed once
+(the run's shared prefill where the method starts from the plain one), then:
 
 - multi-turn: turn 1 feeds the first question (the template's close, the answer prefix) and
   decodes; each later turn feeds what the previous answer left unfed, the template's text from
@@ -16,8 +16,11 @@ where the method starts from the plain one), then:
 
 The method compresses once and is never handed a question before it is asked. The rows of a
 group (as Reader.decode_groups makes them) decode together, one batched step per token
-(answering.decode_rows), each stopping at end-of-sequence or answer_tokens. Each answer is
-scored as RULER scores niah (string_match_all) and kept in predictions.jsonl.
+(answering.decode_rows), each stopping at an end-of-sequence id or answer_tokens. Each answer
+is scored as RULER scores niah (string_match_all), its reasoning left out, and kept in
+predictions.jsonl. A reasoning model's earlier answers stay in the cache as it wrote them,
+reasoning included (Qwen3's template leaves earlier reasoning out of the history it renders; a
+cache fed turn by turn keeps what it was fed).
 
 Per-(sample, turn) lists in info are sample-major: entry sample * turns + turn. An entry's
 prompt hash is of the context and that turn's question as a single request asks it (what
@@ -31,7 +34,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.benchmarks.measure.answering import ChatFrame, decode_rows, frame
+from kvbench.benchmarks.measure.answering import ChatFrame, answer_text, decode_rows, frame
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.measure.retrieval import Reader
 from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
@@ -41,21 +44,25 @@ from kvbench.data.multiturn import Conversation, make_conversation
 from kvbench.data.text import tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.chat import chat_text, has_chat_template
+from kvbench.models.options import ChatOptions
 from kvbench.models.session import plain_kv_bytes, prefill, shares_prefill
 
 _SLOTS = tuple(f"\uE000kvbench-turn-{i}\uE000" for i in (1, 2, 3))  # no template contains them
 PLAIN_BETWEEN = "\n\n"  # a model without a chat template: the turns one paragraph apart
 
 
-def between_turns(tokenizer: Any) -> str:
+def between_turns(tokenizer: Any, options: ChatOptions = ChatOptions(),
+                  model: str = "the model") -> str:
     """The chat template's text from the end of an assistant answer to the start of the next
     user message (SmolLM2: "<|im_end|>\\n<|im_start|>user\\n"), from the template itself over
-    [user, assistant, user] as ChatFrame.of reads it; PLAIN_BETWEEN without a template."""
-    if not getattr(tokenizer, "chat_template", None):
+    [user, assistant, user] with the chat options, as ChatFrame.of reads it; PLAIN_BETWEEN
+    without a template."""
+    if not has_chat_template(tokenizer):
         return PLAIN_BETWEEN
     messages = [{"role": role, "content": slot}
                 for role, slot in zip(("user", "assistant", "user"), _SLOTS)]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = chat_text(tokenizer, messages, options, model)
     return text.partition(_SLOTS[1])[2].partition(_SLOTS[2])[0]
 
 
@@ -69,6 +76,7 @@ class Plan:
     # right after the context (the first turn of multi-turn; every turn of multi-request)
     later: list[list[int]]  # per turn from the second: the turn change, the question as a user
     # message of its own, the close, the answer prefix (multi-turn)
+    reasoning_opened: bool  # each answer starts inside a reasoning block (ChatFrame's)
 
     @classmethod
     def of(cls, tokenizer: Any, chat: ChatFrame, conversation: Conversation,
@@ -78,7 +86,8 @@ class Plan:
         later = [tokenizer.encode(between + turn.message + chat.after + turn.answer_prefix,
                                   add_special_tokens=False)
                  for turn in conversation.turns[1:]]
-        return cls(conversation, prompts[0].context, [p.question for p in prompts], later)
+        return cls(conversation, prompts[0].context, [p.question for p in prompts], later,
+                   chat.reasoning_opened)
 
     def prompt_sha256(self, turn: int) -> str:
         return tokens_sha256(self.context + self.asked[turn])
@@ -96,7 +105,8 @@ class Plan:
 class Reply:
     """One answer of one turn of one sample."""
 
-    text: str
+    text: str  # as generated, its reasoning included
+    scored: str  # what is scored: the text without its reasoning
     generated: int
     seconds: float  # its question's forward and the decode steps it took part in
     kv_bytes: int  # accounted bytes the cache holds after the answer
@@ -111,7 +121,7 @@ class MultiturnRun(Multiturn):
             ctx: RunContext) -> BenchmarkOutput:
         reader = Reader.open(ctx, method, params.essay)
         session, tokenizer = reader.session, reader.session.tokenizer
-        between = between_turns(tokenizer)
+        between = between_turns(tokenizer, ctx.chat, session.spec)
         plans = []
         for index in range(params.samples):
             ctx.status(f"sample {index + 1}/{params.samples}: prompt")
@@ -152,8 +162,8 @@ def conversation(reader: Reader, params: MultiturnParams, index: int) -> Convers
         return len(frame(session.tokenizer, reader.chat, sample.context, sample.question,
                          sample.answer_prefix).ids)
 
-    key = ("multiturn_sample", session.spec, params.essay, index, params.length, params.turns,
-           params.data_seed)
+    key = ("multiturn_sample", session.spec, reader.chat_key, params.essay, index, params.length,
+           params.turns, params.data_seed)
     return reader.ctx.memo.get(key, lambda: make_conversation(
         index, turns=params.turns, length=params.length, count_tokens=count,
         seed=params.data_seed, essay=reader.essay))
@@ -175,8 +185,8 @@ def _multi_turn(session, params: MultiturnParams, plans: list[Plan], caches: lis
         decoded = decode_rows(session, caches, logits, [params.answer_tokens] * len(plans),
                               lambda text: status(f"turn {turn + 1}/{params.turns}: {text}"))
         unfed = [row.unfed for row in decoded]
-        yield [_reply(session, cache, row, seconds)
-               for cache, row, seconds in zip(caches, decoded, asked_s, strict=True)]
+        yield [_reply(session, cache, row, seconds, plan)
+               for cache, row, seconds, plan in zip(caches, decoded, asked_s, plans, strict=True)]
 
 
 def _multi_request(session, params: MultiturnParams, plans: list[Plan], caches: list,
@@ -193,13 +203,14 @@ def _multi_request(session, params: MultiturnParams, plans: list[Plan], caches: 
             asked_s.append(seconds)
         decoded = decode_rows(session, forks, last_logits, [params.answer_tokens] * len(plans),
                               lambda text: status(f"request {turn + 1}/{params.turns}: {text}"))
-        yield [_reply(session, fork, row, seconds)
-               for fork, row, seconds in zip(forks, decoded, asked_s, strict=True)]
+        yield [_reply(session, fork, row, seconds, plan)
+               for fork, row, seconds, plan in zip(forks, decoded, asked_s, plans, strict=True)]
 
 
-def _reply(session, cache, decoded, asked_s: float) -> Reply:
+def _reply(session, cache, decoded, asked_s: float, plan: Plan) -> Reply:
     bytes_16bit, bytes_plain = plain_kv_bytes(session, cache)
-    return Reply(text=session.tokenizer.decode(decoded.tokens, skip_special_tokens=True),
+    text, scored = answer_text(session, decoded.tokens, plan.reasoning_opened)
+    return Reply(text=text, scored=scored,
                  generated=len(decoded.tokens), seconds=asked_s + decoded.seconds,
                  kv_bytes=cache.accounted_bytes(), bytes_16bit=bytes_16bit,
                  bytes_plain=bytes_plain, decoded_reads=bool(getattr(cache, "decoded_reads",
@@ -207,14 +218,15 @@ def _reply(session, cache, decoded, asked_s: float) -> Reply:
 
 
 def score_of(reply: Reply, references: tuple[str, ...]) -> float:
-    return sample_score(postprocess(reply.text), references, "all")
+    return sample_score(postprocess(reply.scored), references, "all")
 
 
 def _keep(ctx: RunContext, params: MultiturnParams, plan: Plan, turn: int, reply: Reply) -> None:
     asked = plan.conversation.turns[turn]
     ctx.keep({"index": plan.conversation.index, "turn": turn + 1, "mode": params.mode,
               "key": asked.key, "depth": asked.depth, "prompt_sha256": plan.prompt_sha256(turn),
-              "prediction": reply.text, "references": list(asked.references),
+              "prediction": reply.text, "scored_text": reply.scored,
+              "references": list(asked.references),
               "metric": "string_match_all", "score": score_of(reply, asked.references),
               "generated": reply.generated, "retained_bytes": reply.kv_bytes})
 
@@ -255,7 +267,7 @@ def output(params: MultiturnParams, method: Implementation, reader: Reader, plan
             "score_last": m["score_last"].of(per_turn[-1]),
             "turn_slope": m["turn_slope"].of(slope(per_turn)),
             "empty_predictions": m["empty_predictions"].of(
-                sum(not r.text.strip() for r in every)),
+                sum(not r.scored.strip() for r in every)),
             "generated_tokens": m["generated_tokens"].of(
                 statistics.fmean(r.generated for r in every)),
             "compression_ratio": m["compression_ratio"].of(
@@ -276,7 +288,8 @@ def output(params: MultiturnParams, method: Implementation, reader: Reader, plan
             "sample_scores": scores,
             "depths": [[turn.depth for turn in plan.conversation.turns] for plan in plans],
             "prompt_tokens": statistics.fmean(len(p.context) + len(p.asked[0]) for p in plans),
-            "between_turns": between_turns(reader.session.tokenizer),
+            "between_turns": between_turns(reader.session.tokenizer, reader.ctx.chat,
+                                           reader.session.spec),
             "haystack": f"text {params.essay!r} in place of RULER's Paul Graham essays",
             "codec_reads": reads,
             "layout": method.layout(),

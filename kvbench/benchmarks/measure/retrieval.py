@@ -4,6 +4,7 @@ with their intervals (declared in kvbench.benchmarks.specs.retrieval)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,7 +44,12 @@ class Reader:
         tokens = session.tokenizer.encode(text[-CALIBRATION_TOKENS * 8:])[-CALIBRATION_TOKENS:]
         ctx.status("calibrate")
         session.calibrate(method, tokens)
-        return cls(ctx, session, ChatFrame.of(session.tokenizer), text)
+        return cls(ctx, session, ChatFrame.of(session.tokenizer, ctx.chat, session.spec), text)
+
+    @property
+    def chat_key(self) -> str:
+        """The case's chat options as a memo key's part: they change every prompt's tokens."""
+        return json.dumps(self.ctx.chat.record(), sort_keys=True, default=str)
 
     def sample(self, source: tuple, **kwargs) -> RulerSample:
         """make_sample(**kwargs), its prompt measured as it is fed; made once per run and
@@ -54,8 +60,8 @@ class Reader:
 
         fixed = tuple(sorted((k, repr(v)) for k, v in kwargs.items()
                              if k not in ("essay", "qa_records")))
-        return self.ctx.memo.get(("ruler_sample", self.session.spec, source, fixed),
-                                 lambda: make_sample(count_tokens=count, **kwargs))
+        key = ("ruler_sample", self.session.spec, self.chat_key, source, fixed)
+        return self.ctx.memo.get(key, lambda: make_sample(count_tokens=count, **kwargs))
 
     def shared_prefill(self) -> PrefillStore:
         """The run's recorded prompts (kvbench.models.shared_prefill)."""
@@ -87,9 +93,9 @@ class Reader:
                     **extras[i], "task": sample.task, "index": sample.index,
                     "prompt_sha256": tokens_sha256(prompts[i].ids),
                     "prompt_tokens": len(prompts[i].ids), "depths": list(sample.depths),
-                    "prediction": reply.text, "references": list(sample.references),
-                    "metric": METRIC_NAMES[metric],
-                    "score": sample_score(postprocess(reply.text), sample.references, metric),
+                    "prediction": reply.text, "scored_text": reply.scored,
+                    "references": list(sample.references), "metric": METRIC_NAMES[metric],
+                    "score": sample_score(postprocess(reply.scored), sample.references, metric),
                     "generated": reply.generated,
                 }
                 self.ctx.keep(record)
@@ -126,7 +132,8 @@ def score_metrics(scores: list[float], replies: list[Answer]) -> dict[str, Any]:
         "score": m["score"].of(mean),
         "score_ci_low": m["score_ci_low"].of(low),
         "score_ci_high": m["score_ci_high"].of(high),
-        "empty_predictions": m["empty_predictions"].of(sum(not r.text.strip() for r in replies)),
+        "empty_predictions": m["empty_predictions"].of(sum(not r.scored.strip()
+                                                           for r in replies)),
         "generated_tokens": m["generated_tokens"].of(statistics.fmean(r.generated
                                                                       for r in replies)),
         "compression_ratio": m["compression_ratio"].of(sum(r.bytes_16bit for r in replies) / kv),

@@ -12,13 +12,14 @@ with the single-user answer to its prompt, token by token: a cache that leaks be
 changes confident tokens and is flagged; a near-tie that batching's float order flips is not.
 
 With `task`, the prompts are RULER samples (kvbench.data.ruler's generators, as the ruler
-benchmark makes them, framed by the model's chat template; the client needs the tokenizer
-only), each asking its task's tokens_to_generate and ending at end-of-sequence. Every response,
-under load and in the single-user pass, is scored as RULER scores it; the level's score is set
-against the single-user answers' response by response (an exact sign test and a paired
-interval), and goodput counts the requests that met the SLOs and were answered correctly. Per
-prompt, the single-user pass records its answer's tokens, seconds and score (info.generated,
-answer_s, scores, beside prompt_sha256s) for the output-length drift against identity.
+benchmark makes them, framed by the model's chat template with the case's chat options; the
+client needs the tokenizer only), each asking its task's tokens_to_generate and ending at an
+end-of-sequence id. Every response, under load and in the single-user pass, is scored as RULER
+scores it, its reasoning left out; the level's score is set against the single-user answers'
+response by response (an exact sign test and a paired interval), and goodput counts the
+requests that met the SLOs and were answered correctly. Per prompt, the single-user pass
+records its answer's tokens, seconds and score (info.generated, answer_s, scores, beside
+prompt_sha256s) for the output-length drift against identity.
 
 With `shared_prefix_tokens`, every prompt begins with the same window: the single-user pass's
 first request is the server's first sight of it, its later ones reuse it (`prefix_cache`).
@@ -49,7 +50,7 @@ from kvbench.benchmarks.measure.kvbench_serve import (
 from kvbench.benchmarks.measure.load_figures import goodput_figures, level_figures
 from kvbench.benchmarks.measure.load_generator import (
     Level, Prompt, Reference, candidates_at, compare, count_tokens, generated_tokens, run_level,
-    score_records,
+    score_records, scored_text,
 )
 from kvbench.benchmarks.measure.retrieval import METRIC_NAMES
 from kvbench.benchmarks.measure.servers import RunningServer, pooled_server, target_key
@@ -70,7 +71,9 @@ class StressRun(Stress):
     def run(self, params: StressParams, method: Implementation,
             ctx: RunContext) -> BenchmarkOutput:
         target = params.target
-        tokenizer = client_tokenizer(ctx.memo, ctx.model)
+        tokenizer, stops = client_tokenizer(ctx.memo, ctx.model, ctx.model_revision,
+                                            ctx.load_options.trust_remote_code)
+        chat_key = json.dumps(ctx.chat.record(), sort_keys=True)  # it changes what is asked
         task = params.task_spec
         if task is None:
             prompts = ctx.memo.get(
@@ -80,13 +83,13 @@ class StressRun(Stress):
         else:
             ctx.status(f"{params.prompts} {params.task} samples")
             prompts = ctx.memo.get(
-                ("stress_task_prompts", ctx.model, params.task, params.task_length,
+                ("stress_task_prompts", ctx.model, chat_key, params.task, params.task_length,
                  params.prompts, params.data_seed, params.essay if task.needs_essay else None),
-                lambda: make_task_prompts(ctx.memo, tokenizer, params))
+                lambda: make_task_prompts(ctx.memo, tokenizer, params, ctx.chat, ctx.model))
         prompts_sha = tokens_sha256([t for p in prompts for t in [-1, *p.ids]])
         key, server, info = self._server(ctx, params, method, target)
         model_name = ctx.model if target.kind == "kvbench" else target.model
-        body = partial(request_body, params, target, model_name)
+        body = partial(request_body, params, target, model_name, chat=ctx.chat)
         path = PATHS[params.api]
         level = partial(run_level, server.url, path, prompts=prompts, body=body,
                         request_timeout_s=params.request_timeout_s,
@@ -102,9 +105,9 @@ class StressRun(Stress):
                 info["warmup_error"] = warm.records[0].error
         ctx.status(f"single-user reference ({params.prompts} prompts)")
         reference = ctx.memo.get(
-            ("stress_reference", key, prompts_sha, params.api, params.max_tokens,
+            ("stress_reference", key, prompts_sha, chat_key, params.api, params.max_tokens,
              params.ignore_eos, params.request_timeout_s),
-            lambda: reference_pass(level, prompts, tokenizer, ctx.keep))
+            lambda: reference_pass(level, prompts, tokenizer, stops, ctx.keep))
         long = None
         if params.long_prompt_tokens:
             long = (ctx.memo.get(("stress_long_prompt", ctx.model, params.text, params.offset,
@@ -117,7 +120,8 @@ class StressRun(Stress):
             ctx.status(f"{params.users} users, repeat {repeat + 1}/{ctx.repeats}")
             passes.append(level(users=params.users,
                                 requests_per_user=params.requests_per_user, long=long))
-        metrics, summary = self._figures(passes, reference, prompts, tokenizer, params, ctx)
+        metrics, summary = self._figures(passes, reference, prompts, tokenizer, stops, params,
+                                         ctx)
         info.update(summary)
         info.update(per_prompt_info(prompts, reference, params))
         impl = kvbench_server_impl(server.url) if target.kind == "kvbench" else {}
@@ -152,12 +156,11 @@ class StressRun(Stress):
     # ---- the figures -------------------------------------------------------------------------
 
     def _figures(self, passes: list[Level], reference: "SingleUser", prompts: list[Prompt],
-                 tokenizer: Any, params: StressParams,
+                 tokenizer: Any, stops: frozenset[int], params: StressParams,
                  ctx: RunContext) -> tuple[dict, dict[str, Any]]:
         per_pass, agreements = [], []
         pairs: list[list] = []  # [prompt, score under load, score alone] per scored response
         lengths: list[tuple[int, int]] = []  # (generated under load, alone) per response
-        eos = getattr(tokenizer, "eos_token_id", None)
         differing = flagged = 0
         failures: dict[str, int] = {}
         sources: dict[str, int] = {}
@@ -195,7 +198,7 @@ class StressRun(Stress):
                 sources[record.count_source] = sources.get(record.count_source, 0) + 1
                 id_sources[record.ids_source] = id_sources.get(record.ids_source, 0) + 1
                 answer = reference.answers[record.prompt]
-                lengths.append((generated_tokens(record, eos),
+                lengths.append((generated_tokens(record, stops),
                                 reference.generated[record.prompt]))
                 alone = None
                 if record.score is not None:
@@ -352,11 +355,12 @@ class SingleUser:
     scores: list[float] | None = None
 
 
-def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any,
+def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any, stops: frozenset[int],
                    keep: Any = lambda record: None) -> SingleUser:
     """Every prompt once, one request at a time (one user asking them in order); RuntimeError
     naming the failures when any fails (nothing can be compared without them). A task
-    sample's answer is scored and kept (keep(its record): predictions.jsonl)."""
+    sample's answer is scored and kept (keep(its record): predictions.jsonl); an answer's
+    tokens end before the id in `stops` that ended it."""
     run = level(users=1, requests_per_user=len(prompts))
     records = run.records
     failed = [f"prompt {r.prompt}: {r.error}" for r in records if not r.ok]
@@ -370,7 +374,6 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any,
         raise RuntimeError(f"the single-user answers to prompts {empty} have no tokens")
     rate = level_figures(records, 1)["output_tok_s"]
     score_records(records, prompts)
-    eos = getattr(tokenizer, "eos_token_id", None)
     ordered = sorted(records, key=lambda r: r.prompt)
     scores = None
     if all(r.score is not None for r in ordered):
@@ -379,10 +382,10 @@ def reference_pass(level: Any, prompts: list[Prompt], tokenizer: Any,
             task = prompts[r.prompt].task
             keep({"pass": "single user", "prompt": r.prompt,
                   "prompt_sha256": tokens_sha256(prompts[r.prompt].ids), "task": task.name,
-                  "prediction": r.text, "references": list(task.references),
-                  "metric": METRIC_NAMES[task.metric], "score": r.score,
-                  "generated": generated_tokens(r, eos)})
+                  "prediction": r.text, "scored_text": scored_text(r.text, task),
+                  "references": list(task.references), "metric": METRIC_NAMES[task.metric],
+                  "score": r.score, "generated": generated_tokens(r, stops)})
     return SingleUser(answers, rate, all(a.tops is not None for a in answers.values()),
-                      [generated_tokens(r, eos) for r in ordered],
+                      [generated_tokens(r, stops) for r in ordered],
                       [r.t_end - r.t_sent for r in ordered],
                       [r.t_first - r.t_sent for r in ordered], scores)

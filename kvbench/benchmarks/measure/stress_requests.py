@@ -1,4 +1,5 @@
-"""The stress client's requests: its prompts (text windows, RULER samples, the long one), bodies."""
+"""The stress client's requests: its tokenizer and the ids that end an answer, its prompts (text
+windows, RULER samples, the long one), bodies."""
 from __future__ import annotations
 
 from random import Random
@@ -9,19 +10,29 @@ from kvbench.benchmarks.specs.server_target import ServerTarget
 from kvbench.benchmarks.specs.stress import StressParams
 from kvbench.data.text import load_text, text_tokens
 from kvbench.memo import Memo
+from kvbench.models.chat import with_system
+from kvbench.models.options import ChatOptions
 
 TOP_LOGPROBS = 5  # candidates asked per token: what tells noise from another context
 
 
-def client_tokenizer(memo: Memo, spec: str | None) -> Any:
-    """The suite's model's tokenizer alone (no weights: the server has the model), once per
-    run."""
+def client_tokenizer(memo: Memo, spec: str | None, revision: str | None = None,
+                     trust_remote_code: bool = False) -> tuple[Any, frozenset[int]]:
+    """The suite's model's tokenizer alone (no weights: the server has the model) at the
+    case's hub commit, and every id that ends its answers (the tokenizer's eos and the
+    checkpoint's generation_config.json's: a server stops at each), once per run."""
     if spec is None:
         raise ValueError("stress needs a model (its tokenizer makes the prompts and counts"
                          " tokens); set the suite's model")
+    from kvbench.models.chat import checkpoint_stop_ids, stop_ids
     from kvbench.models.loading import load_tokenizer
 
-    return memo.get(("stress_tokenizer", spec), lambda: load_tokenizer(spec))
+    def load() -> tuple[Any, frozenset[int]]:
+        tokenizer = load_tokenizer(spec, revision=revision, trust_remote_code=trust_remote_code)
+        return tokenizer, stop_ids(tokenizer, checkpoint_stop_ids(spec, revision,
+                                                                  trust_remote_code))
+
+    return memo.get(("stress_tokenizer", spec, revision), load)
 
 
 class _TokenizerOnly:
@@ -45,16 +56,18 @@ def make_prompts(memo: Memo, tokenizer: Any, spec: str, params: StressParams,
     return [Prompt(index, tokenizer.decode(ids), ids) for index, ids in enumerate(windows)]
 
 
-def make_task_prompts(memo: Memo, tokenizer: Any, params: StressParams) -> list[Prompt]:
+def make_task_prompts(memo: Memo, tokenizer: Any, params: StressParams,
+                      options: ChatOptions = ChatOptions(), model: str = "the model",
+                      ) -> list[Prompt]:
     """`params.prompts` samples of the task (indices 0 ..), made as the ruler benchmark makes
     them: kvbench.data.ruler's make_sample fitted to task_length tokens of the prompt as it is
-    fed (the model's chat template around the context and question, then the answer prefix),
-    with data_seed."""
+    fed (the model's chat template with the chat options around the context and question, then
+    the answer prefix), with data_seed."""
     from kvbench.benchmarks.measure.answering import ChatFrame, frame
     from kvbench.data.ruler import make_sample
 
     spec = params.task_spec
-    chat = ChatFrame.of(tokenizer)
+    chat = ChatFrame.of(tokenizer, options, model)
     essay = (memo.get(("essay", params.essay), lambda: load_text(params.essay))
              if spec.needs_essay else None)
 
@@ -68,7 +81,8 @@ def make_task_prompts(memo: Memo, tokenizer: Any, params: StressParams) -> list[
                              essay=essay)
         ids = framed(sample).ids
         task = Task(params.task, tuple(sample.references), spec.metric,
-                    sample.tokens_to_generate, sample.context + sample.question)
+                    sample.tokens_to_generate, sample.context + sample.question,
+                    chat.reasoning_opened)
         prompts.append(Prompt(index, tokenizer.decode(ids), ids, task))
     return prompts
 
@@ -96,13 +110,14 @@ def text_windows(memo: Memo, tokenizer: Any, spec: str, params: StressParams, le
 
 
 def request_body(params: StressParams, target: ServerTarget, model: str | None,
-                 prompt: Prompt) -> dict[str, Any]:
+                 prompt: Prompt, chat: ChatOptions = ChatOptions()) -> dict[str, Any]:
     """One streamed greedy request. A kvbench server gets the prompt's token ids (completions),
     top-5 logprobs, and the token_ids / ignore_eos extensions; another server the standard
     fields only (logprobs when its mapping asks). A task sample asks its task's
     tokens_to_generate and is never sent ignore_eos (its answer ends at end-of-sequence); on
     chat, its message is the sample's text, which the server frames with its own template (the
-    answer prefix is not sent)."""
+    answer prefix is not sent), after the chat options' system message, with their template
+    arguments as chat_template_kwargs (vLLM's field)."""
     kvbench = target.kind == "kvbench"
     task = prompt.task
     body: dict[str, Any] = {"max_tokens": task.tokens_to_generate if task else params.max_tokens,
@@ -116,7 +131,10 @@ def request_body(params: StressParams, target: ServerTarget, model: str | None,
         if logprobs:
             body["logprobs"] = TOP_LOGPROBS
     else:
-        body["messages"] = [{"role": "user", "content": task.message if task else prompt.text}]
+        body["messages"] = with_system(
+            [{"role": "user", "content": task.message if task else prompt.text}], chat)
+        if chat.template_kwargs:
+            body["chat_template_kwargs"] = dict(chat.template_kwargs)
         if logprobs:
             body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     if kvbench:
