@@ -27,8 +27,10 @@ READABLE_VERSIONS = (1, 2)  # 1 is read for reports and compare; the gate refuse
 Direction = Literal["higher", "lower", "none"]
 # refused: not run, its method's library is not installed here (its error says which)
 Status = Literal["ok", "error", "timeout", "refused"]
-# unmet: a claim stated as a goal not met yet (its reason in ClaimResult.goal): not a failure
-Verdict = Literal["held", "failed", "missing", "unmet"]
+# unmet: a claim stated as a goal not met yet (its reason in ClaimResult.goal): not a failure;
+# skipped: a claim calibrated on another model than the case's, not judged (its reason in
+# ClaimResult.measured_as): not a failure
+Verdict = Literal["held", "failed", "missing", "unmet", "skipped"]
 # absolute: a wall-clock figure (ms, s, tok/s); ratio: a timing divided by a reference timed in
 # the same repeat (a memcpy of the same bytes, the plain cache), which load moves far less.
 Timing = Literal["absolute", "ratio"]

@@ -109,7 +109,7 @@ def _required(path: tuple) -> bool:
             or path[0] == "methods" and path[2:] == ("name",)
             or path[0] == "benchmarks" and path[2:] == ("kind",)
             or path[0] == "benchmarks" and len(path) == 5 and path[2] == "claims"
-            and path[4] != "goal")  # a scoped claim needs its cases and claim, not a goal
+            and path[4] == "claim")  # a scoped claim needs its claim (its cases: default all)
 
 
 # ---- mutations: each takes hypothesis' draw, the seed's text and its data -----------------------

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+import click
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
@@ -50,8 +51,65 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     sys.exit(code)
 
 
-def load_suite_or_exit(path: str, **defaults):
-    """The suite at `path`, a file or the name of a shipped suite (kvbench.suite.locate)."""
+SET_HELP = (
+    "Change the suite, repeatable: defaults.KEY=VALUE sets a key of its defaults: "
+    "(defaults.max_context=131072, 'defaults.chat_template_kwargs={enable_thinking: false}'); "
+    "BENCHMARK.KEY=VALUE sets a parameter of every benchmark of that kind (ruler.length=32768,"
+    " ruler.samples=20, 'niah.lengths=[4096,8192]'), and where an entry has a matrix axis of "
+    "that key the axis is that one value: ruler.length=32768 on entries with matrix "
+    "{length: [1024, 4096]} runs length 32768 alone. VALUE is YAML (32768 an int, [1,2] a list,"
+    " {a: b} a mapping, true a boolean). An unknown benchmark or key is refused before any "
+    "work.")
+
+
+def suite_options(command):
+    """The options that change a suite as read (run and validate take the same ones, so that a
+    command can be checked before it runs): --model, --dtype, --device, --backend, --set."""
+    options = [
+        click.option("--model", metavar="SPEC",
+                     help="Run the suite on this model in place of its default one: a hub id "
+                          "(Qwen/Qwen3-8B, Org/Name@revision; downloaded on first use), a "
+                          "checkpoint folder, bundled:smollm2-135m or tiny:KIND (kvbench list "
+                          "models). A claim calibrated on another model is skipped, with the "
+                          "reason; a suite setting this model cannot hold (a length past its "
+                          "context) refuses its cases, with the reason. Benchmarks that name "
+                          "their own model keep it."),
+        click.option("--dtype", "model_dtype",
+                     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+                     help="The torch model's weights and activations (the suite's "
+                          "model_dtype), e.g. --dtype bfloat16; auto: the checkpoint's own on "
+                          "CUDA and MPS, float32 on the CPU."),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
+                     help="Override the suite's device, e.g. --device cuda (auto: CUDA, else "
+                          "MPS, else the CPU)."),
+        click.option("--backend", type=click.Choice(["torch", "mlx"]),
+                     help="Override the suite's backend: torch, or mlx (methods on MLX, models "
+                          "on mlx-lm; every method and benchmark must support it)."),
+        click.option("--set", "settings", metavar="KEY=VALUE", multiple=True, help=SET_HELP),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def overrides_or_exit(model=None, model_dtype=None, device=None, backend=None, settings=()):
+    """The suite options as the loader takes them (kvbench.suite.overrides), each named by its
+    flag; a --set that cannot be read exits 2 naming it."""
+    from kvbench.suite.overrides import DEFAULTS, Override, OverrideError, parse_set
+
+    flags = (("model", "--model", model), ("model_dtype", "--dtype", model_dtype),
+             ("device", "--device", device), ("backend", "--backend", backend))
+    overrides = [Override(flag, DEFAULTS, key, value) for key, flag, value in flags
+                 if value is not None]
+    try:
+        return overrides + [parse_set(text) for text in settings]
+    except OverrideError as exc:
+        fail(str(exc))
+
+
+def load_suite_or_exit(path: str, overrides=(), **defaults):
+    """The suite at `path`, a file or the name of a shipped suite (kvbench.suite.locate), with
+    the command line's `overrides` (kvbench.suite.overrides)."""
     from kvbench.suite.errors import SuiteError
     from kvbench.suite.loader import load_suite
     from kvbench.suite.locate import SuiteNotFound, locate_suite
@@ -61,7 +119,7 @@ def load_suite_or_exit(path: str, **defaults):
     except SuiteNotFound as exc:
         fail(str(exc))
     try:
-        suite = load_suite(file, **defaults)
+        suite = load_suite(file, overrides, **defaults)
     except SuiteError as exc:
         err.print(f"[bold red]invalid suite[/] ({len(exc.issues)} problem(s)):")
         for line in str(exc).splitlines():
@@ -74,8 +132,8 @@ def load_suite_or_exit(path: str, **defaults):
     refused = [case for case in suite.cases if case.refused]
     if refused:
         err.print(f"[yellow]{len(refused)} case(s) refused[/] (recorded as refused, not run):"
-                  " their library is not installed here, or the method cannot run on the"
-                  " model's layers")
+                  " their library is not installed here, the method cannot run on the"
+                  " model's layers, or the model cannot hold a setting of the suite")
         for case in refused:
             err.print(f"  {case.id}: {case.refused}", soft_wrap=True, markup=False, emoji=False,
                       highlight=False)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from kvbench.cli.common import (
     EXIT_BASELINE, EXIT_CRASHED, EXIT_INTERRUPTED, console, err, fail, load_suite_or_exit,
+    overrides_or_exit, suite_options,
 )
 from kvbench.cli.progress import RichProgress
 from kvbench.cli.verdicts import exit_code, summary
@@ -27,11 +28,7 @@ from kvbench.cli.verdicts import exit_code, summary
                    "to previous/ unless --resume.")
 @click.option("--only", help="Run cases whose id matches this glob (or contains this text).")
 @click.option("--methods", help="Comma-separated method labels or names (globs allowed).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
-              help="Override the suite's device.")
-@click.option("--backend", type=click.Choice(["torch", "mlx"]),
-              help="Override the suite's backend: torch, or mlx (methods on MLX, models on "
-                   "mlx-lm; every method and benchmark must support it).")
+@suite_options
 @click.option("--repeats", type=click.IntRange(min=1), help="Repeats for timed metrics.")
 @click.option("--limit", type=click.IntRange(min=1), help="Run at most N cases (after filters).")
 @click.option("--baseline", type=click.Path(dir_okay=False),
@@ -58,12 +55,19 @@ from kvbench.cli.verdicts import exit_code, summary
               help="Run only shard I of N: a stable split of the cases by id (CI job "
                    "matrices); join the shards with `kvbench merge`.")
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
-def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, baseline, strict,
-        resume, isolate, executor, address, shard, dry_run):
+def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend, settings,
+        repeats, limit, baseline, strict, resume, isolate, executor, address, shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate.
 
     SUITE is a YAML file, or the name of a suite shipped with kvbench (`kvbench run quick`;
-    `kvbench list suites` names them)."""
+    `kvbench list suites` names them). Any suite runs on any model:
+
+    \b
+      kvbench run ruler --model Qwen/Qwen3-8B --dtype bfloat16 --set ruler.length=32768
+      kvbench validate ruler --model Qwen/Qwen3-8B --set ruler.length=32768  # check it first
+
+    --model, --dtype, --device, --backend and --set are recorded in the results; --resume
+    continues a run only with the same ones."""
     if executor == "ray" and isolate:  # options that cannot go together: before anything else
         fail("--isolate is for --executor local: on Ray every case already runs in a "
              "worker process, and a worker that dies costs its case one retry")
@@ -92,11 +96,12 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
         except ValueError as exc:
             fail(str(exc))
 
-    # The backend decides which methods and benchmarks are valid: the suite is checked with it.
-    suite = load_suite_or_exit(suite_path, **({"backend": backend} if backend else {}))
-    overrides = {k: v for k, v in (("device", device), ("repeats", repeats)) if v is not None}
-    if overrides:
-        suite.cases = [dataclasses.replace(c, **overrides) for c in suite.cases]
+    # The model, device and backend decide which methods and benchmarks are valid: the suite is
+    # checked with them.
+    suite = load_suite_or_exit(
+        suite_path, overrides_or_exit(model, model_dtype, device, backend, settings))
+    if repeats is not None:  # every entry's, its own included
+        suite.cases = [dataclasses.replace(c, repeats=repeats) for c in suite.cases]
     try:
         cases = select_cases(suite, only, methods, limit)
     except SelectionError as exc:
@@ -107,21 +112,25 @@ def run(suite_path, out_dir, only, methods, device, backend, repeats, limit, bas
                     shard, _finished_ids(out_dir) if resume else None)
         return
     # what an interrupted run prints to continue it: the same cases, the same settings
-    again = {"--only": only, "--methods": methods, "--device": device, "--backend": backend,
-             "--repeats": repeats, "--limit": limit, "--baseline": baseline,
-             "--strict": strict, "--isolate": isolate, "--address": address,
-             "--executor": executor if executor != "local" else None,
-             "--shard": shard and f"{shard.index}/{shard.count}"}
+    again = [("--only", only), ("--methods", methods), ("--model", model),
+             ("--dtype", model_dtype), ("--device", device), ("--backend", backend),
+             *(("--set", text) for text in settings), ("--repeats", repeats),
+             ("--limit", limit), ("--baseline", baseline), ("--strict", strict),
+             ("--isolate", isolate), ("--address", address),
+             ("--executor", executor if executor != "local" else None),
+             ("--shard", shard and f"{shard.index}/{shard.count}")]
     resume_command = shlex.join(
         ["kvbench", "run", suite_path, "--out", str(out_dir)]
-        + [part for flag, value in again.items() if value not in (None, False)
+        + [part for flag, value in again if value not in (None, False)
            for part in ([flag] if value is True else [flag, str(value)])] + ["--resume"])
     runner = _start_executor(executor, address, isolate)
     try:
         selection = {k: v for k, v in (("only", only), ("methods", methods), ("limit", limit))
                      if v is not None}
+        # what the command line changed of the suite, recorded (--resume insists on it)
+        changed = {"model": model, "model_dtype": model_dtype, "set": list(settings) or None}
         _run_with(runner, suite, resume_command, cases, out_dir, baseline, strict, resume,
-                  repeats, shard, selection)
+                  repeats, shard, selection, changed)
     finally:
         runner.close()
 
@@ -207,7 +216,7 @@ def _load_baseline_or_exit(path: str, suite, key: str, cases, strict: bool):
 
 
 def _run_with(executor, suite, resume_command, cases, out_dir, baseline, strict, resume,
-              repeats, shard, selection):
+              repeats, shard, selection, changed):
     from kvbench.run.ray_executor import RayUnavailable
 
     try:
@@ -229,7 +238,8 @@ def _run_with(executor, suite, resume_command, cases, out_dir, baseline, strict,
         with hold_out_dir(out_dir):
             outcome = run_suite(suite, out_dir, cases=cases, resume=resume,
                                 progress=RichProgress(), repeats_override=repeats,
-                                executor=executor, shard=shard, selection=selection)
+                                executor=executor, shard=shard, selection=selection,
+                                overrides=changed)
             result = outcome.result
             gate_report = None
             if baseline_result is not None:  # as `compare --gate` judges the same files

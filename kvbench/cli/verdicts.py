@@ -18,12 +18,21 @@ def claims_table(result) -> Table:
     for column in ("case", "claim", "measured", "verdict"):
         table.add_column(column, overflow="fold")
     style = {"held": "[green]held[/]", "failed": "[red]FAILED[/]", "missing": "[yellow]missing[/]",
-             "unmet": "[yellow]goal not met[/]"}
+             "unmet": "[yellow]goal not met[/]", "skipped": "[dim]skipped[/]"}
     for case in result.cases:
         for claim in case.claims:
             measured = "-" if claim.measured is None else f"{claim.measured:.6g}"
-            table.add_row(escape(case.id), escape(claim.claim), measured, style[claim.verdict])
+            verdict = style[claim.verdict]
+            if claim.verdict == "skipped":  # calibrated on another model: says which
+                verdict += f": {escape(claim.measured_as or '')}"
+            table.add_row(escape(case.id), escape(claim.claim), measured, verdict)
     return table
+
+
+# why a case was refused, by its error type, as the summary counts them
+REFUSED_BECAUSE = {"LibraryMissing": "the library not installed",
+                   "LayersUnsupported": "layers the method cannot run on",
+                   "SettingUnfit": "a setting of the suite the model cannot hold"}
 
 
 def exit_code(result, gate_report) -> int:
@@ -31,7 +40,8 @@ def exit_code(result, gate_report) -> int:
         return EXIT_BASELINE
     if any(c.status not in ("ok", "refused") for c in result.cases):  # refused: reported
         return EXIT_CRASHED
-    claims_ok = all(cl.verdict in ("held", "unmet") for c in result.cases for cl in c.claims)
+    claims_ok = all(cl.verdict in ("held", "unmet", "skipped")  # neither fails the run
+                    for c in result.cases for cl in c.claims)
     if not claims_ok or (gate_report is not None and gate_report.exit_code() != EXIT_OK):
         return EXIT_FAILED
     return EXIT_OK
@@ -83,15 +93,18 @@ def summary(result, gate_report, out_dir: Path, baseline_path: str | None = None
     claims = [cl for c in result.cases for cl in c.claims]
     held = sum(cl.verdict == "held" for cl in claims)
     unmet = sum(cl.verdict == "unmet" for cl in claims)
+    skipped = sum(cl.verdict == "skipped" for cl in claims)
     errors = [c for c in result.cases if c.status not in ("ok", "refused")]
-    refused = Counter("the library not installed" if c.error.type == "LibraryMissing"
-                      else "layers the method cannot run on"
+    refused = Counter(REFUSED_BECAUSE.get(c.error.type, c.error.type)
                       for c in result.cases if c.status == "refused" and c.error)
     if claims:
         console.print(claims_table(result))
-    parts = [f"claims held {held}/{len(claims)}", f"failed {len(claims) - held - unmet}"]
+    parts = [f"claims held {held}/{len(claims)}",
+             f"failed {len(claims) - held - unmet - skipped}"]
     if unmet:
         parts.append(f"goals not met {unmet}")
+    if skipped:
+        parts.append(f"skipped {skipped} (calibrated on another model than the case runs)")
     if gate_report is not None:
         parts.append(f"regressions {len(gate_report.regressions)}")
         parts.append(f"improvements {len(gate_report.improvements)}")

@@ -13,9 +13,13 @@ values on the same samples).
 
 `score ~ identity` claims what the report's paired verdict says, "not separated": the exact
 sign test over the samples both answered (kvbench.judge.paired.compare_paired, the report's)
-finds no difference at the 0.05 level; its `measured` is the test's p-value."""
+finds no difference at the 0.05 level; its `measured` is the test's p-value.
+
+A claim calibrated on one model (its `model`) is not judged on a case that runs another: it is
+recorded `skipped`, with the reason, and fails nothing."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import re
@@ -55,11 +59,29 @@ class Claim:
     relation: str | None = None  # "/", "-", or NOT_SEPARATED
     goal: str | None = None  # a goal not met yet, and why: its failure does not fail the run
     paired: bool = False  # judged on the cases' per-sample pairs, or missing without them
+    model: str | None = None  # the model its target was calibrated on; None: any model
+    skipped: str | None = None  # why a case does not judge it (it runs another model)
+
+    def on_model(self, model: str | None) -> "Claim":
+        """This claim as a case that runs `model` judges it: skipped, with the reason, where it
+        was calibrated on another model."""
+        if self.model is None or same_model(self.model, model):
+            return self
+        return dataclasses.replace(
+            self, skipped=f"calibrated on {self.model}; this case runs {model or 'no model'}")
 
     def reference_id(self, case_id: str, benchmark: str, label: str) -> str:
         """The id of the case this claim compares `case_id` (which ran method `label`) with."""
         rest = case_id[len(benchmark) + 1 + len(label):]
         return f"{benchmark}/{self.reference}{rest}"
+
+
+def same_model(calibrated: str, runs: str | None) -> bool:
+    """Whether a case running `runs` runs the model a claim was calibrated on: the same spec,
+    a hub model at any revision (`Org/Name@rev`) included."""
+    if runs is None:
+        return False
+    return calibrated == runs or calibrated.partition("@")[0] == runs.partition("@")[0]
 
 
 def parse_claim(text: str, source: str = "") -> Claim:
@@ -108,7 +130,13 @@ def judge(claim: Claim, metrics: dict[str, Metric],
     the metric. A NaN or infinite measurement fails every claim: `perplexity >= 1` must not
     hold for a diverged run. `pairs`: both cases' per-sample values of the metric on the same
     samples (this case's first), when they recorded them; a difference claim is then judged on
-    a paired bound."""
+    a paired bound. A claim the case skips (it runs another model than the claim's) is
+    `skipped`, its reason in `measured_as`."""
+    if claim.skipped:
+        return ClaimResult(
+            claim=claim.text, metric=claim.metric, op=claim.op, target=claim.target,
+            measured=None, verdict="skipped", source=claim.source, reference=reference_id,
+            measured_as=claim.skipped, goal=claim.goal)
     metric = metrics.get(claim.metric)
     measured = None if metric is None else metric.value
     measured_as = None

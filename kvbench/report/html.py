@@ -10,7 +10,8 @@ DIR/index.html holds, for every run given:
   Pareto front (per run and benchmark parameters) marked; each method's settings that differ
   from its defaults; a byte ratio's column names what it is against; sortable by any column,
   filterable by method family;
-- the run's claims, with verdict (an unmet goal with its reason) and where each was stated
+- the run's claims, with verdict (an unmet goal with its reason, a skipped claim with the model
+  it was calibrated on) and where each was stated
   (`suite.yaml:line`);
 - its figures (the PNGs `kvbench report` draws, beside the run's files);
 - every case in full: id, parameters, suite hash, git sha, machine, every metric; each cell of a
@@ -167,6 +168,8 @@ def _claims(runs: list[Run], anchors: dict) -> str:
                 verdict = f"<span class='verdict {claim.verdict}'>{claim.verdict}</span>"
                 if claim.verdict == "unmet" and claim.goal:  # a goal not met yet says why
                     verdict += f"<span class='why'>: {esc(claim.goal)}</span>"
+                if claim.verdict == "skipped":  # so does a claim of another model
+                    verdict += f"<span class='why'>: {esc(claim.measured_as or '')}</span>"
                 rows.append(row([
                     esc(f"#{run.index}"),
                     f"<a href='#{anchors[(run.index, case.id)]}'>{esc(case.id)}</a>",
@@ -269,7 +272,9 @@ def _case_details(cases: list[tuple[Run, CaseResult]], anchors: dict) -> str:
             ("method", f"{esc(case.method)} ({esc(case.method_label)})"),
             ("method parameters",
              f"<code>{esc(json.dumps(case.method_params, default=str))}</code>"),
-            ("model", esc(f"{case.model or '-'} ({case.model_dtype})")),
+            ("model", esc(f"{case.model or '-'}"
+                          + (f" at {case.model_revision[:12]}" if case.model_revision else "")
+                          + f" ({case.model_dtype})")),
             ("backend, device", esc(f"{case.backend}, {case.device}")),
             ("seed, threads", esc(f"{case.seed}, {case.threads or 'default'}")),
             ("suite", f"{esc(r.suite.name)} <code>{esc(r.suite.hash[:12])}</code>"),
@@ -285,6 +290,7 @@ def _case_details(cases: list[tuple[Run, CaseResult]], anchors: dict) -> str:
         claims = "".join(f"<li><code>{esc(c.claim)}</code>: <span class='verdict {c.verdict}'>"
                          f"{c.verdict}</span>"
                          + (f": {esc(c.goal)}" if c.verdict == "unmet" and c.goal else "")
+                         + (f": {esc(c.measured_as or '')}" if c.verdict == "skipped" else "")
                          + f" ({esc(c.source)})</li>" for c in case.claims)
         blocks.append(
             f"<details id='{anchors[(run.index, case.id)]}'><summary>{esc(case.id)} "

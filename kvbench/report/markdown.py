@@ -18,7 +18,7 @@ from kvbench.results import CaseResult, RunResult
 
 STATUSES = ("ok", "error", "timeout", "refused")
 VERDICT_MARKS = {"held": "✅ held", "failed": "❌ failed", "missing": "⚠ missing",
-                 "unmet": "◻ goal not met"}
+                 "unmet": "◻ goal not met", "skipped": "⏭ skipped"}
 GENERIC_REPORT = BenchmarkReport()  # a benchmark's table alone
 
 
@@ -93,7 +93,8 @@ def _provenance(entry: dict[str, str]) -> str:
 
 def claims_section(cases: list[CaseResult], heading: str = "## Claims") -> str:
     """The cases' claims as a table under `heading`: measured, verdict (an unmet goal with its
-    reason) and where each was stated; "" when they have none."""
+    reason, a skipped claim with the model it was calibrated on) and where each was stated; ""
+    when they have none."""
     rows = []
     for case in cases:
         for claim in case.claims:
@@ -102,11 +103,14 @@ def claims_section(cases: list[CaseResult], heading: str = "## Claims") -> str:
             unitless = parse_claim(claim.claim).relation in ("/", NOT_SEPARATED)
             unit = "" if metric is None or unitless else metric.unit
             measured = fmt_number(claim.measured, unit) or "—"
-            if claim.measured_as:  # a paired bound or test, not the difference of means
+            skipped = claim.verdict == "skipped"  # its measured_as says why, in the verdict
+            if claim.measured_as and not skipped:  # a paired bound or test, not the means
                 measured += f" ({claim.measured_as})"
             verdict = VERDICT_MARKS[claim.verdict]
             if claim.verdict == "unmet":
                 verdict += f": {claim.goal}"
+            if skipped:
+                verdict += f": {claim.measured_as}"
             rows.append([case.id, claim.claim, measured, verdict, claim.source])
     if not rows:
         return ""

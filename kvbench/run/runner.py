@@ -69,7 +69,8 @@ def _resume_state(out_dir: Path, suite: LoadedSuite, settings: dict[str, Any],
                for key, value in settings.items() if header.settings.get(key) != value]
     if changed:
         raise ResumeError(f"{path} was run with other settings ({'; '.join(changed)}); resume "
-                          "with the same --device, --backend and --repeats, or use another --out")
+                          "with the same --model, --dtype, --device, --backend, --set and "
+                          "--repeats, or use another --out")
     cases, stopped = jsonl.cases, []
     if header.suite.hash != suite.hash:
         measured = [without(resolved, CLAIMS, TIMEOUTS)
@@ -130,6 +131,7 @@ def run_suite(
     executor: Executor | None = None,
     shard: Shard | None = None,
     selection: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """Run `cases` (default: all of the suite's) into out_dir.
 
@@ -141,7 +143,9 @@ def run_suite(
     merge` to find what no shard ran. isolate: each case in a fresh child process
     (kvbench.run.isolated); executor: where the cases run (default in this process, or as isolate
     says); the caller closes an executor it passes. selection: the filters that chose `cases`
-    (the command line's --only, --methods, --limit), recorded for the gate.
+    (the command line's --only, --methods, --limit), recorded for the gate. overrides: what the
+    command line changed of the suite (its --model, --dtype, --set), recorded with the device,
+    backend and repeats; --resume insists on them.
     """
     out_dir = Path(out_dir)
     progress = progress or Silent()
@@ -153,20 +157,20 @@ def run_suite(
     executor = executor or (ChildProcesses() if isolate else InProcess())
     try:
         return _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_override,
-                          executor, shard, device, backend, selection or {})
+                          executor, shard, device, backend, selection or {}, overrides or {})
     finally:
         if own:
             executor.close()
 
 
 def _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_override, executor,
-               shard, device, backend, selection) -> RunOutcome:
+               shard, device, backend, selection, overrides) -> RunOutcome:
     device_name, machine = executor.machine(device, backend)
     if shard is not None and not cases:
         progress.notice(f"shard {shard} holds none of the {len(planned)} case(s); an empty run "
                         "is written, for `kvbench merge`")
     settings = {"device": device_name, "backend": backend, "repeats": repeats_override,
-                "shard": shard and str(shard)}
+                "shard": shard and str(shard), **overrides}
     with hold_out_dir(out_dir):
         finished: list[CaseResult] = []
         if resume and (out_dir / JSONL).exists():

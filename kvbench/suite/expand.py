@@ -22,8 +22,9 @@ from kvbench.suite.case import Case
 from kvbench.suite.errors import Issues, Placed
 from kvbench.suite.models import ModelDescriber, model_options, model_spec
 from kvbench.suite.names import (
-    bench_claims, check_metric, check_reference, check_scopes, lookup, parse,
+    bench_claims, check_metric, check_reference, check_scopes, check_unseen_policy, lookup, parse,
 )
+from kvbench.suite.overrides import UNFIT, Changes
 from kvbench.suite.params import Unavailable, blame, matrix_combos, settings_of, value_text
 from kvbench.suite.schema import BenchmarkEntry, Defaults, MethodEntry
 
@@ -50,12 +51,16 @@ def expand_cases(
     defaults: Defaults,
     default_model: Placed[str] | None,
     issues: Issues,
+    changes: Changes | None = None,
 ) -> list[Case]:
     """Every case, in the order written: benchmarks, each one's matrix, then methods.
 
     Problems go to `issues`; the cases of a broken entry are left out. The number of cases is
     counted from the matrix sizes first: a suite above MAX_CASES is refused unexpanded.
+    `changes`: what the caller changed (kvbench.suite.overrides): on a swapped default model, a
+    suite setting the model cannot hold refuses its cases rather than failing the suite.
     """
+    changes = changes or Changes()
     sizes = [_size(m.value.matrix) for m in methods]
     if _too_many(methods, sizes, "method variants", issues):
         return []
@@ -69,18 +74,23 @@ def expand_cases(
     describe = ModelDescriber(issues, defaults)
     cases: list[Case] = []
     made_by: dict[str, Placed[BenchmarkEntry]] = {}
+    first: dict[str, Case] = {}  # case id -> the case, as its first entry made it
     metrics_of: dict[str, set[str] | None] = {}  # label -> metrics of the benchmarks running it
     for bench, chosen in zip(benchmarks, selections):
         cls = lookup(BENCHMARKS, bench.value.kind, bench.doc, bench.at("kind"), issues)
-        for case in _bench_cases(bench, cls, chosen, defaults, default_model, describe, issues):
+        for case in _bench_cases(bench, cls, chosen, defaults, default_model, describe, issues,
+                                 changes):
             if made_by.get(case.id) is bench:
                 issues.add(bench.doc, bench.path, f"case id {case.id!r} is produced twice here",
                            "a matrix value or a method label is repeated")
+            elif changes.same_case(bench, case, first.get(case.id)):
+                continue  # --set made two entries alike: the case runs once
             elif case.id in made_by:
                 issues.add(bench.doc, bench.path,
                            f"case id {case.id!r} is also produced by {made_by[case.id].where()}",
                            "give the two different matrix values or methods")
             made_by.setdefault(case.id, bench)
+            first.setdefault(case.id, case)
             cases.append(case)
         metrics = None if cls is None else set(cls.metrics)
         for variant in chosen:
@@ -190,7 +200,7 @@ def _select(bench: Placed[BenchmarkEntry], variants: list[_Variant], issues: Iss
 
 def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_Variant],
                  defaults: Defaults, default_model: Placed[str] | None, describe,
-                 issues: Issues) -> list[Case]:
+                 issues: Issues, changes: Changes) -> list[Case]:
     """The cases of one benchmark entry; `cls` is its class (None: an unknown kind)."""
     entry = bench.value
     claims = bench_claims(bench, cls, issues)
@@ -198,7 +208,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     suffixes = ["/" + ",".join(f"{k}={value_text(v)}" for k, v in c.items()) if c else ""
                 for c in combos]
     ids = [_case_id(entry, v.label, s) for s in suffixes for v in chosen]
-    check_scopes(bench, claims, ids, issues)
+    check_scopes(bench, claims, ids, issues, changed=changes.changed(bench))
     labels = [v.label for v in chosen]
     for claim in [c for c, _, _ in claims] + [c for v in chosen for c in v.claims
                                               if cls is None or c.value.metric in cls.metrics]:
@@ -223,6 +233,8 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     cases = []
     benchmark = cls()
     load_options, chat = model_options(defaults, info)
+    spec = model_spec(model) if model else None
+    swapped = changes.model and not entry.model  # the suite's settings were not written for it
 
     def case(variant: _Variant, suffix: str, bench_params: dict[str, Any],
              refused: str | None, refused_as: str = "LibraryMissing", params=None) -> Case:
@@ -231,7 +243,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             id=case_id, benchmark=entry.kind, bench_params=bench_params,
             method=variant.entry.value.name, method_label=variant.label,
             method_params=variant.params,
-            model=model_spec(model) if model else None,
+            model=spec,
             device=defaults.device,
             seed=_first(entry.seed, defaults.seed),
             repeats=_first(entry.repeats, defaults.repeats),
@@ -246,8 +258,9 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             refused_as=refused_as,
             params=params,
             settings=variant.method,
-            claims=[c.value for c in variant.claims if c.value.metric in cls.metrics]
-            + [c.value for c, pattern, _ in claims
+            claims=[c.value.on_model(spec) for c in variant.claims
+                    if c.value.metric in cls.metrics]
+            + [c.value.on_model(spec) for c, pattern, _ in claims
                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
         )
 
@@ -265,21 +278,27 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
                 benchmark.check(params, info)
             except ValueError as exc:  # a plug-in's check may raise a plain ValueError
                 fields = exc.fields if isinstance(exc, SettingError) else ()
-                issues.add(bench.doc, blame(fields, combo, bench), str(exc))
+                unfit = changes.unfit(swapped, spec, bench.doc, blame(fields, combo, bench),
+                                      str(exc), issues)
+                cases += [case(variant, suffix, dataclasses.asdict(params), unfit, UNFIT, params)
+                          for variant in chosen if unfit and variant.params is not None]
                 continue
         needed = _needs(cls, params, defaults)
         head_dim = benchmark.head_dim(params, info) if model_ok else None
         for variant in chosen:
             if variant.params is None or not _supported(variant, needed, combo, bench, issues):
                 continue
-            if head_dim is not None and not _fits(variant, head_dim, bench, issues):
+            misfit = _fits(variant, head_dim, bench) if head_dim is not None else None
+            unfit = misfit and changes.unfit(swapped, spec, variant.entry.doc, *misfit, issues)
+            if misfit and not unfit:
                 continue
-            unsupported = None if variant.refused or not (model_ok and cls.uses_model) \
+            unsupported = None if variant.refused or unfit or not (model_ok and cls.uses_model) \
                 else _layer_refusal(variant, info, defaults.backend, describe)
+            refused_as = (UNFIT if unfit and not variant.refused else "LayersUnsupported"
+                          if unsupported else "LibraryMissing")
             cases.append(case(variant, suffix, dataclasses.asdict(params),
-                              variant.refused or unsupported,
-                              "LayersUnsupported" if unsupported else "LibraryMissing", params))
-            _check_unseen_policy(entry.kind, cls, variant, cases[-1].id, claims, issues)
+                              variant.refused or unfit or unsupported, refused_as, params))
+            check_unseen_policy(entry.kind, cls, variant, cases[-1].id, claims, issues)
     return cases
 
 
@@ -323,21 +342,19 @@ def _supported(variant: _Variant, needed: list[tuple[str, str | None, str]], com
     return ok
 
 
-def _fits(variant: _Variant, head_dim: int, bench: Placed[BenchmarkEntry],
-          issues: Issues) -> bool:
-    """Whether the method's configuration holds vectors of the case's head_dim; if not, the
-    issue is at the method's setting that does not fit."""
+def _fits(variant: _Variant, head_dim: int, bench: Placed[BenchmarkEntry]
+          ) -> tuple[tuple, str] | None:
+    """None where the method's configuration holds vectors of the case's head_dim; else (the
+    path of the method's setting that does not fit, why)."""
     check = getattr(variant.method, "check_head_dim", None)
     if check is None:  # a stand-in without the check: not checked
-        return True
+        return None
     try:
         check(head_dim)
     except SettingError as exc:
-        issues.add(variant.entry.doc, blame(exc.fields, {}, variant.entry),
-                   f"method {variant.label!r}: {exc} (head_dim {head_dim} in benchmark"
-                   f" {bench.value.kind!r})")
-        return False
-    return True
+        return (blame(exc.fields, {}, variant.entry), f"method {variant.label!r}: {exc} (head_dim"
+                f" {head_dim} in benchmark {bench.value.kind!r})")
+    return None
 
 
 def _layer_refusal(variant: _Variant, info: ModelInfo, backend: str,
@@ -375,25 +392,3 @@ def _too_many(entries: list[Placed], sizes: list[int], what: str, issues: Issues
                f" cases a suite may have", f"this entry makes {size}; split the suite or drop"
                " matrix values")
     return True
-
-
-def _check_unseen_policy(kind: str, cls: type, variant: _Variant, case_id: str, claims,
-                         issues: Issues) -> None:
-    """A claim on a case of a benchmark that measures the codecs alone (its `codecs_only`: proofs)
-    whose method's cache does more than its codecs: refused, the figure is the bare codec's."""
-    if not cls.codecs_only or variant.method is None:  # None: refused, it does not run
-        return
-    unseen = variant.method.policy_beyond_codec()
-    if not unseen:
-        return
-    applied = [c for c in variant.claims if c.value.metric in cls.metrics]
-    applied += [c for c, pattern, _ in claims
-                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)]
-    for claim in applied:
-        issues.add(claim.doc, claim.path,
-                   f"claim {claim.value.text!r} is on method {variant.label!r}, whose cache does"
-                   f" more than its codecs ({'; '.join(unseen)}), and benchmark {kind!r}"
-                   " measures the codecs alone",
-                   "its figure would be the bare codec's: claim it in a benchmark that runs the"
-                   " cache (perplexity, niah, quality), or leave the method out of the claim's"
-                   " cases")

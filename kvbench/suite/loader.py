@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from kvbench.suite.case import LoadedSuite
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE, Tolerance
 from kvbench.suite.errors import Issues, Placed, SuiteError, SuiteIssue
 from kvbench.suite.expand import expand_cases
+from kvbench.suite.locate import SuiteNotFound, locate_include
 from kvbench.suite.names import check_gate_metrics
+from kvbench.suite.overrides import DEFAULTS, Override, apply_overrides, name_flags
 from kvbench.suite.schema import (
     LATER_MODEL_SETTINGS,
     SCHEMA_VERSION,
@@ -32,9 +35,14 @@ from kvbench.suite.schema import (
 )
 from kvbench.suite.yaml_lines import YamlDoc, load_yaml
 
+OVERRIDES = "(overrides)"  # the file the caller's defaults are checked under
 
-def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
-    """Load and check a suite; keyword arguments override its `defaults:` (device="cpu", ...)."""
+
+def load_suite(path: str | os.PathLike, overrides: Sequence[Override] = (),
+               **defaults: Any) -> LoadedSuite:
+    """Load and check a suite; keyword arguments override its `defaults:` (device="cpu", ...),
+    and `overrides` are the command line's (kvbench.suite.overrides: --model, --set, ...),
+    each problem of theirs named by its flag."""
     shown = str(path)
     if not Path(shown).is_file():
         raise SuiteError([SuiteIssue(shown, 1, "", "no such suite file")])
@@ -42,6 +50,10 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
     files: list[tuple[YamlDoc, SuiteFile]] = []
     _read(shown, issues, [], set(), files)
     issues.raise_if_any()
+    overrides = list(overrides)
+    changes = apply_overrides(files, overrides, issues)
+    defaults = {**defaults, **{o.key: o.value for o in overrides if o.target == DEFAULTS}}
+    changes.model = defaults.get("model") is not None
 
     top_doc, top = files[-1]
     methods = [Placed(m, doc, ("methods", i)) for doc, f in files for i, m in enumerate(f.methods)]
@@ -54,7 +66,8 @@ def load_suite(path: str | os.PathLike, **defaults: Any) -> LoadedSuite:
     settings, default_model = _merge_defaults(files, defaults, issues)
     default_tol, tolerances, gate_names, absolute_timings = _merge_gate(files)
     check_gate_metrics(gate_names, benchmarks, issues)
-    cases = expand_cases(methods, benchmarks, settings, default_model, issues)
+    cases = expand_cases(methods, benchmarks, settings, default_model, issues, changes)
+    name_flags(issues, overrides, changes, OVERRIDES)
     issues.raise_if_any()
 
     defaults_written = settings.model_dump()
@@ -106,14 +119,15 @@ def _read(file: str, issues: Issues, stack: list[str], done: set[Path], out: lis
             issues.add(doc, path, message, hint)
         return
     for i, name in enumerate(suite.include):
-        target = os.path.normpath(os.path.join(os.path.dirname(file), name))
+        try:
+            target = locate_include(file, name)
+        except SuiteNotFound as exc:
+            issues.add(doc, ("include", i), str(exc))
+            continue
         chain = [Path(f).resolve() for f in stack + [file]]
         if Path(target).resolve() in chain:
             cycle = [*stack, file][chain.index(Path(target).resolve()):] + [target]
             issues.add(doc, ("include", i), f"include cycle: {' -> '.join(cycle)}")
-        elif not Path(target).is_file():
-            issues.add(doc, ("include", i), f"no such file: {target}",
-                       "include paths are relative to the including file")
         elif Path(target).resolve() not in done:
             _read(target, issues, stack + [file], done, out)
     out.append((doc, suite))
@@ -131,7 +145,7 @@ def _merge_defaults(files, overrides: dict[str, Any], issues: Issues):
             model = written["model"] and Placed(written["model"], doc, ("defaults", "model"))
     if overrides:
         # An override model path is relative to the working directory, as on a command line.
-        doc = YamlDoc("(overrides)", overrides)
+        doc = YamlDoc(OVERRIDES, overrides)
         merged.update(overrides)
         if "model" in overrides:
             model = overrides["model"] and Placed(overrides["model"], doc, ("defaults", "model"))
@@ -139,7 +153,7 @@ def _merge_defaults(files, overrides: dict[str, Any], issues: Issues):
         return Defaults.model_validate(merged), model
     except ValidationError as exc:
         for path, message, hint in schema_issues(exc, merged):
-            issues.add(YamlDoc("(overrides)", overrides), ("defaults", *path), message, hint)
+            issues.add(YamlDoc(OVERRIDES, overrides), ("defaults", *path), message, hint)
         return Defaults(), model
 
 

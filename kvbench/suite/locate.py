@@ -4,12 +4,13 @@ name (`quick`, `seeds/turboquant`).
 The shipped suites are the checkout's suites/ folder, which the package holds as
 kvbench/suites (a link in the checkout, copied into the wheel as package data), so an
 installed kvbench finds the same files as the checkout. An existing file always wins: a path
-works as it always did.
+works as it always did. A suite's `include:` finds files the same way (locate_include).
 """
 from __future__ import annotations
 
 import difflib
 import importlib.resources
+import os
 from pathlib import Path
 
 SUFFIXES = (".yaml", ".yml")
@@ -61,3 +62,25 @@ def locate_suite(argument: str) -> str:
         f"{', '.join(shipped) or 'none (this install holds no kvbench/suites folder)'}. "
         "A suite of your own is given by its path (e.g. my_suite.yaml); "
         "`kvbench list suites` describes the shipped ones")
+
+
+def locate_include(including: str, name: str) -> str:
+    """The file an `include:` of the suite file `including` names: the path relative to that
+    file when it exists, else the shipped suite of that name (`include: [ruler]`,
+    `include: [seeds/turboquant]`). SuiteNotFound names both tries and the shipped suites."""
+    target = os.path.normpath(os.path.join(os.path.dirname(including), name))
+    if Path(target).is_file():
+        return target
+    shipped = shipped_suites()
+    if name in shipped:
+        return str(shipped[name])
+    stem = name[: -len(Path(name).suffix)] if name.endswith(SUFFIXES) else None
+    if stem in shipped:
+        hint = f"kvbench ships a suite of that name: include: [{stem}]"
+    else:
+        near = difflib.get_close_matches(name, list(shipped), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(near)}? " if near else ""
+        hint += f"the shipped suites: {', '.join(shipped) or 'none'}"
+    raise SuiteNotFound(f"no such file: {target}, nor a shipped suite named {name!r} (an "
+                        f"include is a path relative to the including file, or the name of a "
+                        f"shipped suite; {hint})")

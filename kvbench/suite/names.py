@@ -8,7 +8,9 @@ from typing import Any
 from kvbench.benchmarks import BENCHMARKS
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
 from kvbench.judge.claims import Claim, parse_claim
+from kvbench.models.info import resolve_spec
 from kvbench.suite.errors import Issues, Placed
+from kvbench.suite.models import model_spec
 from kvbench.suite.schema import BenchmarkEntry, ScopedClaim
 from kvbench.suite.yaml_lines import YamlDoc
 
@@ -83,13 +85,28 @@ def bench_claims(bench: Placed[BenchmarkEntry], cls, issues: Issues):
         claim = parse(item.claim if scoped else item, bench.doc, path, issues)
         if claim is None:
             continue
-        if scoped and item.goal:
-            claim = Placed(dataclasses.replace(claim.value, goal=item.goal), claim.doc, claim.path)
+        if scoped and (item.goal or item.model):
+            model = item.model and calibrated_on(Placed(item.model, bench.doc,
+                                                        bench.at("claims", i, "model")), issues)
+            claim = Placed(dataclasses.replace(claim.value, goal=item.goal, model=model),
+                           claim.doc, claim.path)
         if cls is not None:
             who = f"benchmark {bench.value.kind!r} does not report"
             check_metric(claim, set(cls.metrics), who, issues)
         out.append((claim, item.cases if scoped else None, i))
     return out
+
+
+def calibrated_on(model: Placed[str], issues: Issues) -> str:
+    """A claim's `model:` as a case's model is written (a checkpoint path made absolute against
+    the suite); a bundled or tiny model kvbench does not know is an issue (a misspelt one would
+    skip its claim everywhere). A hub id is not looked up: the claim's model is not run."""
+    if model.value.startswith(("bundled:", "tiny:")):
+        try:
+            resolve_spec(model.value)
+        except ValueError as exc:
+            issues.add(model.doc, model.path, str(exc))
+    return model_spec(model)
 
 
 def check_metric(claim: Placed[Claim], metrics: set[str], who: str, issues: Issues) -> None:
@@ -109,10 +126,39 @@ def check_reference(claim: Placed[Claim], labels: list[str], kind: str, issues: 
                    f" {reference!r}, which benchmark {kind!r} does not run", hint)
 
 
-def check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues: Issues) -> None:
+def check_scopes(bench: Placed[BenchmarkEntry], claims, ids: list[str], issues: Issues,
+                 changed: bool = False) -> None:
+    """A claim's `cases:` glob matches some case of its benchmark; `changed`: the command line
+    changed the entry's parameters (--set), and a scope may match none of the cases it makes now
+    (`ruler/x/length=1024` under --set ruler.length=32768): it then applies to none."""
+    if changed:
+        return
     for _, pattern, i in claims:
         if pattern is not None and not any(fnmatch.fnmatchcase(c, pattern) for c in ids):
             hint = did_you_mean(pattern, ids).strip() or (
                 f"case ids look like {ids[0]!r}" if ids else "this benchmark has no cases")
             issues.add(bench.doc, bench.at("claims", i, "cases"),
                        f"{pattern!r} matches no case of this benchmark", hint)
+
+
+def check_unseen_policy(kind: str, cls: type, variant: Any, case_id: str, claims,
+                        issues: Issues) -> None:
+    """A claim on a case of a benchmark that measures the codecs alone (its `codecs_only`: proofs)
+    whose method's cache does more than its codecs: refused, the figure is the bare codec's.
+    `variant`: a method variant of kvbench.suite.expand."""
+    if not cls.codecs_only or variant.method is None:  # None: refused, it does not run
+        return
+    unseen = variant.method.policy_beyond_codec()
+    if not unseen:
+        return
+    applied = [c for c in variant.claims if c.value.metric in cls.metrics]
+    applied += [c for c, pattern, _ in claims
+                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)]
+    for claim in applied:
+        issues.add(claim.doc, claim.path,
+                   f"claim {claim.value.text!r} is on method {variant.label!r}, whose cache does"
+                   f" more than its codecs ({'; '.join(unseen)}), and benchmark {kind!r}"
+                   " measures the codecs alone",
+                   "its figure would be the bare codec's: claim it in a benchmark that runs the"
+                   " cache (perplexity, niah, quality), or leave the method out of the claim's"
+                   " cases")

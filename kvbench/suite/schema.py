@@ -136,11 +136,17 @@ class MethodEntry(_Strict):
 
 
 class ScopedClaim(_Strict):
-    cases: str = Field(description="fnmatch glob on the case id, e.g. '*intq-bits2*'")
+    cases: str | None = Field(None, description="fnmatch glob on the case id, e.g. "
+                              "'*intq-bits2*'; default: every case of the benchmark")
     claim: str = Field(description="'metric op value'")
     goal: str | None = Field(None, description="a goal not met yet, and why: a claim that fails"
                              " is reported as 'goal not met' with this reason, apart from the"
                              " failures, and does not fail the run")
+    model: str | None = Field(
+        None, exclude_if=lambda model: model is None,  # a suite's record as before it existed
+        description="the model the claim's target was calibrated on (a model spec, e.g. "
+                          "bundled:smollm2-135m): a case that runs another model does not judge"
+                          " it, and records it as 'skipped' with the reason")
 
 
 ClaimItem = Annotated[

@@ -97,3 +97,8 @@ class Proofs(Benchmark):
         if model is None:
             raise SettingError("data", "data: captured needs a model; set the suite's model")
         self.check_length(model, "tokens", params.tokens, "tokens")
+        count = len(model.layer_kinds)  # 0: the config does not say (the bundled model)
+        beyond = [layer for layer in params.layers if count and layer >= count]
+        if beyond:
+            raise SettingError("layers", f"layers {beyond} are not layers of {model.spec}, which"
+                                         f" has {count} (0 to {count - 1})")
