@@ -28,6 +28,11 @@ except ModuleNotFoundError:  # the dev extra alone: the modules that need torch 
 if torch is not None and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Tests never reach the Hugging Face Hub: set before huggingface_hub is imported (it reads this
+# once), so a hub id a test names by mistake fails at once; the tests of hub downloads turn it
+# off and point the client at a stand-in on 127.0.0.1 (tests.plugins.hub_standin).
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 # One torch thread: with another process on the other core, two threads wait on each other at
 # every barrier and the suite ran 10x slower (609 s against 53 s here); one costs 10% when idle.
 if torch is not None:

@@ -28,6 +28,7 @@ from kvbench.run.files import PREDICTIONS  # noqa: E402
 from kvbench.suite.errors import SuiteError  # noqa: E402
 from kvbench.suite.loader import load_suite  # noqa: E402
 from tests.plugins.cli_support import invoke, wide_consoles  # noqa: E402,F401
+from tests.plugins.hub_standin import HubStandIn, point_kvbench_at  # noqa: E402
 from tests.plugins.suites import ROOT, line_of  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "data" / "dataset"
@@ -163,8 +164,18 @@ def test_bad_data_names_the_file_the_field_and_the_row(tmp_path):
         read_records(str(QA), LONGBENCH_FIELDS, samples=9)
     with pytest.raises(RecordsError, match="'.txt' is not a format read here"):
         read_records(str(tmp_path / "qa.txt"), LONGBENCH_FIELDS)
-    with pytest.raises(RecordsError, match="could not be read from the local datasets cache"):
-        read_records("hf:kvbench-no-such/dataset:test", LONGBENCH_FIELDS)
+
+
+
+def test_a_hub_dataset_that_is_not_there_is_named(tmp_path, monkeypatch):
+    with HubStandIn() as hub:
+        point_kvbench_at(hub, monkeypatch, tmp_path / "hf-cache")
+        with pytest.raises(RecordsError, match="data 'hf:kvbench-no-such/dataset:test':"
+                                               " dataset kvbench-no-such/dataset: no such"):
+            read_records("hf:kvbench-no-such/dataset:test", LONGBENCH_FIELDS)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        with pytest.raises(RecordsError, match="not in the local Hugging Face cache"):
+            read_records("hf:kvbench-no-such/dataset:test", LONGBENCH_FIELDS)
 
 
 def test_the_template_is_cut_after_the_context():

@@ -48,6 +48,15 @@ NOT_RUN = {
     "sudo apt-get install libopenblas0-pthread": "changes the machine",
     ".venv/bin/kvbench merge runs/s1 runs/s2 --out runs/quick":
         "joins the two dry-run shards above; the next block merges real ones",
+    "python3 -m venv .venv && .venv/bin/pip install torch --index-url "
+    "https://download.pytorch.org/whl/cu128": "installs a CUDA torch from the network",
+    '.venv/bin/pip install -e ".[torch,cuda,datasets,serve,plots]"':
+        "changes the environment; make install installs these extras",
+    ".venv/bin/kvbench run ruler --model Qwen/Qwen3-8B --dtype bfloat16 --set ruler.length=16384"
+    " --set ruler.samples=10 --set \"defaults.chat_template_kwargs={enable_thinking: false}\""
+    " --methods identity,intq4,kivi2,snapkv-ratio0.25":
+        "an 8B hub model on a GPU; tests/test_hub.py runs this command on a tiny checkpoint"
+        " that a stand-in of the hub serves",
 }
 SERVE = ".venv/bin/kvbench serve"  # a block that starts a server: the lines after it query it
 

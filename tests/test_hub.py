@@ -6,6 +6,9 @@ recorded and a baseline of another commit is not compared."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -55,6 +58,8 @@ def test_first_use_downloads_the_checkpoint_with_progress(hub, two_commits):
     assert {"config.json", "model.safetensors", "tokenizer.json",
             "generation_config.json"} <= fetched
     assert any(text.startswith(f"downloading {REPO}") and " of " in text for text in said), said
+    sha = describe_model(REPO).revision
+    assert f"downloaded {REPO} (commit {sha[:12]}): 58" in said[-1], said  # 58x kB in all
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("a key and a value")) == \
         "a key and a value"
     # a second load reads the cache: no file is fetched again
@@ -215,3 +220,31 @@ def test_an_mlx_community_4bit_checkpoint_runs_on_mlx_and_is_refused_on_torch(hu
     assert case.metrics["ppl_rel_delta"].value == 0
     with pytest.raises(SuiteError, match="quantized by mlx-lm"):
         _suite(tmp_path, "mlx-community/tiny-4bit")
+
+
+def test_kvbench_run_ruler_on_a_hub_model_from_the_command_line(hub, two_commits, tmp_path):
+    """The issue's command end to end, as a user runs it: a pinned revision downloaded with
+    progress, loaded in bf16, its commit in results.json; a run of another revision is refused
+    by the gate (--strict: exit 4), naming both commits."""
+    first = hub.add_model(REPO, two_commits[0], tag="v1")
+    second = hub.add_model(REPO, two_commits[1])
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+
+    def run(model: str, out: str, *more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "kvbench.cli", "run", "ruler", "--model", model,
+             "--dtype", "bfloat16", "--device", "cpu", "--set", "ruler.length=1024",
+             "--set", "ruler.samples=2", "--only", "*niah_single_1*", "--methods", "identity",
+             "--out", str(tmp_path / out), *more],
+            env=env, capture_output=True, text=True, timeout=600)
+
+    done = run(f"{REPO}@v1", "v1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"downloaded {REPO}@v1 (commit {first[:12]})" in done.stdout + done.stderr
+    (case,) = json.loads((tmp_path / "v1" / "results.json").read_text())["cases"]
+    assert (case["status"], case["model_revision"], case["model_dtype"]) == \
+        ("ok", first, "bfloat16")
+    refused = run(REPO, "main", "--baseline", str(tmp_path / "v1" / "results.json"), "--strict")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert f"model_revision: '{first}' -> '{second}'" in " ".join(refused.stderr.split())
+    assert not (tmp_path / "main" / "results.json").exists()  # refused before any work

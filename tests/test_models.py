@@ -165,10 +165,13 @@ def test_describe_missing_path_and_folder_without_config(tmp_path):
         describe_model(str(tmp_path))
 
 
-def test_describe_uncached_hub_id(monkeypatch, tmp_path):
+def test_describe_an_uncached_hub_id_offline(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # so "org/name" is not a local folder either
-    with pytest.raises(ValueError, match="no network at run time.*local checkpoint path"):
-        describe_model("kvbench-test/not-a-cached-model")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache .*"
+                                         "kvbench models download kvbench-test/not-cached"):
+        describe_model("kvbench-test/not-cached")
 
 
 # --- tiny models ------------------------------------------------------------------------------

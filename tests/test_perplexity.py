@@ -1,4 +1,5 @@
 """The perplexity benchmark and its offline text sources."""
+import json
 import math
 from dataclasses import dataclass
 
@@ -402,9 +403,20 @@ def test_load_text_file_relative_to_base_dir(tmp_path):
         load_text("missing.txt", tmp_path)
 
 
-def test_hf_text_is_offline_only():
-    with pytest.raises(ValueError, match="datasets|local cache"):
-        load_text("hf:kvbench-test/no-such-dataset:train:text")
+def test_hf_text_comes_from_the_hub(tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    from tests.plugins.hub_standin import HubStandIn, point_kvbench_at
+
+    rows = [{"text": "first page"}, {"text": "second page"}]
+    with HubStandIn() as hub:
+        point_kvbench_at(hub, monkeypatch, tmp_path / "hf-cache")
+        hub.add_dataset("kvbench-test/pages", {
+            "train.jsonl": "\n".join(json.dumps(row) for row in rows).encode()})
+        assert load_text("hf:kvbench-test/pages:train:text") == "first page\n\nsecond page"
+        with pytest.raises(ValueError, match="no column 'body'; columns: \\['text'\\]"):
+            load_text("hf:kvbench-test/pages:train:body")
+        with pytest.raises(ValueError, match="kvbench-test/no-such: no such repository"):
+            load_text("hf:kvbench-test/no-such:train:text")
 
 
 def test_tokens_sha256_identifies_the_sequence():

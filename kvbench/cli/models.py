@@ -53,9 +53,10 @@ def models_download(spec, trust_remote_code, tokenizer_only):
         fail(f"{spec!r} is not a hub model id: Org/Name or Org/Name@revision")
     try:
         commit = describe_model(spec).revision
+        say = lambda text: console.print(escape(text))  # noqa: E731
         folder = checkpoint_folder(spec, commit, weights=not tokenizer_only,
                                    code=trust_remote_code,
-                                   report=lambda text: console.print(escape(text)))
+                                   progress=hub.DownloadProgress(say, say))
     except ValueError as exc:
         fail(str(exc))
     files = [path for path in sorted(Path(folder).rglob("*")) if path.is_file()]

@@ -35,6 +35,17 @@ class HubError(ValueError):
 
 
 @dataclass(frozen=True)
+class DownloadProgress:
+    """Where a download's progress goes: `status` as it goes (bytes so far, at most once in
+    `every_s` seconds: a live display's status line, or a log), `finished` once when the files
+    are all in (a line that stays)."""
+
+    status: Callable[[str], None] = lambda text: None
+    finished: Callable[[str], None] = lambda text: None
+    every_s: float = 1.0
+
+
+@dataclass(frozen=True)
 class HubRef:
     """A repository on the hub and the revision asked for (None: its main branch)."""
 
@@ -96,18 +107,22 @@ def file_at(ref: HubRef, filename: str, repo_type: str = "model", revision: str 
 
 
 def snapshot(ref: HubRef, revision: str | None, patterns: list[str], repo_type: str = "model",
-             report: Callable[[str], None] | None = None) -> Path:
+             progress: DownloadProgress | None = None) -> Path:
     """The cache's folder of `revision` (best a commit; None: main) with every file of the
-    repository that matches `patterns` (fnmatch), downloading what it lacks; `report` sees the
-    download's progress. Its name is the commit (commit_of)."""
+    repository that matches `patterns` (fnmatch), downloading what it lacks, its progress told
+    to `progress`. Its name is the commit (commit_of)."""
     from huggingface_hub import snapshot_download
 
+    reporting = _reporting(progress, str(ref)) if progress else None
     with explained(ref, repo_type):
-        return Path(snapshot_download(
+        folder = Path(snapshot_download(
             ref.repo_id, repo_type=repo_type, revision=revision, cache_dir=cache_dir(),
             endpoint=endpoint(), local_files_only=offline(), allow_patterns=patterns,
-            ignore_patterns=list(LEFT_OUT),
-            tqdm_class=_reporting(report, str(ref)) if report else None))
+            ignore_patterns=list(LEFT_OUT), tqdm_class=reporting))
+    if reporting is not None and reporting.downloaded:
+        progress.finished(f"downloaded {ref} (commit {commit_of(folder)[:12]}):"
+                          f" {readable_size(reporting.downloaded)}")
+    return folder
 
 
 def checkpoint_patterns(ref: HubRef, commit: str, weights: bool = True,
@@ -128,11 +143,11 @@ def checkpoint_patterns(ref: HubRef, commit: str, weights: bool = True,
 
 
 def checkpoint(ref: HubRef, commit: str, weights: bool = True, code: bool = False,
-               report: Callable[[str], None] | None = None) -> Path:
+               progress: DownloadProgress | None = None) -> Path:
     """The folder of a model checkpoint at `commit`, downloaded on first use: config,
     tokenizer, generation config and (with `weights`) weights."""
     folder = snapshot(ref, commit, checkpoint_patterns(ref, commit, weights, code),
-                      report=report)
+                      progress=progress)
     if weights and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         raise HubError(
             f"model {ref}: the cache's snapshot of commit {commit[:12]} holds no weights"
@@ -196,14 +211,14 @@ def _constants():
     return constants
 
 
-def _reporting(report: Callable[[str], None], what: str) -> type:
-    """A tqdm class for snapshot_download that hands its byte counts to `report` (at most once
-    a second, and when done) instead of drawing a bar of its own."""
+def _reporting(progress: DownloadProgress, what: str) -> type:
+    """A tqdm class for snapshot_download that tells progress.status its byte counts instead
+    of drawing a bar of its own; its `downloaded` is the bytes fetched in all."""
     from tqdm.std import tqdm
 
     class Reported(tqdm):
-        last = 0.0  # when any bar of this download last reported
-        said = ""
+        last = 0.0  # when any bar of this download last told its status
+        downloaded = 0
 
         def __init__(self, *args, **kwargs):
             kwargs.update(disable=False, file=io.StringIO())
@@ -212,11 +227,11 @@ def _reporting(report: Callable[[str], None], what: str) -> type:
         def display(self, msg=None, pos=None):
             if self.unit != "B" or not self.total:
                 return True
-            text = f"downloading {what}: {readable_size(self.n)} of {readable_size(self.total)}"
-            done = self.n >= self.total
-            if text != Reported.said and (done or time.monotonic() - Reported.last >= 1):
-                Reported.last, Reported.said = time.monotonic(), text
-                report(text)
+            Reported.downloaded = max(Reported.downloaded, self.n)
+            if time.monotonic() - Reported.last >= progress.every_s:
+                Reported.last = time.monotonic()
+                progress.status(f"downloading {what}: {readable_size(self.n)} of"
+                                f" {readable_size(self.total)}")
             return True
 
     return Reported

@@ -15,7 +15,6 @@ import json
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from kvbench import hub
 from kvbench.config.registry import did_you_mean
@@ -226,7 +225,7 @@ def expand_home(spec: str) -> Path:
 
 
 def checkpoint_folder(spec: str, revision: str | None = None, weights: bool = True,
-                      code: bool = False, report: Callable[[str], None] | None = None) -> str:
+                      code: bool = False, progress: hub.DownloadProgress | None = None) -> str:
     """The folder holding a checkpoint folder's or a hub model's files: for a hub model, at
     `revision` (a commit; None: the one its revision names now), downloaded on first use, with
     its weights when `weights` and its own code when `code`. Not for bundled or tiny specs."""
@@ -235,7 +234,7 @@ def checkpoint_folder(spec: str, revision: str | None = None, weights: bool = Tr
         return target
     ref = hub.HubRef.parse(target)
     commit = revision or hub.commit_of(hub.file_at(ref, "config.json"))
-    return str(hub.checkpoint(ref, commit, weights=weights, code=code, report=report))
+    return str(hub.checkpoint(ref, commit, weights=weights, code=code, progress=progress))
 
 
 def generation_stop_ids(folder: str) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from kvbench.backends.torch_backend import DTYPES
+from kvbench.hub import DownloadProgress
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
 from kvbench.models.info import (
@@ -42,12 +43,14 @@ class LoadedModel:
 def load_model(
     spec: str, device: torch.device | str = "cpu", log: Callable[[str], None] | None = None,
     dtype: str = AUTO, revision: str | None = None, options: LoadOptions = LoadOptions(),
+    progress: DownloadProgress | None = None,
 ) -> LoadedModel:
     """Load the model a spec names, in eval mode, on `device` (or placed by options.device_map),
     its weights loaded in `dtype` (float32, bfloat16, float16, or auto: models.options); a hub
-    model at `revision` (a commit; None: what its spec names now), downloaded on first use with
-    its progress handed to `log`."""
+    model at `revision` (a commit; None: what its spec names now), downloaded on first use, its
+    progress told to `progress` (default: `log`, every 10 s)."""
     log = log or _stderr
+    progress = progress or DownloadProgress(log, log, every_s=10)
     device = torch.device(device)
     kind, target = resolve_spec(spec)
     info = describe_model(spec, revision).with_max_context(options.max_context)
@@ -61,7 +64,7 @@ def load_model(
             target = str(prepared_dir(target, log))
         else:
             target = checkpoint_folder(spec, revision, code=options.trust_remote_code,
-                                       report=log)
+                                       progress=progress)
         model = _load_transformers(target, torch_dtype, device, options)
         tokenizer = _tokenizer(target, options.trust_remote_code)
         stop_ids = generation_stop_ids(target)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
+from kvbench.hub import DownloadProgress
 from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, with_sinks
 from kvbench.models.mlx_architectures import (
     architecture,
@@ -53,10 +54,11 @@ class MLXLoaded:
 
 
 def load_mlx_model(spec: str, log: Callable[[str], None] | None = None,
-                   revision: str | None = None, max_context: int | None = None) -> MLXLoaded:
+                   revision: str | None = None, max_context: int | None = None,
+                   progress: DownloadProgress | None = None) -> MLXLoaded:
     """The mlx-lm model a spec names (see kvbench.models.loading; a hub model at `revision`, a
-    commit, downloaded on first use), loaded anew: the runner shares one per run between its
-    cases. max_context: the suite's, in place of the config's."""
+    commit, downloaded on first use, its progress told to `progress`), loaded anew: the runner
+    shares one per run between its cases. max_context: the suite's, in place of the config's."""
     from kvbench.models.bundled import prepared_dir
     from kvbench.models.info import (
         checkpoint_folder, describe_model, generation_stop_ids, resolve_spec,
@@ -71,7 +73,8 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None,
         if kind == "bundled":
             target = str(prepared_dir(target, log))
         else:
-            target = checkpoint_folder(spec, revision, report=log)
+            target = checkpoint_folder(spec, revision,
+                                       progress=progress or DownloadProgress(log, log, 10))
         model, tokenizer, config, kinds = _load_folder(Path(target), log)
         stop_ids = generation_stop_ids(target)
     attention = install(model)

@@ -20,6 +20,7 @@ from kvbench.benchmarks.measure.context import RunContext
 from kvbench.judge.claims import judge
 from kvbench.memo import Memo
 from kvbench.run.files import now
+from kvbench.hub import DownloadProgress
 from kvbench.methods import implementation
 from kvbench.models.options import LoadOptions, resolved_dtype
 from kvbench.results import CaseError, CaseResult, fingerprint
@@ -102,17 +103,19 @@ class ModelCache:
     def __call__(self, spec: str, device: torch.device, backend: str = "torch",
                  dtype: str = "float32", revision: str | None = None,
                  options: LoadOptions = LoadOptions(),
-                 log: Callable[[str], None] | None = None):
+                 progress: DownloadProgress | None = None):
         key = (spec, str(device), backend, dtype, revision, options.key())
         if key not in self._loaded:
             if backend == "mlx":
                 from kvbench.models.mlx_loading import load_mlx_model
 
-                self._loaded[key] = load_mlx_model(spec, log, revision, options.max_context)
+                self._loaded[key] = load_mlx_model(spec, None, revision, options.max_context,
+                                                   progress)
             else:
                 from kvbench.models import load_model
 
-                self._loaded[key] = load_model(spec, device, log, dtype, revision, options)
+                self._loaded[key] = load_model(spec, device, None, dtype, revision, options,
+                                               progress)
         return self._loaded[key]
 
 
@@ -158,7 +161,8 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
                 device=device, seed=case.seed, repeats=case.repeats, model=case.model,
                 model_dtype=record.model_dtype, model_revision=case.model_revision,
                 load_options=case.load_options, chat=case.chat,
-                load_model=load_model, status=progress.status, backend=case.backend, memo=memo,
+                load_model=load_model, status=progress.status, notice=progress.notice,
+                backend=case.backend, memo=memo,
                 keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
                 files_dir=files_dir,
             )

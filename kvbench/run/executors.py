@@ -63,7 +63,7 @@ class ChildProcesses(ThisMachine):
     def run(self, cases, progress, keep, files_dir):
         for case in cases:
             progress.case_started(case)
-            yield run_case_in_child(case, progress.status, keep, files_dir)
+            yield run_case_in_child(case, progress, keep, files_dir)
 
     def close(self):
         pass

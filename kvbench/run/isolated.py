@@ -13,7 +13,7 @@ from typing import Callable
 
 from kvbench.memo import Memo
 from kvbench.results import CaseResult
-from kvbench.run.case import ModelCache, run_case, unreported
+from kvbench.run.case import ModelCache, Progress, run_case, unreported
 from kvbench.suite.case import Case
 
 # Past the case's own timeout (which the child enforces with SIGALRM), how long the parent waits
@@ -23,10 +23,11 @@ STARTUP_S = 300.0  # for the child to import kvbench and torch before its case's
 _POLL_S = 0.5
 
 
-def run_case_in_child(case: Case, status: Callable[[str], None],
-                      keep: Callable[[dict], None], files_dir: Path | None = None) -> CaseResult:
+def run_case_in_child(case: Case, progress: Progress, keep: Callable[[dict], None],
+                      files_dir: Path | None = None) -> CaseResult:
     """The case's record, as kvbench.run.case.run_case makes it, from a spawned process; an error
-    or timeout record naming what happened when the process died or hung."""
+    or timeout record naming what happened when the process died or hung. The child's status
+    texts and notices go to `progress`."""
     context = multiprocessing.get_context("spawn")  # no state inherited from this process
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(case, send, files_dir), name=f"kvbench case {case.id}",
@@ -50,8 +51,8 @@ def run_case_in_child(case: Case, status: Callable[[str], None],
             if kind == "started":
                 started = time.monotonic()
                 limit = None if case.timeout_s is None else case.timeout_s + GRACE_S
-            elif kind == "status":
-                status(payload)
+            elif kind in ("status", "notice"):
+                getattr(progress, kind)(payload)
             elif kind == "keep":
                 keep(payload)
             else:
@@ -81,13 +82,17 @@ def _died(case: Case, exitcode: int | None, seconds: float, limit: float | None,
 
 
 class _PipeProgress:
-    """The child's progress: only the current case's status text goes back to the parent."""
+    """The child's progress: the current case's status texts and notices go back to the
+    parent."""
 
     def __init__(self, send):
         self.send = send
 
     def status(self, text: str) -> None:
         self.send.send(("status", text))
+
+    def notice(self, text: str) -> None:
+        self.send.send(("notice", text))
 
 
 def _child(case: Case, send, files_dir: Path | None) -> None:

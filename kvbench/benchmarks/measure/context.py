@@ -14,6 +14,7 @@ from kvbench.backends import array_backend
 from kvbench.backends.arrays import Arrays
 from kvbench.benchmarks.specs.base import TextWindowParams
 from kvbench.data.text import token_window
+from kvbench.hub import DownloadProgress
 from kvbench.memo import Memo
 from kvbench.models.options import ChatOptions, LoadOptions
 from kvbench.models.session import Session, TorchSession
@@ -30,6 +31,7 @@ class RunContext:
     # cached by the runner
     load_model: Callable[..., Any]
     status: Callable[[str], None] = lambda message: None  # progress text for the current case
+    notice: Callable[[str], None] = lambda message: None  # a line the run's output keeps
     backend: str = "torch"
     # What the run's cases share (tokenised texts, references): the runner's, one per run; a
     # fresh one for a context made outside a run.
@@ -64,7 +66,8 @@ class RunContext:
     def _load(self, backend: str) -> Any:
         self.loaded = self.load_model(self.model, self.device, backend=backend,
                                       dtype=self.model_dtype, revision=self.model_revision,
-                                      options=self.load_options, log=self.status)
+                                      options=self.load_options,
+                                      progress=DownloadProgress(self.status, self.notice))
         return self.loaded
 
     def open_window(self, params: TextWindowParams,

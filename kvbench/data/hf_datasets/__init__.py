@@ -5,7 +5,7 @@ revision as for models), then read by `datasets` from that folder; nothing sets 
 for the process."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -24,7 +24,7 @@ def datasets_module(described: str, error: type[ValueError] = ValueError) -> Any
 
 def load_hub_rows(described: str, name: str, config: str | None, split: str,
                   error: type[ValueError] = ValueError,
-                  report: Callable[[str], None] | None = None) -> Any:
+                  progress: hub.DownloadProgress | None = None) -> Any:
     """datasets' rows of `split` of the hub dataset `name` (Org/Name[@revision]) in `config`;
     `error` naming `described` when it cannot be had."""
     datasets = datasets_module(described, error)
@@ -35,7 +35,7 @@ def load_hub_rows(described: str, name: str, config: str | None, split: str,
         card = hub.file_at(ref, "README.md", repo_type="dataset", optional=True)
         files = config_files(card.read_text(encoding="utf-8") if card else "", config)
         folder = hub.snapshot(ref, hub.commit_of(card) if card else ref.revision,
-                              ["README.md", *files], repo_type="dataset", report=report)
+                              ["README.md", *files], repo_type="dataset", progress=progress)
     except ValueError as exc:  # a HubError, or a config the card does not list
         raise error(f"{described}: {exc}") from None
     commit = hub.commit_of(folder)
