@@ -307,6 +307,10 @@ def test_cases_whose_library_is_missing_are_refused_and_the_others_run(tmp_path)
     assert "refused 3" in result.output
     report = (out / "report.md").read_text()
     assert "1 ok, 3 refused" in report and ABSENT_LIBRARY in report
+    assert "3 case(s) refused" in result.output
+    # a run lists the refused cases it chose, not those its filters left out
+    chosen = invoke("run", SUITES / "refused.yaml", "--methods", "identity", "--dry-run")
+    assert "1 case(s) refused" in chosen.output and "Unbuildable-knob1" not in chosen.output
 
 
 def test_missing_baseline_exits_4_and_runs_nothing(tmp_path):

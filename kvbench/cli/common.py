@@ -129,7 +129,12 @@ def load_suite_or_exit(path: str, overrides=(), **defaults):
         sys.exit(EXIT_INVALID)
     # recorded as typed: `kvbench run quick` is what runs it again (resume, merge, refresh)
     suite.path = str(path)
-    refused = [case for case in suite.cases if case.refused]
+    return suite
+
+
+def say_refused(cases) -> None:
+    """The cases among `cases` that will not run here, each with why."""
+    refused = [case for case in cases if case.refused]
     if refused:
         err.print(f"[yellow]{len(refused)} case(s) refused[/] (recorded as refused, not run):"
                   " their library is not installed here, the method cannot run on the"
@@ -137,7 +142,6 @@ def load_suite_or_exit(path: str, overrides=(), **defaults):
         for case in refused:
             err.print(f"  {case.id}: {case.refused}", soft_wrap=True, markup=False, emoji=False,
                       highlight=False)
-    return suite
 
 
 def load_results_or_exit(path: str, code: int = EXIT_INVALID):

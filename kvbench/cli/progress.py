@@ -51,14 +51,17 @@ class RichProgress:
 
 
 def _claims(result, judged_later: int) -> str:
-    """The claims of a finished case's line, "claims 1/1, 2 judged at the end": its own claims
-    that held, and those against another case, judged once the run has finished (an ok case's
-    only)."""
+    """The claims of a finished case's line, "claims 1/1, 1 skipped, 2 judged at the end": its
+    own claims that held of those it judged, those it skipped (calibrated on another model), and
+    those against another case, judged once the run has finished (an ok case's only)."""
     later = judged_later if result.status == "ok" else 0
     parts = []
-    if result.claims:
+    skipped = sum(c.verdict == "skipped" for c in result.claims)
+    if len(result.claims) > skipped:
         held = sum(c.verdict == "held" for c in result.claims)
-        parts.append(f"{held}/{len(result.claims)}")
+        parts.append(f"{held}/{len(result.claims) - skipped}")
+    if skipped:
+        parts.append(f"{skipped} skipped")
     if later:
         parts.append(f"{later} judged at the end")
     return f"  claims {', '.join(parts)}" if parts else ""

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kvbench.cli.common import (
     EXIT_BASELINE, EXIT_CRASHED, EXIT_INTERRUPTED, console, err, fail, load_suite_or_exit,
-    overrides_or_exit, suite_options,
+    overrides_or_exit, say_refused, suite_options,
 )
 from kvbench.cli.progress import RichProgress
 from kvbench.cli.verdicts import exit_code, summary
@@ -106,6 +106,7 @@ def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend,
         cases = select_cases(suite, only, methods, limit)
     except SelectionError as exc:
         fail(str(exc))
+    say_refused(cases)  # those the filters chose: the others are no concern of this run
     out_dir = Path(out_dir or _default_out_dir(suite.name, shard))
     if dry_run:
         _list_cases(suite, cases if shard is None else select_shard(suite.cases, cases, shard),

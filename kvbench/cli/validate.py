@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import click
 
-from kvbench.cli.common import console, load_suite_or_exit, overrides_or_exit, suite_options
+from kvbench.cli.common import (
+    console, load_suite_or_exit, overrides_or_exit, say_refused, suite_options,
+)
 
 
 @click.command()
@@ -18,4 +20,5 @@ def validate(suite_path, model, model_dtype, device, backend, settings):
     validate ruler --model tiny:llama --set ruler.length=2048`); a flag's problem names it."""
     suite = load_suite_or_exit(
         suite_path, overrides_or_exit(model, model_dtype, device, backend, settings))
+    say_refused(suite.cases)
     console.print(f"[green]valid:[/] {suite.name}: {len(suite.cases)} case(s)")
