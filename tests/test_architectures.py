@@ -21,6 +21,7 @@ from kvbench.models.session import TorchSession, prefill
 from kvbench.models.tiny import build_tiny
 from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, WINDOW
 from tests.plugins.cli_support import invoke
+from tests.plugins.model_runs import session_logits
 
 PROMPT, STEPS = 40, 8  # the prompt passes the sliding window (32), then one-token steps
 IDS = torch.randint(4, 260, (PROMPT + STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -55,13 +56,7 @@ def eager_logits(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def method_logits(session: TorchSession, settings) -> tuple[torch.Tensor, object]:
     """The prompt's last logits and every step's through the method's cache."""
-    method = implementation(settings)
-    cache = session.new_cache(method)
-    last, _, _ = prefill(session, cache, IDS[:PROMPT], method)
-    steps = [last[-1]]
-    for token in IDS[PROMPT:-1]:
-        steps.append(session.step([token], cache)[0][-1])
-    return torch.stack(steps), cache
+    return session_logits(session, settings, IDS, PROMPT)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.methods import build_method, implementation
+from kvbench.methods import build_method
 from kvbench.models.hf_cache import with_cache
 from kvbench.models.info import context_limit, describe_model
 from kvbench.models.loading import load_model
 from kvbench.models.options import LoadOptions, resolved_dtype
-from kvbench.models.session import TorchSession, prefill
+from kvbench.models.session import TorchSession
 from kvbench.run.runner import run_suite
 from kvbench.suite.errors import SuiteError
 from kvbench.suite.loader import load_suite
 from tests.plugins.checkpoints import save_checkpoint
+from tests.plugins.model_runs import session_logits
 from tests.plugins.suites import ROOT
 
 PROMPT, STEPS = 40, 8  # past the sliding window (32) of mistral and gemma2
@@ -39,14 +40,8 @@ def bf16_checkpoints(tmp_path_factory):
 def identity_logits(folder, dtype: str, **options) -> tuple[torch.Tensor, object]:
     """The prompt's last logits and every step's through identity's cache, and the model."""
     loaded = load_model(str(folder), dtype=dtype, options=LoadOptions(**options))
-    session, method = TorchSession(loaded, torch.device("cpu")), implementation(
-        build_method("identity"))
-    cache = session.new_cache(method)
-    last, _, _ = prefill(session, cache, IDS[:PROMPT], method)
-    steps = [last[-1]]
-    for token in IDS[PROMPT:-1]:
-        steps.append(session.step([token], cache)[0][-1])
-    return torch.stack(steps), loaded
+    session = TorchSession(loaded, torch.device("cpu"))
+    return session_logits(session, build_method("identity"), IDS, PROMPT)[0], loaded
 
 
 @torch.inference_mode()

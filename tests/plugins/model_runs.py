@@ -66,6 +66,22 @@ def stepped_logits(model, method, ids: torch.Tensor, prefill: int):
     return logits, cache
 
 
+def session_logits(session, settings, ids: list[int], prompt: int) -> tuple[torch.Tensor, object]:
+    """(the logits at ids[prompt - 1] and at every later position but the last, the cache) of
+    the method's cache (its settings, run as their implementation) in a session: ids[:prompt]
+    prefilled as a benchmark prefills (kvbench.models.session.prefill), then one token a step."""
+    from kvbench.methods import implementation
+    from kvbench.models.session import prefill
+
+    method = implementation(settings)
+    cache = session.new_cache(method)
+    last, _, _ = prefill(session, cache, ids[:prompt], method)
+    steps = [last[-1]]
+    for token in ids[prompt:-1]:
+        steps.append(session.step([token], cache)[0][-1])
+    return torch.stack(steps), cache
+
+
 def staggered_prompts(tokenizer) -> list[list[int]]:
     """Five pydoc prompts of 30 to 66 tokens from different places in the text: rows of
     different lengths for a batched step."""
