@@ -8,7 +8,7 @@ as Qwen3, QwQ and DeepSeek-R1 write it) told apart from what is scored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from kvbench.models.options import ChatOptions
 
@@ -61,22 +61,6 @@ def stop_ids(tokenizer: Any, generation_ids: Iterable[int]) -> frozenset[int]:
     """Every id that ends an answer: the tokenizer's eos and the generation config's."""
     eos = getattr(tokenizer, "eos_token_id", None)
     return frozenset([*generation_ids, *([eos] if isinstance(eos, int) else [])])
-
-
-def checkpoint_stop_ids(spec: str, revision: str | None = None, trust_remote_code: bool = False,
-                        log: Callable[[str], None] = lambda message: None) -> tuple[int, ...]:
-    """The generation_config.json ids of the model a spec names, without its weights (what a
-    client of a server that has the model needs beside kvbench.models.loading.load_tokenizer)."""
-    from kvbench.models.bundled import prepared_dir
-    from kvbench.models.info import checkpoint_folder, generation_stop_ids, resolve_spec
-
-    kind, target = resolve_spec(spec)
-    if kind == "tiny":
-        return ()
-    if kind == "bundled":
-        return generation_stop_ids(str(prepared_dir(target, log)))
-    return generation_stop_ids(checkpoint_folder(spec, revision, weights=False,
-                                                 code=trust_remote_code))
 
 
 # ---- reasoning ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from kvbench.backends.torch_backend import DTYPES
 from kvbench.hub import DownloadProgress
 from kvbench.models.attention import NAME as ATTENTION
 from kvbench.models.bundled import prepared_dir
+from kvbench.models.chat import stop_ids
 from kvbench.models.info import (
     checkpoint_folder, describe_model, generation_stop_ids, resolve_spec,
 )
@@ -167,18 +168,27 @@ def _load_transformers(folder: str, dtype: torch.dtype, device: torch.device,
 
 def load_tokenizer(spec: str, log: Callable[[str], None] | None = None,
                    revision: str | None = None, trust_remote_code: bool = False) -> Any:
-    """The tokenizer alone of the model a spec names (no weights read or downloaded): what a
-    client of a server that has the model needs."""
+    """The tokenizer alone of the model a spec names (no weights read or downloaded)."""
+    return load_client_tokenizer(spec, log, revision, trust_remote_code)[0]
+
+
+def load_client_tokenizer(spec: str, log: Callable[[str], None] | None = None,
+                          revision: str | None = None, trust_remote_code: bool = False,
+                          ) -> tuple[Any, frozenset[int]]:
+    """What a client of a server that has the model needs: its tokenizer (no weights read or
+    downloaded; a hub model's at `revision`, a commit) and every id that ends an answer (the
+    tokenizer's eos and its generation_config.json's, where a server stops)."""
     kind, target = resolve_spec(spec)
     if kind == "tiny":
         from kvbench.models.tiny import ByteTokenizer
 
-        return ByteTokenizer()
+        return ByteTokenizer(), stop_ids(ByteTokenizer(), ())
     if kind == "bundled":
         target = str(prepared_dir(target, log or _stderr))
     else:
         target = checkpoint_folder(spec, revision, weights=False, code=trust_remote_code)
-    return _tokenizer(target, trust_remote_code)
+    tokenizer = _tokenizer(target, trust_remote_code)
+    return tokenizer, stop_ids(tokenizer, generation_stop_ids(target))
 
 
 def _tokenizer(folder: str, trust_remote_code: bool = False) -> Any:

@@ -24,15 +24,10 @@ def client_tokenizer(memo: Memo, spec: str | None, revision: str | None = None,
     if spec is None:
         raise ValueError("stress needs a model (its tokenizer makes the prompts and counts"
                          " tokens); set the suite's model")
-    from kvbench.models.chat import checkpoint_stop_ids, stop_ids
-    from kvbench.models.loading import load_tokenizer
+    from kvbench.models.loading import load_client_tokenizer
 
-    def load() -> tuple[Any, frozenset[int]]:
-        tokenizer = load_tokenizer(spec, revision=revision, trust_remote_code=trust_remote_code)
-        return tokenizer, stop_ids(tokenizer, checkpoint_stop_ids(spec, revision,
-                                                                  trust_remote_code))
-
-    return memo.get(("stress_tokenizer", spec, revision), load)
+    return memo.get(("stress_tokenizer", spec, revision),
+                    lambda: load_client_tokenizer(spec, None, revision, trust_remote_code))
 
 
 class _TokenizerOnly:
