@@ -83,8 +83,9 @@ def offline() -> bool:
 
 def commit_of(path: str | Path) -> str:
     """The commit of a snapshot folder of the cache, or of a file in it."""
-    parts = Path(path).parts
-    return parts[parts.index("snapshots") + 1]
+    parts = Path(path).parts  # .../models--Org--Name/snapshots/<commit>/...
+    return next(parts[i + 1] for i in range(1, len(parts) - 1) if parts[i] == "snapshots"
+                and parts[i - 1].startswith(("models--", "datasets--")))
 
 
 def file_at(ref: HubRef, filename: str, repo_type: str = "model", revision: str | None = None,
@@ -118,7 +119,8 @@ def snapshot(ref: HubRef, revision: str | None, patterns: list[str], repo_type: 
         folder = Path(snapshot_download(
             ref.repo_id, repo_type=repo_type, revision=revision, cache_dir=cache_dir(),
             endpoint=endpoint(), local_files_only=offline(), allow_patterns=patterns,
-            ignore_patterns=list(LEFT_OUT), tqdm_class=reporting))
+            ignore_patterns=list(LEFT_OUT) if repo_type == "model" else None,
+            tqdm_class=reporting))
     if reporting is not None and reporting.downloaded:
         progress.finished(f"downloaded {ref} (commit {commit_of(folder)[:12]}):"
                           f" {readable_size(reporting.downloaded)}")
