@@ -59,7 +59,7 @@ def load_model(
     if kind == "tiny":
         model, tokenizer = build_tiny(target)
         model = model.to(device=device, dtype=torch_dtype)
-        stop_ids: tuple[int, ...] = ()
+        generation_ids: tuple[int, ...] = ()
     else:
         if kind == "bundled":
             target = str(prepared_dir(target, log))
@@ -68,7 +68,7 @@ def load_model(
                                        progress=progress)
         model = _load_transformers(target, torch_dtype, device, options)
         tokenizer = _tokenizer(target, options.trust_remote_code)
-        stop_ids = generation_stop_ids(target)
+        generation_ids = generation_stop_ids(target)
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     kinds = model_layer_kinds(model)
@@ -86,7 +86,7 @@ def load_model(
         dtype=torch_dtype,
         layer_kinds=kinds,
         value_dim=value_dim,
-        stop_ids=stop_ids,
+        stop_ids=generation_ids,
         prefill_attention=prefill_attention(device),
     )
 
