@@ -105,6 +105,28 @@ def test_validate_a_bad_suite_without_torch_names_file_line_and_key(tmp_path):
         assert words in message
 
 
+def test_validate_reads_a_hub_models_config_without_torch(tmp_path, monkeypatch):
+    """A hub id is validated from its config.json alone, fetched through huggingface_hub (a base
+    dependency), from a stand-in of the hub here."""
+    from tests.plugins.hub_standin import HubStandIn, point_kvbench_at
+
+    config = {"model_type": "llama", "max_position_embeddings": 2048, "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    suite = tmp_path / "hub.yaml"
+    suite.write_text("kvbench: 1\ndefaults: {model: kvb-test/config-only}\nmethods:\n"
+                     "  - name: intq\nbenchmarks:\n  - kind: perplexity\n"
+                     "    params: {context: 4096}\n")
+    with HubStandIn() as hub:
+        point_kvbench_at(hub, monkeypatch, tmp_path / "hf-cache")
+        hub.add_model("kvb-test/config-only", {"config.json": json.dumps(config).encode(),
+                                               "model.safetensors": b"not read"})
+        done, imported = _kvbench(tmp_path, "validate", suite)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "tokens is above the 2048 that model kvb-test/config-only" in done.stderr
+    assert hub.downloaded() == ["kvb-test/config-only/config.json"]
+    assert "huggingface_hub" in imported and not set(HIDDEN) & set(imported)
+
+
 def test_report_compare_and_baseline_save_without_torch(tmp_path):
     done, _ = _kvbench(tmp_path, "report", RESULTS)
     assert done.returncode == 0, done.stderr

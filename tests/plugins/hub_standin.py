@@ -327,11 +327,11 @@ class _Handler(BaseHTTPRequestHandler):
 def point_kvbench_at(hub: HubStandIn, monkeypatch, cache: Path) -> dict[str, str]:
     """Send kvbench's hub client (kvbench.hub, which reads the environment at each call) to the
     stand-in, with its own cache and no token; the variables set, for a child process too."""
-    import huggingface_hub
+    from huggingface_hub import constants
 
     # HF_HUB_OFFLINE from the environment (a shell, CI) would have the client refuse every
     # request; it reads the variable once, at import, so the module's switch is turned off
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HF_HOME"):
         monkeypatch.delenv(name, raising=False)
     env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(cache)}
