@@ -343,8 +343,9 @@ def point_kvbench_at(hub: HubStandIn, monkeypatch, cache: Path) -> dict[str, str
 def main() -> None:
     """Serve tiny checkpoints as hub repositories until interrupted, for trying kvbench against
     a hub by hand: `python -m tests.plugins.hub_standin REPO[=FOLDER] ...` (a folder's files,
-    or a tiny checkpoint made here, tests.plugins.checkpoints) prints HF_ENDPOINT and each
-    repository's commit."""
+    or a tiny checkpoint made here, tests.plugins.checkpoints, its weights seeded by its place
+    on the line; a repository named twice gets two commits) prints each commit and the
+    HF_ENDPOINT to use."""
     import argparse
     import tempfile
     import time
@@ -357,7 +358,8 @@ def main() -> None:
     with HubStandIn() as hub, tempfile.TemporaryDirectory() as made:
         for number, item in enumerate(args.repos):
             repo, _, folder = item.partition("=")
-            folder = Path(folder) if folder else save_checkpoint(Path(made) / str(number))
+            folder = Path(folder) if folder else save_checkpoint(Path(made) / str(number),
+                                                                 seed=number)
             print(f"{repo}@{hub.add_model(repo, checkpoint_files(folder))}", flush=True)
         print(f"HF_ENDPOINT={hub.endpoint}", flush=True)
         while True:
