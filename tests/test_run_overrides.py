@@ -76,7 +76,7 @@ def test_the_flags_reach_the_cases_and_the_results_record_them(suite, tmp_path):
                 for claim in case["claims"]}
     assert verdicts == {"ppl_rel_delta <= 0.0001": ("held", None),
                         "ppl_rel_delta >= -0.0001": ("skipped", CALIBRATED)}
-    assert "skipped 1 (calibrated on another model" in result.output
+    assert "claims held 1/1, failed 0, skipped 1 (calibrated on another model" in result.output
     assert "claims 1/1, 1 skipped" in result.output  # the case's line counts what it judged
     assert f"skipped: {CALIBRATED}" in result.output
     report = (tmp_path / "out" / "report.md").read_text()

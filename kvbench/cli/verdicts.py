@@ -99,8 +99,8 @@ def summary(result, gate_report, out_dir: Path, baseline_path: str | None = None
                       for c in result.cases if c.status == "refused" and c.error)
     if claims:
         console.print(claims_table(result))
-    parts = [f"claims held {held}/{len(claims)}",
-             f"failed {len(claims) - held - unmet - skipped}"]
+    judged = len(claims) - skipped  # a skipped claim was not judged: it holds nothing
+    parts = [f"claims held {held}/{judged}", f"failed {judged - held - unmet}"]
     if unmet:
         parts.append(f"goals not met {unmet}")
     if skipped:
