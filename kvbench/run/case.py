@@ -22,6 +22,7 @@ from kvbench.memo import Memo
 from kvbench.run.files import now
 from kvbench.hub import DownloadProgress
 from kvbench.methods import implementation
+from kvbench.models.info import pinned
 from kvbench.models.options import LoadOptions, resolved_dtype
 from kvbench.results import CaseError, CaseResult, fingerprint
 from kvbench.suite.case import Case
@@ -158,7 +159,8 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
             benchmark = measurement(BENCHMARKS.get(case.benchmark))
             method = implementation(case.settings, case.backend)
             ctx = RunContext(
-                device=device, seed=case.seed, repeats=case.repeats, model=case.model,
+                device=device, seed=case.seed, repeats=case.repeats,
+                model=case.model and pinned(case.model, case.model_revision),
                 model_dtype=record.model_dtype, model_revision=case.model_revision,
                 load_options=case.load_options, chat=case.chat,
                 load_model=load_model, status=progress.status, notice=progress.notice,

@@ -26,7 +26,9 @@ class RunContext:
     device: torch.device
     seed: int
     repeats: int
-    model: str | None  # the suite's model spec; load it with loaded_model()
+    # the suite's model spec (a hub model's at its commit, Org/Name@sha, however the suite named
+    # the revision); load it with loaded_model()
+    model: str | None
     # (spec, device, backend="torch", dtype="float32") -> LoadedModel, or MLXLoaded on mlx;
     # cached by the runner
     load_model: Callable[..., Any]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Callable, Hashable
 
 from kvbench.benchmarks.measure.servers import Launch
-from kvbench.models.info import pinned
 
 
 @dataclass(frozen=True)
@@ -46,12 +45,11 @@ def kvbench_server(ctx: Any, method: Any, options: ServeOptions,
     name = method_name(method.settings)
     params_json = json.dumps(method.settings.params(), sort_keys=True, default=str)
     threads = torch.get_num_threads()
-    key = ("kvbench", ctx.model, ctx.model_revision, ctx.model_dtype, name, params_json,
+    key = ("kvbench", ctx.model, ctx.model_dtype, name, params_json,
            threads, str(ctx.device), options)
 
     def launch(port: int) -> Launch:
-        model = pinned(str(ctx.model), ctx.model_revision)  # the commit the case loads
-        command = kvbench_serve_command(model, name, params_json, port,
+        command = kvbench_serve_command(str(ctx.model), name, params_json, port,
                                         ctx.device.type, threads, ctx.model_dtype, options)
         env = {}
         root = import_root(type(method.settings))
