@@ -122,7 +122,7 @@ def snapshot(ref: HubRef, revision: str | None, patterns: list[str], repo_type: 
             ignore_patterns=list(LEFT_OUT) if repo_type == "model" else None,
             tqdm_class=reporting))
     if reporting is not None and reporting.downloaded:
-        progress.finished(f"downloaded {ref} (commit {commit_of(folder)[:12]}):"
+        progress.finished(f"downloaded {ref.repo_id} (commit {commit_of(folder)[:12]}):"
                           f" {readable_size(reporting.downloaded)}")
     return folder
 
