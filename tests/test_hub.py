@@ -76,6 +76,7 @@ def test_a_pinned_revision_loads_that_commit(hub, two_commits):
     assert not torch.equal(_weights(load_model(f"{REPO}@v1")), latest)
     assert describe_model(f"{REPO}@v1").revision == first
     assert describe_model(REPO).revision == second
+    assert describe_model(REPO, revision=first).revision == first  # a case's commit wins
 
 
 def test_a_bad_revision_is_refused_naming_it(hub, two_commits):

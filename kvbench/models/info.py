@@ -11,8 +11,8 @@ A spec is one of:
 """
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,10 +88,10 @@ def describe_model(spec: str, revision: str | None = None) -> ModelInfo:
     if kind == "tiny":
         return _described(spec, TINY_CONFIGS[target], TINY_MAX_CONTEXT,
                           "the tiny models' limit")
-    revision = None
+    commit = None
     if kind == "hub":
         path = hub.file_at(hub.HubRef.parse(target), "config.json", revision=revision)
-        revision = hub.commit_of(path)
+        commit = hub.commit_of(path)
     else:
         path = Path(target, "config.json")
     try:
@@ -101,7 +101,7 @@ def describe_model(spec: str, revision: str | None = None) -> ModelInfo:
     if not isinstance(config, dict):
         raise ValueError(f"model {spec!r}: its config.json is not a mapping")
     info = _described(spec, config, *context_limit(config))
-    return dataclasses.replace(info, revision=revision, config=config)
+    return dataclasses.replace(info, revision=commit, config=config)
 
 
 def _described(spec: str, config: dict, max_context: int | None, context_from: str) -> ModelInfo:

@@ -29,8 +29,8 @@ class RunContext:
     # the suite's model spec (a hub model's at its commit, Org/Name@sha, however the suite named
     # the revision); load it with loaded_model()
     model: str | None
-    # (spec, device, backend="torch", dtype="float32") -> LoadedModel, or MLXLoaded on mlx;
-    # cached by the runner
+    # (spec, device, backend, dtype, revision, options, progress) -> LoadedModel, or MLXLoaded
+    # on mlx (kvbench.run.case.ModelCache); cached by the runner
     load_model: Callable[..., Any]
     status: Callable[[str], None] = lambda message: None  # progress text for the current case
     notice: Callable[[str], None] = lambda message: None  # a line the run's output keeps
