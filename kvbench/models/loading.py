@@ -64,7 +64,7 @@ def load_model(
         if kind == "bundled":
             target = str(prepared_dir(target, log))
         else:
-            target = checkpoint_folder(spec, revision, code=options.trust_remote_code,
+            target = checkpoint_folder(spec, info.revision, code=options.trust_remote_code,
                                        progress=progress)
         model = _load_transformers(target, torch_dtype, device, options)
         tokenizer = _tokenizer(target, options.trust_remote_code)

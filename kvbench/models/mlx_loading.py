@@ -66,6 +66,7 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None,
 
     log = log or _stderr
     kind, target = resolve_spec(spec)
+    info = describe_model(spec, revision).with_max_context(max_context)
     stop_ids: tuple[int, ...] = ()
     if kind == "tiny":
         model, tokenizer, config, kinds = _build_tiny(target)
@@ -73,7 +74,7 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None,
         if kind == "bundled":
             target = str(prepared_dir(target, log))
         else:
-            target = checkpoint_folder(spec, revision,
+            target = checkpoint_folder(spec, info.revision,
                                        progress=progress or DownloadProgress(log, log, 10))
         model, tokenizer, config, kinds = _load_folder(Path(target), log)
         stop_ids = generation_stop_ids(target)
@@ -91,7 +92,7 @@ def load_mlx_model(spec: str, log: Callable[[str], None] | None = None,
         num_layers=len(model.layers),
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_context=describe_model(spec, revision).with_max_context(max_context).max_context,
+        max_context=info.max_context,
         attention=attention,
         layer_kinds=kinds,
         value_dim=value_dim,
