@@ -41,6 +41,10 @@ class ChatOptions:
                                               ("chat_template_kwargs", self.template_kwargs))
                 if value}
 
+    def key(self) -> str:
+        """The same text for the same options: a part of the memo key of anything they frame."""
+        return json.dumps(self.record(), sort_keys=True, default=str)
+
 
 def resolved_dtype(setting: str, device_type: str, checkpoint_dtype: str | None) -> str:
     """The dtype a torch model runs in: `setting`, where it names one; for auto, the

@@ -83,7 +83,7 @@ class DatasetRun(Dataset):
         fields = params.fields()
         records = ctx.memo.get(("dataset_records", params.data, fields, params.samples),
                                lambda: read_records(params.data, fields, params.samples))
-        key = ("dataset_prompts", *session.memo_key, reader.chat_key, params.data, fields,
+        key = ("dataset_prompts", *session.memo_key, reader.ctx.chat.key(), params.data, fields,
                params.samples, params.template, params.chat_template, params.max_length,
                params.truncation)
         samples, skipped = ctx.memo.get(key, lambda: prompts_of(reader, params, records))

@@ -162,8 +162,8 @@ def conversation(reader: Reader, params: MultiturnParams, index: int) -> Convers
         return len(frame(session.tokenizer, reader.chat, sample.context, sample.question,
                          sample.answer_prefix).ids)
 
-    key = ("multiturn_sample", session.spec, reader.chat_key, params.essay, index, params.length,
-           params.turns, params.data_seed)
+    key = ("multiturn_sample", session.spec, reader.ctx.chat.key(), params.essay, index,
+           params.length, params.turns, params.data_seed)
     return reader.ctx.memo.get(key, lambda: make_conversation(
         index, turns=params.turns, length=params.length, count_tokens=count,
         seed=params.data_seed, essay=reader.essay))

@@ -4,7 +4,6 @@ with their intervals (declared in kvbench.benchmarks.specs.retrieval)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,11 +45,6 @@ class Reader:
         session.calibrate(method, tokens)
         return cls(ctx, session, ChatFrame.of(session.tokenizer, ctx.chat, session.spec), text)
 
-    @property
-    def chat_key(self) -> str:
-        """The case's chat options as a memo key's part: they change every prompt's tokens."""
-        return json.dumps(self.ctx.chat.record(), sort_keys=True, default=str)
-
     def sample(self, source: tuple, **kwargs) -> RulerSample:
         """make_sample(**kwargs), its prompt measured as it is fed; made once per run and
         tokenizer (`source` names the texts it was drawn from, for the memo)."""
@@ -60,7 +54,7 @@ class Reader:
 
         fixed = tuple(sorted((k, repr(v)) for k, v in kwargs.items()
                              if k not in ("essay", "qa_records")))
-        key = ("ruler_sample", self.session.spec, self.chat_key, source, fixed)
+        key = ("ruler_sample", self.session.spec, self.ctx.chat.key(), source, fixed)
         return self.ctx.memo.get(key, lambda: make_sample(count_tokens=count, **kwargs))
 
     def shared_prefill(self) -> PrefillStore:

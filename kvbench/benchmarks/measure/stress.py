@@ -73,7 +73,7 @@ class StressRun(Stress):
         target = params.target
         tokenizer, stops = client_tokenizer(ctx.memo, ctx.model, ctx.model_revision,
                                             ctx.load_options.trust_remote_code)
-        chat_key = json.dumps(ctx.chat.record(), sort_keys=True)  # it changes what is asked
+        chat_key = ctx.chat.key()  # it changes what is asked
         task = params.task_spec
         if task is None:
             prompts = ctx.memo.get(
