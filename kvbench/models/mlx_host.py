@@ -10,8 +10,10 @@ tokens the policy has seen, so positions continue after eviction or compaction. 
 A method that is one of mlx-lm's own caches is hosted so that the model reads what that cache
 returns, as under mlx-lm's generate (MLXLibraryLayer).
 
-Only the attention of full-attention and hybrid layers is held by the method's policies; every
-other layer (a sliding window, a linear-attention or Mamba state: kvbench.models.layer_kinds),
+Only the attention of full-attention and hybrid layers is held by the method's policies (and a
+sliding window a quantizer holds: kvbench.methods.core.window_cache, its mask made here as
+mlx-lm's RotatingKVCache makes it); every other layer (a sliding window, a linear-attention or
+Mamba state: kvbench.models.layer_kinds),
 and a hybrid layer's state, is mlx-lm's own cache object for it, as its make_cache() builds it,
 which the model drives as it does without kvbench; its arrays count in the cache's bytes as it
 holds them.
@@ -27,7 +29,7 @@ from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import FULL, HYBRID, LayerKind
+from kvbench.models.layer_kinds import FULL, HYBRID, SLIDING, LayerKind, hosted_layers
 from kvbench.models.mlx_architectures import library_caches, mlx_layer_kind
 
 # Model modules whose Model.__call__ is `self.model(...)` then the (tied or separate) head, so a
@@ -41,9 +43,11 @@ class MLXPolicyLayer(LayerHost):
 
     arrays = MLX_ARRAYS
 
-    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache"):
+    def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache",
+                 window: int | None = None):
         super().__init__(policy, layer_idx)
         self._owner = owner
+        self.window = window  # a sliding window's tokens, where a quantizer holds one
 
     @property
     def offset(self) -> int:
@@ -53,22 +57,27 @@ class MLXPolicyLayer(LayerHost):
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if keys.shape[0] != 1:
             raise NotImplementedError(f"MLXKVBenchCache supports batch size 1, got {keys.shape[0]}")
-        # make_mask sized the model's one mask from the first layer
-        read = self.hold(self.append(keys, values, self._owner.mask_kv_length))
+        # make_mask sized the model's one mask of this layer's kind from the first such layer
+        read = self.hold(self.append(keys, values, self._owner.mask_kv_length.get(self.window)))
         return read.keys, read.values
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
-        """The mask for N new queries over retained + N keys, the queries last (causal)."""
-        if window_size is not None:  # sliding layers are mlx-lm's own caches, never a policy's
+        """The mask for N new queries over retained + N keys, the queries last (causal; within
+        the window where the model asks for one, as mlx-lm's RotatingKVCache makes it)."""
+        if window_size is not None and window_size != self.window:
             raise NotImplementedError(
-                f"layer {self.layer_idx} holds a method's policy, but the model asks it for a"
-                f" sliding window's mask ({window_size}); build the cache with the model and"
-                " its layer kinds (MLXKVBenchCache(..., model=, kinds=)), which leaves sliding"
-                " layers to mlx-lm's own caches")
+                f"layer {self.layer_idx} holds a method's policy for a window of {self.window},"
+                f" but the model asks it for a sliding window's mask of {window_size}; build the"
+                " cache with the model and its layer kinds (MLXKVBenchCache(..., model=,"
+                " kinds=))")
         retained = self.kept_keys
-        self._owner.mask_kv_length = retained + N
+        self._owner.mask_kv_length[window_size] = retained + N
         if N == 1:
             return None
+        if window_size is not None:
+            from mlx_lm.models.base import create_causal_mask
+
+            return create_causal_mask(N, retained, window_size=window_size)
         if return_array:
             return mx.arange(retained, retained + N)[:, None] >= mx.arange(retained + N)[None]
         return "causal"  # mx.fast's causal mask puts the queries at the last positions
@@ -183,19 +192,26 @@ class MLXKVBenchCache(CacheHost):
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False,
                  model: Any = None, kinds: list[LayerKind] | None = None):
         self.method = method
-        self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
+        # keys the model's one shared mask of each layer kind was sized for, by window (None:
+        # full attention)
+        self.mask_kv_length: dict[int | None, int] = {}
         caches, kinds = model_caches(model, kinds, num_layers)
+        hosted = set(range(num_layers) if kinds is None else hosted_layers(method, kinds))
+        # sliding windows a quantizer holds (kvbench.methods.core.window_cache)
+        windows = {i: kind.window for i, kind in enumerate(kinds or [])
+                   if i in hosted and kind.mixer == SLIDING}
 
         def make_layer(policy: LayerCachePolicy, i: int) -> MLXPolicyLayer:
             if isinstance(policy, MLXLMLayer):
                 return MLXLibraryLayer(policy, i, self)
             if kinds is not None and kinds[i].mixer == HYBRID:
                 return MLXHybridLayer(policy, i, self, caches[i])
-            return MLXPolicyLayer(policy, i, self)
+            return MLXPolicyLayer(policy, i, self, windows.get(i))
 
         library = (None if kinds is None else
-                   {i: caches[i] for i, kind in enumerate(kinds) if not kind.compressed})
-        super().__init__(method, num_layers, make_layer, decoded_reads, library)
+                   {i: caches[i] for i in range(num_layers) if i not in hosted})
+        super().__init__(method, num_layers, make_layer, decoded_reads, library,
+                         windows=windows)
 
     def __len__(self) -> int:
         return len(self.layers)

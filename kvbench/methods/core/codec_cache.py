@@ -9,14 +9,14 @@ from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePoli
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
 from kvbench.methods.core.room import Room
 from kvbench.methods.core.tail import ROOM_TOKENS, Tail
+from kvbench.methods.core.window_cache import CodecWindow
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
 
 
 def newest_replaced(parts: list, newest) -> list:
-    """`parts` (arrays in token order) with their last newest.shape[-2] tokens replaced by
-    `newest`: views of what stays, then `newest`."""
+    """`parts` (arrays in token order), their last tokens replaced by `newest` (views, then it)."""
     return [*_without_newest(parts, newest.shape[-2], lambda part: part.shape[-2],
                              lambda part, n: part[..., :n, :]), newest]
 
@@ -28,8 +28,7 @@ def newest_dropped(segments: list[KVSegment], newest: int) -> list[KVSegment]:
 
 
 def _without_newest(parts: list, newest: int, tokens, head) -> list:
-    """`parts` in token order without their last `newest` tokens: whole parts dropped from the
-    end, the last one kept cut to head(part, n) where it keeps some."""
+    """`parts` without their last `newest` tokens: the last one kept cut to head(part, n)."""
     kept = list(parts)
     while newest:
         last = kept.pop()
@@ -124,8 +123,7 @@ class CodecCache(LayerCachePolicy):
         return self._tails[1].array
 
     def _fill_sinks(self, keys, values) -> tuple:
-        """Keep the first tokens of `keys` and `values` that the sinks still lack; the rest, as
-        copies (a view would pin the whole step's storage)."""
+        """Keep the first tokens the sinks still lack; the rest, copied (a view pins the step)."""
         take = self.sinks - self._sink_tokens
         parts = []
         for held, x in ((self._sink_k, keys), (self._sink_v, values)):
@@ -171,10 +169,9 @@ class CodecCache(LayerCachePolicy):
         return self._packed
 
     def step_rooms(self) -> tuple[Room, Room] | None:
-        """The rooms a one-token step's packed token goes straight into (kvbench.models.
-        batch_lane writes it there, then calls stepped() to count it): when the cache packs every
-        token as it comes (window 0, blocks of one token, no decoded copies) and the rooms have
-        space. Never with sinks: the lane reads the rooms alone."""
+        """The rooms a one-token step's packed token goes straight into (batch_lane writes it,
+        then calls stepped()): when the cache packs every token as it comes (window 0, blocks of
+        one token, no decoded copies) and they have space; never with sinks (read alone)."""
         if self.window or self.sinks or self._block != 1 or self._decoded is not None \
                 or self._rooms is None or not self._rooms[0].fits(1) or self._raw_k is None \
                 or self._tails[0].tokens:
@@ -285,8 +282,7 @@ class CodecCache(LayerCachePolicy):
         return PackedRead(kernel, [segment for segment in segments if segment.tokens])
 
     def fused_read(self) -> tuple[str, KernelFormat, KernelFormat] | None:
-        """(kernel, key format, value format) of the fused decode attention that reads what the
-        cache holds (noted as the "decode attention"), or None."""
+        """(kernel, key format, value format) of the fused decode read of what it holds, or None."""
         if self._decoded is not None or self._raw_k is None:
             return None
         return self._fused.find(self._raw_k.device, self._raw_k.shape[-1])
@@ -315,6 +311,10 @@ class CodecCache(LayerCachePolicy):
                                    *(tail.held for tail in self._tails), *decoded)
 
 
+class WindowedCodecCache(CodecWindow, CodecCache):
+    """A CodecCache of a sliding-window layer (kvbench.methods.core.window_cache)."""
+
+
 class CodecMethod(Implementation):
     """A method that stores keys and values with its one codec in a CodecCache, the first
     `sinks` and the newest `window` tokens (the settings' sinks and window; unset sinks: none)
@@ -341,6 +341,9 @@ class CodecMethod(Implementation):
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(*self.layer_codecs, self.window, self.on.arrays, sinks=self.sinks,
                           in_place=self.in_place)
+
+    def new_window_cache(self, layer_idx: int, window: int) -> CodecCache:
+        return WindowedCodecCache(*self.layer_codecs, self.window, window, self.on.arrays)
 
     @functools.cached_property
     def layer_codecs(self) -> tuple[Codec, Codec]:

@@ -149,6 +149,11 @@ class LayerCachePolicy(ABC):
     def end_prefill(self) -> None:
         """Called once after the prompt is in; compaction methods compress here."""
 
+    def after_read(self) -> None:
+        """The step just appended was read (or ingested): drop what no later query reads (a
+        sliding window's tokens older than it, kvbench.methods.core.window_cache). Default:
+        nothing."""
+
     def observe_queries(self, queries) -> None:
         """The post-RoPE queries (batch, query_heads, q, head_dim) of the step that just attended
         over attention_inputs(); query head h reads KV head h // (query_heads // kv_heads).
@@ -256,6 +261,9 @@ class WrappedPolicy(LayerCachePolicy):
 
     def end_prefill(self) -> None:
         self.inner.end_prefill()
+
+    def after_read(self) -> None:
+        self.inner.after_read()
 
     def trim(self, n: int) -> int:
         return self.inner.trim(n)

@@ -8,6 +8,7 @@ from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead, is_chan
 from kvbench.methods.core.codec_cache import newest_dropped
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, SharesExactPrefill
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
+from kvbench.methods.core.window_cache import KiviWindow
 
 
 class Stream:
@@ -21,6 +22,9 @@ class Stream:
         self.packed_tokens = 0
         self.raw = None
         self.decoded: DecodedChunks | None = None
+        # the first packed tokens, older than a sliding window, not read (a per-channel group
+        # that still holds tokens in the window: kvbench.methods.core.window_cache)
+        self.hidden = 0
 
     def keep_decoded(self) -> None:
         self.decoded = DecodedChunks(self.ops)
@@ -45,11 +49,17 @@ class Stream:
         if merged is not None:
             self.packed = [merged]
 
+    @property
+    def read_packed(self) -> int:
+        """Packed tokens that are read (all but the hidden ones)."""
+        return self.packed_tokens - self.hidden
+
     def read(self):
         if self.decoded is not None:
             return self.decoded.read(self.raw)
         decoded = [self.ops.cast(self.codec.decode(p), self.raw.dtype) for p in self.packed]
-        return self.ops.concat(decoded + [self.raw])
+        out = self.ops.concat(decoded + [self.raw])
+        return out[..., self.hidden:, :] if self.hidden else out
 
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.packed) + self.ops.nbytes(self.raw)
@@ -57,7 +67,9 @@ class Stream:
     def span(self, start: int, end: int, fmt: KernelFormat):
         """Tokens [start, end) as a fused read takes them from one side of a segment: a raw
         tensor, or the packed tensors that begin at `start` (views). A per-channel block read
-        from a token inside a group is decoded there instead (at most a chunk's worth)."""
+        from a token inside a group is decoded there instead (at most a chunk's worth). Tokens
+        are counted from the first one read (after the hidden ones)."""
+        start, end = start + self.hidden, end + self.hidden
         if start >= self.packed_tokens:
             first = start - self.packed_tokens
             return self.raw[..., first : first + end - start, :]
@@ -138,7 +150,7 @@ class KiviCache(LayerCachePolicy):
         if found is None:
             return None
         kernel, key_fmt, value_fmt = found
-        cuts = sorted({0, keys.packed_tokens, values.packed_tokens, self.retained_tokens})
+        cuts = sorted({0, keys.read_packed, values.read_packed, self.retained_tokens})
         segments = []
         for start, end in zip(cuts, cuts[1:]):
             key_side = keys.span(start, end, key_fmt)
@@ -156,7 +168,7 @@ class KiviCache(LayerCachePolicy):
 
     @property
     def retained_tokens(self) -> int:
-        return self.keys.packed_tokens + self.keys.raw_tokens
+        return self.keys.read_packed + self.keys.raw_tokens
 
     @property
     def retained_bytes(self) -> int:
@@ -164,6 +176,10 @@ class KiviCache(LayerCachePolicy):
 
     def measured_bytes(self) -> int:
         return self.ops.held_bytes(*self.keys.held(), *self.values.held())
+
+
+class WindowedKiviCache(KiviWindow, KiviCache):
+    """KIVI's cache of a sliding-window layer (kvbench.methods.core.window_cache)."""
 
 
 class KiviMethod(SharesExactPrefill):
@@ -186,3 +202,8 @@ class KiviMethod(SharesExactPrefill):
         s = self.settings
         return KiviCache(self.key_codec(), self.value_codec(), s.residual, s.group_size,
                          self.on.arrays)
+
+    def new_window_cache(self, layer_idx: int, window: int) -> KiviCache:
+        s = self.settings
+        return WindowedKiviCache(self.key_codec(), self.value_codec(), s.residual,
+                                 s.group_size, self.on.arrays, window)

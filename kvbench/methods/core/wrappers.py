@@ -42,6 +42,9 @@ class SparseVMethod(Implementation):
     def new_layer_cache(self, layer_idx: int) -> SparseVCache:
         return SparseVCache(self.base.new_layer_cache(layer_idx), self.settings.tau)
 
+    def new_window_cache(self, layer_idx: int, window: int) -> SparseVCache:
+        return SparseVCache(self.base.new_window_cache(layer_idx, window), self.settings.tau)
+
     def calibrate(self, stats: Any, tokens: list[int]) -> None:
         self.base.calibrate(stats, tokens)
 

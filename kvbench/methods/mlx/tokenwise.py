@@ -13,3 +13,6 @@ class MLXTokenwiseCodec(Codec):
 
     def merge(self, parts: list[Packed]) -> Packed:
         return concat_packed(parts, len(parts[0].shape) - 2, mx.concatenate)
+
+    def stacking_axis(self, packed: Packed) -> int:
+        return len(packed.shape) - 2

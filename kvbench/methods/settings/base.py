@@ -104,6 +104,16 @@ class MethodSettings(Settings):
         see these: it says so in its report, and a suite's claim on such a case is refused."""
         return []
 
+    def holds_windows(self) -> bool:
+        """Its caches hold sliding-window layers too (a quantizer's `layers`); by default they
+        hold full-attention layers only, the library the windows (kvbench.models.layer_kinds)."""
+        return False
+
+    def asks_every_layer(self) -> bool:
+        """It was asked to hold every attention layer (`layers: all`): a model with a layer it
+        leaves to the library is refused (kvbench.models.layer_kinds.refusal)."""
+        return False
+
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

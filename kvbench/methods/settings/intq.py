@@ -9,7 +9,7 @@ from kvbench.kernels.formats import IntQFormat
 from kvbench.methods.settings.base import (
     IMPL_MEANING, Impl, KernelSettings, MethodSettings, register_method,
 )
-from kvbench.methods.settings.codec_policy import CodecPolicy, sinks_param
+from kvbench.methods.settings.codec_policy import CodecPolicy, layers_param, sinks_param
 
 
 @register_method("intq")
@@ -40,6 +40,7 @@ class IntQ(CodecPolicy, KernelSettings, MethodSettings):
         " consecutive tokens, so the cache quantizes whole blocks of that many")
     window: int = param(0, range=at_least(0), meaning="newest tokens kept in full precision")
     sinks: int | None = sinks_param()
+    layers: Literal["all", "full"] | None = layers_param()
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need a power-of-two group_size"
                        " of at least 8 / bits")
 

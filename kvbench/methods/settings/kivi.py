@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from kvbench.config.fields import SettingError, at_least, one_of, param
 from kvbench.kernels.formats import IntQFormat
 from kvbench.methods.settings.base import (
     IMPL_MEANING, Impl, KernelSettings, MethodSettings, register_method,
 )
+from kvbench.methods.settings.codec_policy import WindowLayers, layers_param
 
 
 @register_method("kivi")
 @dataclass
-class Kivi(KernelSettings, MethodSettings):
+class Kivi(WindowLayers, KernelSettings, MethodSettings):
     """KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache").
 
     Scheme: asymmetric min/max quantization (intq's codec): scale = (max - min) / (2^bits - 1)
@@ -52,6 +53,7 @@ class Kivi(KernelSettings, MethodSettings):
     residual: int = param(128, range=at_least(0), rule="a multiple of group_size",
                           meaning="newest tokens kept in full precision, counted at the model's"
                           " dtype")
+    layers: Literal["all", "full"] | None = layers_param()
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need a power-of-two group_size"
                        " of at least 8 / bits")
 

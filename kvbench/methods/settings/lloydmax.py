@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from kvbench.config.fields import at_least, param, span
 from kvbench.kernels.formats import lloydmax_unsupported
 from kvbench.methods.settings.base import (
     IMPL_MEANING, Impl, KernelSettings, MethodSettings, register_method,
 )
-from kvbench.methods.settings.codec_policy import CodecPolicy, sinks_param
+from kvbench.methods.settings.codec_policy import CodecPolicy, layers_param, sinks_param
 
 
 @register_method("lloydmax")
@@ -45,6 +45,7 @@ class LloydMax(CodecPolicy, KernelSettings, MethodSettings):
                                meaning="seed of the rotation's own generator, not the data's")
     window: int = param(0, range=at_least(0), meaning="newest tokens kept in full precision")
     sinks: int | None = sinks_param()
+    layers: Literal["all", "full"] | None = layers_param()
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need rotate false,"
                        " head_dim >= 8")
 

@@ -56,6 +56,12 @@ class SparseV(MethodSettings):
     def token_block(self) -> int | None:
         return self.base_settings.token_block()
 
+    def holds_windows(self) -> bool:
+        return self.base_settings.holds_windows()
+
+    def asks_every_layer(self) -> bool:
+        return self.base_settings.asks_every_layer()
+
     def policy_beyond_codec(self) -> list[str]:
         return [*self.base_settings.policy_beyond_codec(),
                 f"value rows under softmax weight {self.tau:g} skipped at decode (sparse V)"]

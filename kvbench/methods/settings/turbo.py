@@ -10,7 +10,7 @@ from kvbench.kernels.formats import turbo_unsupported
 from kvbench.methods.settings.base import (
     IMPL_MEANING, Impl, KernelSettings, MethodSettings, register_method,
 )
-from kvbench.methods.settings.codec_policy import CodecPolicy, sinks_param
+from kvbench.methods.settings.codec_policy import CodecPolicy, layers_param, sinks_param
 
 # The meanings the presets declare again with their own defaults.
 BITS = "bits per coordinate, counting the QJL bit when qjl is on"
@@ -121,6 +121,7 @@ class Turbo(CodecPolicy, KernelSettings, MethodSettings):
     window: int = param(0, range=at_least(0),
                         meaning="newest tokens kept in full precision by the cache")
     sinks: int | None = sinks_param()
+    layers: Literal["all", "full"] | None = layers_param()
     impl: Impl = param("auto", meaning=IMPL_MEANING + ". Kernels need the hadamard rotation,"
                        " no qjl, no outliers, block >= 8")
 

@@ -88,6 +88,11 @@ class BitWidths:
     def token_block(self) -> int | None:
         return self.variants[self.base_bits].token_block()
 
+    def asks_every_layer(self) -> bool:
+        """Its base was asked for every layer (base_params' layers: all); its own caches hold
+        full-attention layers only, so a model with a sliding one is refused."""
+        return any(settings.asks_every_layer() for settings in self.variants.values())
+
     def check_head_dim(self, head_dim: int) -> None:
         """The base's check, at every width it stores (blamed at base_params)."""
         for settings in self.variants.values():
