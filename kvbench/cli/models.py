@@ -81,23 +81,29 @@ def models_inspect(spec, backend):
 
     from kvbench.methods import METHODS, build_method, has_implementation
     from kvbench.models.info import describe_model, method_refusal
-    from kvbench.models.layer_kinds import layers_text
+    from kvbench.models.layer_kinds import SLIDING, hosted_layers, kept_windows, layers_text
 
     try:
         info = describe_model(spec)
     except ValueError as exc:
         fail(str(exc))
+    if info.refused:
+        console.print(f"[red]every method refused[/]: {escape(info.refused)}")
+        return
     kinds = _with_modules(spec, info.layer_kinds)
     layers = Table(title=f"{spec}: {len(kinds)} layers")
     layers.add_column("layer", justify="right")
     layers.add_column("type (the library's name)")
     layers.add_column("kind")
     layers.add_column("hosted by")
+    kept = kept_windows(kinds)
     for i, kind in enumerate(kinds):
-        layers.add_row(str(i), kind.layer_type, escape(kind.describe()),
-                       "the method's policy" if kind.compressed else "the library's own layer")
+        hosted_by = (f"nothing of its own (layer {kind.reads}'s)" if kind.reads is not None
+                     else "the method's policy" if kind.compressed else
+                     "a quantizer's policy (layers: full leaves it to the library)"
+                     if kind.mixer == SLIDING and i not in kept else "the library's own layer")
+        layers.add_row(str(i), kind.layer_type, escape(kind.describe()), escape(hosted_by))
     console.print(layers)
-    compressed = [i for i, kind in enumerate(kinds) if kind.compressed]
     everything = _mlx_refusal(spec) if backend == "mlx" else None
     if everything:
         console.print(f"[red]refused on mlx[/]: {escape(everything)}")
@@ -114,8 +120,9 @@ def models_inspect(spec, backend):
         why = method_refusal(settings, info, kinds, backend)
         if backend == "mlx" and not why and not has_implementation(type(settings), "mlx"):
             why = "no MLX implementation"
+        hosted = hosted_layers(settings, kinds)
         verdict = (f"[red]refused[/]: {escape(why)}" if why else
-                   f"runs, compressing {layers_text(compressed)}" if compressed else "runs")
+                   f"runs, compressing {layers_text(hosted)}" if hosted else "runs")
         methods.add_row(name, verdict)
     console.print(methods)
 

@@ -25,6 +25,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.models.biased_attention import biased_attention as attention_on
 from kvbench.models.host import AttentionRead, BatchRead
+from kvbench.models.indexed_layer import selected_mask
 
 NAME = "kvbench"
 
@@ -33,12 +34,19 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
                       kvbench_cache: Any = None, **kwargs):
     # transformers' order of the arguments (sdpa_attention_forward's): kvpress's wrapper of
     # every attention function passes dropout by position
-    read = None if kvbench_cache is None else kvbench_cache.read(module.layer_idx)
-    if query.shape[-2] == 1 and kvbench_cache is not None and \
-            kvbench_cache.hosts_layer(module.layer_idx):
+    layer = None if kvbench_cache is None else kvbench_cache.attending_layer(module.layer_idx)
+    read = None if kvbench_cache is None else kvbench_cache.read(layer)
+    if query.shape[-2] == 1 and kvbench_cache is not None and kvbench_cache.hosts_layer(layer):
         # one newest query sees every key its policy kept; a model that builds its mask at
         # one-token steps (Falcon-H1) sizes it before the policy made room for the token
         attention_mask = None
+    indices = kwargs.pop("indices", None)  # an indexer's top-k keys (DeepSeek-V3.2's DSA)
+    if indices is not None:
+        if getattr(read, "packed", None) is not None:
+            raise RuntimeError(f"layer {layer}: the fused decode read cannot take the indexer's"
+                               " selection (LayerKind.unfused_because keeps it off)")
+        # as the model folds it for eager and SDPA: only the selected keys are seen
+        attention_mask = selected_mask(attention_mask, indices, key.shape[-2])
     features = _features(kwargs)
     if read is None and features:
         return biased_attention(query, key, value, attention_mask, None, scaling,
@@ -46,8 +54,8 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if read is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
-    if read.layer_idx != module.layer_idx:
-        raise RuntimeError(f"attention of layer {module.layer_idx} got the cache state of layer"
+    if read.layer_idx != layer:
+        raise RuntimeError(f"attention of layer {layer} got the cache state of layer"
                            f" {read.layer_idx}")
     if isinstance(read, BatchRead):
         return _attend_rows(module, read, query, scaling, dropout, features, **kwargs), None

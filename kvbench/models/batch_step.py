@@ -81,6 +81,10 @@ class BatchStep(Cache):
         """Every layer's rows are the method's policies (as CacheHost.hosts_layer)."""
         return True
 
+    def attending_layer(self, module_layer: int) -> int:
+        """Every module is its layer's own (plain models only: as KVBenchCache's)."""
+        return module_layer
+
     def read(self, layer_idx: int) -> BatchRead | None:
         """What layer `layer_idx`'s attention reads (kvbench's attention takes it once)."""
         layer = self.layers[layer_idx]

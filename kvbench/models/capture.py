@@ -96,20 +96,24 @@ def attention_entropy(model: Any, tokens: list[int],
     """
     entropies: dict[int, torch.Tensor] = {}
 
-    def record(module, args, output):
+    def record(module, args, kwargs, output):
         if not (isinstance(output, tuple) and len(output) >= 2 and torch.is_tensor(output[1])
                 and output[1].dim() == 4):
             return
         weights = output[1][0]  # (heads, queries, keys)
-        if module.layer_idx in entropies:
-            raise RuntimeError(f"attention of layer {module.layer_idx} ran twice in one pass")
-        entropies[module.layer_idx] = (entropy_sums(weights) / weights.shape[1]).cpu()
+        # one module at several depths (Zamba 2's, layer_idx -1) is told its layer per call
+        layer = module.layer_idx if module.layer_idx >= 0 else kwargs.get("layer_idx")
+        if layer in without_attention:  # MiniMax's lightning attention returns its own weights
+            return
+        if layer in entropies:
+            raise RuntimeError(f"attention of layer {layer} ran twice in one pass")
+        entropies[layer] = (entropy_sums(weights) / weights.shape[1]).cpu()
 
     attention = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
     device = next(model.parameters()).device
     ids = torch.tensor([list(tokens)], device=device)
     previous = model.config._attn_implementation
-    handles = [m.register_forward_hook(record) for m in attention]
+    handles = [m.register_forward_hook(record, with_kwargs=True) for m in attention]
     try:
         model.set_attn_implementation("eager")
         model(ids, use_cache=False, logits_to_keep=1)

@@ -26,7 +26,7 @@ from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.methods.external.library_prefill import LibraryPrefill
 from kvbench.models.host import CacheHost, LayerHost
-from kvbench.models.layer_kinds import FULL, HYBRID, LayerKind
+from kvbench.models.layer_kinds import FULL, HYBRID, SLIDING, LayerKind, hosted_layers
 
 
 def with_cache(model, cache) -> dict[str, Any]:
@@ -74,7 +74,8 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
             )
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        read = self.hold(self.append(key_states, value_states, self._owner.mask_kv_length,
+        read = self.hold(self.append(key_states, value_states,
+                                     self._owner.mask_kv_length.get(self.is_sliding),
                                      fused=not self.unfused))
         if self.unfused and key_states.shape[-2] == 1:
             self._owner.note_unfused(self.unfused)
@@ -156,31 +157,68 @@ class KVBenchCache(CacheHost, Cache):
 
     def __init__(self, method: Any, num_layers: int, decoded_reads: bool = False,
                  config: Any = None, kinds: list[LayerKind] | None = None):
-        self.mask_kv_length: int | None = None  # keys the model's one shared mask was sized for
+        # keys the model's one shared mask of each layer type was sized for, by is_sliding
+        self.mask_kv_length: dict[bool, int] = {}
         self.method = method
         kinds = kinds or [None] * num_layers
         own = transformers_layers(config, kinds)
+        hosted = (set(range(num_layers)) if None in kinds
+                  else set(hosted_layers(method, kinds)))
+        # sliding windows a quantizer holds (kvbench.methods.core.window_cache)
+        windows = {i: kind.window for i, kind in enumerate(kinds)
+                   if i in hosted and kind is not None and kind.mixer == SLIDING}
 
         def make_layer(policy, i):
             kind = kinds[i]
             if kind is None:
                 return PolicyLayer(policy, i, self)
+            if i in windows:  # the model's sliding mask is sized from it, as from its own
+                layer = PolicyLayer(policy, i, self, kind.unfused_because())
+                layer.is_sliding = True
+                return layer
             if kind.mixer == HYBRID:
                 return hybrid_layer_class()(policy, i, self, kind.unfused_because(),
                                             own[i].number_of_states)
+            if kind.index_topk:  # the indexer's keys beside the policy (DeepSeek-V3.2)
+                from kvbench.models.indexed_layer import indexed_layer_class
+
+                return indexed_layer_class(PolicyLayer)(policy, i, self, kind.unfused_because())
             return PolicyLayer(policy, i, self, kind.unfused_because())
 
         library = {i: own[i] for i, kind in enumerate(kinds)
-                   if kind is not None and not kind.compressed}
-        CacheHost.__init__(self, method, num_layers, make_layer, decoded_reads, library)
+                   if kind is not None and i not in hosted}
+        readers = {i: kind.reads for i, kind in enumerate(kinds)
+                   if kind is not None and kind.reads is not None}
+        CacheHost.__init__(self, method, num_layers, make_layer, decoded_reads, library, readers,
+                           windows)
         Cache.__init__(self, layers=self.layers)
+        self.last_updated: int | None = None
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        # the layer whose attention comes next, for a module shared by several depths
+        self.last_updated = layer_idx
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens seen, the next RoPE position: a policy's count, where the model keeps the first
+        layer's state outside its layer object (MiniMax's linear layers, whose layer counts
+        nothing)."""
+        if layer_idx == 0 and self.hosts:
+            return self.hosts[0].seen_tokens
+        return super().get_seq_length(layer_idx)
+
+    def attending_layer(self, module_layer: int | None) -> int | None:
+        """The layer whose cache an attention module reads: its own, or for one module shared
+        by several depths (Zamba 2's attention block, layer_idx -1) the layer just updated."""
+        return self.last_updated if module_layer is None or module_layer < 0 else module_layer
 
     def get_mask_sizes(self, query_length: int | torch.Tensor, layer_idx: int) -> tuple[int, int]:
         sizes = super().get_mask_sizes(query_length, layer_idx)
         # The model builds one mask per layer type (from its first layer) and shares it with
         # every layer of that type; a library layer's (a sliding window's) is its own.
-        if isinstance(self.layers[layer_idx], LayerHost):
-            self.mask_kv_length = sizes[0]
+        layer = self.layers[layer_idx]
+        if isinstance(layer, LayerHost):
+            self.mask_kv_length[layer.is_sliding] = sizes[0]
         return sizes
 
     def note_unfused(self, because: str) -> None:
@@ -225,10 +263,12 @@ def transformers_layers(config: Any, kinds: list[LayerKind | None]) -> list | No
 def held_bytes(layer: Any) -> int:
     """Bytes of the tensors a library layer holds: its keys and values, its conv and recurrent
     states (bookkeeping attributes, named with a leading underscore, left out)."""
-    total = 0
-    for name, value in vars(layer).items():
-        items = value.values() if isinstance(value, dict) else [value]
-        if not name.startswith("_"):
-            total += sum(t.numel() * t.element_size() for t in items
-                         if isinstance(t, torch.Tensor))
-    return total
+    return sum(tensor_bytes(value) for name, value in vars(layer).items()
+               if not name.startswith("_"))
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of a tensor, or of the tensors in a dict or list of them (one level)."""
+    items = value.values() if isinstance(value, dict) else \
+        value if isinstance(value, (list, tuple)) else [value]
+    return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))

@@ -13,7 +13,7 @@ attention did not go through kvbench's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbench.kernels.formats import PackedRead
@@ -34,6 +34,9 @@ class AttentionRead:
     values: Any = None
     bias: Any = None
     packed: PackedRead | None = None  # read instead of keys and values
+    # another layer's attention over this one's cache (LayerKind.reads): its queries and
+    # what it skips are not the policy's to hear
+    shared: bool = False
 
     @property
     def skip_below(self) -> float:
@@ -49,6 +52,8 @@ class AttentionRead:
     def attended(self, queries: Any, sparse: tuple | None = None) -> None:
         """After attention: the policy hears what sparse-V skipped (rows skipped, rows, output
         error) and sees the step's queries, where it asked for them."""
+        if self.shared:
+            return
         if sparse is not None:
             self.policy.record_sparse_v(*sparse)
         if self.policy.observes_queries:
@@ -85,6 +90,7 @@ class LayerHost:
         self.layer_idx = layer_idx
         self.started = False  # a policy need not answer before its first append
         self.pending: AttentionRead | None = None
+        self.last_read: AttentionRead | None = None  # the step's, for the layers reading it
 
     def append(self, keys: Any, values: Any, mask_kv_length: int | None = None,
                fused: bool = False) -> AttentionRead:
@@ -107,7 +113,15 @@ class LayerHost:
 
     def read_appended(self, keys: Any, values: Any, mask_kv_length: int | None,
                       fused: bool) -> AttentionRead:
-        """What attention reads after the policy took the step `keys`, `values` (append's)."""
+        """What attention reads after the policy took the step `keys`, `values` (append's);
+        then the policy drops what no later query reads (LayerCachePolicy.after_read: a
+        sliding window's oldest tokens)."""
+        read = self._read_appended(keys, values, mask_kv_length, fused)
+        self.policy.after_read()
+        return read
+
+    def _read_appended(self, keys: Any, values: Any, mask_kv_length: int | None,
+                       fused: bool) -> AttentionRead:
         policy, steps = self.policy, keys.shape[-2]
         self.started = True
         replace = self.exact_step and not policy.holds_exactly(steps)
@@ -135,6 +149,7 @@ class LayerHost:
         self.started = True
         if self.policy.observes_queries:
             self.policy.observe_queries(queries)
+        self.policy.after_read()
 
     def filled_elsewhere(self) -> None:
         """The policy was filled without an append (a library ran the prompt's forward:
@@ -143,6 +158,7 @@ class LayerHost:
 
     def hold(self, read: AttentionRead) -> AttentionRead:
         """Keep `read` for this layer's attention, unless plain attention serves it."""
+        self.last_read = read
         if not read.plain:
             self.pending = read
         return read
@@ -183,9 +199,11 @@ def append_batch(hosts: list[LayerHost], keys: Any, values: Any) -> list[Attenti
 class CacheHost:
     """Every layer's host for one sequence: `layers[i]` built by `make_layer(policy, i)` from
     `method.new_layer_cache(i)` (method: a method's implementation on the adapter's backend)
-    for the layers a method compresses, and library_layers[i], the library's own layer object,
-    for the others (sliding-window, linear-attention and Mamba layers:
-    kvbench.models.layer_kinds), which the model drives as it drives them without kvbench.
+    for the layers a method compresses (`method.new_window_cache(i, windows[i])` for a sliding
+    window of windows[i] tokens that it holds: kvbench.models.layer_kinds.hosted_layers), and
+    library_layers[i], the library's own layer object, for the others (sliding-window,
+    linear-attention and Mamba layers: kvbench.models.layer_kinds), which the model drives as
+    it drives them without kvbench.
 
     decoded_reads: ask every layer's policy for its decoded-once read path
     (LayerCachePolicy.keep_decoded: the same attention inputs, bit for bit, without decoding the
@@ -195,9 +213,17 @@ class CacheHost:
     layers: list
 
     def __init__(self, method: Any, num_layers: int, make_layer, decoded_reads: bool = False,
-                 library_layers: dict[int, Any] | None = None):
-        library = library_layers or {}
-        self.layers = [library[i] if i in library else make_layer(method.new_layer_cache(i), i)
+                 library_layers: dict[int, Any] | None = None,
+                 readers: dict[int, int] | None = None,
+                 windows: dict[int, int] | None = None):
+        library, windows = library_layers or {}, windows or {}
+        self.readers = readers or {}  # {layer: the layer whose cache it reads}
+
+        def policy(i: int) -> LayerCachePolicy:
+            return (method.new_window_cache(i, windows[i]) if i in windows
+                    else method.new_layer_cache(i))
+
+        self.layers = [library[i] if i in library else make_layer(policy(i), i)
                        for i in range(num_layers)]
         self.hosts: list[LayerHost] = [layer for layer in self.layers
                                        if isinstance(layer, LayerHost)]
@@ -208,13 +234,22 @@ class CacheHost:
             [host.policy.keep_decoded() for host in self.hosts])
 
     def read(self, layer_idx: int) -> AttentionRead | None:
-        """What layer `layer_idx`'s attention reads now (None: plain attention)."""
+        """What layer `layer_idx`'s attention reads now (None: plain attention); a layer that
+        reads another's cache reads what that layer's attention read this step, where plain
+        attention over the keys handed on does not serve it (packed segments, a bias)."""
+        if layer_idx in self.readers:
+            owner = self.layers[self.readers[layer_idx]]
+            read = owner.last_read if isinstance(owner, LayerHost) else None
+            if read is None or read.plain:
+                return None
+            return replace(read, layer_idx=layer_idx, shared=True)
         layer = self.layers[layer_idx]
         return layer.take_read() if isinstance(layer, LayerHost) else None
 
     def hosts_layer(self, layer_idx: int) -> bool:
-        """Whether a method's policy (not the library) holds layer `layer_idx`'s keys."""
-        return isinstance(self.layers[layer_idx], LayerHost)
+        """Whether a method's policy (not the library) holds layer `layer_idx`'s keys (or those
+        of the layer whose cache it reads)."""
+        return isinstance(self.layers[self.readers.get(layer_idx, layer_idx)], LayerHost)
 
     @property
     def policies(self) -> list[LayerCachePolicy]:

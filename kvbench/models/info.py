@@ -19,7 +19,8 @@ from pathlib import Path
 from kvbench import hub
 from kvbench.config.registry import did_you_mean
 from kvbench.config.fields import SettingError
-from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, refusal
+from kvbench.models.layer_kinds import (LayerKind, UnreadableConfig, cached_widths,
+                                         config_layer_kinds, refusal, special_floats)
 from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, TINY_MAX_CONTEXT
 
 
@@ -34,6 +35,9 @@ class ModelInfo:
     revision: str | None = None  # a hub model's commit, resolved from the revision asked for
     dtype: str | None = None  # the dtype its checkpoint stores (config.json's)
     context_from: str = ""  # where max_context comes from, for the messages that quote it
+    # why no method can run on it (transformers cannot read its config, or kvbench cannot host
+    # the cache class the model insists on): every case refused with this reason
+    refused: str | None = None
     config: dict = field(default_factory=dict, repr=False)  # config.json as written
 
     def with_max_context(self, tokens: int | None) -> ModelInfo:
@@ -95,7 +99,7 @@ def describe_model(spec: str, revision: str | None = None) -> ModelInfo:
     else:
         path = Path(target, "config.json")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(), object_hook=special_floats)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model {spec!r}: cannot read its config.json ({exc})") from None
     if not isinstance(config, dict):
@@ -105,14 +109,27 @@ def describe_model(spec: str, revision: str | None = None) -> ModelInfo:
 
 
 def _described(spec: str, config: dict, max_context: int | None, context_from: str) -> ModelInfo:
-    kinds = config_layer_kinds(config)
+    try:
+        kinds, refused = config_layer_kinds(config), _cache_refusal(config)
+    except UnreadableConfig as exc:
+        kinds, refused = [], str(exc)
     text = _text_config(config)
     _, head_dim, value_dim = cached_widths(kinds, 0, _head_dim(text))
     dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") \
         or config.get("torch_dtype")
     return ModelInfo(spec=spec, max_context=max_context, head_dim=head_dim, layer_kinds=kinds,
                      value_dim=value_dim, dtype=dtype if isinstance(dtype, str) else None,
-                     context_from=context_from)
+                     context_from=context_from, refused=refused)
+
+
+def _cache_refusal(config: dict) -> str | None:
+    """Why kvbench cannot host the cache class the model's own code insists on (where torch
+    is installed to tell)."""
+    try:
+        from kvbench.models.own_cache import own_cache_refusal
+    except ImportError:
+        return None
+    return own_cache_refusal(config.get("model_type"))
 
 
 # rope scalings that stretch the positions a model was trained on by `factor`
@@ -155,6 +172,8 @@ def method_refusal(settings, info: ModelInfo, kinds: list[LayerKind] | None = No
     """Why a method (its settings) cannot run on the model `info` describes on `backend`, as
     validation refuses it: its layers (kinds, by default info's), or vectors of a width its
     configuration cannot hold (the cached keys' and values' widths); None where it runs."""
+    if info.refused:
+        return info.refused
     why = refusal(settings, info.layer_kinds if kinds is None else kinds, backend)
     for width in sorted({info.head_dim, info.value_dim} - {None}):
         try:

@@ -77,6 +77,10 @@ def mlx_overrides(config: dict[str, Any]) -> dict[str, Any]:
 
 def _text_overrides(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     overrides = rope_overrides(config)
+    if "position_embedding_type" in fields and config.get("position_embedding_type") is None:
+        # transformers rotates only under "rope" (Granite-MoE-Hybrid's default is None: no
+        # RoPE); mlx-lm rotates unless told "nope"
+        overrides["position_embedding_type"] = "nope"
     types = config.get("layer_types")
     if types and "full_attention" in types:
         period = types.index("full_attention") + 1
@@ -251,8 +255,14 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def torch_checkpoint_weights(torch_model: Any) -> dict[str, Any]:
     """The torch model's weights as its checkpoint stores them (transformers 5 fuses experts
-    at load; save_pretrained writes them back per expert, as mlx-lm's sanitize expects)."""
-    state = torch_model.state_dict()
+    at load; save_pretrained writes them back per expert, as mlx-lm's sanitize expects); a
+    tied weight once, under its first name, as save_pretrained writes it (a tied lm_head is the
+    embeddings, which mlx-lm's Cohere 2 and LFM2 have no parameter for)."""
+    state, stored = {}, set()
+    for name, tensor in torch_model.state_dict().items():
+        if tensor.data_ptr() not in stored:
+            state[name] = tensor
+            stored.add(tensor.data_ptr())
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers 4: the state dict is the checkpoint's

@@ -19,7 +19,8 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.hub import DownloadProgress
-from kvbench.models.layer_kinds import LayerKind, cached_widths, config_layer_kinds, with_sinks
+from kvbench.models.layer_kinds import (LayerKind, cached_widths, config_layer_kinds,
+                                         special_floats, with_sinks)
 from kvbench.models.mlx_architectures import (
     architecture,
     check_layers,
@@ -126,7 +127,7 @@ def _load_folder(folder: Path, log: Callable[[str], None]):
     from mlx_lm.utils import load_model
     from transformers import AutoTokenizer
 
-    config = json.loads((folder / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text(), object_hook=special_floats)
     overrides = mlx_overrides(config)
     rope = [key for key in overrides if key in rope_overrides(config)]
     if rope:

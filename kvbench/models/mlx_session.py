@@ -87,6 +87,23 @@ class MLXSession(SessionBase):
             for module, attend in zip(modules, installed):
                 setattr(module, ATTENTION_ATTR, attend)
 
+    def own_decode_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        """Through mlx-lm's own attention and its own caches (make_prompt_cache)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        modules = [sys.modules[name] for name in self.loaded.attention]
+        installed = [getattr(module, ATTENTION_ATTR) for module in modules]
+        cache = make_prompt_cache(self.loaded.model)
+        try:
+            for module in modules:
+                setattr(module, ATTENTION_ATTR, original_attention(module))
+            rows = [self.step(prompt, cache, last_only=True)[0]]
+            rows += [self.step([token], cache, last_only=True)[0] for token in tokens]
+        finally:
+            for module, attend in zip(modules, installed):
+                setattr(module, ATTENTION_ATTR, attend)
+        return torch.cat(rows)
+
     def trim(self, cache, n: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 

@@ -54,6 +54,12 @@ class Session(Protocol):
         """full_logits through the model's own attention (transformers' eager; mlx-lm's own):
         the reference every architecture is checked against, not kvbench's attention."""
 
+    def own_decode_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        """Logits (1 + len(tokens), vocab): the prompt's last and each token's, fed one at a
+        time through the model's own attention and its own plain cache (each step told its
+        position): the reference where a model's full forward and its decode differ (Zamba 2's
+        Mamba mixer scans a prompt otherwise than it steps)."""
+
     def begin_prompt(self, cache: Any, tokens: int) -> None:
         """Tell the method's policies the length of the prompt about to be fed."""
 
@@ -140,14 +146,13 @@ class TorchSession(SessionBase):
         self.memo_key = ("torch", self.spec, str(device), self.dtype)
 
     def new_cache(self, method: Implementation | None, decoded_reads: bool = False):
-        from transformers import DynamicCache
+        from kvbench.models.own_cache import kvbench_cache, plain_cache
 
-        from kvbench.models.hf_cache import KVBenchCache
-
+        model = self.loaded.model
         if method is None:
-            return DynamicCache(config=self.loaded.model.config)
-        return KVBenchCache(method, self.num_layers, decoded_reads=decoded_reads,
-                            config=self.loaded.model.config, kinds=self.layer_kinds)
+            return plain_cache(model)
+        return kvbench_cache(model, method, self.num_layers, decoded_reads=decoded_reads,
+                             config=model.config, kinds=self.layer_kinds)
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, float]:
@@ -194,6 +199,26 @@ class TorchSession(SessionBase):
             return self.full_logits(ids, last)
         finally:
             model.set_attn_implementation(previous)
+
+    @torch.inference_mode()
+    def own_decode_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        from kvbench.models.hf_cache import with_cache
+        from kvbench.models.own_cache import plain_cache
+
+        model = self.loaded.model
+        previous = model.config._attn_implementation
+        cache = plain_cache(model)
+        try:
+            model.set_attn_implementation("eager")
+            rows = [model(torch.tensor([prompt], device=self.device), **with_cache(model, cache),
+                          use_cache=True, logits_to_keep=1).logits[0, -1]]
+            for position, token in enumerate(tokens, start=len(prompt)):
+                rows.append(model(torch.tensor([[token]], device=self.device),
+                                  position_ids=torch.tensor([[position]], device=self.device),
+                                  **with_cache(model, cache), use_cache=True).logits[0, -1])
+        finally:
+            model.set_attn_implementation(previous)
+        return torch.stack(rows).float().cpu()
 
     def trim(self, cache, n: int) -> None:
         cache.crop(-n)

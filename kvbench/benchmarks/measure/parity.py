@@ -8,7 +8,9 @@ sequence (no cache) and compare its logits at the same positions. A lossless met
 float tolerance and pick the same tokens (this is where wrong RoPE positions, masks or cache
 order show); a lossy one reports how far each step diverges. The same steps are also compared
 with one forward through the model's own attention (transformers' eager, mlx-lm's own), so a
-feature kvbench's attention missed (a window, sinks, softcap) shows even for identity.
+feature kvbench's attention missed (a window, sinks, softcap) shows even for identity, and with
+the model's own decode of the same tokens (its own attention and cache): where a model's full
+forward and its decode differ by themselves (Zamba 2's Mamba mixer), that is the reference.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class ParityRun(Parity):
         ctx.status("full recompute")
         full = session.full_logits(prompt + tokens[:-1], last=params.steps).double()
         own = session.own_attention_logits(prompt + tokens[:-1], last=params.steps).double()
+        own_decode = session.own_decode_logits(prompt, tokens[:-1]).double()
         kl = kl_divergence(full, cached)
         agree = [int(row.argmax()) == token for row, token in zip(full, tokens)]
         first = agree.index(False) if False in agree else len(agree)
@@ -54,6 +57,8 @@ class ParityRun(Parity):
                 "max_logit_diff": m["max_logit_diff"].of(float((cached - full).abs().max())),
                 "own_attention_max_logit_diff": m["own_attention_max_logit_diff"].of(
                     float((cached - own).abs().max())),
+                "own_decode_max_logit_diff": m["own_decode_max_logit_diff"].of(
+                    float((cached - own_decode).abs().max())),
                 "mean_kl": m["mean_kl"].of(float(kl.mean())),
                 "max_kl": m["max_kl"].of(float(kl.max())),
                 "greedy_agreement": m["greedy_agreement"].of(sum(agree) / len(agree)),

@@ -45,6 +45,10 @@ class Parity(TextModelBenchmark):
         "own_attention_max_logit_diff": MetricSpec(
             "logit", "lower", "max |logit_cached - logit_full| with the full forward through the"
             " model's own attention (transformers' eager), all steps"),
+        "own_decode_max_logit_diff": MetricSpec(
+            "logit", "lower", "max |logit_cached - logit_own_decode|: the same tokens fed one"
+            " at a time through the model's own attention and its own cache, all steps (the"
+            " reference where a model's full forward and its decode differ, as Zamba 2's)"),
         "mean_kl": MetricSpec("nats", "lower", "mean over steps of KL(full || cached)"),
         "max_kl": MetricSpec("nats", "lower", "largest KL(full || cached) of any step"),
         "greedy_agreement": MetricSpec(
