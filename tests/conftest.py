@@ -123,6 +123,22 @@ def tiny_llama():
     return load_model("tiny:llama", "cpu")
 
 
+@pytest.fixture(scope="module")
+def tiny_sessions():
+    """session(kind): tiny:KIND (kvbench.models.tiny_configs) on the CPU as benchmarks drive it,
+    loaded once per test module."""
+    from kvbench.models import load_model
+    from kvbench.models.session import TorchSession
+
+    made = {}
+
+    def session(kind: str):
+        if kind not in made:
+            made[kind] = TorchSession(load_model(f"tiny:{kind}"), torch.device("cpu"))
+        return made[kind]
+    return session
+
+
 @pytest.fixture
 def torch_caches_join(monkeypatch):
     """Torch caches that join at every step and hold exactly their tokens (CodecCache's

@@ -28,17 +28,6 @@ PROMPT, STEPS = 40, 8  # the prompt passes the sliding window (32), then one-tok
 IDS = torch.randint(4, 260, (PROMPT + STEPS,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.fixture(scope="module")
-def sessions():
-    made = {}
-
-    def session(kind: str) -> TorchSession:
-        if kind not in made:
-            made[kind] = TorchSession(load_model(f"tiny:{kind}"), torch.device("cpu"))
-        return made[kind]
-    return session
-
-
 @torch.inference_mode()
 def eager_logits(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's own attention (eager): (one full forward's logits at the prompt's last
@@ -64,9 +53,9 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_identity_equals_the_models_own_eager_attention(kind, sessions):
+def test_identity_equals_the_models_own_eager_attention(kind, tiny_sessions):
     full, incremental = eager_logits(kind)
-    mine, _ = method_logits(sessions(kind), build_method("identity"))
+    mine, _ = method_logits(tiny_sessions(kind), build_method("identity"))
     assert relative(mine, incremental) <= 1e-5
     # A linear-attention layer's full forward (chunked) and its decode (recurrent) differ in
     # rounding by themselves (1.6e-5 on qwen3_5): within that of the full forward.
@@ -76,31 +65,31 @@ def test_identity_equals_the_models_own_eager_attention(kind, sessions):
 @pytest.mark.parametrize("kind", [k for k in TINY_KINDS  # those with a layer kivi compresses
                                   if any(kind.compressed for kind in describe_model(
                                       f"tiny:{k}").layer_kinds)])
-def test_kivi_below_its_residual_is_lossless(kind, sessions):
+def test_kivi_below_its_residual_is_lossless(kind, tiny_sessions):
     # against the model's own decode, which the method's run is: an indexer's top-k breaks
     # exact ties (relu scores at 0, frequent with tiny:deepseek_v32's 2 index heads) by the
     # number of keys, so its full forward need not be its own decode
     _, incremental = eager_logits(kind)
-    mine, cache = method_logits(sessions(kind), build_method("kivi", {"residual": 128}))
+    mine, cache = method_logits(tiny_sessions(kind), build_method("kivi", {"residual": 128}))
     assert (mine - incremental).abs().max().item() <= 1e-3
     assert cache.policies  # it compressed (hosted) some layer
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "gpt_oss", "qwen3_5", "jamba", "deepseek_v3",
                                   "falcon_h1"])
-def test_a_lossy_method_reads_what_it_stores_on_every_family(kind, sessions):
+def test_a_lossy_method_reads_what_it_stores_on_every_family(kind, tiny_sessions):
     """intq 2-bit moves the logits on the layers it compresses (attention really reads them)."""
     full, _ = eager_logits(kind)
-    mine, cache = method_logits(sessions(kind), build_method("intq", {"bits": 2}))
+    mine, cache = method_logits(tiny_sessions(kind), build_method("intq", {"bits": 2}))
     assert (mine - full).abs().max().item() > 1e-3
     # its sliding windows too (layers unset: all; tests/test_sliding_quantizers.py)
-    assert len(cache.policies) == len(hosted_layers(cache.method, sessions(kind).layer_kinds))
+    assert len(cache.policies) == len(hosted_layers(cache.method, tiny_sessions(kind).layer_kinds))
 
 
-def test_the_library_hosts_sliding_and_linear_layers_and_their_bytes_count(sessions):
+def test_the_library_hosts_sliding_and_linear_layers_and_their_bytes_count(tiny_sessions):
     from transformers import DynamicCache
 
-    session = sessions("qwen3_5")
+    session = tiny_sessions("qwen3_5")
     assert [k.mixer for k in session.layer_kinds] == [LINEAR, FULL]
     _, cache = method_logits(session, build_method("intq", {"bits": 4}))
     plain = DynamicCache(config=session.loaded.model.config)
@@ -110,7 +99,7 @@ def test_the_library_hosts_sliding_and_linear_layers_and_their_bytes_count(sessi
     assert cache.accounted_bytes() == cache.policies[0].retained_bytes + linear_state
 
     # Falcon-H1: each layer attends (the method's policy) and keeps a Mamba state (the library's)
-    session = sessions("falcon_h1")
+    session = tiny_sessions("falcon_h1")
     _, cache = method_logits(session, build_method("intq", {"bits": 4}))
     plain = DynamicCache(config=session.loaded.model.config)
     session.step(IDS, plain)
@@ -118,7 +107,7 @@ def test_the_library_hosts_sliding_and_linear_layers_and_their_bytes_count(sessi
                 for layer in plain.layers)
     assert len(cache.policies) == 2 and mamba > 0 and cache.library_bytes() == mamba
 
-    session = sessions("gemma3")
+    session = tiny_sessions("gemma3")
     _, cache = method_logits(session, build_method("identity"))
     window = cache.layers[0]
     assert window.is_sliding and window.keys.shape[-2] == WINDOW - 1  # transformers' own layer
@@ -133,9 +122,9 @@ def shipped_settings(name: str):
 
 
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_every_shipped_method_runs_or_is_refused(kind, sessions):
+def test_every_shipped_method_runs_or_is_refused(kind, tiny_sessions):
     """What refusal() lets through runs (a few steps, every byte counted), on every family."""
-    session, info = sessions(kind), describe_model(f"tiny:{kind}")
+    session, info = tiny_sessions(kind), describe_model(f"tiny:{kind}")
     failures = {}
     for name in SHIPPED:
         settings = shipped_settings(name)
@@ -286,7 +275,7 @@ def test_a_multimodal_gemma3_checkpoint_runs_its_text_model(tmp_path, bundled):
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "qwen3_5"])
-def test_the_server_answers_on_a_family_with_library_layers(kind, sessions):
+def test_the_server_answers_on_a_family_with_library_layers(kind, tiny_sessions):
     """kvbench serve's engine on a model whose window or state the library holds: each request
     decoded one row at a time gives what it gives alone, batched or not."""
     from tests.plugins.model_runs import staggered_prompts
@@ -294,7 +283,7 @@ def test_the_server_answers_on_a_family_with_library_layers(kind, sessions):
 
     from kvbench.serve.engine import Engine, Finished
 
-    session = sessions(kind)
+    session = tiny_sessions(kind)
     prompts = staggered_prompts(session.tokenizer)[:3]
     engine = Engine(session, implementation(build_method("intq", {"bits": 4})))
     engine.start()
@@ -310,12 +299,12 @@ def test_the_server_answers_on_a_family_with_library_layers(kind, sessions):
 @pytest.mark.parametrize("kind, fused", [("gemma2", "cpu"), ("gpt_oss", "cpu"), ("llama", "cpu"),
                                          ("deepseek_v3", "torch (MLA: no fused kernel)")])
 def test_the_fused_read_takes_softcap_and_sinks_and_impl_says_where_it_is_not_taken(
-        kind, fused, sessions):
+        kind, fused, tiny_sessions):
     """Gemma 2's softcap and gpt-oss's sinks are computed by the fused read itself: a decode
     step's logits are the reference path's (decode, then attention with the same softcap and
     sinks) within float32 rounding; MLA's latent keys are not read fused, and info.impl says
     so."""
-    session, logits = sessions(kind), {}
+    session, logits = tiny_sessions(kind), {}
     for impl in ("auto", "torch"):
         method = implementation(build_method("intq", {"bits": 4, "impl": impl}))
         cache = session.new_cache(method)
@@ -329,10 +318,10 @@ def test_the_fused_read_takes_softcap_and_sinks_and_impl_says_where_it_is_not_ta
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
-def test_a_read_held_for_kvbench_attention_keeps_the_softcap_and_sinks(kind, sessions):
+def test_a_read_held_for_kvbench_attention_keeps_the_softcap_and_sinks(kind, tiny_sessions):
     """A policy whose read kvbench's attention takes (sparse-V, here skipping nothing) attends
     with the model's softcap and sinks as the plain read does: identity's logits."""
-    session, logits = sessions(kind), []
+    session, logits = tiny_sessions(kind), []
     for name, params in (("identity", {}), ("sparse_v", {"base": "identity", "tau": 1e-30})):
         method = implementation(build_method(name, params))
         cache = session.new_cache(method)

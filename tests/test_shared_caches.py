@@ -19,7 +19,6 @@ from kvbench.methods import build_method, implementation
 from kvbench.models.hf_cache import held_bytes, tensor_bytes, with_cache
 from kvbench.models.info import describe_model, method_refusal
 from kvbench.models.layer_kinds import FULL, LINEAR, NONE, SLIDING
-from kvbench.models.loading import load_model
 from kvbench.models.own_cache import plain_cache, unhosted_because
 from kvbench.models.session import TorchSession, prefill
 from kvbench.models.tiny import build_tiny, tiny_config
@@ -27,17 +26,6 @@ from tests.plugins.cli_support import invoke
 
 PROMPT = 40  # past the sliding window (32)
 IDS = torch.randint(4, 260, (PROMPT + 6,), generator=torch.Generator().manual_seed(11)).tolist()
-
-
-@pytest.fixture(scope="module")
-def sessions():
-    made = {}
-
-    def session(kind: str) -> TorchSession:
-        if kind not in made:
-            made[kind] = TorchSession(load_model(f"tiny:{kind}"), torch.device("cpu"))
-        return made[kind]
-    return session
 
 
 def decode(session: TorchSession, settings) -> tuple[torch.Tensor, object]:
@@ -57,12 +45,12 @@ def test_gemma3n_readers_are_known_from_the_config():
 
 
 @pytest.mark.parametrize("kind", ["gemma3n", "zamba2"])
-def test_the_fused_read_reaches_every_layer_that_reads_a_policys_cache(kind, sessions):
+def test_the_fused_read_reaches_every_layer_that_reads_a_policys_cache(kind, tiny_sessions):
     """intq 2-bit read fused (the packed cache) equals the same codec decoded then attended
     (impl torch) within float rounding: Gemma 3n's reader layers attend over what the owner's
     policy holds, not over the one token its update handed on; Zamba 2's one attention block
     takes each depth's own read."""
-    session, logits = sessions(kind), {}
+    session, logits = tiny_sessions(kind), {}
     for impl in ("auto", "torch"):
         logits[impl], (cache, method) = decode(
             session, build_method("intq", {"bits": 2, "impl": impl}))
@@ -71,16 +59,16 @@ def test_the_fused_read_reaches_every_layer_that_reads_a_policys_cache(kind, ses
     assert (logits["auto"] - logits["torch"]).abs().max() < 1e-4 * logits["torch"].abs().max()
 
 
-def test_gemma3n_counts_each_shared_cache_once(sessions):
-    session = sessions("gemma3n")
+def test_gemma3n_counts_each_shared_cache_once(tiny_sessions):
+    session = tiny_sessions("gemma3n")
     _, (cache, _) = decode(session, build_method("intq", {"bits": 4, "layers": "full"}))
     assert [host.layer_idx for host in cache.hosts] == [1]  # the readers hold nothing
     assert cache.accounted_bytes() == cache.hosts[0].policy.retained_bytes + tensor_bytes(
         [cache.layers[0].keys, cache.layers[0].values])
 
 
-def test_zamba2_gives_each_depth_of_the_shared_block_its_own_policy(sessions):
-    session = sessions("zamba2")
+def test_zamba2_gives_each_depth_of_the_shared_block_its_own_policy(tiny_sessions):
+    session = tiny_sessions("zamba2")
     assert [k.mixer for k in session.layer_kinds] == [LINEAR, "hybrid", LINEAR, "hybrid"]
     _, (cache, _) = decode(session, build_method("intq", {"bits": 4}))
     first, second = (cache.layers[i].policy for i in (1, 3))
@@ -89,10 +77,10 @@ def test_zamba2_gives_each_depth_of_the_shared_block_its_own_policy(sessions):
     assert first.retained_bytes == second.retained_bytes > 0
 
 
-def test_minimax_is_hosted_through_its_own_cache_class_and_its_state_counted(sessions):
+def test_minimax_is_hosted_through_its_own_cache_class_and_its_state_counted(tiny_sessions):
     from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
-    session = sessions("minimax")
+    session = tiny_sessions("minimax")
     _, (cache, _) = decode(session, build_method("intq", {"bits": 4}))
     assert isinstance(cache, MiniMaxCache) and cache.hosts[0].layer_idx == 1
     plain = plain_cache(session.loaded.model)
@@ -103,18 +91,25 @@ def test_minimax_is_hosted_through_its_own_cache_class_and_its_state_counted(ses
     assert cache.accounted_bytes() == cache.policies[0].retained_bytes + state + unused
 
 
-def test_minimax_decodes_at_the_positions_it_has_seen(sessions):
+def test_minimax_decodes_at_the_positions_it_has_seen(tiny_sessions):
     """MiniMax's own cache counts no tokens where its first layer is linear attention (its own
-    decode restarts positions at 0): kvbench's positions come from the policies, so identity
-    equals the model's own full forward."""
+    decode restarts positions at 0): kvbench's positions come from the policies, and its plain
+    reference counts what its layers have seen, so both equal the model's own full forward."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
     model, _ = build_tiny("minimax", "eager")
     with torch.inference_mode():
         full = model(torch.tensor([IDS])).logits[0, PROMPT:].float()
-        own = plain_cache(model)
-        model(torch.tensor([IDS[:PROMPT]]), **with_cache(model, own))
-        assert own.get_seq_length() == 0  # the model's own count, as transformers 5.25 has it
-    mine, _ = decode(sessions("minimax"), build_method("identity"))
-    assert ((mine[:-1] - full[:-1]).abs().max() / full.abs().max()).item() < 1e-5
+        rows = {}
+        for name, cache in (("own", MiniMaxCache()), ("plain", plain_cache(model))):
+            model(torch.tensor([IDS[:PROMPT]]), **with_cache(model, cache))
+            rows[name] = torch.cat([model(torch.tensor([[token]]), **with_cache(model, cache))
+                                    .logits[0] for token in IDS[PROMPT:-1]]).float()
+    mine, _ = decode(tiny_sessions("minimax"), build_method("identity"))
+    scale = full.abs().max()
+    assert (rows["own"] - full[:-1]).abs().max() > 0.1 * scale  # positions restarted at 0
+    assert (rows["plain"] - full[:-1]).abs().max() < 1e-5 * scale
+    assert (mine[:-1] - full[:-1]).abs().max() < 1e-5 * scale
 
 
 def test_a_cache_class_kvbench_does_not_know_is_refused_by_name():
@@ -161,13 +156,37 @@ def test_a_config_its_own_class_rejects_is_a_refusal_not_a_traceback(tmp_path):
     assert result.exit_code == 0 and "every method refused" in result.output
 
 
-def test_parity_takes_the_models_own_decode_where_its_full_forward_differs(sessions):
+def test_parity_takes_the_models_own_decode_where_its_full_forward_differs(tiny_sessions):
     """Zamba 2's own full forward and its own decode differ by themselves; the parity session's
     own decode is the model's (eager, its own cache) and identity equals it."""
-    session = sessions("zamba2")
+    session = tiny_sessions("zamba2")
     own = session.own_decode_logits(IDS[:PROMPT], IDS[PROMPT:-1])[1:]
     full = session.own_attention_logits(IDS[:-1], last=len(IDS) - PROMPT)[1:]
     mine, _ = decode(session, build_method("identity"))
     scale = own.abs().max()
     assert (own - full).abs().max() > 1e-3 * scale  # the model's two computations differ
     assert (mine[:-1] - own).abs().max() < 1e-5 * scale
+
+
+def test_parity_says_how_many_layers_the_method_held(tmp_path):
+    """Its layers_compressed: Gemma 3's window held by a quantizer unless layers: full; on
+    Zamba 2 the two depths of the shared block; identity's own decode within float rounding
+    where its full forward is not."""
+    from kvbench import load_suite, run_suite
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "kvbench: 1\nname: t\ndefaults: {device: cpu}\nmethods:\n  - name: identity\n"
+        "  - name: intq\n    params: {bits: 4}\n  - name: intq\n    label: intq-full\n"
+        "    params: {bits: 4, layers: full}\nbenchmarks:\n"
+        "  - kind: parity\n    model: tiny:gemma3\n    params: {context: 40, steps: 3}\n"
+        "  - kind: parity\n    model: tiny:zamba2\n    params: {context: 40, steps: 3}\n")
+    cases = {case.id: case.metrics for case in
+             run_suite(load_suite(suite), tmp_path / "out").result.cases}
+    held = {key: metrics["layers_compressed"].value for key, metrics in cases.items()}
+    assert held == {"parity/identity@tiny:gemma3": 1, "parity/intq@tiny:gemma3": 2,
+                    "parity/intq-full@tiny:gemma3": 1, "parity/identity@tiny:zamba2": 2,
+                    "parity/intq@tiny:zamba2": 2, "parity/intq-full@tiny:zamba2": 2}
+    zamba = cases["parity/identity@tiny:zamba2"]
+    assert zamba["own_decode_max_logit_diff"].value < 1e-4
+    assert zamba["own_attention_max_logit_diff"].value > 1e-3

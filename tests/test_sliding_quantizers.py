@@ -16,8 +16,7 @@ from kvbench.methods import build_method, implementation
 from kvbench.models.hf_cache import held_bytes, with_cache
 from kvbench.models.info import describe_model
 from kvbench.models.layer_kinds import SLIDING, hosted_layers, refusal
-from kvbench.models.loading import load_model
-from kvbench.models.session import TorchSession
+from kvbench.models.session import TorchSession, plain_kv_bytes
 from kvbench.models.tiny import build_tiny
 from kvbench.models.tiny_configs import WINDOW
 
@@ -27,17 +26,6 @@ IDS = torch.randint(4, 260, (PROMPT + STEPS,), generator=torch.Generator().manua
 PARITY = 1e-5
 WINDOWED = ["mistral", "ministral3", "gemma3", "gemma2", "gpt_oss"]
 INTQ4 = {"bits": 4}
-
-
-@pytest.fixture(scope="module")
-def sessions():
-    made = {}
-
-    def session(kind: str) -> TorchSession:
-        if kind not in made:
-            made[kind] = TorchSession(load_model(f"tiny:{kind}"), torch.device("cpu"))
-        return made[kind]
-    return session
 
 
 def chunks(ids: list[int]):
@@ -100,8 +88,8 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("kind", WINDOWED)
-def test_intq4_compresses_every_layer_and_reads_the_window_as_the_model(kind, sessions):
-    session = sessions(kind)
+def test_intq4_compresses_every_layer_and_reads_the_window_as_the_model(kind, tiny_sessions):
+    session = tiny_sessions(kind)
     for layers in ("all", None):  # unset: all, what engines do
         mine, cache = method_logits(session, build_method("intq", {**INTQ4, "layers": layers}))
         assert len(cache.policies) == session.num_layers and not cache.library_layers
@@ -118,10 +106,10 @@ def test_intq4_compresses_every_layer_and_reads_the_window_as_the_model(kind, se
 
 
 @pytest.mark.parametrize("kind", ["mistral", "gemma3"])
-def test_a_windowed_layers_bytes_stay_below_the_plain_windows(kind, sessions):
+def test_a_windowed_layers_bytes_stay_below_the_plain_windows(kind, tiny_sessions):
     from transformers import DynamicCache
 
-    session = sessions(kind)
+    session = tiny_sessions(kind)
     plain = DynamicCache(config=session.loaded.model.config)
     for part in chunks(IDS):
         session.step(part, plain)
@@ -131,6 +119,8 @@ def test_a_windowed_layers_bytes_stay_below_the_plain_windows(kind, sessions):
                          ("kivi", {"residual": 128})):
         _, cache = method_logits(session, build_method(name, params))
         figures[name, params.get("layers")] = cache.accounted_bytes()
+        # the ratios' plain cache: what the plain cache holds, a window's W - 1 tokens included
+        assert plain_kv_bytes(session, cache)[1] == figures["identity", None]
         for i, policy in zip(hosted_layers(cache.method, session.layer_kinds), cache.policies):
             window = held_bytes(plain.layers[i])
             if session.layer_kinds[i].mixer == SLIDING:
@@ -139,14 +129,13 @@ def test_a_windowed_layers_bytes_stay_below_the_plain_windows(kind, sessions):
     # KIVI below its residual keeps the window raw: the plain window's bytes, no more
     assert figures["kivi", None] == figures["identity", None]
     assert figures["intq", None] < figures["intq", "full"] <= figures["identity", None]
-    print(kind, figures)
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "gpt_oss"])
-def test_layers_full_keeps_the_library_windows(kind, sessions):
+def test_layers_full_keeps_the_library_windows(kind, tiny_sessions):
     """layers: full is what kvbench did before: transformers' own window layer, the method's
     policy on the full layer only, the float reference of exactly that."""
-    session = sessions(kind)
+    session = tiny_sessions(kind)
     mine, cache = method_logits(session, build_method("intq", {**INTQ4, "layers": "full",
                                                                "impl": "torch"}))
     window = cache.library_layers[0]
@@ -156,16 +145,16 @@ def test_layers_full_keeps_the_library_windows(kind, sessions):
     assert relative(mine, reference) <= PARITY
 
 
-def test_layers_changes_nothing_on_a_model_without_windows(sessions):
-    session = sessions("llama")
+def test_layers_changes_nothing_on_a_model_without_windows(tiny_sessions):
+    session = tiny_sessions("llama")
     logits = [method_logits(session, build_method("intq", {**INTQ4, "layers": layers}))[0]
               for layers in (None, "all", "full")]
     assert all(torch.equal(logits[0], other) for other in logits[1:])
 
 
 @pytest.mark.parametrize("kind", WINDOWED)
-def test_kivi_below_its_residual_is_lossless_on_every_window(kind, sessions):
-    session = sessions(kind)
+def test_kivi_below_its_residual_is_lossless_on_every_window(kind, tiny_sessions):
+    session = tiny_sessions(kind)
     mine, cache = method_logits(session, build_method("kivi", {"residual": 128}))
     assert len(cache.policies) == session.num_layers
     model, _ = build_tiny(kind, "eager")
@@ -242,8 +231,8 @@ def test_the_fused_read_reads_the_window(name, params):
     assert fused >= 20  # KIVI's groups: read fused from inside a group too
 
 
-def test_a_decode_step_on_every_window_is_read_fused(sessions):
-    session = sessions("mistral")
+def test_a_decode_step_on_every_window_is_read_fused(tiny_sessions):
+    session = tiny_sessions("mistral")
     method = implementation(build_method("intq", INTQ4))
     cache = session.new_cache(method)
     for part in chunks(IDS):
@@ -251,8 +240,8 @@ def test_a_decode_step_on_every_window_is_read_fused(sessions):
     assert method.impl_log.summary()["decode attention"] == "cpu"
 
 
-def test_a_window_that_moved_cannot_be_rewound(sessions):
-    session = sessions("mistral")
+def test_a_window_that_moved_cannot_be_rewound(tiny_sessions):
+    session = tiny_sessions("mistral")
     _, cache = method_logits(session, build_method("intq", INTQ4))
     with pytest.raises(ValueError, match="can take back only 0 of the 2 newest tokens"):
         session.trim(cache, 2)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from kvbench.models.hf_cache import with_cache
 from kvbench.models.loading import LoadedModel
+from kvbench.models.own_cache import plain_cache
 
 ROWS_PER_CHUNK = 256  # attention rows turned into entropies at a time: bounded float64 temporaries
 
@@ -40,7 +40,7 @@ def _post_rope_queries(attention, hidden_states, position_embeddings) -> torch.T
 
 @torch.no_grad()  # not inference_mode: callers may modify the returned tensors in place
 def capture_qkv(loaded: LoadedModel, token_ids: list[int], layers: list[int]) -> dict[int, Captured]:
-    """One prefill of `token_ids` through a plain DynamicCache; keys and values are what the cache
+    """One prefill of `token_ids` through the model's plain cache (own_cache.plain_cache); keys and values are what the cache
     holds, queries are recomputed from each attention layer's inputs by a forward pre-hook."""
     bad = [i for i in layers if not 0 <= i < loaded.num_layers]
     if bad:
@@ -59,7 +59,7 @@ def capture_qkv(loaded: LoadedModel, token_ids: list[int], layers: list[int]) ->
 
         hooks.append(attention.register_forward_pre_hook(keep_queries, with_kwargs=True))
     device = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
+    cache = plain_cache(model)
     try:
         model(torch.tensor([token_ids], device=device), **with_cache(model, cache),
               use_cache=True, logits_to_keep=1)

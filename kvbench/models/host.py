@@ -218,6 +218,7 @@ class CacheHost:
                  windows: dict[int, int] | None = None):
         library, windows = library_layers or {}, windows or {}
         self.readers = readers or {}  # {layer: the layer whose cache it reads}
+        self.windows = windows  # {layer: its sliding window} of the windows a policy holds
 
         def policy(i: int) -> LayerCachePolicy:
             return (method.new_window_cache(i, windows[i]) if i in windows
@@ -281,6 +282,14 @@ class CacheHost:
     def measured_bytes(self) -> int:
         """Bytes of the arrays the policies and the library's layers actually hold right now."""
         return sum(policy.measured_bytes() for policy in self.policies) + self.library_bytes()
+
+    def plain_tokens(self) -> int:
+        """Tokens the plain cache would hold in the policies' layers, summed: every token seen,
+        but in a sliding-window layer the window's last W - 1 (what transformers' window layer
+        keeps between steps)."""
+        return sum(min(host.seen_tokens, self.windows[host.layer_idx] - 1)
+                   if host.layer_idx in self.windows else host.seen_tokens
+                   for host in self.hosts)
 
     def retained_tokens(self) -> list[int]:
         return [policy.retained_tokens for policy in self.policies]

@@ -40,8 +40,20 @@ class MiniMaxStates:
         return held if isinstance(held, torch.Tensor) else None
 
 
-# the models' own cache classes kvbench stands in for, with what each keeps beside its layers
-HOSTED = {"MiniMaxCache": MiniMaxStates}
+class CountedMiniMax:
+    """MiniMaxCache as the plain reference: its own count of tokens seen is its first layer's,
+    a linear layer's, whose layer object counts nothing (so its own decode restarts positions
+    at 0; transformers 5.25); here the most any layer has seen."""
+
+    layers: list
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max((layer.get_seq_length() for layer in self.layers), default=0)
+
+
+# the models' own cache classes kvbench stands in for: (what each keeps beside its layers,
+# under kvbench's cache; what its plain reference needs of it)
+HOSTED = {"MiniMaxCache": (MiniMaxStates, CountedMiniMax)}
 
 
 def own_cache_refusal(model_type: str) -> str | None:
@@ -69,7 +81,7 @@ def unhosted_because(model_class: type) -> str | None:
 
 @functools.cache
 def _hosting_class(own: type) -> type:
-    class OwnCacheHost(HOSTED[own.__name__], KVBenchCache, own):
+    class OwnCacheHost(HOSTED[own.__name__][0], KVBenchCache, own):
         """KVBenchCache that is also the model's own cache class: what that class keeps beside
         the layers (the attributes its constructor sets), the model keeps here as in its own."""
 
@@ -104,6 +116,15 @@ def kvbench_cache(model: Any, *args, **kwargs) -> KVBenchCache:
 
 def plain_cache(model: Any) -> Cache:
     """The cache the model builds for itself without kvbench: transformers' generic one from its
-    config, or the model's own class."""
+    config, or the model's own class (counting the tokens it has seen, CountedMiniMax)."""
     own = own_cache_class(type(model))
-    return DynamicCache(config=model.config) if own is None else own()
+    if own is None:
+        return DynamicCache(config=model.config)
+    if own.__name__ not in HOSTED:
+        raise ValueError(unhosted_because(type(model)))
+    return _counted_class(own)()
+
+
+@functools.cache
+def _counted_class(own: type) -> type:
+    return type(own.__name__, (HOSTED[own.__name__][1], own), {})

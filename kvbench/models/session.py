@@ -282,8 +282,9 @@ def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
     """(K and V of every token the cache's compressed layers have seen at 16 bits, the same at
     the model's dtype, each plus what the library's own layers hold, at 16 bits and as held):
     what the ratios against 16-bit and against the plain cache stand on. Counted from the tokens
-    seen, so a method that evicts is credited with what it dropped."""
-    seen = sum(policy.seen_tokens for policy in cache.policies)
+    seen, so a method that evicts is credited with what it dropped; in a sliding-window layer a
+    quantizer holds, from the window the plain cache would hold (CacheHost.plain_tokens)."""
+    seen = cache.plain_tokens()
     library = cache.library_bytes()
     return (kv_bytes_per_layer_token(session, 2) * seen + library * 2 // session.kv_element_size,
             kv_bytes_per_layer_token(session, session.kv_element_size) * seen + library)

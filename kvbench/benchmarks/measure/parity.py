@@ -59,6 +59,7 @@ class ParityRun(Parity):
                     float((cached - own).abs().max())),
                 "own_decode_max_logit_diff": m["own_decode_max_logit_diff"].of(
                     float((cached - own_decode).abs().max())),
+                "layers_compressed": m["layers_compressed"].of(len(cache.hosts)),
                 "mean_kl": m["mean_kl"].of(float(kl.mean())),
                 "max_kl": m["max_kl"].of(float(kl.max())),
                 "greedy_agreement": m["greedy_agreement"].of(sum(agree) / len(agree)),

@@ -49,6 +49,9 @@ class Parity(TextModelBenchmark):
             "logit", "lower", "max |logit_cached - logit_own_decode|: the same tokens fed one"
             " at a time through the model's own attention and its own cache, all steps (the"
             " reference where a model's full forward and its decode differ, as Zamba 2's)"),
+        "layers_compressed": MetricSpec(
+            "layers", "none", "layers whose keys and values the method's policies hold (the"
+            " others are the library's: a sliding window with layers: full, a Mamba state)"),
         "mean_kl": MetricSpec("nats", "lower", "mean over steps of KL(full || cached)"),
         "max_kl": MetricSpec("nats", "lower", "largest KL(full || cached) of any step"),
         "greedy_agreement": MetricSpec(

@@ -37,17 +37,18 @@ def layers_param() -> Any:
 
 class WindowLayers:
     """Mixin for a quantizer's settings with the field `layers`: whether its caches hold
-    sliding-window layers (kvbench.models.layer_kinds.hosted)."""
+    sliding-window layers (kvbench.models.layer_kinds.hosted). A plug-in's settings without
+    the field hold full-attention layers only, as before the field existed."""
 
     layers: Literal["all", "full"] | None
 
     def holds_windows(self) -> bool:
         """Its caches hold sliding-window layers (kvbench.methods.core.window_cache)."""
-        return self.layers != "full"
+        return getattr(self, "layers", "full") != "full"
 
     def asks_every_layer(self) -> bool:
         """It was asked to hold every attention layer: a window it cannot hold is refused."""
-        return self.layers == "all"
+        return getattr(self, "layers", None) == "all"
 
 
 class CodecPolicy(WindowLayers):
