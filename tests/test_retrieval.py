@@ -46,7 +46,8 @@ class _ScriptedSession:
             eos_token_id=EOS, decode=lambda ids, skip_special_tokens: ",".join(map(str, ids)))
 
     def new_cache(self, method, decoded_reads=False):
-        self.cache = SimpleNamespace(policies=[SimpleNamespace(seen_tokens=0)],
+        policy = SimpleNamespace(seen_tokens=0)
+        self.cache = SimpleNamespace(policies=[policy], plain_tokens=lambda: policy.seen_tokens,
                                      accounted_bytes=lambda: 8, library_bytes=lambda: 0,
                                      decoded_reads=False)
         return self.cache

@@ -309,3 +309,27 @@ def test_without_torch_validate_refuses_a_method_parameter_out_of_its_range(tmp_
     assert not set(HIDDEN) & set(imported)
     with_torch = invoke("validate", suite)  # the same refusal, word for word
     assert (with_torch.exit_code, with_torch.stderr) == (2, done.stderr)
+
+
+_KINDS = HIDE + textwrap.dedent("""
+    from kvbench.models.info import describe_model
+    from kvbench.models.tiny_configs import TINY_KINDS
+
+    print(json.dumps({kind: [k.describe() for k in describe_model(f"tiny:{kind}").layer_kinds]
+                      for kind in TINY_KINDS}))
+""")
+
+
+def test_without_transformers_every_familys_layers_read_as_transformers_reads_them():
+    """From the config's own keys (layer_types, Jamba's period, Zamba 2's block types,
+    Nemotron-H's pattern, Llama 4's chunks, the model types whose layers follow from the type):
+    what transformers' config classes say, so validation refuses the same cases."""
+    from kvbench.models.info import describe_model
+    from kvbench.models.tiny_configs import TINY_KINDS
+
+    done = subprocess.run([sys.executable, "-c", _KINDS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        kind: [k.describe() for k in describe_model(f"tiny:{kind}").layer_kinds]
+        for kind in TINY_KINDS}

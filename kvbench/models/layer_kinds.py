@@ -102,16 +102,12 @@ def config_layer_kinds(config: dict[str, Any]) -> list[LayerKind]:
     """Every layer's kind from a config.json's mapping (read with special_floats): transformers'
     own config class reads it where transformers is installed and knows the model's type (it
     knows each family's defaults: Jamba's period, Falcon-H1's hybrid layers), else the
-    mapping's own layer_types and sliding_window. UnreadableConfig where that class raises."""
+    mapping's own keys as that class reads them (_mapping_layer_types). UnreadableConfig where
+    that class raises."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     types, windows, attention_types = _library_layer_types(config)
     if types is None:
-        count = text.get("num_hidden_layers")
-        window = text.get("sliding_window")
-        types = text.get("layer_types") or (
-            ["sliding_attention" if window else "full_attention"] * count
-            if type(count) is int else [])
-        windows = [window if _MIXERS.get(t) == SLIDING else None for t in types]
+        types, windows = _mapping_layer_types(text)
     attention = {"softcap": text.get("attn_logit_softcapping") or None}
     if type(text.get("kv_lora_rank")) is int:  # MLA
         attention.update(key_dim=text["kv_lora_rank"], value_dim=text.get("qk_rope_head_dim"))
@@ -129,6 +125,40 @@ def config_layer_kinds(config: dict[str, Any]) -> list[LayerKind]:
                                      shared if type(shared) is int else 0).items():
         kinds[reader] = LayerKind("dummy", NONE, reads=owner)
     return kinds
+
+
+# model types whose layers transformers derives from the type itself, not from layer_types
+_TYPE_LAYERS = {"mamba": "mamba", "mamba2": "mamba", "falcon_mamba": "mamba",
+                "deepseek_v32": "indexed_attention", "falcon_h1": "hybrid"}
+# Nemotron-H's hybrid_override_pattern, a character a layer
+_PATTERN = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def _mapping_layer_types(text: dict[str, Any]) -> tuple[list[str], list]:
+    """(layer types, windows) from a config's own mapping, without transformers: its
+    layer_types, else what transformers derives (the model type's, Llama 4's chunks where
+    no_rope_layers keeps RoPE, a sliding window on every layer)."""
+    count, window = text.get("num_hidden_layers"), text.get("sliding_window")
+    chunk = text.get("attention_chunk_size")
+    period = text.get("attn_layer_period")
+    if text.get("layer_types") or type(count) is not int:
+        types = list(text.get("layer_types") or [])
+    elif text.get("layers_block_type"):  # Zamba 2 (mamba, hybrid)
+        types = list(text["layers_block_type"])
+    elif isinstance(text.get("hybrid_override_pattern"), str):
+        types = [_PATTERN.get(c, c) for c in text["hybrid_override_pattern"]]
+    elif type(period) is int:  # Jamba: attention every period layers, from the offset
+        types = ["attention" if i % period == text.get("attn_layer_offset", 0) else "mamba"
+                 for i in range(count)]
+    elif text.get("model_type") in _TYPE_LAYERS:
+        types = [_TYPE_LAYERS[text["model_type"]]] * count
+    elif type(chunk) is int:  # Llama 4: every fourth layer full, without RoPE, by default
+        rope = text.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(count)]
+        types = ["chunked_attention" if keeps else "full_attention" for keeps in rope]
+    else:
+        types = ["sliding_attention" if window else "full_attention"] * count
+    return types, [chunk if t == "chunked_attention" else window if _MIXERS.get(t) == SLIDING
+                   else None for t in types]
 
 
 def _kv_readers(attention_types: list[str], shared: int) -> dict[int, int]:
