@@ -63,6 +63,11 @@ def test_gemma3n_counts_each_shared_cache_once(tiny_sessions):
     session = tiny_sessions("gemma3n")
     _, (cache, _) = decode(session, build_method("intq", {"bits": 4, "layers": "full"}))
     assert [host.layer_idx for host in cache.hosts] == [1]  # the readers hold nothing
+    # the owner keeps its step's read for its reader; a layer nobody reads keeps none (it would
+    # hold the step's decoded keys and values)
+    assert cache.hosts[0].last_read is not None
+    _, (plain_model_cache, _) = decode(tiny_sessions("gemma3"), build_method("intq", {"bits": 4}))
+    assert all(host.last_read is None for host in plain_model_cache.hosts)
     assert cache.accounted_bytes() == cache.hosts[0].policy.retained_bytes + tensor_bytes(
         [cache.layers[0].keys, cache.layers[0].values])
 

@@ -90,7 +90,10 @@ class LayerHost:
         self.layer_idx = layer_idx
         self.started = False  # a policy need not answer before its first append
         self.pending: AttentionRead | None = None
-        self.last_read: AttentionRead | None = None  # the step's, for the layers reading it
+        # the step's read, kept for the layers that read this one's cache (only where there
+        # are: it holds the step's decoded keys and values until the next step)
+        self.read_by_others = False
+        self.last_read: AttentionRead | None = None
 
     def append(self, keys: Any, values: Any, mask_kv_length: int | None = None,
                fused: bool = False) -> AttentionRead:
@@ -158,7 +161,8 @@ class LayerHost:
 
     def hold(self, read: AttentionRead) -> AttentionRead:
         """Keep `read` for this layer's attention, unless plain attention serves it."""
-        self.last_read = read
+        if self.read_by_others:
+            self.last_read = read
         if not read.plain:
             self.pending = read
         return read
@@ -231,6 +235,7 @@ class CacheHost:
         self.library_layers = [layer for layer in self.layers if not isinstance(layer, LayerHost)]
         for host in self.hosts:
             host.exact_step = method.prefill_reads == "exact"
+            host.read_by_others = host.layer_idx in self.readers.values()
         self.decoded_reads = decoded_reads and any(
             [host.policy.keep_decoded() for host in self.hosts])
 
