@@ -74,7 +74,29 @@ def drop_front(codecs: tuple[Codec, ...], blocks: list[tuple[Packed, ...]], toke
     return kept, dropped
 
 
-class CodecWindow:
+class LayerWindow:
+    """What a windowed cache of either kind does after each read: drops its tokens older than
+    the newest `limit` (drop_oldest), counting them in `gone`; no decoded-once path (the
+    window's front moves at every step)."""
+
+    limit: int
+    gone: int
+    retained_tokens: int
+
+    def keep_decoded(self) -> bool:
+        return False
+
+    def after_read(self) -> None:
+        excess = self.retained_tokens - self.limit
+        if excess > 0:
+            self.drop_oldest(excess)
+            self.gone += excess
+
+    def drop_oldest(self, tokens: int) -> None:
+        raise NotImplementedError
+
+
+class CodecWindow(LayerWindow):
     """Mixin of a CodecCache (intq, lloydmax, turbo; codec_cache.WindowedCodecCache) of a
     sliding-window layer of `layer_window` tokens: its full-precision `window` capped at
     layer_window - 1, no sinks, tokens joined at every step (no room kept: a window's front
@@ -88,14 +110,8 @@ class CodecWindow:
         self.hidden = 0  # the first packed tokens, past the window, not read
         self.gone = 0  # tokens dropped
 
-    def keep_decoded(self) -> bool:
-        return False
-
-    def after_read(self) -> None:
-        excess = self.retained_tokens - self.limit
-        if excess <= 0:
-            return
-        cut = self.hidden + excess  # stored tokens to go, from the front
+    def drop_oldest(self, tokens: int) -> None:
+        cut = self.hidden + tokens  # stored tokens to go, from the front
         self._packed, dropped = drop_front((self.key_codec, self.value_codec), self._blocks(),
                                            cut, self.ops)
         self._packed_tokens -= dropped
@@ -104,7 +120,6 @@ class CodecWindow:
                 tail.take_front(cut - dropped)
             dropped = cut
         self.hidden = cut - dropped
-        self.gone += excess
 
     def _read_parts(self) -> tuple[list, list]:
         keys, values = super()._read_parts()
@@ -128,7 +143,7 @@ class CodecWindow:
         return self._packed_tokens + self._tails[0].tokens - self.hidden
 
 
-class KiviWindow:
+class KiviWindow(LayerWindow):
     """Mixin of KIVI's cache (kivi_cache.WindowedKiviCache) of a sliding-window layer of
     `layer_window` tokens: each side drops what left the window (KIVI's keys per channel in
     whole groups, the rest hidden); no decoded-once path."""
@@ -139,16 +154,9 @@ class KiviWindow:
         self.limit = layer_window - 1
         self.gone = 0
 
-    def keep_decoded(self) -> bool:
-        return False
-
-    def after_read(self) -> None:
-        excess = self.retained_tokens - self.limit
-        if excess <= 0:
-            return
+    def drop_oldest(self, tokens: int) -> None:
         for stream in (self.keys, self.values):
-            drop_stream_front(stream, stream.hidden + excess)
-        self.gone += excess
+            drop_stream_front(stream, stream.hidden + tokens)
 
     @property
     def seen_tokens(self) -> int:
