@@ -13,7 +13,7 @@ import torch
 from kvbench.backends.torch_arrays import tensor_bytes
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.eviction import H2O, SnapKV, StreamingLLM
-from kvbench.methods.torch.token_cache import ScorerCache, attention_weights
+from kvbench.methods.torch.token_cache import ScorerCache, attention_received
 
 
 @implements(StreamingLLM)
@@ -86,9 +86,9 @@ class SnapKVCache(ScorerCache):
         window's own votes are not pooled into its neighbours); the window is kept anyway."""
         window = self._window()
         queries = self.probe if self.probe is not None else self.observed_queries()
-        weights = attention_weights(queries, self.keys, self.scaling, causal=window > 0)
+        received = attention_received(queries, self.keys, self.scaling, causal=window > 0)
         held = self.keys.shape[-2]
-        votes = weights.sum(dim=(1, 2))[:, : held - window].unsqueeze(1)  # (H, 1, prefix)
+        votes = received[:, : held - window].unsqueeze(1)  # (H, 1, prefix)
         pool = (torch.nn.functional.avg_pool1d if self.method.pooling == "avg"
                 else torch.nn.functional.max_pool1d)
         k = self.method.kernel
@@ -112,8 +112,7 @@ class H2OCache(ScorerCache):
                             else torch.cat([self.accumulated, fresh], dim=-1))
 
     def observe(self, queries: torch.Tensor) -> None:
-        weights = attention_weights(queries, self.keys, self.scaling)
-        self.accumulated += weights.sum(dim=(1, 2))
+        self.accumulated += attention_received(queries, self.keys, self.scaling)
 
     def scores(self) -> torch.Tensor:
         return self.accumulated

@@ -251,6 +251,35 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     return logits.masked_fill_(hidden, -math.inf).softmax(-1)
 
 
+# a scorer's working set: the (H, groups, rows, T) float32 weights of one block of queries
+SCORE_BLOCK_BYTES = 256 * 2**20
+
+
+def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+                       causal: bool = True, block_bytes: int = SCORE_BLOCK_BYTES) -> torch.Tensor:
+    """The attention each key receives, summed over every query head of its group and every
+    query, (H, T) float32: attention_weights(...).sum((1, 2)), computed over blocks of queries
+    whose weights fit in `block_bytes`, so that a long prompt's scoring holds one block, not
+    queries x keys (2 TB a layer at 128k on an 8B model). Where all the queries fit in one
+    block (a 2k prompt of the bundled model), it is that sum itself, bit for bit; in blocks,
+    each query's softmax is the same and only the order of the sum over queries differs."""
+    _, kv_heads, total, dim = keys.shape
+    n = queries.shape[-2]
+    groups = queries.shape[1] // kv_heads
+    rows = max(1, block_bytes // (kv_heads * groups * total * 4))
+    if rows >= n:
+        return attention_weights(queries, keys, scaling, causal).sum(dim=(1, 2))
+    received = torch.zeros(kv_heads, total, dtype=torch.float32, device=keys.device)
+    for start in range(0, n, rows):
+        block = queries[:, :, start : start + rows]
+        # the block's queries see the keys up to their own position: the first total - n +
+        # start + rows of them, as the newest queries of that many tokens
+        seen = total - n + start + block.shape[-2] if causal else total
+        received[:, :seen] += attention_weights(block, keys[:, :, :seen], scaling,
+                                                causal).sum(dim=(1, 2))
+    return received
+
+
 class TorchTokenMethod(Implementation):
     """A token-reduction method on torch: one policy of `cache` per layer, built from the
     settings (and the layer index, for a cache that takes it)."""
