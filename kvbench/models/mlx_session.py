@@ -8,6 +8,7 @@ float32 reductions over a vocabulary row are ~1e-5 relative off on the CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import sys
 from typing import Any, Callable
@@ -74,34 +75,32 @@ class MLXSession(SessionBase):
         logits = self.loaded.model(mx.array([ids]))[0, -last:, :]
         return _to_torch(logits)
 
-    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
-        """full_logits with mlx-lm's own attention function in the model's modules (kvbench's
-        wrapper, kvbench.models.mlx_attention, taken out for the call)."""
+    @contextlib.contextmanager
+    def _own_attention(self):
+        """mlx-lm's own attention function in the model's modules for the block (kvbench's
+        wrapper, kvbench.models.mlx_attention, taken out), put back after."""
         modules = [sys.modules[name] for name in self.loaded.attention]
         installed = [getattr(module, ATTENTION_ATTR) for module in modules]
         try:
             for module in modules:
                 setattr(module, ATTENTION_ATTR, original_attention(module))
-            return self.full_logits(ids, last)
+            yield
         finally:
             for module, attend in zip(modules, installed):
                 setattr(module, ATTENTION_ATTR, attend)
+
+    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        with self._own_attention():
+            return self.full_logits(ids, last)
 
     def own_decode_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
         """Through mlx-lm's own attention and its own caches (make_prompt_cache)."""
         from mlx_lm.models.cache import make_prompt_cache
 
-        modules = [sys.modules[name] for name in self.loaded.attention]
-        installed = [getattr(module, ATTENTION_ATTR) for module in modules]
         cache = make_prompt_cache(self.loaded.model)
-        try:
-            for module in modules:
-                setattr(module, ATTENTION_ATTR, original_attention(module))
+        with self._own_attention():
             rows = [self.step(prompt, cache, last_only=True)[0]]
             rows += [self.step([token], cache, last_only=True)[0] for token in tokens]
-        finally:
-            for module, attend in zip(modules, installed):
-                setattr(module, ATTENTION_ATTR, attend)
         return torch.cat(rows)
 
     def trim(self, cache, n: int) -> None:

@@ -5,6 +5,7 @@ computed the same way whatever ran the model.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any, Callable, Protocol
 
@@ -191,33 +192,34 @@ class TorchSession(SessionBase):
         return self.loaded.model(x, use_cache=False, logits_to_keep=last).logits[0].float().cpu()
 
     @torch.inference_mode()
-    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
+    @contextlib.contextmanager
+    def _own_attention(self):
+        """The model on transformers' eager attention for the block, back on its own after."""
         model = self.loaded.model
         previous = model.config._attn_implementation
         try:
             model.set_attn_implementation("eager")
-            return self.full_logits(ids, last)
+            yield model
         finally:
             model.set_attn_implementation(previous)
+
+    def own_attention_logits(self, ids: list[int], last: int) -> torch.Tensor:
+        with self._own_attention():
+            return self.full_logits(ids, last)
 
     @torch.inference_mode()
     def own_decode_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
         from kvbench.models.hf_cache import with_cache
         from kvbench.models.own_cache import plain_cache
 
-        model = self.loaded.model
-        previous = model.config._attn_implementation
-        cache = plain_cache(model)
-        try:
-            model.set_attn_implementation("eager")
+        with self._own_attention() as model:
+            cache = plain_cache(model)
             rows = [model(torch.tensor([prompt], device=self.device), **with_cache(model, cache),
                           use_cache=True, logits_to_keep=1).logits[0, -1]]
             for position, token in enumerate(tokens, start=len(prompt)):
                 rows.append(model(torch.tensor([[token]], device=self.device),
                                   position_ids=torch.tensor([[position]], device=self.device),
                                   **with_cache(model, cache), use_cache=True).logits[0, -1])
-        finally:
-            model.set_attn_implementation(previous)
         return torch.stack(rows).float().cpu()
 
     def trim(self, cache, n: int) -> None:
