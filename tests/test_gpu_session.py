@@ -114,8 +114,9 @@ def test_a_step_over_its_share_keeps_its_finished_cases_and_the_next_step_runs(t
 
     # case 2 blocks until the first step's share ends (its share less GRACE_S); the second
     # step then gets what is left. The shares leave room for a loaded machine: each step
-    # starts an interpreter; GRACE_S lets a stopped run write results.json before it is killed
-    done = session(tmp_path, BUDGET_S="120", END_S="2", GRACE_S="15", MIN_S="5", DEVICE="cpu",
+    # starts an interpreter; GRACE_S lets a stopped run write results.json before it is killed,
+    # generous because CI's other tests load the same two cores (15 s once was not enough)
+    done = session(tmp_path, BUDGET_S="200", END_S="2", GRACE_S="40", MIN_S="5", DEVICE="cpu",
                    PLAN=f"first suite {first} 1 {seed / 'results.jsonl'}\n"
                         f"second suite {second} 2 -", **{BLOCK_AT: "2"})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -127,6 +128,8 @@ def test_a_step_over_its_share_keeps_its_finished_cases_and_the_next_step_runs(t
     assert [line["case"]["id"] for line in lines[1:]] == [
         f"tests.plugins.kvb_testplugin:Step/Nop/i={i}" for i in (0, 1)]
     assert lines[:2] == jsonl_lines(seed / "results.jsonl")  # the seed's lines as they were
+    assert (out / "first" / "results.json").exists(), (
+        done.stdout + (out / "first" / "run.log").read_text())
     stopped = json.loads((out / "first" / "results.json").read_text())
     assert stopped["interrupted"] is True and len(stopped["cases"]) == 2  # as Ctrl-C stops it
     assert "**interrupted**" in (out / "first" / "report.md").read_text()
