@@ -2,7 +2,8 @@
 cache layer.
 
 Which tokens to keep, and AM's beta and value fits, are one-off decisions on float32/float64
-math, done by the torch reference; the arrays cross over at each call (numpy copies). The model,
+math, done by the torch reference (its scores and fits over blocks of queries, as on the CPU:
+token_cache.score_block_bytes); the arrays cross over at each call (numpy copies). The model,
 its attention and the bias added to its logits run in MLX. On Linux this is for correctness and
 parity; an Apple Silicon port that keeps the arrays in MLX would be measured against it.
 """

@@ -26,12 +26,24 @@ selected indices (H, t). Scores are taken in float32 and the fits in float64; re
 drops out of the value fit. Without it (the spec) every query sees every key: right for queries
 from after the context (a task prompt, a repeat of the context), while the context's own queries
 then meet keys at negative RoPE distances they never saw in the model.
+
+Blocks of queries: scores and fits take the reference queries in blocks whose (H, rows, T)
+logits fit in `block_bytes` (default: token_cache.score_block_bytes of the keys' device), so a
+long prompt's step holds one block, not queries x keys (n = groups x prompt for `am`). Where all
+the queries fit in one block, each is today's unblocked computation, bit for bit. In blocks the
+scores sum over queries in another order; the least-squares fits take the R factor of their
+stacked rows block by block (QR of the previous R stacked on the next rows: the same R up to row
+signs, hence the same minimum-norm solution), and their Gram matrices from it. What cannot be
+blocked is the fit's own t x t system (t kept keys per head): it holds a few (H, t + 1, t + 1)
+float64 matrices, as before.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+from kvbench.methods.torch.token_cache import query_block_rows
 
 BETA_BOUND = 3.0  # B = exp(beta) is kept in [e^-3, e^3]
 _POWER_ITERS = 30
@@ -75,6 +87,31 @@ def _lstsq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.pinv(a) @ b
 
 
+def _r_factor(pieces, width: int) -> torch.Tensor:
+    """R (H, min(n, width), width) of the n rows (H, rows, width) that `pieces` yields, stacked:
+    each panel of at least `width` rows is folded in by a QR of the R so far stacked on it
+    (the R of the stack is the R of all the rows, up to the signs of its rows), so what is held
+    is R and one panel, never the n rows."""
+    r, panel, count = None, [], 0
+    for piece in pieces:
+        panel.append(piece)
+        count += piece.shape[-2]
+        if count >= width:
+            r, panel, count = _fold(r, panel), [], 0
+    return _fold(r, panel) if panel else r
+
+
+def _fold(r: torch.Tensor | None, panel: list[torch.Tensor]) -> torch.Tensor:
+    return torch.linalg.qr(torch.cat(([] if r is None else [r]) + panel, dim=-2), mode="r")[1]
+
+
+def _row_blocks(n: int, rows: int, queries: torch.Tensor, positions: torch.Tensor | None):
+    """(queries, positions) of each block of `rows` reference queries, in order."""
+    for start in range(0, n, rows):
+        yield (queries[:, start : start + rows],
+               None if positions is None else positions[start : start + rows])
+
+
 def _logits(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
             positions: torch.Tensor | None, key_positions: torch.Tensor | None = None
             ) -> torch.Tensor:
@@ -90,19 +127,37 @@ def _logits(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
 
 
 def key_scores(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
-               how: str = "rms", positions: torch.Tensor | None = None) -> torch.Tensor:
+               how: str = "rms", positions: torch.Tensor | None = None,
+               block_bytes: int | None = None) -> torch.Tensor:
     """Per-key attention score (H, T), float32: the attention A = softmax(scaling * Q K^T) that the
     n reference queries give each key, reduced over queries by `how`: 'rms' sqrt(mean A^2),
-    'max' or 'mean'."""
+    'max' or 'mean'. In blocks of queries (module docstring): 'max' is exact, 'rms' and 'mean'
+    sum over queries in another order (float32 rounding)."""
     if how not in _HOWS:
         raise ValueError(f"unknown score reduction {how!r}; expected one of {_HOWS}")
     _check_heads(queries, keys)
-    attn = torch.softmax(_logits(queries.float(), keys.float(), scaling, positions), dim=-1)
-    if how == "rms":
-        return attn.square().mean(dim=-2).sqrt()
+    heads, n = queries.shape[:2]
+    total = keys.shape[-2]
+    rows = query_block_rows(n, heads * total * 4, keys.device, block_bytes)
+    q, k = queries.float(), keys.float()
+    if rows >= n:
+        attn = torch.softmax(_logits(q, k, scaling, positions), dim=-1)
+        if how == "rms":
+            return attn.square().mean(dim=-2).sqrt()
+        if how == "max":
+            return attn.amax(dim=-2)
+        return attn.mean(dim=-2)
+    reduced = torch.zeros(heads, total, dtype=torch.float32, device=keys.device)
+    for block, where in _row_blocks(n, rows, q, positions):
+        attn = torch.softmax(_logits(block, k, scaling, where), dim=-1)
+        if how == "max":
+            torch.maximum(reduced, attn.amax(dim=-2), out=reduced)
+        else:
+            reduced += (attn.square_() if how == "rms" else attn).sum(dim=-2)
     if how == "max":
-        return attn.amax(dim=-2)
-    return attn.mean(dim=-2)
+        return reduced
+    reduced /= n
+    return reduced.sqrt_() if how == "rms" else reduced
 
 
 def mad_mask(scores: torch.Tensor, tau: float) -> torch.Tensor:
@@ -139,8 +194,8 @@ def _residual(m_sel: torch.Tensor, b: torch.Tensor, mass: torch.Tensor) -> torch
 
 
 def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, scaling: float,
-             steps: int = 20, seed: int = 0,
-             positions: torch.Tensor | None = None) -> torch.Tensor:
+             steps: int = 20, seed: int = 0, positions: torch.Tensor | None = None,
+             block_bytes: int | None = None) -> torch.Tensor:
     """Log-biases beta (H, t), float32, for the kept keys `selected` (H, t): beta = log B with
     B in [e^-3, e^3] minimising ||E[:, S] B - rowsum(E)||^2 (see the module docstring).
 
@@ -149,20 +204,42 @@ def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, 
     takes `steps` projected-gradient steps of size 1/L; a head whose steps did not lower the
     residual keeps its start. So the residual never exceeds that of beta = 0. L comes from a power
     iteration on E[:, S]^T E[:, S] started from a vector drawn from torch.Generator seeded with
-    `seed`, so the result is deterministic given the seed."""
+    `seed`, so the result is deterministic given the seed.
+
+    In blocks of queries, [E[:, S] | rowsum(E)] is held as its R factor [[R, c], [0, rho]]
+    (module docstring): the least squares is solved on (R, c), the gradient's Gram matrix and
+    right-hand side are R^T R and R^T c, and a residual ||E[:, S] B - m|| is ||R B - c, rho||,
+    the same in exact arithmetic."""
     _check_heads(queries, keys)
     _check_selected(selected, keys)
-    m_sel, mass = _mass_system(queries, keys, selected, scaling, positions)
     lo, hi = math.exp(-BETA_BOUND), math.exp(BETA_BOUND)
-    H, _, t = m_sel.shape
+    (H, n, _), (T, t) = queries.shape, (keys.shape[-2], selected.shape[-1])
+    rows = query_block_rows(n, H * T * 8, keys.device, block_bytes)
+    if rows >= n:
+        m_sel, mass = _mass_system(queries, keys, selected, scaling, positions)
+        b_ls = _lstsq(m_sel, mass[..., None]).squeeze(-1)
+        gram = m_sel.transpose(-1, -2) @ m_sel  # (H, t, t): gradient is gram @ B - rhs
+        rhs = (m_sel.transpose(-1, -2) @ mass[..., None]).squeeze(-1)
 
-    b_ls = _lstsq(m_sel, mass[..., None]).squeeze(-1).clamp(lo, hi)
+        def residual(b: torch.Tensor) -> torch.Tensor:
+            return _residual(m_sel, b, mass)
+    else:
+        r = _r_factor((torch.cat([m_sel, mass[..., None]], dim=-1) for m_sel, mass in (
+            _mass_system(block, keys, selected, scaling, where)
+            for block, where in _row_blocks(n, rows, queries, positions))), t + 1)
+        r_sel, c = r[:, :t, :t], r[:, :t, t]
+        b_ls = _lstsq(r_sel, c[..., None]).squeeze(-1)
+        gram = r_sel.transpose(-1, -2) @ r_sel
+        rhs = (r_sel.transpose(-1, -2) @ c[..., None]).squeeze(-1)
+
+        def residual(b: torch.Tensor) -> torch.Tensor:
+            return _residual(r[..., :t], b, r[..., t])
+
+    b_ls = b_ls.clamp(lo, hi)
     ones = torch.ones_like(b_ls)
-    use_ls = _residual(m_sel, b_ls, mass) < _residual(m_sel, ones, mass)
+    use_ls = residual(b_ls) < residual(ones)
     start = torch.where(use_ls[:, None], b_ls, ones)
 
-    gram = m_sel.transpose(-1, -2) @ m_sel  # (H, t, t): gradient is gram @ B - rhs
-    rhs = (m_sel.transpose(-1, -2) @ mass[..., None]).squeeze(-1)
     gen = torch.Generator().manual_seed(seed)
     # M >= 0, so gram's top eigenvector is nonnegative: a positive start cannot be orthogonal to it.
     v = torch.rand(H, t, generator=gen, dtype=torch.float64, device="cpu").add_(0.5).to(gram.device)
@@ -176,19 +253,21 @@ def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, 
     for _ in range(steps):
         grad = (gram @ b[..., None]).squeeze(-1) - rhs
         b = (b - step[:, None] * grad).clamp(lo, hi)
-    better = _residual(m_sel, b, mass) <= _residual(m_sel, start, mass)
+    better = residual(b) <= residual(start)
     b = torch.where(better[:, None], b, start)
     return torch.log(b).float()
 
 
 def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                selected: torch.Tensor, beta: torch.Tensor, scaling: float,
-               ridge: float = 0.0, positions: torch.Tensor | None = None) -> torch.Tensor:
+               ridge: float = 0.0, positions: torch.Tensor | None = None,
+               block_bytes: int | None = None) -> torch.Tensor:
     """Compacted values C_v (H, t, d), float32, so that softmax(scaling Q C_k^T + beta) C_v matches
     the original output softmax(scaling Q K^T) V on the reference queries, C_k = keys[selected].
 
     ridge = 0: minimum-norm least squares (the original AM). ridge > 0: (X^T X + ridge I)^-1 X^T Y,
-    which shrinks C_v where X is ill conditioned."""
+    which shrinks C_v where X is ill conditioned. In blocks of queries, X^T X and X^T Y are
+    summed block by block, and the least squares is solved on the R factor of [X | Y]."""
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0; got {ridge}")
     _check_heads(queries, keys)
@@ -198,17 +277,32 @@ def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if beta.shape != selected.shape:
         raise ValueError(f"beta {tuple(beta.shape)} must match selected {tuple(selected.shape)}")
     q, k, v = queries.double(), keys.double(), values.double()
-    y = torch.softmax(_logits(q, k, scaling, positions), dim=-1) @ v  # (H, n, dv)
     c_k = _gather_rows(k, selected)
-    x_logits = _logits(q, c_k, scaling, positions, key_positions=selected)
-    x = torch.softmax(x_logits + beta.double().to(q.device)[:, None, :], dim=-1)  # (H, n, t)
-    if positions is not None:  # a query that sees no kept key tells nothing: zero rows drop out
-        blind = torch.isinf(x_logits).all(dim=-1, keepdim=True)
-        x, y = x.masked_fill(blind, 0.0), y.masked_fill(blind, 0.0)
+    bias = beta.double().to(q.device)[:, None, :]
+
+    def fit_rows(block: torch.Tensor, where: torch.Tensor | None):
+        """X (H, rows, t) and Y (H, rows, dv) of a block of queries."""
+        y = torch.softmax(_logits(block, k, scaling, where), dim=-1) @ v
+        x_logits = _logits(block, c_k, scaling, where, key_positions=selected)
+        x = torch.softmax(x_logits + bias, dim=-1)
+        if where is not None:  # a query that sees no kept key tells nothing: zero rows drop out
+            blind = torch.isinf(x_logits).all(dim=-1, keepdim=True)
+            x, y = x.masked_fill(blind, 0.0), y.masked_fill(blind, 0.0)
+        return x, y
+
+    (H, n, _), t = q.shape, selected.shape[-1]
+    rows = query_block_rows(n, H * k.shape[-2] * 8, keys.device, block_bytes)
+    blocks = (fit_rows(block, where) for block, where in _row_blocks(n, rows, q, positions))
     if ridge == 0:
-        return _lstsq(x, y).float()
-    gram = x.transpose(-1, -2) @ x
+        if rows >= n:
+            return _lstsq(*next(blocks)).float()
+        r = _r_factor((torch.cat(xy, dim=-1) for xy in blocks), t + v.shape[-1])
+        return _lstsq(r[:, :t, :t], r[:, :t, t:]).float()
+    gram = xty = None
+    for x, y in blocks:
+        xx, xy = x.transpose(-1, -2) @ x, x.transpose(-1, -2) @ y
+        gram, xty = (xx, xy) if gram is None else (gram + xx, xty + xy)
     gram = gram + ridge * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
     # positive definite: Cholesky. (torch 2.13's batched linalg.solve on CPU fails with two or
     # more threads once the matrices reach ~256 rows: "Pivots given to lu_solve ...", MKL)
-    return torch.cholesky_solve(x.transpose(-1, -2) @ y, torch.linalg.cholesky(gram)).float()
+    return torch.cholesky_solve(xty, torch.linalg.cholesky(gram)).float()

@@ -251,22 +251,49 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     return logits.masked_fill_(hidden, -math.inf).softmax(-1)
 
 
-# a scorer's working set: the (H, groups, rows, T) float32 weights of one block of queries
+# a scorer's working set: one (H, rows, T) array of one block of queries' weights (or logits);
+# a step holds a few such arrays at once
 SCORE_BLOCK_BYTES = 256 * 2**20
+SCORE_BLOCK_MAX = 4 * 2**30
+SCORE_FREE_FRACTION = 8  # a block takes at most 1/8 of the GPU's free memory: room for the rest
+
+
+def score_block_bytes(device: torch.device | str) -> int:
+    """Bytes of one block of a scorer's queries on `device`: on CUDA an eighth of the free
+    memory (torch.cuda.mem_get_info), within SCORE_BLOCK_BYTES .. SCORE_BLOCK_MAX; elsewhere
+    (CPU, MPS, MLX's CPU copies) SCORE_BLOCK_BYTES."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return SCORE_BLOCK_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(max(free // SCORE_FREE_FRACTION, SCORE_BLOCK_BYTES), SCORE_BLOCK_MAX)
+
+
+def query_block_rows(n: int, row_bytes: int, device: torch.device | str,
+                     block_bytes: int | None = None) -> int:
+    """Queries per block (n where all fit in one) when each query's row of the working set
+    takes `row_bytes`: `block_bytes` or, by default, score_block_bytes(device); the device is
+    asked only when the n rows exceed SCORE_BLOCK_BYTES (a decode step's query never does)."""
+    if block_bytes is None:
+        if n * row_bytes <= SCORE_BLOCK_BYTES:
+            return n
+        block_bytes = score_block_bytes(device)
+    return min(n, max(1, block_bytes // row_bytes))
 
 
 def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
-                       causal: bool = True, block_bytes: int = SCORE_BLOCK_BYTES) -> torch.Tensor:
+                       causal: bool = True, block_bytes: int | None = None) -> torch.Tensor:
     """The attention each key receives, summed over every query head of its group and every
     query, (H, T) float32: attention_weights(...).sum((1, 2)), computed over blocks of queries
-    whose weights fit in `block_bytes`, so that a long prompt's scoring holds one block, not
-    queries x keys (2 TB a layer at 128k on an 8B model). Where all the queries fit in one
-    block (a 2k prompt of the bundled model), it is that sum itself, bit for bit; in blocks,
-    each query's softmax is the same and only the order of the sum over queries differs."""
+    whose weights fit in `block_bytes` (default: score_block_bytes of the keys' device), so
+    that a long prompt's scoring holds one block, not queries x keys (2 TB a layer at 128k on
+    an 8B model). Where all the queries fit in one block (a 2k prompt of the bundled model),
+    it is that sum itself, bit for bit; in blocks, each query's softmax is the same and only
+    the order of the sum over queries differs."""
     _, kv_heads, total, dim = keys.shape
     n = queries.shape[-2]
     groups = queries.shape[1] // kv_heads
-    rows = max(1, block_bytes // (kv_heads * groups * total * 4))
+    rows = query_block_rows(n, kv_heads * groups * total * 4, keys.device, block_bytes)
     if rows >= n:
         return attention_weights(queries, keys, scaling, causal).sum(dim=(1, 2))
     received = torch.zeros(kv_heads, total, dtype=torch.float32, device=keys.device)
