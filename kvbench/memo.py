@@ -17,6 +17,9 @@ T = TypeVar("T")
 class Memo:
     def __init__(self) -> None:
         self._values: dict[tuple[Hashable, ...], Any] = {}
+        # the cases this process runs after the current one, in order (set by the runner): what
+        # a value is worth keeping for (a shared prefill stores only prompts a later case reads)
+        self.later: tuple[Any, ...] = ()
 
     def get(self, key: tuple[Hashable, ...], make: Callable[[], T]) -> T:
         """The value stored under `key`, made by make() the first time it is asked for."""

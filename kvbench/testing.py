@@ -37,7 +37,8 @@ import torch
 
 from kvbench.backends import array_backend
 from kvbench.methods import MethodSettings, implementation
-from kvbench.methods.core.contracts import Implementation, WrappedPolicy
+from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.core.wrapped_policy import WrappedPolicy
 from kvbench.models.host import LayerHost
 
 KV_HEADS, QUERY_HEADS, HEAD_DIM = 2, 4, 16

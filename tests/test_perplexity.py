@@ -21,6 +21,7 @@ from kvbench.methods.core.contracts import Codec, Implementation, Packed
 from kvbench.methods.settings.base import MethodSettings
 from kvbench.methods.settings.identity import Identity
 from kvbench.methods.settings.sparse_v import SparseV
+from kvbench.models.budgets import MAX_CHUNK
 from kvbench.models.info import ModelInfo
 from kvbench.models.session import TorchSession, prefill
 from tests.plugins.model_runs import cpu_context
@@ -202,7 +203,7 @@ def test_identity_accounting_and_records(tiny_llama):
     (window,) = out.info.pop("windows")
     assert window["offset"] == 0 and window["nll"] == window["nll_plain"]
     assert out.info == {"layout": "identity (auto); K and V both counted", "tokens": 64,
-                        "text": "pydoc"}
+                        "text": "pydoc", "prefill_chunk": MAX_CHUNK}  # the tiny model's within the cap
     tokens = tiny_llama.tokenizer.encode(pydoc_text())[:64]
     assert out.comparable == {"tokens_sha256": tokens_sha256(tokens), "model": "tiny:llama",
                               "model_dtype": "float32"}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kvbench.benchmarks import measurement
+from kvbench.memo import Memo
 from kvbench.benchmarks.measure.answering import (
     ChatFrame, Prompt, answer_all, decode_rows, frame,
 )
@@ -322,15 +323,19 @@ def test_the_bundled_model_finds_the_same_needle_the_same_way_on_mlx(bundled):
     assert t_answers == m_answers
 
 
-def test_samples_are_grouped_within_the_row_and_memory_budgets():
+@pytest.mark.parametrize("free", [8 << 30, 80 << 30])  # this machine, an 80 GB GPU
+def test_samples_are_grouped_within_the_row_and_the_device_memory_budgets(free):
     from kvbench.benchmarks.measure import retrieval
+    from kvbench.models.budgets import DECODE_SHARE
 
     # 1 layer, 1 head of 512 at 2 bytes: 2 KiB of K+V a token
     session = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=512, value_dim=512,
-                              kv_element_size=2)
-    reader = retrieval.Reader(ctx=None, session=session, chat=None, essay="")
+                              kv_element_size=2, memo_key=("torch", "m", "cuda", "bfloat16"),
+                              free_memory=lambda: free)
+    reader = retrieval.Reader(ctx=SimpleNamespace(memo=Memo()), session=session, chat=None,
+                              essay="")
     per_token = 2 << 10
-    long = retrieval.DECODE_KV_BUDGET // per_token // 3  # three rows this long fit, not four
+    long = free // DECODE_SHARE // per_token // 3  # three rows this long fit, not four
     groups = reader.decode_groups([10, long, 10, 10, 10] + [10] * 40)
     assert groups[0] == [0, 1, 2]  # a fourth row would be held as long as the longest
     assert [len(g) for g in groups[1:]] == [16, 16, 10]

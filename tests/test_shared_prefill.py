@@ -3,11 +3,13 @@
 on torch and on MLX."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from kvbench.methods import implementation
 from kvbench.methods.settings.base import build_method
 from kvbench.models.shared_prefill import (PREFIX, PrefillStore, prefill_plain,
                                           remove_orphaned_stores)
+from kvbench.models.session import shares_prefill
 from tests.plugins.model_runs import methods_on
 
 pytestmark = pytest.mark.model
@@ -39,12 +42,14 @@ def _prompt(tokenizer) -> Prompt:
     return Prompt(context, tokenizer.encode(" What is the special magic number? Answer:"))
 
 
-def _same_answers(session, methods, store):
+def _same_answers(session, methods, store, chunk=0):
     prompt = _prompt(session.tokenizer)
+    store.expect(session, [prompt.context, prompt.ids], chunk)  # later methods read them
     for method in methods:
         for compress in ("context", "all"):
-            own = answer_all(session, method, [prompt], compress, [8])
-            shared = answer_all(session, method, [prompt], compress, [8], shared=store)
+            own = answer_all(session, method, [prompt], compress, [8], chunk=chunk)
+            shared = answer_all(session, method, [prompt], compress, [8], shared=store,
+                                chunk=chunk)
             assert shared == own, (method.name, method.settings, compress)
 
 
@@ -60,8 +65,12 @@ def test_shared_prefill_answers_as_each_method_alone(request, session_fixture):
     try:
         _same_answers(session, methods, store)
         # one recorded forward per prompt half (context, all), reused by every other method
-        assert store.made == 2
-        assert store.reused == 2 * sum(m.shares_prefill for m in methods) - 2
+        # that shares it; h2o reads every query of the prompt: it prefills itself
+        sharing = [m for m in methods if shares_prefill(session, m)]
+        assert [m.name for m in methods if m not in sharing] == ["h2o", "intq"]
+        # snapkv asks for its window's queries after intq recorded none: made again
+        assert store.made == 4
+        assert store.reused == 2 * len(sharing) - 4
     finally:
         store.close()
 
@@ -81,7 +90,7 @@ def test_which_methods_share_the_plain_prefill():
     def shares(name, **params):
         return implementation(build_method(name, params), "torch").shares_prefill
 
-    assert all(shares(n, **p) for n, p in RULER_METHODS[:12])
+    assert all(shares(n, **p) for n, p in RULER_METHODS[:12])  # as one forward
     assert shares("decay") and shares("adaptive") and shares("lloydmax")
     # stored reads attend the prompt through its own quantized copy; sparse-V's prefill runs in
     # kvbench's float32 attention; butterfly is not verified
@@ -103,9 +112,11 @@ def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):
     sizes = []
     store = PrefillStore(budget=1 << 40)
     try:
+        store.expect(bundled_session, ids)
         for i in ids:
             prompt = store.get(bundled_session, i)
-            sizes.append(sum(t.numel() * t.element_size() for layer in prompt.layers for t in layer))
+            sizes.append(sum(t.numel() * t.element_size() for layer in prompt.layers
+                             for t in layer if t is not None))
         assert (store.made, store.reused) == (3, 0)
         again = store.get(bundled_session, ids[0])
         assert store.reused == 1
@@ -113,13 +124,16 @@ def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):
         store.close()
     small = PrefillStore(budget=sizes[1] + sizes[2])
     try:
-        for i in ids:
+        for i in ids:  # one case each, read again later: an earlier case's may be dropped
+            small.expect(bundled_session, [i])
             small.get(bundled_session, i)
+        small.expect(bundled_session, [ids[0]])
         first = small.get(bundled_session, ids[0])  # dropped for the two newer ones: made again
         assert (small.made, small.reused) == (4, 0)
         assert torch.equal(first.logits, again.logits)
         assert all(torch.equal(a, b) for la, lb in zip(first.layers, again.layers)
-                   for a, b in zip(la, lb))
+                   for a, b in zip(la[:2], lb[:2]))
+        assert first.queries == again.queries == 0
     finally:
         small.close()
     assert not small.folder.exists()
@@ -128,7 +142,7 @@ def test_the_store_drops_the_oldest_prompt_beyond_its_budget(bundled_session):
 def test_a_case_whose_prompts_do_not_fit_keeps_its_first_ones(bundled_session):
     first, second, later = ([list(range(5 + k, 25 + k + n)) for n in range(3)] for k in (0, 50, 99))
     size = sum(t.numel() * t.element_size() for layer in
-               prefill_plain(bundled_session, first[2]).layers for t in layer)
+               prefill_plain(bundled_session, first[2]).layers for t in layer if t is not None)
     store = PrefillStore(budget=2 * size)  # two of a case's three prompts
     try:
         for prompts in (first, second):
@@ -175,3 +189,101 @@ def test_a_store_left_by_a_killed_process_is_removed_and_no_other(tmp_path):
     assert remove_orphaned_stores(tmp_path) == [tmp_path / names["orphan"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         name for what, name in names.items() if what != "orphan")
+
+
+def test_a_prompt_in_chunks_is_shared_by_the_methods_that_keep_it_whole(tiny_sessions):
+    """Fed in forwards of 48 tokens: snapkv takes the recorded chunks (its answers as its own
+    chunked prefill's, bit for bit); intq encodes as the prompt comes, so a later chunk reads
+    the earlier ones packed: it prefills itself."""
+    session = tiny_sessions("llama")
+    methods = methods_on("torch", [RULER_METHODS[i] for i in (6, 1, 0)])
+    prompt = _prompt(session.tokenizer)
+    assert len(prompt.context) > 3 * 48
+    assert [shares_prefill(session, m, len(prompt.context), 48) for m in methods] == [
+        True, False, True]
+    assert shares_prefill(session, methods[1], len(prompt.context), len(prompt.context))
+    store = PrefillStore()
+    try:
+        _same_answers(session, methods, store, chunk=48)
+        # recorded for snapkv with its window's queries; identity reads none of them
+        assert (store.made, store.reused) == (2, 2)
+    finally:
+        store.close()
+
+
+def test_the_recording_keeps_only_the_newest_queries_asked_for(tiny_sessions):
+    session = tiny_sessions("llama")
+    ids = _prompt(session.tokenizer).context
+    every = prefill_plain(session, ids, chunk=40, queries=len(ids))
+    window = prefill_plain(session, ids, chunk=40, queries=5)
+    none = prefill_plain(session, ids, chunk=40)
+    assert none.queries == 0 and all(q is None for _, _, q in none.layers)
+    assert window.queries == 5 and every.queries == len(ids)
+    for (k, v, q), (k5, v5, q5), (k0, v0, _) in zip(every.layers, window.layers, none.layers):
+        assert torch.equal(q[..., -5:, :], q5) and q5.is_contiguous()
+        assert torch.equal(k, k5) and torch.equal(k, k0) and torch.equal(v, v0)
+    # in chunks or in one forward: the same keys up to rounding, the first layer's exactly
+    whole = prefill_plain(session, ids)
+    assert torch.equal(whole.layers[0][0], every.layers[0][0])
+    for (k, v, _), (kw, vw, _) in zip(every.layers, whole.layers):
+        torch.testing.assert_close(k, kw, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, vw, rtol=1e-5, atol=1e-5)
+
+
+def test_a_method_handed_the_recorded_prompt_leaves_it_as_it_was(tiny_sessions):
+    """No copy is made for a method (LayerCachePolicy.append: never written into): the next
+    method is handed the same arrays, which every sharing method leaves unchanged through its
+    prefill, compaction and decode."""
+    from kvbench.models.session import prefill
+
+    session = tiny_sessions("llama")
+    ids = _prompt(session.tokenizer).context
+    recorded = prefill_plain(session, ids, queries=64)
+    before = [[None if t is None else t.clone() for t in layer] for layer in recorded.layers]
+    tiny_head = [(n, {"block": 16} if n == "turbo3" else p) for n, p in RULER_METHODS]
+    methods = [m for m in methods_on("torch", tiny_head) if shares_prefill(session, m)]
+    assert len(methods) == 10
+    for method in methods:
+        cache = session.new_cache(method)
+        last, _, _ = prefill(session, cache, ids, method, prefilled=recorded)
+        token = int(last[-1].argmax())
+        for _ in range(3):
+            token = int(session.step([token], cache)[0][-1].argmax())
+        assert cache.accounted_bytes() > 0
+        for layer, saved in zip(recorded.layers, before):
+            assert all(torch.equal(a, b) for a, b in zip(layer, saved) if a is not None), \
+                method.name
+
+
+def test_a_prompt_no_later_case_reads_is_never_stored(tiny_sessions):
+    from kvbench.benchmarks.measure.retrieval import Reader
+    from kvbench.benchmarks.specs.ruler import RulerParams
+    from kvbench.memo import Memo
+    from kvbench.models.options import ChatOptions
+
+    session = tiny_sessions("llama")
+    ids = _prompt(session.tokenizer).context
+    identity, snapkv, h2o = (implementation(build_method(n, p), "torch")
+                             for n, p in [RULER_METHODS[i] for i in (0, 6, 8)])
+    params = RulerParams(task="niah_single_1", length=512)
+
+    def later(*cases):
+        memo = Memo()
+        memo.later = tuple(SimpleNamespace(params=p, backend="torch", chat=ChatOptions(),
+                                           settings=m.settings) for p, m in cases)
+        reader = Reader(SimpleNamespace(memo=memo, backend="torch", chat=ChatOptions()),
+                        session, None, "")
+        store = reader.shared_prefill(identity, [ids], params, 0)
+        store.get(session, ids)
+        store.get(session, ids)
+        counts = store.made, store.stored, store.reused
+        store.close()
+        return counts
+
+    assert later() == (2, 0, 0)  # the run's last case: made for it alone, never written
+    assert later((dataclasses.replace(params, length=1024), snapkv)) == (2, 0, 0)  # other prompts
+    assert later((params, h2o)) == (2, 0, 0)  # a method that prefills itself
+    assert later((params, snapkv)) == (1, 1, 1)
+    reader = Reader(SimpleNamespace(memo=Memo(), backend="torch", chat=ChatOptions()), session,
+                    None, "")
+    assert reader.shared_prefill(h2o, [ids], params, 0) is None

@@ -52,6 +52,17 @@ def reset_peak_memory() -> int:
     return int(mx.get_active_memory())
 
 
+def free_memory() -> int:
+    """Bytes MLX can still allocate: the recommended working set less what its arrays hold on
+    a Metal device; on the CPU, the machine's available memory."""
+    from kvbench.backends.process_memory import available_bytes
+
+    if mx.metal.is_available():
+        limit = mx.metal.device_info()["max_recommended_working_set_size"]
+        return max(0, int(limit) - int(mx.get_active_memory()))
+    return available_bytes()
+
+
 def peak_memory_bytes() -> int:
     """Peak bytes MLX's allocator has held since the last reset_peak_memory() (arrays only, on the
     CPU device too; not the process's other memory)."""

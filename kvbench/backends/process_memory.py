@@ -5,11 +5,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import resource
 import sys
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
+_MEMINFO = Path("/proc/meminfo")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
@@ -57,3 +59,14 @@ def high_water_label() -> str:
     if resettable():
         return "process resident high-water mark (VmHWM, reset at the start of the case)"
     return "process peak RSS since it started (ru_maxrss; this OS cannot reset it)"
+
+
+def available_bytes() -> int:
+    """Memory the machine can still give without swapping (MemAvailable; elsewhere the
+    physical memory less this process's peak, a rough bound)."""
+    if _MEMINFO.exists():
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(0, physical - high_water())

@@ -65,3 +65,13 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
     return process_memory.high_water(), process_memory.high_water_label()
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes the device can still allocate: CUDA's free memory (mem_get_info), MPS's
+    recommended working set less what the driver holds, else the machine's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "mps":
+        return max(0, torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
+    return process_memory.available_bytes()

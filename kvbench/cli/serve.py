@@ -37,11 +37,12 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any 
               help="Seconds a request may wait for room before it gets 503.")
 @click.option("--max-batch", default=32, show_default=True, type=click.IntRange(min=1),
               help="Most requests decoded together in one batched forward.")
-@click.option("--prefill-chunk", default=512, show_default=True, type=click.IntRange(min=1),
+@click.option("--prefill-chunk", default=0, show_default=True, type=click.IntRange(min=0),
               metavar="TOKENS",
               help="Prompt tokens per prefill forward; the active requests take a decode step"
                    " between chunks, so a long prompt delays the other streams by one chunk at a"
-                   " time.")
+                   " time. 0: from the model and the device's free memory, at most 512 on a CPU"
+                   " and 2048 on a GPU.")
 @click.option("--prefix-cache", default=0, show_default=True, type=click.IntRange(min=0),
               metavar="ENTRIES",
               help="Keep the method's cache of up to ENTRIES prompt prefixes (whole prefill"

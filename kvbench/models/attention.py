@@ -52,8 +52,8 @@ def kvbench_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         return biased_attention(query, key, value, attention_mask, None, scaling,
                                 **features)[0].transpose(1, 2).contiguous(), None
     if read is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout,
+                    scaling=scaling, **kwargs)
     if read.layer_idx != layer:
         raise RuntimeError(f"attention of layer {layer} got the cache state of layer"
                            f" {read.layer_idx}")
@@ -140,15 +140,31 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
                                        read.skip_below, **features)
         out = out.transpose(1, 2).contiguous()
     elif read.bias is None:
-        out = sdpa_attention_forward(module, query, key, value, attention_mask,
-                                     dropout=dropout, scaling=scaling, **kwargs)[0]
+        out = sdpa(module, query, key, value, attention_mask, dropout=dropout,
+                   scaling=scaling, **kwargs)[0]
     else:
         # a policy's own causal mask (streamingllm making room mid-prefill): SDPA never holds
         # the chunk's float32 attention weights, which set the peak of a chunked prefill
-        out = sdpa_attention_forward(module, query, key, value, read.bias[:, :1],
-                                     dropout=dropout, scaling=scaling, **kwargs)[0]
+        out = sdpa(module, query, key, value, read.bias[:, :1], dropout=dropout,
+                   scaling=scaling, **kwargs)[0]
     read.attended(query, sparse)
     return out
+
+
+def sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' SDPA attention, except for several queries on the CPU under a mask (a
+    later prefill chunk, a policy's own mask): there the query heads of a group read their key head in place
+    (enable_gqa: the same bits as repeating it, measured with torch 2.13's CPU build) where
+    transformers repeats keys and values for every query head, a copy of the layer's cache
+    as many times as the group is wide."""
+    if (query.device.type != "cpu" or attention_mask is None or query.shape[-2] == 1
+            or query.shape[1] == key.shape[1] or kwargs.get("position_bias") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _one_mask_for_every_head(bias: torch.Tensor | None) -> bool:

@@ -147,10 +147,11 @@ class LayerHost:
 
     def ingest(self, keys: Any, values: Any, queries: Any) -> None:
         """A prefill step whose forward ran elsewhere (kvbench.models.shared_prefill): the policy
-        gets what that step's append and attention would have handed it."""
+        gets what that step's append and attention would have handed it (queries: the newest
+        tokens' that it reads, None for none)."""
         self.policy.append(keys, values)
         self.started = True
-        if self.policy.observes_queries:
+        if self.policy.observes_queries and queries is not None:
             self.policy.observe_queries(queries)
         self.policy.after_read()
 

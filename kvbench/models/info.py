@@ -21,7 +21,7 @@ from kvbench.config.registry import did_you_mean
 from kvbench.config.fields import SettingError
 from kvbench.models.layer_kinds import (LayerKind, UnreadableConfig, cached_widths,
                                          config_layer_kinds, refusal, special_floats)
-from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS, TINY_MAX_CONTEXT
+from kvbench.models.tiny_configs import TINY_CONFIGS
 
 
 @dataclass
@@ -90,7 +90,8 @@ def describe_model(spec: str, revision: str | None = None) -> ModelInfo:
         return ModelInfo(spec, bundle.max_context, bundle.head_dim, dtype="float32",
                          context_from="the bundled model's training length")
     if kind == "tiny":
-        return _described(spec, TINY_CONFIGS[target], TINY_MAX_CONTEXT,
+        config = TINY_CONFIGS[target]
+        return _described(spec, config, config["max_position_embeddings"],
                           "the tiny models' limit")
     commit = None
     if kind == "hub":
@@ -209,10 +210,10 @@ def resolve_spec(spec: str) -> tuple[str, str]:
         return "bundled", name
     if spec.startswith("tiny:"):
         kind = spec.removeprefix("tiny:")
-        if kind not in TINY_KINDS:
+        if kind not in TINY_CONFIGS:
             raise ValueError(
-                f"unknown tiny model {spec!r}.{did_you_mean(kind, TINY_KINDS)}"
-                f" Known: {', '.join('tiny:' + k for k in TINY_KINDS)}."
+                f"unknown tiny model {spec!r}.{did_you_mean(kind, list(TINY_CONFIGS))}"
+                f" Known: {', '.join('tiny:' + k for k in TINY_CONFIGS)}."
             )
         return "tiny", kind
     path = expand_home(spec)

@@ -18,8 +18,11 @@ from mlx.utils import tree_flatten
 import numpy as np
 import torch
 
-from kvbench.backends.mlx_backend import peak_memory_bytes, reset_peak_memory, timed
+from kvbench.backends.mlx_backend import (
+    free_memory, peak_memory_bytes, reset_peak_memory, timed,
+)
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models.budgets import activation_bytes_per_token
 from kvbench.models.capture import ROWS_PER_CHUNK, entropy_sums
 from kvbench.models.mlx_attention import ATTENTION_ATTR, original_attention
 from kvbench.models.mlx_host import MLXKVBenchCache, cache_arrays, mlx_logits
@@ -128,6 +131,12 @@ class MLXSession(SessionBase):
 
     def peak_memory(self) -> tuple[int, str]:
         return peak_memory_bytes(), "mx.get_peak_memory (MLX allocator)"
+
+    def free_memory(self) -> int:
+        return free_memory()
+
+    def activation_bytes_per_token(self) -> int:
+        return activation_bytes_per_token(self.loaded.model.args, self.kv_element_size)
 
 
 def attention_entropy(loaded: MLXLoaded, tokens: list[int],

@@ -12,6 +12,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kvbench.methods.core.contracts import Implementation
+from kvbench.models import budgets
+from kvbench.models.budgets import activation_bytes_per_token
 from kvbench.models.chat import stop_ids
 from kvbench.models.layer_kinds import every_layer_plain, without_attention
 from kvbench.models.shared_prefill import PrefilledPrompt, ingest
@@ -91,6 +93,12 @@ class Session(Protocol):
 
     def peak_memory(self) -> tuple[int, str]:
         """(bytes, what was measured) since reset_peak_memory()."""
+
+    def free_memory(self) -> int:
+        """Bytes the session's device can still allocate now."""
+
+    def activation_bytes_per_token(self) -> int:
+        """What one prompt token takes inside one layer's forward (kvbench.models.budgets)."""
 
 
 class SessionBase:
@@ -245,6 +253,15 @@ class TorchSession(SessionBase):
 
         return peak_memory(self.device)
 
+    def free_memory(self) -> int:
+        from kvbench.backends.torch_backend import free_memory
+
+        return free_memory(self.device)
+
+    def activation_bytes_per_token(self) -> int:
+        config = self.loaded.model.config.get_text_config()
+        return activation_bytes_per_token(config, self.kv_element_size)
+
 
 class CalibrationStats:
     """What a session hands Implementation.calibrate in place of the model: statistics of the
@@ -280,6 +297,16 @@ def kv_bytes_per_layer_token(session: Session, element_size: int) -> int:
     return session.num_kv_heads * (session.head_dim + session.value_dim) * element_size
 
 
+def default_prefill_chunk(session: Session, serving: bool = False) -> int:
+    """Tokens per prefill forward for the model on its device as it is now: its activations
+    within a share of the free memory (kvbench.models.budgets); serving, also within what the
+    other streams may wait."""
+    per_token, free = session.activation_bytes_per_token(), session.free_memory()
+    if serving:
+        return budgets.serve_prefill_chunk(per_token, free, "cpu" in session.memo_key[2].lower())
+    return budgets.prefill_chunk(per_token, free)
+
+
 def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
     """(K and V of every token the cache's compressed layers have seen at 16 bits, the same at
     the model's dtype, each plus what the library's own layers hold, at 16 bits and as held):
@@ -292,11 +319,19 @@ def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:
             kv_bytes_per_layer_token(session, session.kv_element_size) * seen + library)
 
 
-def shares_prefill(session: Session, method: Implementation) -> bool:
-    """Whether the method's cache can be handed a prompt recorded in one plain forward
-    (kvbench.models.shared_prefill), which records the method's layers only: not where a layer
-    is not plain full attention (the library's layers would be left empty)."""
-    return method.shares_prefill and every_layer_plain(session.layer_kinds)
+def shares_prefill(session: Session, method: Implementation, tokens: int = 0,
+                   chunk: int = 0) -> bool:
+    """Whether the method's cache can be handed a prompt of `tokens` tokens recorded in plain
+    forwards of `chunk` tokens (kvbench.models.shared_prefill), which records the method's layers
+    only: not where a layer is not plain full attention (the library's layers would be left
+    empty), nor for a method that reads every query of the prompt (it prefills itself, scoring
+    in blocks as it goes, rather than have them recorded), nor in several forwards for a method
+    whose later chunks read earlier ones compressed."""
+    if not (method.shares_prefill and every_layer_plain(session.layer_kinds)):
+        return False
+    if method.prompt_queries is None:
+        return False
+    return not chunk or tokens <= chunk or method.shares_chunked_prefill
 
 
 class ProbeNotTakenBack(ValueError):
@@ -314,8 +349,8 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
     reference_probe(ids)) and take it back, then end_prefill: the policies have read the probe's
     queries and compacted. Returns (the prompt's last logits (1, vocab), seconds of the
     forwards, seconds of end_prefill).
-    prefilled: `ids` recorded in one plain forward (kvbench.models.shared_prefill), ingested in
-    place of the forwards; only for a method that shares_prefill.
+    prefilled: `ids` recorded in plain forwards of the same chunks (kvbench.models.shared_prefill),
+    ingested in place of the forwards; only for a method that shares_prefill.
     done: the first `done` tokens of `ids` are in `cache` already, fed by these same chunks (a
     multiple of chunk: the server's prefix cache); the forwards start after them."""
     step = chunk or len(ids)
@@ -325,9 +360,10 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
     forward_s = 0.0
     session.begin_prompt(cache, len(ids))
     if prefilled is not None:
-        if chunk or refeed or method is None or not shares_prefill(session, method):
-            raise ValueError("a shared prefill is one plain forward, for a method that"
-                             " shares_prefill")
+        if refeed or method is None or prefilled.chunk != (chunk if chunk < len(ids) else 0) \
+                or not shares_prefill(session, method, len(ids), chunk):
+            raise ValueError("a shared prefill is the plain forwards of the method's own chunks,"
+                             " for a method that shares_prefill")
         ingest(cache, prefilled)
         logits, forward_s = prefilled.logits, prefilled.seconds
     else:

@@ -2,15 +2,18 @@
 (Implementation.shares_prefill): the methods of a run answer the same samples, and re-running
 the same forward per method was most of a RULER case's time.
 
-The prefill runs once through a recording cache: each layer keeps the keys and values the model
-made and the post-RoPE queries (a policy that observes queries gets SDPA's output, as the plain
-model's attention does, so the forward is the plain one). A method's fresh cache then ingests
-them layer by layer, as its own prefill step would have appended them and shown it the
-queries. It works alike on torch (transformers) and MLX (mlx-lm): the cache host is shared.
-PrefillStore keeps recorded prompts on disk for the run, within a budget. A run's cases go method
-by method over the same samples, so a prompt is asked for again only after every other sample of
-its case: when a case's prompts do not all fit, the first ones are kept and the rest made again
-(dropping the oldest, as a plain LRU would, keeps only prompts no one asks for next).
+The prefill runs once through a recording cache, in the forwards (chunks) a method's own prefill
+would take: each layer keeps the keys and values the model made and the post-RoPE queries of the
+newest tokens that the methods read (Implementation.prompt_queries: none for identity or a
+quantizer, snapkv's window; a method that reads every query prefills itself). A method's fresh
+cache then ingests them layer by layer, as its own prefill would have appended them and shown it
+the queries, without a copy: a policy never writes into what it is given. It works alike on torch
+(transformers) and MLX (mlx-lm): the cache host is shared.
+PrefillStore keeps recorded prompts on disk for the run, within a budget, and only the prompts a
+later case of the run will read. A run's cases go method by method over the same samples, so a
+prompt is asked for again only after every other sample of its case: when a case's prompts do
+not all fit, the first ones are kept and the rest made again (dropping the oldest, as a plain LRU
+would, keeps only prompts no one asks for next).
 """
 from __future__ import annotations
 
@@ -30,40 +33,66 @@ import torch
 from kvbench.backends.arrays import Arrays
 from kvbench.methods.core.contracts import LayerCachePolicy
 
-DISK_BUDGET = 16 << 30  # at most this, and at most half the free disk when the store opens
+DISK_SHARE = 2  # the store takes at most this share of the disk's free space when it opens
 PREFIX = "kvbench-prefill-"  # then host-pid-: a store whose process is gone is removed
 
 
 @dataclass
 class PrefilledPrompt:
     logits: torch.Tensor  # (1, vocab) float32: the prompt's last position
-    # per layer: keys, values (1, kv_heads, tokens, head_dim), queries (1, heads, tokens, dim),
-    # as the session's backend holds them
+    # per layer: keys, values (1, kv_heads, tokens, head_dim), and the queries (1, heads, n,
+    # dim) of the newest n tokens, or None (n = 0), as the session's backend holds them
     layers: list[tuple[Any, Any, Any]]
-    seconds: float  # the forward's
+    seconds: float  # the forwards'
     arrays: Arrays  # the backend's array operations (kvbench.backends.arrays)
+    chunk: int = 0  # tokens per forward it was recorded in (0: one forward)
+
+    @property
+    def queries(self) -> int:
+        """The newest tokens whose queries it holds."""
+        held = self.layers[0][2]
+        return 0 if held is None else held.shape[-2]
 
 
 class _Recorder(LayerCachePolicy):
     observes_queries = True
 
-    def __init__(self):
+    def __init__(self, arrays: Arrays, queries: int):
+        self.arrays, self.keep_queries = arrays, queries
         self.keys = self.values = self.queries = None
+        self.tokens = self.capacity = 0
+
+    def begin_prompt(self, tokens: int) -> None:
+        self.capacity = tokens
 
     def append(self, keys, values, queries=None) -> None:
-        if self.keys is not None:
-            raise RuntimeError("a recorded prefill is one forward")
-        self.keys, self.values = keys, values
+        # the prompt's room is made at the first chunk (a copy of everything held per chunk
+        # would cost a layer's keys and values again), where the backend writes in place
+        fed = keys.shape[-2]
+        if self.keys is None:
+            room = [self.arrays.with_room(x, -2, max(self.capacity, fed)) for x in (keys, values)]
+            self.keys, self.values = room if room[0] is not None else (keys, values)
+        elif self.keys.shape[-2] > self.tokens:
+            for held, x in ((self.keys, keys), (self.values, values)):
+                self.arrays.write(held, self.tokens, x, -2)
+        else:
+            self.keys = self.arrays.concat([self.keys, keys])
+            self.values = self.arrays.concat([self.values, values])
+        self.tokens += fed
 
     def attention_inputs(self):
-        return self.keys, self.values, None
+        return self.keys[..., : self.tokens, :], self.values[..., : self.tokens, :], None
 
     def observe_queries(self, queries) -> None:
-        self.queries = queries
+        if not self.keep_queries:
+            return
+        held = queries if self.queries is None else self.arrays.concat([self.queries, queries])
+        # a copy of the newest only: the chunk's queries it is cut from are freed
+        self.queries = self.arrays.copy(held[..., -self.keep_queries:, :])
 
     @property
     def seen_tokens(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return self.tokens
 
     retained_tokens = seen_tokens
 
@@ -74,37 +103,52 @@ class _Recorder(LayerCachePolicy):
     def measured_bytes(self) -> int:
         return 0
 
+    def recorded(self) -> tuple[Any, Any, Any]:
+        keys, values, _ = self.attention_inputs()
+        return keys, values, self.queries
+
 
 class _Recording:
     """What CacheHost asks of a method, for recording caches."""
 
     prefill_reads = "stored"  # the recorder stores what the model made: nothing to replace
 
+    def __init__(self, arrays: Arrays, queries: int):
+        self.arrays, self.queries = arrays, queries
+
     def new_layer_cache(self, layer_idx: int) -> _Recorder:
-        return _Recorder()
+        return _Recorder(self.arrays, self.queries)
 
 
-def prefill_plain(session, ids: list[int]) -> PrefilledPrompt:
-    """One forward of `ids` from an empty cache, recorded (session: a TorchSession or an
+def prefill_plain(session, ids: list[int], chunk: int = 0, queries: int = 0) -> PrefilledPrompt:
+    """The plain forwards of `ids` from an empty cache, `chunk` tokens each (0: one), recorded
+    with the queries of the newest `queries` tokens (session: a TorchSession or an
     MLXSession)."""
-    cache = session.new_cache(_Recording())
-    logits, seconds = session.step(ids, cache, last_only=True)
-    layers = [(p.keys, p.values, p.queries) for p in cache.policies]
-    return PrefilledPrompt(logits, layers, seconds, cache.layers[0].arrays)
+    from kvbench.backends import array_backend
+
+    arrays = array_backend(session.memo_key[0], getattr(session, "device", None))
+    cache = session.new_cache(_Recording(arrays, queries))
+    session.begin_prompt(cache, len(ids))
+    step, seconds = chunk or len(ids), 0.0
+    for start in range(0, len(ids), step):
+        logits, took = session.step(ids[start : start + step], cache, last_only=True)
+        seconds += took
+    layers = [policy.recorded() for policy in cache.policies]
+    return PrefilledPrompt(logits, layers, seconds, arrays, chunk if chunk < len(ids) else 0)
 
 
 def ingest(cache, prompt: PrefilledPrompt) -> None:
     """Hand `prompt` to a method's fresh cache (a KVBenchCache or MLXKVBenchCache), as its
-    prefill step would have. Copies: a policy may keep what it is given, and the next method
-    gets the same prompt."""
+    prefill would have: no copy (LayerCachePolicy.append: a policy never writes into the arrays
+    it is given), so the next method is handed the same arrays unchanged."""
     for layer, recorded in zip(cache.layers, prompt.layers, strict=True):
-        layer.ingest(*(prompt.arrays.copy(a) for a in recorded))
+        layer.ingest(*recorded)
 
 
 class PrefillStore:
-    """Recorded prompts of one run, by model and tokens, kept on disk within a budget (the
-    running case's prompts kept over any other, see expect); made again when asked for after
-    being dropped or not kept."""
+    """Recorded prompts of one run, by model, tokens and chunk, kept on disk within a budget
+    (the running case's prompts kept over any other, see expect); made again when asked for
+    after being dropped or not kept, or with more queries than were recorded."""
 
     def __init__(self, budget: int | None = None):
         remove_orphaned_stores(Path(tempfile.gettempdir()))
@@ -112,62 +156,76 @@ class PrefillStore:
         # removed on close(), when collected, or at exit: a store nobody closed is not left
         self._remove = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         free = shutil.disk_usage(self.folder).free
-        self.budget = min(DISK_BUDGET, free // 2) if budget is None else budget
-        self._files: OrderedDict[str, tuple[Path, int, Arrays]] = OrderedDict()
+        self.budget = free // DISK_SHARE if budget is None else budget
+        self._files: OrderedDict[str, tuple[Path, int, Arrays, int]] = OrderedDict()
         self._expected: set[str] = set()
-        self.made = self.reused = 0
+        self.made = self.reused = self.stored = 0
 
-    def expect(self, session, prompts: list[list[int]]) -> None:
-        """The prompts the case now running will ask for: stored only while they fit, and never
-        dropped for one another; any other is dropped first (oldest first)."""
-        self._expected = {_key(session, ids) for ids in prompts}
+    def expect(self, session, prompts: list[list[int]], chunk: int = 0) -> None:
+        """The prompts the case now running will ask for, and that a later case of the run
+        will read again (give none where no later case will: nothing is then stored): stored
+        only while they fit, and never dropped for one another; any other is dropped first
+        (oldest first)."""
+        self._expected = {_key(session, ids, chunk) for ids in prompts}
 
-    def get(self, session, ids: list[int]) -> PrefilledPrompt:
-        key = _key(session, ids)
-        if key in self._files:
+    def get(self, session, ids: list[int], chunk: int = 0, queries: int = 0) -> PrefilledPrompt:
+        """`ids` prefilled in forwards of `chunk` tokens, with the queries of the newest
+        `queries` tokens at least."""
+        key = _key(session, ids, chunk)
+        if key in self._files and self._files[key][3] >= queries:
             self._files.move_to_end(key)
             self.reused += 1
-            path, _, arrays = self._files[key]
+            path, _, arrays, _ = self._files[key]
             saved = torch.load(path, weights_only=True)
-            layers = [tuple(t if arrays.name == "torch" else arrays.from_torch(t) for t in layer)
-                      for layer in saved["layers"]]
-            return PrefilledPrompt(saved["logits"], layers, saved["seconds"], arrays)
-        prompt = prefill_plain(session, ids)
+            layers = [tuple(t if arrays.name == "torch" or t is None else arrays.from_torch(t)
+                            for t in layer) for layer in saved["layers"]]
+            return PrefilledPrompt(saved["logits"], layers, saved["seconds"], arrays,
+                                   saved["chunk"])
+        prompt = prefill_plain(session, ids, chunk, queries)
         self.made += 1
-        self._keep(key, prompt)
+        if key in self._expected:
+            self._keep(key, prompt)
         return prompt
 
     def _keep(self, key: str, prompt: PrefilledPrompt) -> None:
         arrays = prompt.arrays
         size = arrays.nbytes(*(a for layer in prompt.layers for a in layer))
+        self._drop(key)
         if size > self.budget:
             return
-        while sum(n for _, n, _ in self._files.values()) + size > self.budget:
+        while sum(n for _, n, _, _ in self._files.values()) + size > self.budget:
             other = next((k for k in self._files if k not in self._expected), None)
             if other is None:  # full of this case's earlier prompts: keep those
                 return
-            self._files.pop(other)[0].unlink(missing_ok=True)
+            self._drop(other)
         path = self.folder / f"{key}.pt"
         # torch tensors as they are (torch.load puts them back on their device), MLX arrays as
         # torch tensors (an exact round trip, bfloat16 included)
-        layers = [[a if arrays.name == "torch" else arrays.to_torch(a) for a in layer]
-                  for layer in prompt.layers]
-        torch.save({"logits": prompt.logits, "layers": layers, "seconds": prompt.seconds}, path)
-        self._files[key] = (path, size, arrays)
+        layers = [[a if arrays.name == "torch" or a is None else arrays.to_torch(a)
+                   for a in layer] for layer in prompt.layers]
+        torch.save({"logits": prompt.logits, "layers": layers, "seconds": prompt.seconds,
+                    "chunk": prompt.chunk}, path)
+        self._files[key] = (path, size, arrays, prompt.queries)
+        self.stored += 1
+
+    def _drop(self, key: str) -> None:
+        if key in self._files:
+            self._files.pop(key)[0].unlink(missing_ok=True)
 
     def close(self) -> None:
         self._remove()
         self._files.clear()
 
 
-def _key(session, ids: list[int]) -> str:
-    return hashlib.sha256(repr((session.memo_key, ids)).encode()).hexdigest()
+def _key(session, ids: list[int], chunk: int) -> str:
+    step = chunk if 0 < chunk < len(ids) else 0  # a prompt within one chunk: one forward
+    return hashlib.sha256(repr((session.memo_key, ids, step)).encode()).hexdigest()
 
 
 def remove_orphaned_stores(folder: Path) -> list[Path]:
     """Removes the stores in `folder` made on this host by a process that is gone: a killed run
     (a case's timeout under --isolate, an out-of-memory kill, a session's end) cannot close its
-    own, and each may hold up to DISK_BUDGET. Returns what it removed."""
+    own, and each may hold up to half the free disk. Returns what it removed."""
     removed = []
     host = socket.gethostname()
     for path in folder.glob(f"{PREFIX}*-*-*"):

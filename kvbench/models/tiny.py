@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.models.attention import NAME as ATTENTION
-from kvbench.models.tiny_configs import TINY_CONFIGS, TINY_KINDS
+from kvbench.models.tiny_configs import TINY_CONFIGS
 
 _SEED = 1234
 
@@ -35,7 +35,7 @@ def tiny_config(kind: str, attn_implementation: str = ATTENTION):
     from transformers import AutoConfig
 
     if kind not in TINY_CONFIGS:
-        raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_KINDS)}")
+        raise ValueError(f"unknown tiny model {kind!r}; known: {', '.join(TINY_CONFIGS)}")
     config = AutoConfig.for_model(**TINY_CONFIGS[kind])
     config._attn_implementation = attn_implementation
     return config

@@ -126,4 +126,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                                             beta_fast=32.0, beta_slow=1.0, mscale_all_dim=1.0,
                                             mscale=1.0, llama_4_scaling_beta=0.1)),
 }
-TINY_KINDS = tuple(TINY_CONFIGS)
+TINY_KINDS = tuple(TINY_CONFIGS)  # the architecture families
+# Shapes, not families: a long context's footprint measured at a real model's attention shape
+# (Llama-3.1-8B's 32 query heads, 8 KV heads of 128: queries 4x the keys) in a small model
+TINY_CONFIGS["llama-8b-attention"] = dict(
+    _PLAIN, model_type="llama", hidden_size=256, intermediate_size=512, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=65536, rope_theta=500000.0)

@@ -49,8 +49,10 @@ class InProcess(ThisMachine):
         self.load_model, self.memo = ModelCache(), Memo()
 
     def run(self, cases, progress, keep, files_dir):
-        for case in cases:
+        cases = list(cases)
+        for index, case in enumerate(cases):
             progress.case_started(case)
+            self.memo.later = tuple(cases[index + 1:])
             yield run_case(case, self.load_model, progress, self.memo, keep, files_dir)
 
     def close(self):

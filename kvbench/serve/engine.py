@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import TorchSession, prefill
+from kvbench.models.session import TorchSession, default_prefill_chunk, prefill
 from kvbench.serve.admission import Projection
 from kvbench.serve.events import Failed, Finished, PromptRecorder, Scored
 from kvbench.serve.prefix_store import PrefixStore, reusable
@@ -72,20 +72,22 @@ class Totals:
 
 class Engine:
     def __init__(self, session: TorchSession, method: Implementation, kv_budget: int | None = None,
-                 queue_timeout_s: float = 600.0, max_batch: int = 32, prefill_chunk: int = 512,
+                 queue_timeout_s: float = 600.0, max_batch: int = 32, prefill_chunk: int = 0,
                  prefix_cache: int = 0, log: Callable[[str], None] = lambda message: None):
-        """prefix_cache: prompt prefixes kept (0: none); ValueError where the method's caches
-        cannot start another prompt (kvbench.serve.prefix_store.reusable)."""
+        """prefill_chunk: prompt tokens per forward (0: the model's and device's,
+        kvbench.models.session.default_prefill_chunk); prefix_cache: prompt prefixes kept (0:
+        none); ValueError where the method's caches cannot start another prompt
+        (kvbench.serve.prefix_store.reusable)."""
         self.session, self.method = session, method
         self.kv_budget, self.queue_timeout_s, self.max_batch = kv_budget, queue_timeout_s, max_batch
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = prefill_chunk or default_prefill_chunk(session, serving=True)
         self.stop_ids = session.stop_ids  # the tokenizer's eos and the generation config's
         self.projection = Projection(method, session)
         if prefix_cache and not reusable(method):
             raise ValueError("--prefix-cache: the method evicts while the prompt is fed, or takes"
                              " it in one forward: a prefix of its cache depends on the whole"
                              " prompt, so none can be reused")
-        self.prefixes = (PrefixStore(prefix_cache, prefill_chunk, session.fork)
+        self.prefixes = (PrefixStore(prefix_cache, self.prefill_chunk, session.fork)
                          if prefix_cache else None)
         self.totals = Totals()
         self.log = log

@@ -32,7 +32,7 @@ def check_host(host: str, allow_remote: bool) -> None:
 def serve(model: str, method_name: str, method_params: dict[str, Any], host: str, port: int,
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
           max_batch: int, calibration: int, log: Callable[[str], None],
-          model_dtype: str = "float32", prefill_chunk: int = 512,
+          model_dtype: str = "float32", prefill_chunk: int = 0,
           max_body_bytes: int | None = None, prefix_cache: int = 0,
           chat_options: ChatOptions = ChatOptions(), reasoning_parser: str | None = None) -> None:
     """ValueError, before serving, for a method, parameter or model spec that cannot run, or
@@ -75,7 +75,7 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
                      chat_options=chat_options, reasoning_parser=reasoning_parser)
     log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
         f" {torch_device},"
-        f" KV budget {kv_budget or 'none'}, prefill chunk {prefill_chunk}, prefix cache"
+        f" KV budget {kv_budget or 'none'}, prefill chunk {engine.prefill_chunk}, prefix cache"
         f" {prefix_cache or 'off'}, reasoning parser {reasoning_parser or 'none'})")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=5))

@@ -19,7 +19,8 @@ from kvbench.benchmarks.measure.context import BenchmarkOutput
 from kvbench.benchmarks.records.base import Record
 from kvbench.benchmarks.specs.base import Benchmark, MetricSpec
 from kvbench.config.fields import LibraryMissing, Settings, at_least, param
-from kvbench.methods.core.contracts import Implementation, WrappedPolicy
+from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.core.wrapped_policy import WrappedPolicy
 from kvbench.methods.settings import MethodSettings, implements
 from kvbench.methods.settings.identity import Identity
 from kvbench.methods.torch.identity import TorchIdentity

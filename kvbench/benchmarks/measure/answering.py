@@ -95,9 +95,9 @@ class Answer:
 def answer_all(session: Session, method: Implementation, prompts: list[Prompt], compress: str,
                max_new_tokens: list[int], reads: str = "decoded",
                status: Callable[[str], None] = lambda text: None,
-               shared: PrefillStore | None = None) -> list[Answer]:
-    """Prefill and compress each prompt through its own cache (`compress` says whether the
-    question is in what is compressed), then decode greedily through the compressed caches
+               shared: PrefillStore | None = None, chunk: int = 0) -> list[Answer]:
+    """Prefill and compress each prompt through its own cache, in forwards of `chunk` tokens (0:
+    one; `compress` says whether the question is in what is compressed), then decode greedily through the compressed caches
     together: one batched forward per step for the rows still answering (session.step_rows),
     each stopping at end-of-sequence or its own max_new_tokens. Under `context` the method never
     sees the question before end_prefill: a method's probe is its own reference_probe of the
@@ -107,9 +107,11 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
         status(f"prefill {number}/{len(prompts)}")
         cache = session.new_cache(method, decoded_reads=reads == "decoded")
         prefix = prompt.compressed(compress)
-        prefilled = shared.get(session, prefix) if shared and shares_prefill(session, method) \
-            else None
-        last, _, _ = prefill(session, cache, prefix, method, prefilled=prefilled)
+        prefilled = None
+        if shared and shares_prefill(session, method, len(prefix), chunk):
+            prefilled = shared.get(session, prefix, chunk, method.prompt_queries)
+        last, _, _ = prefill(session, cache, prefix, method, chunk=chunk, prefilled=prefilled)
+        del prefilled  # the method holds what it keeps of it
         seconds = 0.0
         if compress == "context":
             last, seconds = session.step(prompt.question, cache, last_only=True)

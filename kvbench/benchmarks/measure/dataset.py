@@ -29,7 +29,6 @@ from kvbench.data.prompt_template import PromptTemplate
 from kvbench.data.records import Record, read_records
 from kvbench.data.text import tokens_sha256
 from kvbench.methods.core.contracts import Implementation
-from kvbench.models.session import shares_prefill
 
 CALIBRATION_TEXT = "pydoc"  # never a sample's text
 
@@ -92,15 +91,15 @@ class DatasetRun(Dataset):
                              f" is longer than max_length {params.max_length} tokens (truncation:"
                              " skip): nothing to score")
         prompts = [sample.prompt for sample in samples]
-        if shares_prefill(session, method):
-            reader.shared_prefill().expect(session, [p.compressed(params.compress)
-                                                     for p in prompts])
+        chunk = reader.prefill_chunk(method, params.prefill_chunk)
+        shared = reader.shared_prefill(method, [p.compressed(params.compress) for p in prompts],
+                                       params, chunk)
         kept, replies = [], []
         for group in reader.decode_groups([len(p.ids) for p in prompts]):
             where = f"samples {group[0] + 1}-{group[-1] + 1}/{len(samples)}: "
             answers = answer_all(session, method, [prompts[i] for i in group], params.compress,
                                  [params.answer_tokens] * len(group), params.reads,
-                                 lambda text: ctx.status(where + text), reader.shared_prefill())
+                                 lambda text: ctx.status(where + text), shared, chunk)
             for i, reply in zip(group, answers, strict=True):
                 kept.append(record_of(params, samples[i], reply))
                 ctx.keep(kept[-1])
@@ -144,7 +143,8 @@ def output(params: DatasetParams, method: Implementation, reader: Reader, sample
             "skipped_rows": skipped,
             "truncated_rows": truncated,
             "prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in kept),
-            **common_info(replies, method, params.reads),
+            **common_info(replies, method, params.reads,
+                          reader.prefill_chunk(method, params.prefill_chunk)),
         },
         comparable={"prompts_sha256": prompts_digest(kept), "model": reader.session.spec,
                     "model_dtype": reader.session.dtype},

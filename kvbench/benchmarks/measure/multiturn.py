@@ -129,9 +129,8 @@ class MultiturnRun(Multiturn):
                                  between))
         first = params.compress == "context+question" and params.mode == "multi-turn"
         prefixes = [p.context + p.asked[0] if first else p.context for p in plans]
-        shared = shares_prefill(session, method)
-        if shared:
-            reader.shared_prefill().expect(session, prefixes)
+        chunk = reader.prefill_chunk(method, params.prefill_chunk)
+        store = reader.shared_prefill(method, prefixes, params, chunk)
         replies: list[list[Reply]] = [[] for _ in plans]
         for group in reader.decode_groups([p.held_tokens(params) for p in plans]):
             where = f"samples {group[0] + 1}-{group[-1] + 1}/{len(plans)}"
@@ -139,8 +138,12 @@ class MultiturnRun(Multiturn):
             for number, i in enumerate(group, 1):
                 ctx.status(f"{where}: prefill {number}/{len(group)}")
                 cache = session.new_cache(method, decoded_reads=params.reads == "decoded")
-                prefilled = reader.shared_prefill().get(session, prefixes[i]) if shared else None
-                last, _, _ = prefill(session, cache, prefixes[i], method, prefilled=prefilled)
+                prefilled = None
+                if store and shares_prefill(session, method, len(prefixes[i]), chunk):
+                    prefilled = store.get(session, prefixes[i], chunk, method.prompt_queries)
+                last, _, _ = prefill(session, cache, prefixes[i], method, chunk=chunk,
+                                     prefilled=prefilled)
+                del prefilled
                 caches.append(cache)
                 logits.append(last[-1])
             answer = _multi_turn if params.mode == "multi-turn" else _multi_request
@@ -293,6 +296,7 @@ def output(params: MultiturnParams, method: Implementation, reader: Reader, plan
             "haystack": f"text {params.essay!r} in place of RULER's Paul Graham essays",
             "codec_reads": reads,
             "layout": method.layout(),
+            "prefill_chunk": reader.prefill_chunk(method, params.prefill_chunk),
         },
         comparable={"prompts_sha256": hashlib.sha256(",".join(hashes).encode()).hexdigest(),
                     "model": reader.session.spec, "model_dtype": reader.session.dtype},

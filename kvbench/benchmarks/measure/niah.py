@@ -46,7 +46,8 @@ class NiahRun(Niah):
                 "prompt_sha256s": [r["prompt_sha256"] for r in records],
                 "predictions": [r["prediction"] for r in records],  # the gate lists flips
                 "haystack": haystack_note(params.task, params.essay),
-                **common_info(replies, method, params.reads),
+                **common_info(replies, method, params.reads,
+                              reader.prefill_chunk(method, params.prefill_chunk)),
             },
             comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
                         "model_dtype": reader.session.dtype},

@@ -1,7 +1,8 @@
 """`perplexity`: the continuation is scored through the method's cache, never around it.
 
 Protocol, per window of context + continuation tokens: prefill `context` tokens through the
-method's cache (a KVBenchCache on torch, its twin on mlx-lm) in one forward, call end_prefill()
+method's cache (a KVBenchCache on torch, its twin on mlx-lm) in forwards of `prefill_chunk`
+tokens (kvbench.benchmarks.measure.prefill_chunks; the plain reference alike), call end_prefill()
 (compaction methods compress here), then decode the continuation through the same cache
 `decode_chunk` tokens at a time. Token i is scored from the logits at position i-1; the first
 continuation token from the prefill's last logits. Every window gets a fresh cache.
@@ -44,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
+from kvbench.benchmarks.measure.prefill_chunks import case_prefill_chunk
 from kvbench.benchmarks.measure.prompt_logprobs import (
     ScoringError, continuation_nll, prompt_logprobs,
 )
@@ -105,10 +107,13 @@ class PerplexityRun(Perplexity):
         calibration = read[-1][1][: params.calibration]  # after the last window
         ctx.status("calibrate")
         session.calibrate(method, calibration)
-        plain_nll = [_plain_nll(ctx, session, params, i, windows) for i in range(len(windows))]
+        chunk = case_prefill_chunk(ctx, session, method, params.prefill_chunk)
+        plain_nll = [_plain_nll(ctx, session, params, i, windows, chunk)
+                     for i in range(len(windows))]
 
         session.reset_peak_memory()
-        nll, timed, kept = _method_passes(session, windows, params, method, ctx, plain_nll)
+        nll, timed, kept = _method_passes(session, windows, params, method, ctx, plain_nll,
+                                          chunk)
         figures, info = _perplexity_figures(self.metrics, params, offsets, nll[0], plain_nll,
                                             ctx.seed)
         peak_bytes, peak_what = session.peak_memory()
@@ -122,7 +127,8 @@ class PerplexityRun(Perplexity):
                 **_bytes_metrics(m, kept, counters),
                 **_timing_metrics(m, timed, params.time_against_plain),
             },
-            info={"layout": method.layout(), **info, "peak_memory_bytes": peak_bytes,
+            info={"layout": method.layout(), **info, "prefill_chunk": chunk,
+                  "peak_memory_bytes": peak_bytes,
                   "peak_memory": f"{peak_what}{lockstep}",
                   **counters},
             comparable=comparable,
@@ -136,7 +142,8 @@ class PerplexityRun(Perplexity):
         import httpx
 
         target = params.target
-        plain_nll = [_plain_nll(ctx, session, params, i, windows) for i in range(len(windows))]
+        plain_nll = [_plain_nll(ctx, session, params, i, windows, 0)
+                     for i in range(len(windows))]
         uses_method = target.kind == "kvbench"
         if uses_method:
             # the context prefilled in one forward, as in process (the server chunks at 512)
@@ -220,7 +227,7 @@ def _check_repeats(nll: list[list[float]]) -> None:
 
 def _method_passes(
     session: Session, windows: list[list[int]], params: PerplexityParams,
-    method: Implementation, ctx: RunContext, plain_nll: list[float],
+    method: Implementation, ctx: RunContext, plain_nll: list[float], chunk: int,
 ) -> tuple[list[list[float]], list[tuple[_Pass | None, _Pass]], list[_Kept]]:
     """Every repeat's pass over every window: (the method's NLL per repeat and window, the
     passes for their timings (the plain cache's in lockstep or None, the method's), what the
@@ -233,7 +240,7 @@ def _method_passes(
         kept.clear()
         for i, window in enumerate(windows):
             plain, mine = _run_lockstep(session, window, params, method, ctx.seed,
-                                        _in_window(ctx.status, i, len(windows)))
+                                        _in_window(ctx.status, i, len(windows)), chunk)
             nll[-1].append(mine.nll)
             kept.append(_kept(session, mine.cache))
             for run in (plain, mine):
@@ -248,19 +255,22 @@ def _method_passes(
 
 
 def _plain_nll(ctx: RunContext, session: Session, params: PerplexityParams, i: int,
-               windows: list[list[int]]) -> float:
-    """The plain cache's NLL sum over window i's continuation: made once per window, model and
-    backend in a run, shared by every method's case."""
+               windows: list[list[int]], chunk: int) -> float:
+    """The plain cache's NLL sum over window i's continuation, its context prefilled in
+    forwards of `chunk` tokens as the method's: made once per window, model, backend and chunk
+    in a run, shared by every method's case."""
     window = windows[i]
 
     def score() -> float:
         plain = _Pass(session.new_cache(None))
         status = _in_window(ctx.status, i, len(windows))
-        _score(session, window, params, [(plain, None)], lambda text: status(f"reference {text}"))
+        _score(session, window, params, [(plain, None)], lambda text: status(f"reference {text}"),
+               chunk)
         return plain.nll
 
+    one_forward = 0 if chunk >= params.context else chunk
     return ctx.memo.get(("perplexity.plain_nll", *session.memo_key, tokens_sha256(window),
-                         params.context, params.decode_chunk), score)
+                         params.context, params.decode_chunk, one_forward), score)
 
 
 def _in_window(status: Callable[[str], None], i: int, count: int) -> Callable[[str], None]:
@@ -270,27 +280,30 @@ def _in_window(status: Callable[[str], None], i: int, count: int) -> Callable[[s
 
 def _run_lockstep(
     session: Session, window: list[int], params: PerplexityParams, method: Implementation,
-    seed: int, status: Callable[[str], None],
+    seed: int, status: Callable[[str], None], chunk: int,
 ) -> tuple[_Pass | None, _Pass]:
     """(the plain cache's pass in lockstep with the method's, or None without
     time_against_plain; the method's pass) over one window, each through a fresh cache."""
     plain = _Pass(session.new_cache(None)) if params.time_against_plain else None
     torch.manual_seed(seed)  # methods drawing random rotations draw the same ones every time
     mine = _Pass(session.new_cache(method))
-    _score(session, window, params, ([(plain, None)] if plain else []) + [(mine, method)], status)
+    _score(session, window, params, ([(plain, None)] if plain else []) + [(mine, method)], status,
+           chunk)
     return plain, mine
 
 
 def _score(session: Session, window: list[int], params: PerplexityParams,
            runs: list[tuple[_Pass, Implementation | None]],
-           status: Callable[[str], None]) -> None:
-    """Prefill (and each method's reference probe), end_prefill, then decode and score the
-    window through every run's cache in lockstep: each step feeds the runs in order."""
+           status: Callable[[str], None], prefill_chunk: int) -> None:
+    """Prefill in forwards of `prefill_chunk` tokens (and each method's reference probe),
+    end_prefill, then decode and score the window through every run's cache in lockstep: each
+    step feeds the runs in order."""
     context, total, chunk = params.context, len(window), params.decode_chunk
     status("prefill")
     for run, run_method in runs:
         session.reserve(run.cache, total - 1)  # the last token is only scored
-        logits, forward_s, compact_s = prefill(session, run.cache, window[:context], run_method)
+        logits, forward_s, compact_s = prefill(session, run.cache, window[:context], run_method,
+                                               chunk=prefill_chunk)
         run.prefill_s = forward_s + compact_s
         run.nll = _nll_sum(logits, window[context : context + 1])
 

@@ -10,21 +10,20 @@ from typing import Any, Callable
 
 from kvbench.benchmarks.measure.answering import Answer, ChatFrame, answer_all, frame
 from kvbench.benchmarks.measure.context import RunContext
+from kvbench.benchmarks.measure.prefill_chunks import case_prefill_chunk
 from kvbench.benchmarks.specs.retrieval import RETRIEVAL_METRICS, RetrievalParams
 from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
 from kvbench.data.ruler import TASKS, RulerSample, make_sample
 from kvbench.data.text import load_text, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
+from kvbench.methods import implementation
+from kvbench.models import budgets
 from kvbench.models.session import Session, kv_bytes_per_layer_token, shares_prefill
 from kvbench.models.shared_prefill import PrefillStore
 
 METRIC_NAMES = {"all": "string_match_all", "part": "string_match_part"}
 CALIBRATION_TOKENS = 512  # from the end of the essay text: far from any haystack at 8k
-# Samples decoded together: one-token steps are bound by reading the weights, which a batched
-# step reads once for all its rows; the rows' caches are held at once, hence the budget.
-MAX_ROWS = 16
-DECODE_KV_BUDGET = 2 << 30  # bytes of plain K+V (the prompts' tokens at the model's dtype)
 
 @dataclass
 class Reader:
@@ -57,30 +56,48 @@ class Reader:
         key = ("ruler_sample", self.session.spec, self.ctx.chat.key(), source, fixed)
         return self.ctx.memo.get(key, lambda: make_sample(count_tokens=count, **kwargs))
 
-    def shared_prefill(self) -> PrefillStore:
-        """The run's recorded prompts (kvbench.models.shared_prefill)."""
-        return self.ctx.memo.get(("prefill_store",), PrefillStore)
+    def prefill_chunk(self, method: Implementation, asked: int) -> int:
+        """Tokens per prefill forward (kvbench.benchmarks.measure.prefill_chunks)."""
+        return case_prefill_chunk(self.ctx, self.session, method, asked)
+
+    def shared_prefill(self, method: Implementation, prompts: list[list[int]], params: Any,
+                       chunk: int) -> PrefillStore | None:
+        """The run's recorded prompts (kvbench.models.shared_prefill) where the method takes
+        them, told which of this case's prompts to keep: those a later case of the run (same
+        benchmark parameters, a method that shares the prefill) will read again."""
+        def shares(other: Implementation) -> bool:
+            return any(shares_prefill(self.session, other, len(ids), chunk) for ids in prompts)
+
+        if not shares(method):
+            return None
+        store = self.ctx.memo.get(("prefill_store",), PrefillStore)
+        later = any(case.params == params and case.backend == self.ctx.backend
+                    and case.chat == self.ctx.chat
+                    and shares(implementation(case.settings, case.backend))
+                    for case in self.ctx.memo.later)
+        store.expect(self.session, prompts if later else [], chunk)
+        return store
 
     def answer(self, method: Implementation, samples: list[RulerSample], params: RetrievalParams,
                extras: list[dict[str, Any]] | None = None,
                enough: Callable[[list[float]], bool] = lambda scores: False,
                ) -> tuple[list[dict], list[Answer]]:
-        """Answer the samples, decoded together in groups that fit DECODE_KV_BUDGET; each record
+        """Answer the samples, decoded together in groups (decode_groups); each record
         (with its `extras`) is kept in predictions.jsonl as its group finishes. After each
         group, enough(the scores so far) may end the case before the rest."""
         prompts = [frame(self.session.tokenizer, self.chat, sample.context, sample.question,
                          sample.answer_prefix) for sample in samples]
         extras = extras or [{} for _ in samples]
-        if shares_prefill(self.session, method):
-            self.shared_prefill().expect(self.session, [p.compressed(params.compress)
-                                                        for p in prompts])
+        chunk = self.prefill_chunk(method, params.prefill_chunk)
+        shared = self.shared_prefill(method, [p.compressed(params.compress) for p in prompts],
+                                     params, chunk)
         records, replies = [], []
         for group in self.decode_groups([len(prompt.ids) for prompt in prompts]):
             where = f"samples {group[0] + 1}-{group[-1] + 1}/{len(samples)}: "
             answers = answer_all(self.session, method, [prompts[i] for i in group],
                                  params.compress, [samples[i].tokens_to_generate for i in group],
                                  params.reads, lambda text: self.ctx.status(where + text),
-                                 self.shared_prefill())
+                                 shared, chunk)
             for i, reply in zip(group, answers, strict=True):
                 sample, metric = samples[i], TASKS[samples[i].task].metric
                 record = {
@@ -100,16 +117,21 @@ class Reader:
         return records, replies
 
     def decode_groups(self, prompt_tokens: list[int]) -> list[list[int]]:
-        """Consecutive samples decoded together: at most MAX_ROWS, their prompts' plain K+V (at
-        the model's dtype, every row as long as the group's longest) within DECODE_KV_BUDGET."""
+        """Consecutive samples decoded together (one-token steps are bound by reading the
+        weights, which a batched step reads once for all its rows): at most budgets.MAX_ROWS,
+        their prompts' plain K+V (at the model's dtype, every row as long as the group's
+        longest) within a share of the device's free memory, sized once per run
+        (kvbench.models.budgets.decode_budget)."""
         s = self.session
         per_token = s.num_layers * kv_bytes_per_layer_token(s, s.kv_element_size)
+        budget = self.ctx.memo.get(("decode_budget", *s.memo_key),
+                                   lambda: budgets.decode_budget(s.free_memory()))
         groups: list[list[int]] = [[]]
         for index, tokens in enumerate(prompt_tokens):
             group = groups[-1]
             longest = max([prompt_tokens[i] for i in group] + [tokens])
-            if group and (len(group) == MAX_ROWS
-                          or (len(group) + 1) * longest * per_token > DECODE_KV_BUDGET):
+            if group and (len(group) == budgets.MAX_ROWS
+                          or (len(group) + 1) * longest * per_token > budget):
                 group = []
                 groups.append(group)
             group.append(index)
@@ -135,7 +157,8 @@ def score_metrics(scores: list[float], replies: list[Answer]) -> dict[str, Any]:
     }
 
 
-def common_info(replies: list[Answer], method: Implementation, reads: str) -> dict[str, Any]:
+def common_info(replies: list[Answer], method: Implementation, reads: str,
+                chunk: int) -> dict[str, Any]:
     if replies[0].decoded_reads:
         path = "decoded once"
     elif reads == "packed":
@@ -148,6 +171,7 @@ def common_info(replies: list[Answer], method: Implementation, reads: str) -> di
         "answer_s": [r.seconds for r in replies],
         "codec_reads": path,
         "layout": method.layout(),
+        "prefill_chunk": chunk,
     }
 
 

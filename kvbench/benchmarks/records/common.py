@@ -32,6 +32,8 @@ class AnsweringRecord(Record):
     answer_s: list[float] | None = None
     codec_reads: str | None = None
     layout: str | None = None
+    # tokens per prefill forward; 0: each prompt in one forward (the method reads it at once)
+    prefill_chunk: int | None = None
 
 
 class ServedRecord(Record):

@@ -49,6 +49,7 @@ class PerplexityRecord(ServedRecord):
     vs_plain: VsPlain | None = None
     # in process
     peak_memory_bytes: int | None = None
+    prefill_chunk: int | None = None  # tokens per prefill forward (0: the context in one)
     peak_memory: str | None = None  # what peak_memory_bytes measured
     # through a server
     scored_by: str | None = None  # how the server scored the windows, in words

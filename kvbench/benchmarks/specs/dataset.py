@@ -11,6 +11,7 @@ from typing import Literal
 from kvbench.benchmarks.records.dataset import DatasetRecord
 from kvbench.benchmarks.reports.dataset import REPORT
 from kvbench.benchmarks.specs.base import MetricSpec, ModelBenchmark, register_benchmark
+from kvbench.benchmarks.specs.prefill import prefill_chunk_param
 from kvbench.benchmarks.specs.retrieval import READS, RETRIEVAL_METRICS
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.data.prompt_template import LONGBENCH_QA, PromptTemplate
@@ -84,6 +85,7 @@ class DatasetParams(Settings):
         " prefilled and compressed, then the rest is fed and answered from the compressed"
         " cache; context+question: the whole prompt is compressed")
     reads: Literal["decoded", "packed"] = param("decoded", meaning=READS)
+    prefill_chunk: int = prefill_chunk_param()
 
     def check(self) -> None:
         if self.data is None:

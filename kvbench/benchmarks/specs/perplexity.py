@@ -16,6 +16,7 @@ from kvbench.config.extras import lacks
 from kvbench.config.fields import LibraryMissing, SettingError, at_least, param
 from kvbench.benchmarks.records.perplexity import PerplexityRecord
 from kvbench.benchmarks.reports.perplexity import REPORT
+from kvbench.benchmarks.specs.prefill import prefill_chunk_param
 from kvbench.benchmarks.specs.base import (
     MetricSpec, TextModelBenchmark, TextWindowParams, register_benchmark,
 )
@@ -35,6 +36,7 @@ class PerplexityParams(TextWindowParams):
                               " (at least 2: one decode step)")
     decode_chunk: int = param(1, range=at_least(1), meaning="tokens per decode step; 1 is true"
                               " token-by-token decode")
+    prefill_chunk: int = prefill_chunk_param()
     windows: int = param(1, range=at_least(1),
                          rule="they and calibration fit in the text after offset (checked as"
                          " the case starts)",

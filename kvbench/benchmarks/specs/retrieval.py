@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from kvbench.config.fields import Settings, SettingError, param
 from kvbench.benchmarks.specs.base import MetricSpec, ModelBenchmark
+from kvbench.benchmarks.specs.prefill import prefill_chunk_param
 from kvbench.data.text import parse_hf_source, resolve_text
 from kvbench.models.info import ModelInfo
 
@@ -47,6 +48,7 @@ class RetrievalParams(Settings):
                        ' shipped): "pydoc", a text file, or'
                        ' "hf:<dataset>[:<config>]:<split>:<column>"')
     reads: Literal["decoded", "packed"] = param("decoded", meaning=READS)
+    prefill_chunk: int = prefill_chunk_param()
 
     def check(self) -> None:
         if self.essay.startswith("hf:"):

@@ -130,7 +130,8 @@ class StressParams(Settings):
                                        " starts that the long-prompt user sends its request")
     prefill_chunk: int = param(0, range=at_least(0), meaning="`kvbench serve --prefill-chunk`:"
                                " prompt tokens per prefill forward, the others' decode steps"
-                               " between (0: its default, 512). A chunk as long as the prompt"
+                               " between (0: its default, from the model and device: 512 on a"
+                               " CPU, up to 2048 on a GPU). A chunk as long as the prompt"
                                " prefills it in one forward, as before chunked prefill")
     prefix_cache: int = param(0, range=at_least(0), meaning="`kvbench serve --prefix-cache`:"
                               " prompt prefixes (whole prefill chunks) the server keeps to start"

@@ -338,6 +338,10 @@ class CodecMethod(Implementation):
     def shares_prefill(self) -> bool:
         return self.prefill_reads == "exact" or self.window >= UNBOUNDED_WINDOW
 
+    @property
+    def shares_chunked_prefill(self) -> bool:
+        return self.window >= UNBOUNDED_WINDOW  # exact reads: a forward's own tokens only
+
     def new_layer_cache(self, layer_idx: int) -> CodecCache:
         return CodecCache(*self.layer_codecs, self.window, self.on.arrays, sinks=self.sinks,
                           in_place=self.in_place)
@@ -347,19 +351,16 @@ class CodecMethod(Implementation):
 
     @functools.cached_property
     def layer_codecs(self) -> tuple[Codec, Codec]:
-        """The key and the value codec, one object that every layer of every cache shares: a
-        codec keeps nothing of what it packed, and a shared one lets a batched step pack the keys
-        and values of all its rows at once (append_rows)."""
+        """The key and the value codec, one object every layer of every cache shares (it keeps
+        nothing it packed): a batched step packs all its rows at once (append_rows)."""
         codec = self.codec()
         return codec, codec
 
 
 def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
     """Row i of keys and values (rows, kv_heads, tokens, head_dim) appended to policies[i]:
-    CodecCaches whose codecs are the same objects and chunk_separable, packing as many tokens
-    now, pack them for all their rows in one encode (keys and values together where one codec
-    packs both; each row's bytes are those its own encode makes); any other policy appends its
-    row alone."""
+    CodecCaches sharing chunk_separable codecs and packing as many tokens now pack all their rows
+    in one encode (each row's bytes its own encode's); any other policy appends its row alone."""
     groups: dict[tuple, list] = {}
     for row, policy in enumerate(policies):
         k, v = keys[row : row + 1], values[row : row + 1]
@@ -384,9 +385,8 @@ def append_rows(policies: list[LayerCachePolicy], keys, values) -> None:
 
 def encode_rows(key_codec: Codec, value_codec: Codec, keys: list, values: list,
                 ops) -> tuple[Packed, Packed, int]:
-    """The arrays in `keys` and in `values` joined along the batch and packed, keys and values
-    in one encode where one codec packs both: (packed keys, packed values, the row of the packed
-    values where the values begin)."""
+    """`keys` and `values` joined along the batch and packed, in one encode where one codec packs
+    both: (packed keys, packed values, the row of the packed values where the values begin)."""
     if key_codec is value_codec:
         packed = key_codec.encode(ops.concat([*keys, *values], axis=0))
         return packed, packed, sum(k.shape[0] for k in keys)

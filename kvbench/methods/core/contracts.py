@@ -130,7 +130,9 @@ class LayerCachePolicy(ABC):
     observes_queries: bool = False
 
     @abstractmethod
-    def append(self, keys, values, queries=None) -> None: ...
+    def append(self, keys, values, queries=None) -> None:
+        """Take the step's keys and values. They may be kept as they are, never written into:
+        a shared prefill hands every method the same arrays (kvbench.models.shared_prefill)."""
 
     @abstractmethod
     def attention_inputs(self) -> tuple[Any, Any, Any]:
@@ -232,61 +234,6 @@ class LayerCachePolicy(ABC):
         return {}
 
 
-def _forwarded(name: str) -> property:
-    """A read-only property that reads the wrapped policy's."""
-    return property(lambda self: getattr(self.inner, name))
-
-
-class WrappedPolicy(LayerCachePolicy):
-    """Stores exactly what `inner` stores and forwards every call to it; a subclass changes only
-    how attention reads it (sparse-V) or what arrays cross over (MLX bridging)."""
-
-    def __init__(self, inner: LayerCachePolicy):
-        self.inner = inner
-
-    def append(self, keys, values, queries=None) -> None:
-        self.inner.append(keys, values, queries)
-
-    def attention_inputs(self):
-        return self.inner.attention_inputs()
-
-    def observe_queries(self, queries) -> None:
-        self.inner.observe_queries(queries)
-
-    def begin_prompt(self, tokens: int) -> None:
-        self.inner.begin_prompt(tokens)
-
-    def reserve(self, tokens: int) -> None:
-        self.inner.reserve(tokens)
-
-    def end_prefill(self) -> None:
-        self.inner.end_prefill()
-
-    def after_read(self) -> None:
-        self.inner.after_read()
-
-    def trim(self, n: int) -> int:
-        return self.inner.trim(n)
-
-    def holds_exactly(self, newest: int) -> bool:
-        return self.inner.holds_exactly(newest)
-
-    def keep_decoded(self) -> bool:
-        return self.inner.keep_decoded()
-
-    observes_queries = _forwarded("observes_queries")
-    summary_slots = _forwarded("summary_slots")
-    seen_tokens = _forwarded("seen_tokens")
-    retained_tokens = _forwarded("retained_tokens")
-    retained_bytes = _forwarded("retained_bytes")
-
-    def measured_bytes(self) -> int:
-        return self.inner.measured_bytes()
-
-    def counters(self) -> dict[str, float]:
-        return self.inner.counters()
-
-
 class Backend(Protocol):
     """Where an implementation runs, as kvbench.methods.implementation hands it over: the array
     library's name and arrays (kvbench.backends.arrays), and how to build another method's
@@ -340,6 +287,20 @@ class Implementation(ABC):
         bias. A prompt prefilled once (kvbench.models.shared_prefill) may then be handed to its
         cache. kvbench.testing.check_method verifies the claim on the tiny model."""
         return False
+
+    @property
+    def shares_chunked_prefill(self) -> bool:
+        """shares_prefill also when the prompt is fed in several forwards: its policies hold
+        every token exactly until end_prefill, so a later chunk attends over the earlier ones as
+        the plain model's would (a codec that encodes as the prompt comes does not)."""
+        return self.shares_prefill
+
+    @property
+    def prompt_queries(self) -> int | None:
+        """How many of the prompt's newest queries its policies read before end_prefill: 0
+        none, n the newest n (snapkv's window), None every one (h2o's scores). A shared
+        prefill records only these."""
+        return 0
 
     def reference_probe(self, prompt: list[int]) -> list[int]:
         return self.settings.reference_probe(prompt)

@@ -2,7 +2,8 @@
 steps, which tells it what it skipped (kvbench.methods.settings.sparse_v)."""
 from __future__ import annotations
 
-from kvbench.methods.core.contracts import LayerCachePolicy, WrappedPolicy
+from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.wrapped_policy import WrappedPolicy
 
 
 class SparseVCache(WrappedPolicy):

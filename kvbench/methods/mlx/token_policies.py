@@ -10,7 +10,8 @@ parity; an Apple Silicon port that keeps the arrays in MLX would be measured aga
 from __future__ import annotations
 
 from kvbench.backends.mlx_arrays import to_mx, to_torch
-from kvbench.methods.core.contracts import Implementation, LayerCachePolicy, WrappedPolicy
+from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
+from kvbench.methods.core.wrapped_policy import WrappedPolicy
 from kvbench.methods.settings.am import AM, AMTask
 from kvbench.methods.settings.base import implements, registered_implementation
 from kvbench.methods.settings.butterfly import Butterfly
@@ -43,6 +44,10 @@ class MLXTokenMethod(Implementation):
     def shares_prefill(self) -> bool:
         # the bridge hands the policy the model's keys and values exactly (lossless copies)
         return self.reference.shares_prefill
+
+    @property
+    def prompt_queries(self) -> int | None:
+        return self.reference.prompt_queries
 
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         return TorchPolicyOnMLX(self.reference.new_layer_cache(layer_idx))

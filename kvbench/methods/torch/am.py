@@ -19,6 +19,10 @@ from kvbench.methods.torch.token_cache import ScorerCache, per_kv_head
 class AMCache(ScorerCache):
     method: AM
 
+    @classmethod
+    def queries_read(cls, method: AM) -> int | None:
+        return 0 if method.queries == "repeat" else None
+
     def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(1, Hq, n, D) queries, and with `causal` their prompt positions (n,): the model's own
         queries over the prompt, or (`queries: repeat`) those of the prompt fed again after
@@ -73,6 +77,10 @@ class AMCache(ScorerCache):
 @implements(AMTask)
 class AMTaskCache(AMCache):
     method: AMTask
+
+    @classmethod
+    def queries_read(cls, method: AMTask) -> int | None:
+        return method.task_tokens
 
     def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A task prompt's queries: a probe taken back before end_prefill (it came after every

@@ -68,6 +68,10 @@ class StreamingCache(ScorerCache):
 class SnapKVCache(ScorerCache):
     method: SnapKV
 
+    @classmethod
+    def queries_read(cls, method: SnapKV) -> int | None:
+        return method.window
+
     def observe(self, queries: torch.Tensor) -> None:
         # only the observation window is needed: keep the newest `window` queries, copied so
         # that the chunk's queries they were cut from are freed

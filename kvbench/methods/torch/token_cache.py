@@ -29,6 +29,12 @@ class TokenCache(LayerCachePolicy):
         return type(f"Torch{cls.__name__}", (TorchTokenMethod,),
                     {"cache": cls, "__module__": cls.__module__})
 
+    @classmethod
+    def queries_read(cls, method: TokenMethod) -> int | None:
+        """Implementation.prompt_queries of this policy under `method`'s settings (unless a
+        policy says otherwise: every query it is shown)."""
+        return None
+
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
@@ -145,6 +151,10 @@ class ScorerCache(TokenCache):
         self.method = method
         self.observes_queries = self.reads_queries
         self.size: int | None = None  # tokens kept per head, once the prompt is reduced
+
+    @classmethod
+    def queries_read(cls, method: TokenMethod) -> int | None:
+        return None if cls.reads_queries else 0
 
     def protected(self, size: int) -> tuple[int, int]:
         """(sinks, window): the first and the newest tokens always kept, out of `size`."""
@@ -317,6 +327,10 @@ class TorchTokenMethod(Implementation):
         # keys and values kept as the model made them, every token until end_prefill, no bias
         # before; evicting every chunk, later chunks attend over what is kept instead
         return not self.settings.evicts_every_chunk()
+
+    @property
+    def prompt_queries(self) -> int | None:
+        return self.cache.queries_read(self.settings)
 
     def new_layer_cache(self, layer_idx: int) -> LayerCachePolicy:
         return self.cache(self.settings)
