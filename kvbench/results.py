@@ -90,6 +90,15 @@ class CaseError(_Record):
     traceback: str
 
 
+class Footprint(_Record):
+    """What kvbench.run.case recorded of a model-running case's memory: its figures are among the
+    case's metrics (kvbench.benchmarks.specs.base.FOOTPRINT_METRICS), `metrics` names those it
+    added (a benchmark's own metric of the same name stands), `probe` what the peak measured."""
+
+    probe: str
+    metrics: list[str] = Field(default_factory=list)
+
+
 class CaseResult(_Record):
     id: str
     benchmark: str
@@ -115,6 +124,7 @@ class CaseResult(_Record):
     # What was wrong with a case that finished (a non-finite metric, say).
     warnings: list[str] = Field(default_factory=list)
     info: dict[str, Any] = Field(default_factory=dict)
+    footprint: Footprint | None = None  # None: not a model-running case, or an older record
     error: CaseError | None = None
     started: str = ""
     duration_s: float = 0.0

@@ -24,6 +24,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.models.hf_cache import KVBenchCache, step_length, with_cache
 from kvbench.models.batch_lane import lane_step
+from kvbench.models.footprint import observe
 from kvbench.models.host import BatchRead, append_batch
 
 MIN_ROWS = 4
@@ -98,7 +99,9 @@ class BatchStep(Cache):
         x = torch.tensor([[token] for token in ids] + [[0]] * blank, device=device)
         positions = self.positions().to(device)
         positions = torch.cat([positions, positions.new_zeros(blank, 1)])
-        return self.run(model, x, positions)[: len(ids), -1].float()
+        logits = self.run(model, x, positions)[: len(ids), -1].float()
+        observe(*self.caches)  # the case's footprint: the rows' caches, together
+        return logits
 
     def run(self, model, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The model's logits (rows, 1, vocab) for token ids x and RoPE positions (rows, 1)."""

@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.methods.external.library_prefill import LibraryPrefill
+from kvbench.models.footprint import observe
 from kvbench.models.host import CacheHost, LayerHost
 from kvbench.models.layer_kinds import FULL, HYBRID, SLIDING, LayerKind, hosted_layers
 
@@ -240,8 +241,20 @@ class KVBenchCache(CacheHost, Cache):
             output = self.method.prefill_forward(model, ids, self.policies, **kwargs)
             for layer in self.layers:
                 layer.filled_elsewhere()
-            return output
-        return model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self, **kwargs)
+        else:
+            output = model(ids, **with_cache(model, self), use_cache=True, kvbench_cache=self,
+                           **kwargs)
+        observe(self)  # the case's footprint: the cache's size as each forward ends
+        return output
+
+    def end_prefill(self) -> None:
+        observe(self, settled=True)  # before compaction too: an ingested prompt is held whole
+        super().end_prefill()
+        observe(self, settled=True)
+
+    def crop(self, *args, **kwargs) -> None:
+        super().crop(*args, **kwargs)
+        observe(self, settled=True)
 
 
 def transformers_layers(config: Any, kinds: list[LayerKind | None]) -> list | None:

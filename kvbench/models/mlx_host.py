@@ -28,6 +28,7 @@ import mlx.core as mx
 from kvbench.backends.mlx_arrays import MLX_ARRAYS
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy
 from kvbench.methods.external.mlx_lm_cache import MLXLMLayer
+from kvbench.models.footprint import observe
 from kvbench.models.host import CacheHost, LayerHost
 from kvbench.models.layer_kinds import FULL, HYBRID, SLIDING, LayerKind, hosted_layers
 from kvbench.models.mlx_architectures import library_caches, mlx_layer_kind
@@ -226,6 +227,11 @@ class MLXKVBenchCache(CacheHost):
     def state(self) -> list[mx.array]:
         return [a for layer in self.layers for a in layer_arrays(layer)]
 
+    def end_prefill(self) -> None:
+        observe(self, settled=True)  # the case's footprint, before and after compaction
+        super().end_prefill()
+        observe(self, settled=True)
+
     def library_bytes(self) -> int:
         """Bytes of the arrays mlx-lm's own caches hold, as they hold them (nbytes: a window's
         buffer, a recurrent state): its layers', and the states beside hybrid layers'
@@ -291,6 +297,13 @@ def held_arrays(obj: Any, _seen: set[int] | None = None, _depth: int = 0) -> lis
 
 
 def mlx_logits(model, ids: mx.array, cache, last_only: bool = False) -> mx.array:
+    logits = _logits(model, ids, cache, last_only)
+    if isinstance(cache, MLXKVBenchCache):
+        observe(cache)  # the case's footprint: the cache's size as each forward ends
+    return logits
+
+
+def _logits(model, ids: mx.array, cache, last_only: bool) -> mx.array:
     layers = cache.layers if isinstance(cache, MLXKVBenchCache) else cache
     if last_only and type(model).__module__ in _PLAIN_HEAD:
         hidden = model.model(ids, layers)[:, -1:, :]

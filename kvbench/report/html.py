@@ -10,6 +10,8 @@ DIR/index.html holds, for every run given:
   Pareto front (per run and benchmark parameters) marked; each method's settings that differ
   from its defaults; a byte ratio's column names what it is against; sortable by any column,
   filterable by method family;
+- the memory footprint of every model-running case (peak, what was held at its start, the
+  method's caches at their largest, kvbench's evaluation overhead), where the runs recorded it;
 - the run's claims, with verdict (an unmet goal with its reason, a skipped claim with the model
   it was calibrated on) and where each was stated
   (`suite.yaml:line`);
@@ -32,6 +34,7 @@ from kvbench.judge.gate import fingerprint_differences
 from kvbench.report.html_assets import SCRIPT, STYLE
 from kvbench.report.html_boards import leaderboard
 from kvbench.report.html_figures import headline_figures
+from kvbench.report.html_footprint import footprint_section
 from kvbench.report.html_paired import against_identity_section
 from kvbench.report.html_parts import esc, row, section, table
 from kvbench.report.html_run import Run
@@ -81,6 +84,7 @@ def render_page(runs: list[Run]) -> str:
         against_identity_section(runs, kinds),
         _family_filter(families),
         *(leaderboard(kind, runs, anchors) for kind in kinds),
+        footprint_section(runs, anchors),
         _claims(runs, anchors),
         _runs_table(runs),
         _comparison(runs, anchors) if len(runs) > 1 else "",

@@ -11,7 +11,7 @@ from kvbench.report.html_parts import esc, row, section, table
 from kvbench.report.html_run import Run
 from kvbench.reportkit.benchmark import Board
 from kvbench.reportkit.figures import as_lower_better, method_family, pareto_front
-from kvbench.reportkit.tables import Cell
+from kvbench.reportkit.tables import Cell, recorded_by_runner
 from kvbench.report.markdown import benchmark_report
 from kvbench.report.method_settings import non_default
 from kvbench.report.metric_labels import metric_description, metric_label, reference
@@ -106,7 +106,9 @@ def board_of(kind: str, cases: list[CaseResult]) -> Board:
     declared = benchmark_report(kind).board
     if declared is not None:
         return declared
-    names = list(dict.fromkeys(m for case in cases for m in case.metrics))
+    recorded = recorded_by_runner(cases)  # the memory footprint: its own section
+    names = [m for m in dict.fromkeys(m for case in cases for m in case.metrics)
+             if m not in recorded]
     return Board(None, None, tuple(names[:_FALLBACK_COLUMNS]))
 
 

@@ -10,8 +10,9 @@ from kvbench.judge.claims import NOT_SEPARATED, parse_claim
 from kvbench.judge.gate import GateReport, GateRow
 from kvbench.report.flipped import flipped_section
 from kvbench.reportkit.benchmark import BenchmarkReport
+from kvbench.reportkit.footprint import footprint_section
 from kvbench.reportkit.tables import (
-    benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table,
+    benchmark_table, by_benchmark, fmt_number, fmt_ratio, md_table, method_table, own_metrics,
 )
 from kvbench.files import atomic_write_text
 from kvbench.results import CaseResult, RunResult
@@ -29,7 +30,8 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
     groups = by_benchmark(result.cases)
     reports = {benchmark: benchmark_report(benchmark) for benchmark in groups}
     for benchmark, cases in groups.items():
-        parts.append(f"## {benchmark}\n\n{benchmark_table(cases, reports[benchmark].row)}")
+        table = benchmark_table(cases, reports[benchmark].row, own_metrics(cases))
+        parts.append(f"## {benchmark}\n\n{table}")
         # what the benchmark adds below its table: summaries and figures (written to out_dir
         # when given; the same text either way)
         parts += [part for part in reports[benchmark].sections(result, out_dir) if part]
@@ -38,6 +40,9 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
     if across:
         parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
                      f" ran it.\n\n{across}")
+    footprint = footprint_section(result.cases)
+    if footprint:
+        parts.append(footprint)
     claims = claims_section(result.cases)
     if claims:
         parts.append(claims)

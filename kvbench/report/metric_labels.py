@@ -6,6 +6,7 @@ metric of the same name is labelled by what it declares."""
 from __future__ import annotations
 
 from kvbench.benchmarks import BENCHMARKS
+from kvbench.benchmarks.specs.base import known_metrics
 
 ARROWS = {"higher": "↑", "lower": "↓"}
 SIXTEEN_BIT = "vs 16-bit K/V"  # the built-ins' compression_ratio: "16-bit K+V ... / ..."
@@ -15,7 +16,7 @@ OWN_CACHE = "vs the model's own cache"  # retained_kv: "... / the plain cache's 
 def metric_description(kind: str, name: str) -> str:
     """The benchmark's description of the metric; "" when it cannot be looked up here."""
     try:
-        spec = BENCHMARKS.get(kind).metrics.get(name)
+        spec = known_metrics(BENCHMARKS.get(kind)).get(name)
     except Exception:  # a plug-in not installed where the page is made: the results suffice
         return ""
     return getattr(spec, "description", "") or ""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.report.against_identity import against_identity
-from kvbench.reportkit.tables import benchmark_table, by_benchmark, model_grid
+from kvbench.reportkit.tables import benchmark_table, by_benchmark, model_grid, own_metrics
 from kvbench.report.markdown import benchmark_report, claims_section
 from kvbench.files import atomic_write_text
 from kvbench.results import CaseResult, RunResult
@@ -37,7 +37,8 @@ def render_section_table(result: RunResult, benchmark: str | None = None) -> str
     """The compact table of one benchmark, or of each with a heading; made from the results file."""
     groups = by_benchmark(result.cases)
     if benchmark is not None:
-        return benchmark_table(_cases_of(groups, benchmark), benchmark_report(benchmark).row)
+        cases = _cases_of(groups, benchmark)
+        return benchmark_table(cases, benchmark_report(benchmark).row, own_metrics(cases))
     return render_section(result)
 
 

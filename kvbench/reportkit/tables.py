@@ -159,10 +159,11 @@ def benchmark_table(cases: list[CaseResult], row: Row,
     Settings (bench params, model, device) equal in every row are stated once above the table;
     unset ones (None) are not shown; a value too long for a cell is marked [n] and written out
     below the table. columns: the metrics shown, in that order (default: every metric of the
-    cases, in order of appearance); a case without one has an empty cell. settings_set: the
-    bench params the suite set (its benchmark entries' params and matrix): the line above the
-    table names only those, with the model, device, dtype and seed, and says the rest are at
-    their defaults (default: every setting equal in all rows).
+    cases, in order of appearance; own_metrics: those but the runner's footprint); a case
+    without one has an empty cell. settings_set: the bench params the suite set (its benchmark
+    entries' params and matrix): the line above the table names only those, with the model,
+    device, dtype and seed, and says the rest are at their defaults (default: every setting
+    equal in all rows).
     """
     labels = [_settings(case) for case in cases]
     keys = _ordered_keys(labels)
@@ -206,6 +207,21 @@ def benchmark_table(cases: list[CaseResult], row: Row,
     parts = [f"<sub>all rows: {caption}</sub>" if caption else "", md_table(header, rows, right),
              written_out, _legend(cases, metrics)]
     return join_blocks(parts)
+
+
+def recorded_by_runner(cases: list[CaseResult]) -> set[str]:
+    """The metrics the runner added to the cases (their memory footprint's), not their
+    benchmark's: shown in their own table (kvbench.reportkit.footprint)."""
+    return {name for case in cases if case.footprint is not None
+            for name in case.footprint.metrics}
+
+
+def own_metrics(cases: list[CaseResult]) -> list[str]:
+    """The metrics of the cases, in order of appearance, but those the runner recorded: a
+    benchmark's table's columns."""
+    recorded = recorded_by_runner(cases)
+    return [name for name in dict.fromkeys(m for case in cases for m in case.metrics)
+            if name not in recorded]
 
 
 def _settings(case: CaseResult) -> dict[str, str]:

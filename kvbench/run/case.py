@@ -17,14 +17,16 @@ import torch
 from kvbench.backends.torch_backend import resolve_device
 from kvbench.benchmarks import BENCHMARKS, measurement
 from kvbench.benchmarks.measure.context import RunContext
+from kvbench.benchmarks.specs.base import FOOTPRINT_METRICS
 from kvbench.judge.claims import judge
 from kvbench.memo import Memo
 from kvbench.run.files import now
 from kvbench.hub import DownloadProgress
 from kvbench.methods import implementation
+from kvbench.models.footprint import Reading
 from kvbench.models.info import pinned
 from kvbench.models.options import LoadOptions, resolved_dtype
-from kvbench.results import CaseError, CaseResult, fingerprint
+from kvbench.results import CaseError, CaseResult, Footprint, Metric, fingerprint
 from kvbench.suite.case import Case
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default here, before any case sets it
@@ -137,6 +139,15 @@ def judge_own(claims: list, metrics: dict) -> list:
     return [judge(claim, metrics) for claim in claims if claim.reference is None]
 
 
+def footprint_metrics(reading: Reading, own: dict[str, Metric]) -> dict[str, Metric]:
+    """The footprint's figures as metrics, but those the benchmark reports itself (ladder's
+    peak_bytes and weights_bytes, measured since the same reset): its own stand, and the
+    overhead is figured from its peak."""
+    peak = own["peak_bytes"].value if "peak_bytes" in own else None
+    return {name: FOOTPRINT_METRICS[name].of(value)
+            for name, value in reading.figures(peak).items() if name not in own}
+
+
 def run_case(case: Case, load_model, progress: Progress, memo: Memo,
              keep: Callable[[dict], None] = lambda record: None,
              files_dir: Path | None = None, default_threads: int | None = None) -> CaseResult:
@@ -166,12 +177,21 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
                 load_model=load_model, status=progress.status, notice=progress.notice,
                 backend=case.backend, memo=memo,
                 keep=lambda sample: keep({"case": case.id, "started": record.started, **sample}),
-                files_dir=files_dir,
+                files_dir=files_dir, footprint_of=method,
             )
-            output = benchmark.run(case.params, method, ctx)
+            try:
+                output = benchmark.run(case.params, method, ctx)
+                reading = ctx.footprint.close() if ctx.footprint else None  # as the work ends
+            finally:
+                if ctx.footprint is not None:
+                    ctx.footprint.stop()
         record.metrics, record.info, record.comparable = (
-            output.metrics, output.info, output.comparable,
+            dict(output.metrics), output.info, output.comparable,
         )
+        if reading:
+            added = footprint_metrics(reading, output.metrics)
+            record.metrics.update(added)
+            record.footprint = Footprint(probe=reading.probe, metrics=list(added))
         impl = {}  # which implementation ran (kvbench.kernels), and the prompt's attention
         if method.impl_log is not None:
             impl.update(method.impl_log.summary())
@@ -180,9 +200,9 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         if impl:
             record.info["impl"] = impl
         benchmark.record.check(record.info)  # a key its record does not declare: a bug here
-        record.claims = judge_own(case.claims, output.metrics)
+        record.claims = judge_own(case.claims, record.metrics)
         record.warnings = [f"metric {name} is {metric.value} (not finite): its claims fail"
-                           for name, metric in output.metrics.items() if not metric.finite()]
+                           for name, metric in record.metrics.items() if not metric.finite()]
     except CaseTimeout as exc:
         record.status = "timeout"
         record.error = CaseError(type="CaseTimeout", message=str(exc), traceback="")

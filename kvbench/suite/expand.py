@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 
 from kvbench.benchmarks import BENCHMARKS
+from kvbench.benchmarks.specs.base import known_metrics
 from kvbench.config.extras import lacks
 from kvbench.config.fields import SettingError
 from kvbench.config.registry import Registry, did_you_mean
@@ -92,7 +93,7 @@ def expand_cases(
             made_by.setdefault(case.id, bench)
             first.setdefault(case.id, case)
             cases.append(case)
-        metrics = None if cls is None else set(cls.metrics)
+        metrics = None if cls is None else set(known_metrics(cls))
         for variant in chosen:
             known = metrics_of.get(variant.label, set())
             both = None if known is None or metrics is None else known | metrics
@@ -210,8 +211,9 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
     ids = [_case_id(entry, v.label, s) for s in suffixes for v in chosen]
     check_scopes(bench, claims, ids, issues, changed=changes.changed(bench))
     labels = [v.label for v in chosen]
+    known = None if cls is None else known_metrics(cls)
     for claim in [c for c, _, _ in claims] + [c for v in chosen for c in v.claims
-                                              if cls is None or c.value.metric in cls.metrics]:
+                                              if known is None or c.value.metric in known]:
         check_reference(claim, labels, entry.kind, issues)
     if cls is None:
         return []
@@ -259,7 +261,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             params=params,
             settings=variant.method,
             claims=[c.value.on_model(spec) for c in variant.claims
-                    if c.value.metric in cls.metrics]
+                    if c.value.metric in known]
             + [c.value.on_model(spec) for c, pattern, _ in claims
                if pattern is None or fnmatch.fnmatchcase(case_id, pattern)],
         )

@@ -6,6 +6,7 @@ import fnmatch
 from typing import Any
 
 from kvbench.benchmarks import BENCHMARKS
+from kvbench.benchmarks.specs.base import known_metrics
 from kvbench.config.registry import Registry, UnknownName, did_you_mean
 from kvbench.judge.claims import Claim, parse_claim
 from kvbench.models.info import resolve_spec
@@ -33,7 +34,7 @@ def _declared(registry: Registry, kind: str) -> set[str] | None:
     """The metrics a benchmark kind reports; None for an unknown kind (or one that cannot be
     imported, reported by lookup)."""
     try:
-        return set(registry.get(kind).metrics)
+        return set(known_metrics(registry.get(kind)))
     except Exception:  # a module:Class path can fail in any way
         return None
 
@@ -92,7 +93,7 @@ def bench_claims(bench: Placed[BenchmarkEntry], cls, issues: Issues):
                            claim.doc, claim.path)
         if cls is not None:
             who = f"benchmark {bench.value.kind!r} does not report"
-            check_metric(claim, set(cls.metrics), who, issues)
+            check_metric(claim, set(known_metrics(cls)), who, issues)
         out.append((claim, item.cases if scoped else None, i))
     return out
 
@@ -151,7 +152,7 @@ def check_unseen_policy(kind: str, cls: type, variant: Any, case_id: str, claims
     unseen = variant.method.policy_beyond_codec()
     if not unseen:
         return
-    applied = [c for c in variant.claims if c.value.metric in cls.metrics]
+    applied = [c for c in variant.claims if c.value.metric in known_metrics(cls)]
     applied += [c for c, pattern, _ in claims
                 if pattern is None or fnmatch.fnmatchcase(case_id, pattern)]
     for claim in applied:

@@ -16,8 +16,9 @@ from kvbench.benchmarks.specs.base import TextWindowParams
 from kvbench.data.text import token_window
 from kvbench.hub import DownloadProgress
 from kvbench.memo import Memo
+from kvbench.models.footprint import CaseFootprint
 from kvbench.models.options import ChatOptions, LoadOptions
-from kvbench.models.session import Session, TorchSession
+from kvbench.models.session import Session, TorchSession, plain_kv_bytes
 from kvbench.results import Metric
 
 
@@ -49,6 +50,10 @@ class RunContext:
     load_options: LoadOptions = field(default_factory=LoadOptions)
     chat: ChatOptions = field(default_factory=ChatOptions)  # how questions are put to it
     loaded: Any = None  # the model once a measurement has loaded it
+    # The case's method (its implementation), whose caches' footprint the case records
+    # (kvbench.models.footprint); None: none measured (a context made outside a run).
+    footprint_of: Any = None
+    footprint: CaseFootprint | None = None  # from the case's first session on
 
     def loaded_model(self) -> Any:
         """The suite's model on torch, in model_dtype (loaded once per run by the runner)."""
@@ -62,8 +67,25 @@ class RunContext:
         if self.backend == "mlx":
             from kvbench.models.mlx_session import MLXSession
 
-            return MLXSession(self._load("mlx"))
-        return TorchSession(self.loaded_model(), self.device)
+            session = MLXSession(self._load("mlx"))
+        else:
+            session = TorchSession(self.loaded_model(), self.device)
+        if self.footprint_of is not None:
+            self._watch(session)
+        return session
+
+    def _watch(self, session: Session) -> None:
+        """The case's footprint starts at its first session, the model loaded and its weights
+        resident; every session's own reset of the probe restarts it."""
+        if self.footprint is None:
+            if self.backend == "torch" and self.device.type == "cpu":
+                # a memory-mapped checkpoint is read on first use: its pages would count as
+                # the first case's evaluation; MLX's loading evaluates its weights already
+                self.memo.get(("footprint.resident", *session.memo_key),
+                              lambda: _read_weights(session))
+            self.footprint = CaseFootprint(session, self.footprint_of,
+                                           lambda cache: plain_kv_bytes(session, cache)[1])
+        self.footprint.watch(session)
 
     def _load(self, backend: str) -> Any:
         self.loaded = self.load_model(self.model, self.device, backend=backend,
@@ -85,6 +107,14 @@ class RunContext:
         """The backend's arrays: conversions, synchronised timing, a plain copy (one per
         case)."""
         return array_backend(self.backend, self.device)
+
+
+@torch.inference_mode()
+def _read_weights(session: TorchSession) -> bool:
+    model = session.loaded.model
+    for tensor in (*model.parameters(), *model.buffers()):
+        tensor.sum()
+    return True
 
 
 @dataclass

@@ -37,12 +37,42 @@ class MetricSpec:
         return Metric.from_samples(samples, self.unit, self.direction, self.timing)
 
 
+# A model-running case's memory (kvbench.models.footprint), recorded beside its benchmark's own
+# metrics by kvbench.run.case; claims hold it (`eval_overhead <= 0.25`). Timing "absolute": shown,
+# not gated by default. A peak moves with the allocator as a clock with the machine, and the
+# caches' high water with Python's collector (a dropped cache counts until it is collected).
+FOOTPRINT_METRICS = {
+    "peak_bytes": MetricSpec(
+        "bytes", "lower", "high-water mark during the case: process resident memory on CPU"
+        " (model included), the allocator's on CUDA and MLX", timing="absolute"),
+    "held_at_start_bytes": MetricSpec(
+        "bytes", "none", "what the probe held when it was reset, the model loaded (the weights,"
+        " the runtime)", timing="absolute"),
+    "weights_bytes": MetricSpec("bytes", "none", "the model's parameters and buffers"),
+    "cache_high_water_bytes": MetricSpec(
+        "bytes", "lower", "the most the method's live caches held at once (accounted bytes,"
+        " summed over the caches alive together)", timing="absolute"),
+    "plain_cache_bytes": MetricSpec(
+        "bytes", "none", "the plain cache's bytes of those caches at that moment (K/V of every"
+        " token seen, at the model's dtype)", timing="absolute"),
+    "eval_overhead_bytes": MetricSpec(
+        "bytes", "lower", "what kvbench's evaluation held at the peak above the start and the"
+        " caches at their largest: peak_bytes - held_at_start_bytes - cache_high_water_bytes",
+        timing="absolute"),
+    "eval_overhead": MetricSpec(
+        "", "lower", "eval_overhead_bytes / plain_cache_bytes", timing="absolute"),
+}
+
+
 class Benchmark:
     """Base of every benchmark's declaration (registered by name with register_benchmark)."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type]
     metrics: ClassVar[dict[str, MetricSpec]]
+    # what kvbench.run.case records beside them (a model-running case's footprint), which
+    # claims and the gate may name as well (known_metrics)
+    recorded_metrics: ClassVar[dict[str, MetricSpec]] = {}
     uses_model: ClassVar[bool] = False
     # measures a method's codecs alone: a claim on a method whose cache does more is refused
     codecs_only: ClassVar[bool] = False
@@ -102,6 +132,15 @@ class Benchmark:
                                        " sets another limit")
 
 
+def known_metrics(benchmark_cls: type) -> dict[str, MetricSpec]:
+    """Every metric a case of the benchmark may carry: its own, then those the case runner
+    records beside them (a metric it reports itself is its own); a plug-in's class that is no
+    Benchmark has its own alone."""
+    own = benchmark_cls.metrics
+    recorded = getattr(benchmark_cls, "recorded_metrics", {})
+    return {**own, **{name: spec for name, spec in recorded.items() if name not in own}}
+
+
 @dataclass(kw_only=True)
 class TextWindowParams(Settings):
     """The text parameters of a benchmark that reads a text's tokens through the suite's model
@@ -127,6 +166,7 @@ class ModelBenchmark(Benchmark):
 
     uses_model = True
     backends = ("torch", "mlx")
+    recorded_metrics = FOOTPRINT_METRICS
 
     def check(self, params: Any, model: ModelInfo | None) -> None:
         self.require_model(model)
