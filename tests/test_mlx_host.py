@@ -376,7 +376,7 @@ def _mlx_perplexity(loaded, ids, context, method, decode_chunk=1):
     session = MLXSession(loaded)
     params = PerplexityParams(context=context, continuation=len(ids) - context,
                               decode_chunk=decode_chunk)
-    _, result = _run_lockstep(session, ids, params, method, 0, lambda message: None)
+    _, result = _run_lockstep(session, ids, params, method, 0, lambda message: None, 0)
     return (result.ppl(len(ids) - context), result.prefill_s, sum(result.segment_s),
             result.cache)
 

@@ -11,8 +11,8 @@ the model's matrix products are shared, which is where one-token decoding spends
 (reading the weights). RoPE positions come per row from the tokens each policy has seen, so rows
 of any length, evicted or compacted, decode together.
 
-A step runs at least MIN_ROWS rows, the missing ones blank (no cache; attention gives them
-zeros, their logits are dropped): the CPU's matrix product takes another kernel for one to three
+On the CPU a step runs at least MIN_ROWS rows, the missing ones blank (no cache; attention gives
+them zeros, their logits are dropped): the CPU's matrix product takes another kernel for one to three
 rows, whose results differ in the last bits, while from four rows on each row gets the same bits
 whatever rows share its step (measured with torch 2.13's CPU build for every weight shape of
 the bundled model, 4 to 40 rows). So a sample decodes to the same tokens alone or in any batch.
@@ -94,8 +94,8 @@ class BatchStep(Cache):
 
     def forward(self, model, ids: list[int]) -> torch.Tensor:
         """Logits (rows, vocab) of feeding ids[i] to caches[i], in float32."""
-        blank = max(0, MIN_ROWS - len(ids))
         device = model.device
+        blank = max(0, MIN_ROWS - len(ids)) if device.type == "cpu" else 0
         x = torch.tensor([[token] for token in ids] + [[0]] * blank, device=device)
         positions = self.positions().to(device)
         positions = torch.cat([positions, positions.new_zeros(blank, 1)])
