@@ -13,10 +13,9 @@ import torch
 
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models import budgets
-from kvbench.models.budgets import activation_bytes_per_token
 from kvbench.models.chat import stop_ids
 from kvbench.models.layer_kinds import every_layer_plain, without_attention
-from kvbench.models.shared_prefill import PrefilledPrompt, ingest
+from kvbench.models.shared_prefill import PrefilledPrompt, forwards_chunk, ingest
 
 
 class Session(Protocol):
@@ -260,7 +259,7 @@ class TorchSession(SessionBase):
 
     def activation_bytes_per_token(self) -> int:
         config = self.loaded.model.config.get_text_config()
-        return activation_bytes_per_token(config, self.kv_element_size)
+        return budgets.activation_bytes_per_token(config, self.kv_element_size)
 
 
 class CalibrationStats:
@@ -360,7 +359,7 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
     forward_s = 0.0
     session.begin_prompt(cache, len(ids))
     if prefilled is not None:
-        if refeed or method is None or prefilled.chunk != (chunk if chunk < len(ids) else 0) \
+        if refeed or method is None or prefilled.chunk != forwards_chunk(chunk, len(ids)) \
                 or not shares_prefill(session, method, len(ids), chunk):
             raise ValueError("a shared prefill is the plain forwards of the method's own chunks,"
                              " for a method that shares_prefill")

@@ -120,6 +120,11 @@ class _Recording:
         return _Recorder(self.arrays, self.queries)
 
 
+def forwards_chunk(chunk: int, tokens: int) -> int:
+    """What a prefill of `tokens` in forwards of `chunk` tokens is: 0 where it is one forward."""
+    return chunk if 0 < chunk < tokens else 0
+
+
 def prefill_plain(session, ids: list[int], chunk: int = 0, queries: int = 0) -> PrefilledPrompt:
     """The plain forwards of `ids` from an empty cache, `chunk` tokens each (0: one), recorded
     with the queries of the newest `queries` tokens (session: a TorchSession or an
@@ -134,7 +139,7 @@ def prefill_plain(session, ids: list[int], chunk: int = 0, queries: int = 0) -> 
         logits, took = session.step(ids[start : start + step], cache, last_only=True)
         seconds += took
     layers = [policy.recorded() for policy in cache.policies]
-    return PrefilledPrompt(logits, layers, seconds, arrays, chunk if chunk < len(ids) else 0)
+    return PrefilledPrompt(logits, layers, seconds, arrays, forwards_chunk(chunk, len(ids)))
 
 
 def ingest(cache, prompt: PrefilledPrompt) -> None:
@@ -218,7 +223,7 @@ class PrefillStore:
 
 
 def _key(session, ids: list[int], chunk: int) -> str:
-    step = chunk if 0 < chunk < len(ids) else 0  # a prompt within one chunk: one forward
+    step = forwards_chunk(chunk, len(ids))
     return hashlib.sha256(repr((session.memo_key, ids, step)).encode()).hexdigest()
 
 

@@ -97,8 +97,8 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
                status: Callable[[str], None] = lambda text: None,
                shared: PrefillStore | None = None, chunk: int = 0) -> list[Answer]:
     """Prefill and compress each prompt through its own cache, in forwards of `chunk` tokens (0:
-    one; `compress` says whether the question is in what is compressed), then decode greedily through the compressed caches
-    together: one batched forward per step for the rows still answering (session.step_rows),
+    one; `compress` says whether the question is in what is compressed), then decode greedily
+    through the compressed caches together: one batched forward per step for the rows still answering (session.step_rows),
     each stopping at end-of-sequence or its own max_new_tokens. Under `context` the method never
     sees the question before end_prefill: a method's probe is its own reference_probe of the
     context. shared: where a method that shares_prefill takes each prompt's plain prefill from."""
@@ -106,12 +106,7 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
     for number, prompt in enumerate(prompts, 1):
         status(f"prefill {number}/{len(prompts)}")
         cache = session.new_cache(method, decoded_reads=reads == "decoded")
-        prefix = prompt.compressed(compress)
-        prefilled = None
-        if shared and shares_prefill(session, method, len(prefix), chunk):
-            prefilled = shared.get(session, prefix, chunk, method.prompt_queries)
-        last, _, _ = prefill(session, cache, prefix, method, chunk=chunk, prefilled=prefilled)
-        del prefilled  # the method holds what it keeps of it
+        last = prefill_through(session, cache, prompt.compressed(compress), method, chunk, shared)
         seconds = 0.0
         if compress == "context":
             last, seconds = session.step(prompt.question, cache, last_only=True)
@@ -121,6 +116,17 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
     decoded = decode_rows(session, caches, logits, max_new_tokens, status)
     return [_answer(session, cache, row, asked_s, prompt.reasoning_opened)
             for cache, row, asked_s, prompt in zip(caches, decoded, question_s, prompts)]
+
+
+def prefill_through(session: Session, cache: Any, ids: list[int], method: Implementation,
+                    chunk: int, shared: PrefillStore | None):
+    """The prompt `ids` prefilled and compressed through `cache` in forwards of `chunk` tokens,
+    or ingested from `shared`'s recording where the method takes it; its last logits (1, vocab).
+    The recording is let go on return: the method holds what it keeps of it."""
+    prefilled = None
+    if shared and shares_prefill(session, method, len(ids), chunk):
+        prefilled = shared.get(session, ids, chunk, method.prompt_queries)
+    return prefill(session, cache, ids, method, chunk=chunk, prefilled=prefilled)[0]
 
 
 @dataclass(frozen=True)

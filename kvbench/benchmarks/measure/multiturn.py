@@ -34,7 +34,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.benchmarks.measure.answering import ChatFrame, answer_text, decode_rows, frame
+from kvbench.benchmarks.measure.answering import (
+    ChatFrame, answer_text, decode_rows, frame, prefill_through,
+)
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.measure.retrieval import Reader
 from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
@@ -46,7 +48,7 @@ from kvbench.judge.intervals import wilson_interval
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.chat import chat_text, has_chat_template
 from kvbench.models.options import ChatOptions
-from kvbench.models.session import plain_kv_bytes, prefill, shares_prefill
+from kvbench.models.session import plain_kv_bytes
 
 _SLOTS = tuple(f"\uE000kvbench-turn-{i}\uE000" for i in (1, 2, 3))  # no template contains them
 PLAIN_BETWEEN = "\n\n"  # a model without a chat template: the turns one paragraph apart
@@ -138,12 +140,7 @@ class MultiturnRun(Multiturn):
             for number, i in enumerate(group, 1):
                 ctx.status(f"{where}: prefill {number}/{len(group)}")
                 cache = session.new_cache(method, decoded_reads=params.reads == "decoded")
-                prefilled = None
-                if store and shares_prefill(session, method, len(prefixes[i]), chunk):
-                    prefilled = store.get(session, prefixes[i], chunk, method.prompt_queries)
-                last, _, _ = prefill(session, cache, prefixes[i], method, chunk=chunk,
-                                     prefilled=prefilled)
-                del prefilled
+                last = prefill_through(session, cache, prefixes[i], method, chunk, store)
                 caches.append(cache)
                 logits.append(last[-1])
             answer = _multi_turn if params.mode == "multi-turn" else _multi_request

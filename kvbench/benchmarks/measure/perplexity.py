@@ -61,6 +61,7 @@ from kvbench.data.text import text_tokens, token_window, tokens_sha256
 from kvbench.judge.paired import compare_paired, paired_interval
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import Session, plain_kv_bytes, prefill
+from kvbench.models.shared_prefill import forwards_chunk
 
 
 @dataclass
@@ -268,9 +269,9 @@ def _plain_nll(ctx: RunContext, session: Session, params: PerplexityParams, i: i
                chunk)
         return plain.nll
 
-    one_forward = 0 if chunk >= params.context else chunk
     return ctx.memo.get(("perplexity.plain_nll", *session.memo_key, tokens_sha256(window),
-                         params.context, params.decode_chunk, one_forward), score)
+                         params.context, params.decode_chunk,
+                         forwards_chunk(chunk, params.context)), score)
 
 
 def _in_window(status: Callable[[str], None], i: int, count: int) -> Callable[[str], None]:

@@ -7,6 +7,7 @@ from kvbench.benchmarks.measure.context import RunContext
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import Session, default_prefill_chunk
 
+
 def case_prefill_chunk(ctx: RunContext, session: Session, method: Implementation | None,
                        asked: int) -> int:
     """Tokens per prefill forward; 0: one forward whatever the prompt, for a method that must

@@ -16,8 +16,8 @@ from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
 from kvbench.data.ruler import TASKS, RulerSample, make_sample
 from kvbench.data.text import load_text, tokens_sha256
 from kvbench.judge.intervals import wilson_interval
-from kvbench.methods.core.contracts import Implementation
 from kvbench.methods import implementation
+from kvbench.methods.core.contracts import Implementation
 from kvbench.models import budgets
 from kvbench.models.session import Session, kv_bytes_per_layer_token, shares_prefill
 from kvbench.models.shared_prefill import PrefillStore
