@@ -73,7 +73,8 @@ def check_method(settings: MethodSettings, backend: str = "torch", device: str =
                        lambda: _check_no_default_device(subject, drives)))
     if model:
         checks.append(("inside the tiny model", lambda: _check_model(method, backend, device)))
-        if method.shares_prefill:
+        # a method that reads every query of the prompt prefills itself (models.session)
+        if method.shares_prefill and method.prompt_queries is not None:
             checks.append(("shared prefill",
                            lambda: _check_shared_prefill(method, backend, device, arrays)))
     for name, check in checks:
@@ -345,14 +346,12 @@ def _check_shared_prefill(method: Implementation, backend: str, device: str, arr
     """A method that declares shares_prefill, prefilled by itself, gives the plain forward's
     logits and, after its probe and end_prefill, the attention inputs that the recorded plain
     forward ingested gives, at every layer and after a decode step, bit for bit."""
-    from kvbench.models.session import prefill, shares_prefill
+    from kvbench.models.session import prefill
     from kvbench.models.shared_prefill import prefill_plain
 
     session = _tiny_session(backend, device)
     prompt = [(7 * i) % 200 + 4 for i in range(PROMPT)]
     session.calibrate(method, [(11 * i) % 200 + 4 for i in range(64)])
-    if not shares_prefill(session, method):  # it reads every query: it prefills itself
-        return
     recorded = prefill_plain(session, prompt, queries=method.prompt_queries)
     caches = []
     for prefilled in (None, recorded):
