@@ -11,6 +11,7 @@ import errno
 import json
 import shlex
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,23 @@ def test_a_stop_mid_case_keeps_the_finished_cases_and_resume_runs_the_rest(tmp_p
     assert final["interrupted"] is False
     assert [deterministic(c) for c in final["cases"]] == reference
     assert final["cases"][:2] == [line["case"] for line in lines[1:]]  # kept as they were
+
+
+def test_a_stop_signalled_twice_at_once_as_timeout_signals_still_writes_what_finished(tmp_path):
+    """timeout(1) signals the process and then its group: the second SIGINT, a millisecond
+    later, once landed while results.json was being written and nothing but results.jsonl was
+    left (CI's gpu_session test)."""
+    def twice(proc):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)
+
+    out, output, code = _stop_mid_case(tmp_path, twice)
+    assert code == 130, output
+    interrupted = json.loads((out / "results.json").read_text())
+    assert interrupted["interrupted"] is True
+    assert [c["id"] for c in interrupted["cases"]] == STEP_IDS[:2]
+    assert "**interrupted**" in (out / "report.md").read_text()
 
 
 def test_the_resume_hint_keeps_the_filters_and_a_dry_run_says_what_it_would_run(tmp_path):

@@ -7,6 +7,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -266,11 +267,27 @@ def _run_with(executor, suite, resume_command, cases, out_dir, baseline, strict,
     sys.exit(exit_code(result, gate_report))
 
 
+# `timeout` signals the process and then its group, so one stop can arrive twice a few
+# milliseconds apart: the second must not cut short the writing of what finished.
+REPEATED_SIGNAL_S = 1.0
+
+
 def _interrupt_on_sigterm() -> None:
     """SIGTERM (a cancelled CI job, `timeout`) stops a run as Ctrl-C does: the finished cases
-    are judged and written to results.json and the report, not only to results.jsonl."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    are judged and written to results.json and the report, not only to results.jsonl. A signal
+    within REPEATED_SIGNAL_S of the first is the same stop; a later one stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    first: list[float] = []
+
+    def stop(signum, frame):
+        if first and time.monotonic() - first[0] < REPEATED_SIGNAL_S:
+            return
+        first[:] = [time.monotonic()]
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
 
 
 def _report_what_finished(out_dir: Path) -> None:
