@@ -115,7 +115,7 @@ def test_a_step_over_its_share_keeps_its_finished_cases_and_the_next_step_runs(t
     # case 2 blocks until the first step's share ends (its share less GRACE_S); the second
     # step then gets what is left. The shares leave room for a loaded machine: each step
     # starts an interpreter; GRACE_S lets a stopped run write results.json before it is killed,
-    # generous because CI's other tests load the same two cores (15 s once was not enough)
+    # generous because CI's other tests load the same two cores
     done = session(tmp_path, BUDGET_S="200", END_S="2", GRACE_S="40", MIN_S="5", DEVICE="cpu",
                    PLAN=f"first suite {first} 1 {seed / 'results.jsonl'}\n"
                         f"second suite {second} 2 -", **{BLOCK_AT: "2"})
