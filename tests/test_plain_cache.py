@@ -79,3 +79,21 @@ def test_joining_holds_exactly_its_tokens():
     for i in range(3):
         tail.extend(randn(1, 2, 2, 8, seed=i))
     assert tail.held.shape[-2] == tail.tokens == 6 and not tail.buffered
+
+
+def test_attention_reads_the_buffer_in_place_not_a_copy_of_the_whole_layer():
+    """A prefill chunk's read of identity's cache was a copy of the layer's K and V (a lone part
+    joined all the same): half the plain cache of a 2-layer model at once, growing with the
+    context. Now two reads share the buffer, which holds the reservation past the tokens."""
+    layer = _identity().new_layer_cache(0)
+    layer.reserve(96)
+    chunks = [(randn(1, 2, 32, 8, seed=2 * i), randn(1, 2, 32, 8, seed=2 * i + 1))
+              for i in range(3)]
+    for keys, values in chunks:
+        layer.append(keys, values)
+        first, second = layer.attention_inputs()[:2], layer.attention_inputs()[:2]
+        for a, b in zip(first, second):
+            assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            assert a.untyped_storage().nbytes() == 96 * 2 * 8 * 4  # the buffer, not the view
+    assert torch.equal(first[0], torch.cat([k for k, _ in chunks], -2))
+    assert torch.equal(first[1], torch.cat([v for _, v in chunks], -2))

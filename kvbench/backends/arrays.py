@@ -26,6 +26,11 @@ class Arrays(Protocol):
     def concat(self, arrays: list[Any], axis: int = -2) -> Any:
         """Join along `axis` (tokens by default)."""
 
+    def joined(self, parts: list[Any]) -> Any:
+        """What attention reads, as one array: a lone part as it is (a view of what the cache
+        holds, read before the cache is written again), several joined along the tokens."""
+        return parts[0] if len(parts) == 1 else self.concat(parts)
+
     def extend(self, held: Any, new: Any) -> Any:
         """`new` tokens after the `held` ones (None: nothing held yet)."""
         return new if held is None else self.concat([held, new])

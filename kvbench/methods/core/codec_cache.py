@@ -241,14 +241,14 @@ class CodecCache(LayerCachePolicy):
 
     def attention_inputs(self):
         keys, values = self._read_parts()
-        return self.ops.concat(keys), self.ops.concat(values), None
+        return self.ops.joined(keys), self.ops.joined(values), None
 
     def attention_inputs_exact(self, keys, values):
         if keys.shape[-2] == self.retained_tokens:  # the step is all it holds: nothing to decode
             return keys, values, None
         stored_keys, stored_values = self._read_parts()
-        return (self.ops.concat(newest_replaced(stored_keys, keys)),
-                self.ops.concat(newest_replaced(stored_values, values)), None)
+        return (self.ops.joined(newest_replaced(stored_keys, keys)),
+                self.ops.joined(newest_replaced(stored_values, values)), None)
 
     def _read_parts(self) -> tuple[list, list]:
         """Keys and values attention reads, as parts in token order: the sinks, the packed

@@ -129,8 +129,8 @@ class DecayCache(LayerCachePolicy):
 
     def attention_inputs(self):
         if self._decoded:
-            keys = self.ops.concat([*(seg.decoded_keys for seg in self.segments), self.raw_k])
-            values = self.ops.concat([*(seg.decoded_values for seg in self.segments), self.raw_v])
+            keys = self.ops.joined([*(seg.decoded_keys for seg in self.segments), self.raw_k])
+            values = self.ops.joined([*(seg.decoded_values for seg in self.segments), self.raw_v])
             return keys, values, None
         keys, values = [], []
         dtype = self.raw_k.dtype
@@ -141,8 +141,8 @@ class DecayCache(LayerCachePolicy):
             key_codec, value_codec = self.codecs(bits)
             keys.extend(self._decode(key_codec, [seg.keys for seg in run], dtype))
             values.extend(self._decode(value_codec, [seg.values for seg in run], dtype))
-        keys = self.ops.concat([*keys, self.raw_k])
-        return keys, self.ops.concat([*values, self.raw_v]), None
+        keys = self.ops.joined([*keys, self.raw_k])
+        return keys, self.ops.joined([*values, self.raw_v]), None
 
     def _decode(self, codec: Codec, parts: list[Packed], dtype) -> list:
         merged = codec.merge(parts) if len(parts) > 1 else None

@@ -58,7 +58,7 @@ class Stream:
         if self.decoded is not None:
             return self.decoded.read(self.raw)
         decoded = [self.ops.cast(self.codec.decode(p), self.raw.dtype) for p in self.packed]
-        out = self.ops.concat(decoded + [self.raw])
+        out = self.ops.joined(decoded + [self.raw])
         return out[..., self.hidden:, :] if self.hidden else out
 
     def nbytes(self) -> int:

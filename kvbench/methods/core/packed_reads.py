@@ -24,7 +24,7 @@ class DecodedChunks:
 
     def read(self, raw):
         """The decoded tokens, then `raw`, as one array."""
-        return self.ops.concat([*self.chunks, raw])
+        return self.ops.joined([*self.chunks, raw])
 
 
 def check_fresh(policy: LayerCachePolicy, fresh: bool) -> None:
