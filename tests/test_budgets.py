@@ -18,6 +18,32 @@ def test_a_forward_takes_what_fits_an_eighth_of_the_free_memory_in_powers_of_two
     assert budgets.prefill_chunk(per_token, 0) == budgets.MIN_CHUNK
 
 
+def test_at_a_long_context_a_forward_takes_at_most_an_eighth_of_the_plain_cache():
+    """Activations and the attention mask (MASK_BYTES per query and key) of a chunk within
+    CACHE_SHARE of the plain cache at the context, or CHUNK_FLOOR_BYTES where that is more."""
+    tiny = (1024 + 12288 + 1536) * 4  # tiny:llama-8b-attention's activations at float32
+    plain = 2 * 8 * 256 * 4 * 32768  # its 2 layers' K+V at 32k: 512 MiB, an eighth under the floor
+    chunk = budgets.prefill_chunk(tiny, 20 * GIB, 32768, plain)
+    assert chunk == 256  # 128 MiB / (59 KB + 10 x 32768) = 346 tokens
+    assert chunk * (tiny + budgets.MASK_BYTES * 32768) <= budgets.CHUNK_FLOOR_BYTES
+    eight_b = 160_000
+    plain = 32 * 8 * 256 * 2 * 131072  # Llama-3.1-8B's K+V at 128k in bf16: 16 GiB
+    chunk = budgets.prefill_chunk(eight_b, 80 * GIB, 131072, plain)
+    assert chunk == 1024  # 2 GiB / (160 KB + 1.3 MB) = 1460 tokens
+    assert chunk * (eight_b + budgets.MASK_BYTES * 131072) <= plain // budgets.CACHE_SHARE
+    # without a context (a server's streams): the free memory alone, as before
+    assert budgets.prefill_chunk(eight_b, 80 * GIB) == 8192
+
+
+def test_a_short_prompt_stays_one_forward():
+    """The quick suite's 1k prompts on the bundled model: the floor keeps them whole."""
+    smollm = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                             head_dim=64, intermediate_size=1536)
+    per_token = budgets.activation_bytes_per_token(smollm, 4)
+    plain = 30 * 3 * 128 * 4 * 1024
+    assert budgets.prefill_chunk(per_token, 20 * GIB, 1024, plain) >= 1024
+
+
 def test_a_server_waits_at_most_512_tokens_on_a_cpu_and_2048_on_a_gpu():
     assert budgets.serve_prefill_chunk(160_000, 60 * GIB, on_cpu=True) == 512
     assert budgets.serve_prefill_chunk(160_000, 60 * GIB, on_cpu=False) == 2048

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvbench.methods import build_method, implementation
+from kvbench.methods.core.tail import ROOM_TOKENS
 from kvbench.models.session import TorchSession, prefill
 
 CPU = torch.device("cpu")
@@ -74,18 +75,24 @@ def test_making_room_mid_prefill_attends_through_sdpa(tiny_llama, monkeypatch):
 
 
 def test_the_cache_never_holds_more_than_the_budget_and_a_chunk(tiny_llama):
+    """Its tokens (accounted_bytes); the arrays holding them (measured_bytes) keep room for
+    ROOM_TOKENS more, or for what the sequence was said to hold (reserve)."""
     session = TorchSession(tiny_llama, CPU)
-    highs = {}
+    highs, measured = {}, {}
     for evict in ("end_prefill", "every_chunk"):
         method = implementation(build_method("streamingllm", {"budget": 10, "evict": evict}))
         cache = session.new_cache(method)
+        session.reserve(cache, PROMPT)
         seen = []
         prefill(session, cache, _ids(), method, chunk=CHUNK,
-                after_chunk=lambda fed: seen.append(cache.measured_bytes()))
-        highs[evict] = max(seen)
+                after_chunk=lambda fed: seen.append((cache.accounted_bytes(),
+                                                     cache.measured_bytes())))
+        highs[evict], measured[evict] = max(a for a, _ in seen), max(m for _, m in seen)
     per_token = highs["end_prefill"] // PROMPT  # the plain prompt's bytes, every token held
-    assert highs["end_prefill"] == PROMPT * per_token
+    assert highs["end_prefill"] == measured["end_prefill"] == PROMPT * per_token
     assert highs["every_chunk"] == (SINKS + CHUNK) * per_token  # room made before each chunk
+    # once tokens are dropped the reservation no longer holds: room for the next steps only
+    assert measured["every_chunk"] <= (SINKS + CHUNK + ROOM_TOKENS) * per_token
 
 
 @pytest.mark.parametrize("budget", [{"budget": 10}, {"ratio": 0.143}])  # 10 of 70 tokens

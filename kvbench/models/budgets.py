@@ -7,9 +7,17 @@ from typing import Any
 # A prefill forward's transient activations may take this share of the device's free memory
 # (the rest: the caches, their growth, the other rows of a group).
 PREFILL_SHARE = 8
-# Tokens per prefill forward, at least (fewer starves the matrix products) and at most (more
-# gains little speed and its activations grow with it). Prompts up to MAX_CHUNK are one forward.
-MIN_CHUNK, MAX_CHUNK = 512, 8192
+# ... and at most this share of the plain cache at the prompt's length, or CHUNK_FLOOR_BYTES where
+# that is more (a short prompt stays one forward): what the evaluation adds to a long context
+# stays a small part of the cache it evaluates (a case's eval_overhead).
+CACHE_SHARE = 8
+CHUNK_FLOOR_BYTES = 128 << 20
+# Bytes a forward's attention mask takes per query and key it spans: the causal mask (bool) and
+# the additive copy the attention makes of it (measured ~9 on the CPU).
+MASK_BYTES = 10
+# Tokens per prefill forward, at least (fewer starves the matrix products: 128 was 11% slower
+# than 512 on the CPU at 8k) and at most (more gains little speed and its activations grow).
+MIN_CHUNK, MAX_CHUNK = 128, 8192
 # Decode groups: their caches' plain K+V may take this share of the free memory when the group
 # is planned, and at most MAX_ROWS rows (one-token steps are bound by reading the weights; past
 # a few dozen rows a step gains little).
@@ -35,10 +43,17 @@ def activation_bytes_per_token(config: Any, element_size: int) -> int:
     return max(1, (4 * hidden + attention + 3 * max(dense, routed)) * element_size)
 
 
-def prefill_chunk(per_token_bytes: int, free_bytes: int) -> int:
-    """Tokens per prefill forward: a power of two whose activations fit PREFILL_SHARE of the
-    free memory, within [MIN_CHUNK, MAX_CHUNK]."""
-    fits = max(1, free_bytes // PREFILL_SHARE // max(1, per_token_bytes))
+def prefill_chunk(per_token_bytes: int, free_bytes: int, context: int = 0,
+                  plain_cache_bytes: int = 0) -> int:
+    """Tokens per prefill forward of a prompt of `context` tokens, whose plain cache holds
+    `plain_cache_bytes`: a power of two whose activations and attention mask fit PREFILL_SHARE
+    of the free memory and, for a known context, CACHE_SHARE of the plain cache (at least
+    CHUNK_FLOOR_BYTES), within [MIN_CHUNK, MAX_CHUNK]."""
+    per_token = max(1, per_token_bytes + MASK_BYTES * context)
+    budget = free_bytes // PREFILL_SHARE
+    if context:
+        budget = min(budget, max(plain_cache_bytes // CACHE_SHARE, CHUNK_FLOOR_BYTES))
+    fits = max(1, budget // per_token)
     chunk = 1 << (fits.bit_length() - 1)
     return min(MAX_CHUNK, max(MIN_CHUNK, chunk))
 

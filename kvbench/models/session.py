@@ -296,14 +296,16 @@ def kv_bytes_per_layer_token(session: Session, element_size: int) -> int:
     return session.num_kv_heads * (session.head_dim + session.value_dim) * element_size
 
 
-def default_prefill_chunk(session: Session, serving: bool = False) -> int:
-    """Tokens per prefill forward for the model on its device as it is now: its activations
-    within a share of the free memory (kvbench.models.budgets); serving, also within what the
-    other streams may wait."""
+def default_prefill_chunk(session: Session, serving: bool = False, context: int = 0) -> int:
+    """Tokens per prefill forward for the model on its device as it is now, for prompts of
+    `context` tokens: its activations within a share of the free memory and of the plain cache
+    at that length (kvbench.models.budgets); serving, also within what the other streams may
+    wait."""
     per_token, free = session.activation_bytes_per_token(), session.free_memory()
     if serving:
         return budgets.serve_prefill_chunk(per_token, free, "cpu" in session.memo_key[2].lower())
-    return budgets.prefill_chunk(per_token, free)
+    plain = kv_bytes_per_layer_token(session, session.kv_element_size) * session.num_layers
+    return budgets.prefill_chunk(per_token, free, context, plain * context)
 
 
 def plain_kv_bytes(session: Session, cache: Any) -> tuple[int, int]:

@@ -91,7 +91,7 @@ class DatasetRun(Dataset):
                              f" is longer than max_length {params.max_length} tokens (truncation:"
                              " skip): nothing to score")
         prompts = [sample.prompt for sample in samples]
-        chunk = reader.prefill_chunk(method, params.prefill_chunk)
+        chunk = reader.prefill_chunk(method, params.prefill_chunk, params.max_length)
         shared = reader.shared_prefill(method, [p.compressed(params.compress) for p in prompts],
                                        params, chunk)
         kept, replies = [], []
@@ -144,7 +144,7 @@ def output(params: DatasetParams, method: Implementation, reader: Reader, sample
             "truncated_rows": truncated,
             "prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in kept),
             **common_info(replies, method, params.reads,
-                          reader.prefill_chunk(method, params.prefill_chunk)),
+                          reader.prefill_chunk(method, params.prefill_chunk, params.max_length)),
         },
         comparable={"prompts_sha256": prompts_digest(kept), "model": reader.session.spec,
                     "model_dtype": reader.session.dtype},

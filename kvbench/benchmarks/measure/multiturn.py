@@ -131,7 +131,7 @@ class MultiturnRun(Multiturn):
                                  between))
         first = params.compress == "context+question" and params.mode == "multi-turn"
         prefixes = [p.context + p.asked[0] if first else p.context for p in plans]
-        chunk = reader.prefill_chunk(method, params.prefill_chunk)
+        chunk = reader.prefill_chunk(method, params.prefill_chunk, params.length)
         store = reader.shared_prefill(method, prefixes, params, chunk)
         replies: list[list[Reply]] = [[] for _ in plans]
         for group in reader.decode_groups([p.held_tokens(params) for p in plans]):
@@ -293,7 +293,7 @@ def output(params: MultiturnParams, method: Implementation, reader: Reader, plan
             "haystack": f"text {params.essay!r} in place of RULER's Paul Graham essays",
             "codec_reads": reads,
             "layout": method.layout(),
-            "prefill_chunk": reader.prefill_chunk(method, params.prefill_chunk),
+            "prefill_chunk": reader.prefill_chunk(method, params.prefill_chunk, params.length),
         },
         comparable={"prompts_sha256": hashlib.sha256(",".join(hashes).encode()).hexdigest(),
                     "model": reader.session.spec, "model_dtype": reader.session.dtype},

@@ -108,7 +108,7 @@ class PerplexityRun(Perplexity):
         calibration = read[-1][1][: params.calibration]  # after the last window
         ctx.status("calibrate")
         session.calibrate(method, calibration)
-        chunk = case_prefill_chunk(ctx, session, method, params.prefill_chunk)
+        chunk = case_prefill_chunk(ctx, session, method, params.prefill_chunk, params.context)
         plain_nll = [_plain_nll(ctx, session, params, i, windows, chunk)
                      for i in range(len(windows))]
 

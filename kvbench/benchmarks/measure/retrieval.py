@@ -56,9 +56,10 @@ class Reader:
         key = ("ruler_sample", self.session.spec, self.ctx.chat.key(), source, fixed)
         return self.ctx.memo.get(key, lambda: make_sample(count_tokens=count, **kwargs))
 
-    def prefill_chunk(self, method: Implementation, asked: int) -> int:
-        """Tokens per prefill forward (kvbench.benchmarks.measure.prefill_chunks)."""
-        return case_prefill_chunk(self.ctx, self.session, method, asked)
+    def prefill_chunk(self, method: Implementation, asked: int, context: int) -> int:
+        """Tokens per prefill forward of prompts up to `context` tokens
+        (kvbench.benchmarks.measure.prefill_chunks)."""
+        return case_prefill_chunk(self.ctx, self.session, method, asked, context)
 
     def shared_prefill(self, method: Implementation, prompts: list[list[int]], params: Any,
                        chunk: int) -> PrefillStore | None:
@@ -79,16 +80,17 @@ class Reader:
         return store
 
     def answer(self, method: Implementation, samples: list[RulerSample], params: RetrievalParams,
-               extras: list[dict[str, Any]] | None = None,
+               context: int, extras: list[dict[str, Any]] | None = None,
                enough: Callable[[list[float]], bool] = lambda scores: False,
                ) -> tuple[list[dict], list[Answer]]:
-        """Answer the samples, decoded together in groups (decode_groups); each record
+        """Answer the samples (prompts up to `context` tokens: the benchmark's nominal length,
+        which sizes the prefill chunk), decoded together in groups (decode_groups); each record
         (with its `extras`) is kept in predictions.jsonl as its group finishes. After each
         group, enough(the scores so far) may end the case before the rest."""
         prompts = [frame(self.session.tokenizer, self.chat, sample.context, sample.question,
                          sample.answer_prefix) for sample in samples]
         extras = extras or [{} for _ in samples]
-        chunk = self.prefill_chunk(method, params.prefill_chunk)
+        chunk = self.prefill_chunk(method, params.prefill_chunk, context)
         shared = self.shared_prefill(method, [p.compressed(params.compress) for p in prompts],
                                      params, chunk)
         records, replies = [], []

@@ -38,7 +38,7 @@ class RulerRun(Ruler):
                 (params.essay, params.qa_data), task=params.task, index=index,
                 length=params.length, seed=params.data_seed,
                 essay=reader.essay if spec.needs_essay else None, qa_records=qa_records))
-        records, replies = reader.answer(method, samples, params,
+        records, replies = reader.answer(method, samples, params, params.length,
                                          enough=precise_enough(params.half_width,
                                                                params.min_samples))
         scores = [r["score"] for r in records]
@@ -54,7 +54,7 @@ class RulerRun(Ruler):
                 "predictions": [r["prediction"] for r in records],  # the gate lists flips
                 "stopped": stopped(len(records), params),
                 **common_info(replies, method, params.reads,
-                              reader.prefill_chunk(method, params.prefill_chunk)),
+                              reader.prefill_chunk(method, params.prefill_chunk, params.length)),
             },
             comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
                         "model_dtype": reader.session.dtype},

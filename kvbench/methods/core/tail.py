@@ -66,6 +66,11 @@ class Tail:
         self.tokens -= n
         return front
 
+    def replace(self, x) -> None:
+        """Hold exactly `x` (a policy's kept tokens); the next extend moves them to a buffer."""
+        self.held, self.buffered = x, False
+        self.tokens = 0 if x is None else x.shape[-2]
+
     def trim(self, n: int) -> None:
         """Forget the newest `n` tokens."""
         self.tokens -= n

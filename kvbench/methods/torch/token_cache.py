@@ -12,8 +12,9 @@ import math
 
 import torch
 
-from kvbench.backends.torch_arrays import storage_bytes, tensor_bytes
+from kvbench.backends.torch_arrays import TORCH_ARRAYS, storage_bytes, tensor_bytes
 from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
+from kvbench.methods.core.tail import Tail
 from kvbench.methods.settings.tokens import TokenMethod
 
 
@@ -36,20 +37,37 @@ class TokenCache(LayerCachePolicy):
         return None
 
     def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        # appended in place (kvbench.methods.core.tail): joining copied the layer at every chunk
+        self._tails = (Tail(TORCH_ARRAYS), Tail(TORCH_ARRAYS))
+        self._reserved = 0  # the tokens the sequence will hold, until a keep() drops some
         self.bias: torch.Tensor | None = None
         self._seen = 0
         self._fresh = 0  # newest tokens held as appended, since the last keep(): trim can undo
         self.observed: list[torch.Tensor] = []  # (1, Hq, q, D) float32 chunks, oldest first
         self.probe: torch.Tensor | None = None  # queries of tokens appended then taken back
 
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._tails[0].array
+
+    @keys.setter
+    def keys(self, kept: torch.Tensor) -> None:
+        self._tails[0].replace(kept)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._tails[1].array
+
+    @values.setter
+    def values(self, kept: torch.Tensor) -> None:
+        self._tails[1].replace(kept)
+
+    def reserve(self, tokens: int) -> None:
+        self._reserved = tokens
+
     def append(self, keys, values, queries=None) -> None:
-        if self.keys is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=-2)
-            self.values = torch.cat([self.values, values], dim=-2)
+        for tail, x in zip(self._tails, (keys, values)):
+            tail.extend(x, self._reserved)
         if self.bias is not None:
             self.bias = torch.cat([self.bias, self.bias.new_zeros(keys.shape[:-1])], dim=-1)
         self._seen += keys.shape[-2]
@@ -78,7 +96,8 @@ class TokenCache(LayerCachePolicy):
         dropped = min(n, self._fresh)
         if dropped:
             keep = self.keys.shape[-2] - dropped
-            self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
+            for tail in self._tails:
+                tail.trim(dropped)
             if self.bias is not None:
                 self.bias = self.bias[..., :keep]
             self._seen -= dropped
@@ -107,6 +126,7 @@ class TokenCache(LayerCachePolicy):
         elif self.bias is not None:
             self.bias = self.bias.gather(-1, index)
         self._fresh = 0
+        self._reserved = 0  # what is kept grows by room, not to the whole sequence
 
     @property
     def scaling(self) -> float:
