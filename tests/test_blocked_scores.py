@@ -60,6 +60,29 @@ def test_rows_per_block_ask_the_device_only_when_the_queries_exceed_the_floor(mo
     assert query_block_rows(10**6, row, "cpu") == 256
 
 
+# ---- the weights themselves ------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads, kv_heads, n, total", [(32, 8, 40, 300), (9, 3, 17, 64),
+                                                       (4, 4, 5, 9)])
+def test_weights_of_a_group_read_its_key_head_once_and_equal_the_broadcast_product(
+        causal, heads, kv_heads, n, total):
+    """One product per KV head over its group's query rows: broadcasting (H, groups, n, D) @
+    (H, 1, D, T) copied each key head once per query head (4x the layer's keys at 8B's shape,
+    a whole plain cache at 32k on a 2-layer checkpoint). The same bits on this CPU for several
+    queries (one query: tests/test_token_methods.py bounds the matrix-vector rounding)."""
+    g = torch.Generator().manual_seed(heads * total)
+    queries = torch.randn(1, heads, n, 16, generator=g)
+    keys = torch.randn(1, kv_heads, total, 16, generator=g)
+    q = queries.reshape(kv_heads, -1, n, 16)
+    logits = (q @ keys[0].unsqueeze(1).transpose(-1, -2)) * 0.25
+    if causal:
+        positions = torch.arange(total)
+        logits = logits.masked_fill(positions[total - n:].unsqueeze(1) < positions, -math.inf)
+    assert torch.equal(token_cache.attention_weights(queries, keys, 0.25, causal),
+                       logits.softmax(-1))
+
+
 # ---- am's math: key_scores, fit_beta, fit_values ----------------------------------------------
 
 def _qkv(seed, heads=3, n=150, total=64, dim=8):

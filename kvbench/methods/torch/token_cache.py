@@ -271,9 +271,11 @@ def attention_weights(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     their own position; else every key is visible (queries from after the keys, e.g. a probe)."""
     _, kv_heads, total, dim = keys.shape
     n = queries.shape[-2]
-    q = queries.float().reshape(kv_heads, -1, n, dim)
-    # in place: at a 2k prompt each (H, groups, n, T) temporary is 150 MB, written per layer
-    logits = (q @ keys[0].float().unsqueeze(1).transpose(-1, -2)).mul_(scaling)
+    q = queries.float().reshape(kv_heads, -1, dim)  # a group's query heads as rows of one matrix
+    # in place: at a 2k prompt each (H, groups, n, T) temporary is 150 MB, written per layer;
+    # one product per KV head, where broadcasting copied its keys once per query head
+    logits = torch.bmm(q, keys[0].float().transpose(-1, -2)).view(kv_heads, -1, n, total)
+    logits.mul_(scaling)
     if not causal:
         return logits.softmax(-1)
     positions = torch.arange(total, device=keys.device)
