@@ -58,6 +58,10 @@ def test_rows_per_block_ask_the_device_only_when_the_queries_exceed_the_floor(mo
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (16 * GiB, 80 * GiB))
     assert query_block_rows(10**6, row, "cuda") == 2048  # 2 GiB of 1 MiB rows
     assert query_block_rows(10**6, row, "cpu") == 256
+    # a quarter of the scored keys at most: snapkv's 32-query window at 32k on an 8B's shape
+    # (a query's weights 4 MiB, a layer's keys 128 MiB in float32) takes 8 queries a block
+    assert query_block_rows(32, 4 * row, "cpu", keys_bytes=128 * row) == 8
+    assert query_block_rows(10**6, row, "cuda", keys_bytes=GiB) == 256
 
 
 # ---- the weights themselves ------------------------------------------------------------------
