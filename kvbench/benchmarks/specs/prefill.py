@@ -6,8 +6,8 @@ from typing import Any
 from kvbench.config.fields import at_least, param
 
 PREFILL_CHUNK_MEANING = ("prompt tokens per prefill forward (a longer prompt is fed in several);"
-                         " 0: from the model and the device's free memory, sized once per run"
-                         " (kvbench.models.budgets: 512 to 8192). A method that must read the"
+                         " 0: from the model, the device's free memory and the prompt length"
+                         " (kvbench.models.budgets: 128 to 8192). A method that must read the"
                          " prompt at once (kvpress's presses) takes it in one forward, recorded"
                          " as info.prefill_chunk 0")
 
