@@ -62,6 +62,10 @@ def test_rows_per_block_ask_the_device_only_when_the_queries_exceed_the_floor(mo
     # (a query's weights 4 MiB, a layer's keys 128 MiB in float32) takes 8 queries a block
     assert query_block_rows(32, 4 * row, "cpu", keys_bytes=128 * row) == 8
     assert query_block_rows(10**6, row, "cuda", keys_bytes=GiB) == 256
+    # ... or 16 MiB where that is more: a 2k prompt of the bundled model (3 KV heads of 64,
+    # 3 query heads each) scores 227 queries a block, not 5
+    row = 3 * 3 * 2048 * 4
+    assert query_block_rows(2048, row, "cpu", keys_bytes=3 * 2048 * 64 * 4) == 16 * 2**20 // row
 
 
 # ---- the weights themselves ------------------------------------------------------------------

@@ -371,10 +371,9 @@ def test_the_attention_keys_receive_is_the_same_in_blocks_of_queries(causal, n, 
     one_row = 2 * 3 * total * 4  # bytes of one query's weights over every head
     assert torch.equal(attention_received(queries, keys, 0.25, causal, block_bytes=n * one_row),
                        whole)
-    # by default a block's weights take at most a quarter of the keys in float32: one query here
-    default = attention_received(queries, keys, 0.25, causal)
-    assert torch.equal(default, attention_received(queries, keys, 0.25, causal,
-                                                   block_bytes=one_row))
+    # by default a block's weights take at most a quarter of the keys in float32, or 16 MiB:
+    # every query here
+    assert torch.equal(attention_received(queries, keys, 0.25, causal), whole)
     for rows in (1, 7, 64):
         blocked = attention_received(queries, keys, 0.25, causal, block_bytes=rows * one_row)
         assert (blocked - whole).abs().max() <= 1e-6 * whole.abs().max()

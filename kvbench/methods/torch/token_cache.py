@@ -290,8 +290,10 @@ SCORE_BLOCK_MAX = 4 * 2**30
 SCORE_FREE_FRACTION = 8  # a block takes at most 1/8 of the GPU's free memory: room for the rest
 # ... and at most this share of the scored layer's keys in float32, so the working set grows with
 # the cache and never with its square (a window of 32 queries at 32k took 128 MB twice, logits
-# and weights, beside a 512 MB plain cache on a 2-layer checkpoint with an 8B's attention)
+# and weights, beside a 512 MB plain cache on a 2-layer checkpoint with an 8B's attention), or
+# SCORE_KEYS_FLOOR where that is more (short prompts keep blocks of many queries)
 SCORE_KEYS_SHARE = 4
+SCORE_KEYS_FLOOR = 16 * 2**20
 
 
 def score_block_bytes(device: torch.device | str) -> int:
@@ -309,10 +311,12 @@ def query_block_rows(n: int, row_bytes: int, device: torch.device | str,
                      block_bytes: int | None = None, keys_bytes: int = 0) -> int:
     """Queries per block (n where all fit in one) when each query's row of the working set
     takes `row_bytes`: `block_bytes` or, by default, score_block_bytes(device), and at most
-    1/SCORE_KEYS_SHARE of `keys_bytes` when given (the scored keys in float32); the device is
-    asked only when the n rows exceed SCORE_BLOCK_BYTES (a decode step's query never does)."""
+    1/SCORE_KEYS_SHARE of `keys_bytes` when given (the scored keys in float32; at least
+    SCORE_KEYS_FLOOR); the device is asked only when the n rows exceed SCORE_BLOCK_BYTES (a
+    decode step's query never does)."""
     if block_bytes is None:
-        cap = keys_bytes // SCORE_KEYS_SHARE if keys_bytes else SCORE_BLOCK_MAX
+        cap = (max(keys_bytes // SCORE_KEYS_SHARE, SCORE_KEYS_FLOOR) if keys_bytes
+               else SCORE_BLOCK_MAX)
         if n * row_bytes <= min(SCORE_BLOCK_BYTES, cap):
             return n
         block_bytes = min(score_block_bytes(device), cap)
@@ -324,7 +328,7 @@ def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float
     """The attention each key receives, summed over every query head of its group and every
     query, (H, T) float32: attention_weights(...).sum((1, 2)), computed over blocks of queries
     whose weights fit in `block_bytes` (default: score_block_bytes of the keys' device, at most
-    a quarter of the keys in float32), so that a long prompt's scoring holds one block, not
+    a quarter of the keys in float32 or 16 MiB), so that a long prompt's scoring holds one block, not
     queries x keys (2 TB a layer at 128k on an 8B model). Where all the queries fit in one
     block, it is that sum itself, bit for bit; in blocks, each query's softmax is the same and
     only the order of the sum over queries differs."""
