@@ -103,6 +103,7 @@ class BatchStep(Cache):
         observe(*self.caches)  # the case's footprint: the rows' caches, together
         return logits
 
+    @torch.inference_mode()  # the caches' arrays are inference tensors, read in place
     def run(self, model, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The model's logits (rows, 1, vocab) for token ids x and RoPE positions (rows, 1)."""
         return model(x, **with_cache(model, self), position_ids=positions, use_cache=True,

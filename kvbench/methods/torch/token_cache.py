@@ -39,7 +39,7 @@ class TokenCache(LayerCachePolicy):
     def __init__(self):
         # appended in place (kvbench.methods.core.tail): joining copied the layer at every chunk
         self._tails = (Tail(TORCH_ARRAYS), Tail(TORCH_ARRAYS))
-        self._reserved = 0  # the tokens the sequence will hold, until a keep() drops some
+        self._reserved = 0  # the tokens the sequence will hold (reserve), 0: not said
         self.bias: torch.Tensor | None = None
         self._seen = 0
         self._fresh = 0  # newest tokens held as appended, since the last keep(): trim can undo
@@ -66,8 +66,11 @@ class TokenCache(LayerCachePolicy):
         self._reserved = tokens
 
     def append(self, keys, values, queries=None) -> None:
+        # room for what it holds and the tokens still to come (after a keep(): not the whole
+        # sequence)
+        room = self.retained_tokens + max(0, self._reserved - self._seen) if self._reserved else 0
         for tail, x in zip(self._tails, (keys, values)):
-            tail.extend(x, self._reserved)
+            tail.extend(x, room)
         if self.bias is not None:
             self.bias = torch.cat([self.bias, self.bias.new_zeros(keys.shape[:-1])], dim=-1)
         self._seen += keys.shape[-2]
@@ -126,7 +129,6 @@ class TokenCache(LayerCachePolicy):
         elif self.bias is not None:
             self.bias = self.bias.gather(-1, index)
         self._fresh = 0
-        self._reserved = 0  # what is kept grows by room, not to the whole sequence
 
     @property
     def scaling(self) -> float:
