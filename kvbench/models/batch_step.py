@@ -12,9 +12,9 @@ the model's matrix products are shared, which is where one-token decoding spends
 of any length, evicted or compacted, decode together.
 
 On the CPU a step runs at least MIN_ROWS rows, the missing ones blank (no cache; attention gives
-them zeros, their logits are dropped): the CPU's matrix product takes another kernel for one to three
-rows, whose results differ in the last bits, while from four rows on each row gets the same bits
-whatever rows share its step (measured with torch 2.13's CPU build for every weight shape of
+them zeros, their logits are dropped): the CPU's matrix product takes another kernel for one to
+three rows, whose results differ in the last bits, while from four rows on each row gets the same
+bits whatever rows share its step (measured with torch 2.13's CPU build for every weight shape of
 the bundled model, 4 to 40 rows). So a sample decodes to the same tokens alone or in any batch.
 """
 from __future__ import annotations

@@ -98,10 +98,11 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
                shared: PrefillStore | None = None, chunk: int = 0) -> list[Answer]:
     """Prefill and compress each prompt through its own cache, in forwards of `chunk` tokens (0:
     one; `compress` says whether the question is in what is compressed), then decode greedily
-    through the compressed caches together: one batched forward per step for the rows still answering (session.step_rows),
-    each stopping at end-of-sequence or its own max_new_tokens. Under `context` the method never
-    sees the question before end_prefill: a method's probe is its own reference_probe of the
-    context. shared: where a method that shares_prefill takes each prompt's plain prefill from."""
+    through the compressed caches together: one batched forward per step for the rows still
+    answering (session.step_rows), each stopping at end-of-sequence or its own max_new_tokens. Under
+    `context` the method never sees the question before end_prefill: a method's probe is its own
+    reference_probe of the context. shared: where a method that shares_prefill takes each prompt's
+    plain prefill from."""
     caches, logits, question_s = [], [], []
     for number, prompt in enumerate(prompts, 1):
         status(f"prefill {number}/{len(prompts)}")

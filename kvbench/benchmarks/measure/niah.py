@@ -32,7 +32,8 @@ class NiahRun(Niah):
                                                  essay=reader.essay, depth=float(depth)))
                     extras.append({"length": length, "depth": depth})
                     index += 1
-        records, replies = reader.answer(method, samples, params, max(params.lengths), extras)
+        longest = max(params.lengths)  # sizes the prefill chunk
+        records, replies = reader.answer(method, samples, params, longest, extras)
         grid = [[statistics.fmean(r["score"] for r in records
                                   if r["length"] == length and r["depth"] == depth)
                  for length in params.lengths] for depth in params.depths]
@@ -47,7 +48,7 @@ class NiahRun(Niah):
                 "predictions": [r["prediction"] for r in records],  # the gate lists flips
                 "haystack": haystack_note(params.task, params.essay),
                 **common_info(replies, method, params.reads,
-                              reader.prefill_chunk(method, params.prefill_chunk, max(params.lengths))),
+                              reader.prefill_chunk(method, params.prefill_chunk, longest)),
             },
             comparable={"prompts_sha256": prompts_digest(records), "model": reader.session.spec,
                         "model_dtype": reader.session.dtype},

@@ -330,10 +330,10 @@ def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float
     """The attention each key receives, summed over every query head of its group and every
     query, (H, T) float32: attention_weights(...).sum((1, 2)), computed over blocks of queries
     whose weights fit in `block_bytes` (default: score_block_bytes of the keys' device, at most
-    a quarter of the keys in float32 or 16 MiB), so that a long prompt's scoring holds one block, not
-    queries x keys (2 TB a layer at 128k on an 8B model). Where all the queries fit in one
-    block, it is that sum itself, bit for bit; in blocks, each query's softmax is the same and
-    only the order of the sum over queries differs."""
+    a quarter of the keys in float32 or 16 MiB), so that a long prompt's scoring holds one block,
+    not queries x keys (2 TB a layer at 128k on an 8B model). Where all the queries fit in one
+    block, it is that sum itself, bit for bit; in blocks, each query's softmax is the same and only
+    the order of the sum over queries differs."""
     _, kv_heads, total, dim = keys.shape
     n = queries.shape[-2]
     groups = queries.shape[1] // kv_heads
