@@ -68,21 +68,23 @@ def test_a_reserving_cache_stores_and_reads_what_a_plain_one_does_and_writes_in_
     assert unreserved.measured_bytes() - plain.measured_bytes() == (ROOM_TOKENS - 9) * per_token
 
 
-def test_room_never_passes_the_reservation_and_a_full_room_moves_on():
+def test_a_room_holds_the_reservation_and_a_full_room_moves_on():
     method = _method("intq", {"bits": 4, "group_size": 32, "axis": "token"})
-    cache = _filled(method.new_layer_cache(0), 41 + ROOM_TOKENS * 2, 0, seed=7)
+    reserved = 41 + ROOM_TOKENS * 2
+    cache = _filled(method.new_layer_cache(0), reserved, 0, seed=7)
     rooms = cache.step_rooms()
-    assert rooms[0].capacity == 40 + ROOM_TOKENS  # ROOM_TOKENS past the packed block
-    for step in range(ROOM_TOKENS + 1):
+    assert rooms[0].capacity == reserved  # all it was told it will hold, made at the first pack
+    steps = reserved - 40 + 1  # one past the reservation
+    for step in range(steps):
         cache.append(randn(1, 2, 1, 64, seed=step), randn(1, 2, 1, 64, seed=step + 1))
     assert cache.step_rooms()[0] is not rooms[0]  # the full room was joined into a new one
     plain = method.new_layer_cache(0)
     plain.append(randn(1, 2, 40, 64, seed=7), randn(1, 2, 40, 64, seed=8))
-    for step in range(ROOM_TOKENS + 1):
+    for step in range(steps):
         plain.append(randn(1, 2, 1, 64, seed=step), randn(1, 2, 1, 64, seed=step + 1))
     assert torch.equal(cache.attention_inputs()[0], plain.attention_inputs()[0])
-    # never past the reservation: the second room ends there
-    assert cache.step_rooms()[0].capacity == 41 + ROOM_TOKENS * 2
+    # past the reservation: ROOM_TOKENS more than it holds
+    assert cache.step_rooms()[0].capacity == 40 + steps + ROOM_TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -276,3 +276,27 @@ def test_a_run_records_the_footprint_of_its_model_cases_and_reports_it(tmp_path)
 def test_an_old_results_file_reports_no_footprint(small):
     assert all(case.footprint is None for case in small.cases)
     assert "Memory footprint" not in render_markdown(small)
+
+
+@pytest.mark.parametrize("name, params", [("identity", {}), ("intq", {"bits": 4}),
+                                          ("h2o", {"ratio": 0.5})])
+def test_a_dropped_cache_is_freed_at_once_not_by_the_garbage_collector(tiny_sessions, name,
+                                                                        params):
+    """No reference cycle holds a cache: one a sample let go is not in what the next holds."""
+    import weakref
+
+    from kvbench.methods import build_method, implementation
+    from kvbench.models.session import prefill
+
+    session = tiny_sessions("llama")
+    method = implementation(build_method(name, params), "torch")
+    cache = session.new_cache(method)
+    prefill(session, cache, list(range(5, 69)), method, chunk=16)
+    session.step([7], cache)
+    gc.disable()
+    try:
+        dropped = weakref.ref(cache)
+        del cache
+        assert dropped() is None
+    finally:
+        gc.enable()

@@ -67,6 +67,9 @@ class _ScriptedSession:
     def begin_prompt(self, cache, tokens):
         pass
 
+    def reserve(self, cache, tokens):
+        self.reserved = tokens
+
     def end_prefill(self, cache):
         self.calls.append(("end_prefill",))
         return 0.0
@@ -84,6 +87,7 @@ def test_the_question_is_fed_after_compression_only_under_context(compress, scri
     [reply] = answer_all(session, implementation(build_method("identity")),
                          [Prompt([1, 2], [3])], compress, [10])
     assert session.calls == calls
+    assert session.reserved == 3 + 10  # the whole prompt and the most it may answer
     assert reply.text == "5,6" and reply.generated == 2  # stopped at end-of-sequence
     # 16-bit K+V of every token seen: 2 (K, V) x 2 bytes x 1 head x 2 dims x 5 tokens
     assert reply.bytes_16bit == 2 * 2 * 2 * 5 and reply.kv_bytes == 8

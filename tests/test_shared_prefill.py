@@ -287,3 +287,47 @@ def test_a_prompt_no_later_case_reads_is_never_stored(tiny_sessions):
     reader = Reader(SimpleNamespace(memo=Memo(), backend="torch", chat=ChatOptions()), session,
                     None, "")
     assert reader.shared_prefill(h2o, [ids], params, 0) is None
+
+
+@pytest.mark.parametrize("name", ["identity", "snapkv"])
+def test_the_first_cache_handed_a_recording_takes_its_arrays_over_and_writes_after_them(
+        tiny_sessions, name):
+    """Recorded with room for what follows (as answering reserves it), a prompt's arrays become
+    the first ingesting cache's own: its keys are the recording's storage, its decode steps are
+    written into the room after the prompt, and a later cache handed the same prompt reads it
+    unchanged; a prompt loaded back from the store comes with its room too."""
+    from kvbench.models.session import prefill
+
+    session = tiny_sessions("llama")
+    ids = _prompt(session.tokenizer).context
+    method = implementation(build_method(name, {} if name == "identity" else {"ratio": 0.5}),
+                            "torch")
+    recorded = prefill_plain(session, ids, queries=method.prompt_queries, room=8)
+    before = [layer[0].clone() for layer in recorded.layers]
+    first, later = session.new_cache(method), session.new_cache(method)
+    for cache in (first, later):
+        session.reserve(cache, len(ids) + 8)
+        last, _, _ = prefill(session, cache, ids, method, prefilled=recorded)
+        for _ in range(3):
+            last = session.step([int(last[-1].argmax())], cache)[0]
+    assert recorded.buffers is None  # handed over once
+    for layer, policy in enumerate(first.policies):
+        keys, _, _ = policy.attention_inputs()
+        held = keys.untyped_storage().data_ptr()
+        taken = held == recorded.layers[layer][0].untyped_storage().data_ptr()
+        assert taken == (name == "identity"), layer  # snapkv keeps a compacted copy
+        assert torch.equal(recorded.layers[layer][0], before[layer])
+    for own, other in zip(first.policies, later.policies):
+        assert all(torch.equal(a, b) for a, b in zip(own.attention_inputs()[:2],
+                                                     other.attention_inputs()[:2]))
+    store = PrefillStore()
+    try:
+        store.expect(session, [ids])
+        made = store.get(session, ids, room=8)
+        loaded = store.get(session, ids)
+        assert store.reused == 1
+        for (k, v), (k2, v2) in zip(made.buffers, loaded.buffers):
+            assert k2.shape[-2] == len(ids) + 8 and torch.equal(k2[..., :len(ids), :],
+                                                                k[..., :len(ids), :])
+    finally:
+        store.close()

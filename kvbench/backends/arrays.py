@@ -62,6 +62,9 @@ class Arrays(Protocol):
     def held_bytes(self, *arrays: Any) -> int:
         """Measured bytes: the storages really held, views included."""
 
+    def itemsize(self, x: Any) -> int:
+        """Bytes of one element of `x`."""
+
     # ---- what attention does (kvbench.models.biased_attention)
     def repeat(self, x: Any, repeats: int, axis: int) -> Any:
         """Each entry `repeats` times in a row along `axis` (the query heads of a GQA group)."""

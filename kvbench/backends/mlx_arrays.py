@@ -99,6 +99,9 @@ class MLXArrays(Arrays):
     def held_bytes(self, *arrays: mx.array | None) -> int:
         return array_bytes(*arrays)
 
+    def itemsize(self, x: mx.array) -> int:
+        return x.itemsize
+
     def from_torch(self, tensor) -> mx.array:
         return to_mx(tensor)
 

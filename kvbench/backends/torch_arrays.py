@@ -92,6 +92,9 @@ class TorchArrays(Arrays):
     def held_bytes(self, *arrays: torch.Tensor | None) -> int:
         return storage_bytes(*arrays)
 
+    def itemsize(self, x: torch.Tensor) -> int:
+        return x.element_size()
+
     def from_torch(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device)
 

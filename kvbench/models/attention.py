@@ -1,7 +1,7 @@
 """kvbench's attention function for transformers models: SDPA, unless the cache layer that was
 just updated holds a read plain SDPA cannot serve (kvbench.models.host.AttentionRead: a key bias,
-sparse-V, queries the policy observes, the packed cache for the fused decode attention; or a
-batched step's BatchRead, whose rows are attended one by one, except those a batched kernel,
+sparse-V, queries the policy observes, the packed cache for the fused decode attention, a read
+too large to hold whole, in parts (kvbench.models.part_attention); or a batched step's BatchRead, whose rows are attended one by one, except those a batched kernel,
 the CPU one or the Triton one, reads all at once).
 
 Models are loaded with attn_implementation="kvbench"; the cache reaches this function as the
@@ -26,6 +26,7 @@ from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.models.biased_attention import biased_attention as attention_on
 from kvbench.models.host import AttentionRead, BatchRead
 from kvbench.models.indexed_layer import selected_mask
+from kvbench.models.part_attention import part_attention
 
 NAME = "kvbench"
 
@@ -129,6 +130,11 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
             features: dict, **kwargs) -> torch.Tensor:
     """Attention over one sequence's read, (batch, queries, heads, dim) as SDPA returns it;
     `features`: the model's softcap and sinks (_features)."""
+    if read.parts is not None:
+        out = part_attention(query, read.parts, attention_mask, read.part_keys, scaling,
+                             **features)
+        read.attended(query)
+        return out.transpose(1, 2).contiguous()
     if read.packed is not None:  # one newest query over the packed cache: no mask needed
         out = decode_attention_of(read.packed.kernel)(query, read.packed.segments,
                                                       scaling=scaling, **features)

@@ -54,12 +54,16 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
 
     is_sliding = False
     arrays = TORCH_ARRAYS
+    reads_parts = True  # kvbench.models.attention reads them
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache",
                  unfused: str = ""):
         LayerHost.__init__(self, policy, layer_idx)
         CacheLayerMixin.__init__(self)
-        self._owner = owner
+        # what it reads of its cache, not the cache itself: a layer pointing back at the cache
+        # kept every dropped cache alive until the garbage collector ran
+        self._mask_kv_length = owner.mask_kv_length
+        self._impl_log = getattr(owner.method, "impl_log", None)  # a recording has none
         # the fused decode attention is plain softmax: not taken under softcap, sinks or MLA
         # (kvbench.models.layer_kinds.LayerKind.unfused_because), which info.impl then says
         self.unfused = unfused
@@ -76,18 +80,24 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         read = self.hold(self.append(key_states, value_states,
-                                     self._owner.mask_kv_length.get(self.is_sliding),
+                                     self._mask_kv_length.get(self.is_sliding),
                                      fused=not self.unfused))
         if self.unfused and key_states.shape[-2] == 1:
-            self._owner.note_unfused(self.unfused)
-        if read.packed is not None:
-            return key_states, value_states  # placeholders: attention reads the segments
+            self._note_unfused()
+        if read.packed is not None or read.parts is not None:
+            return key_states, value_states  # placeholders: attention reads the cache's own
         return read.keys, read.values
 
-    def ingest(self, keys, values, queries) -> None:
+    def _note_unfused(self) -> None:
+        """A one-token step read without the fused kernels, for what the layer's attention adds
+        (softcap, sinks, MLA): the run's info.impl says so."""
+        if self._impl_log is not None:
+            self._impl_log.note("decode attention", f"torch ({self.unfused}: no fused kernel)")
+
+    def ingest(self, keys, values, queries, buffers=None) -> None:
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
-        super().ingest(keys, values, queries)
+        super().ingest(keys, values, queries, buffers)
 
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' rewind: a negative count of newest tokens to forget."""
@@ -221,13 +231,6 @@ class KVBenchCache(CacheHost, Cache):
         if isinstance(layer, LayerHost):
             self.mask_kv_length[layer.is_sliding] = sizes[0]
         return sizes
-
-    def note_unfused(self, because: str) -> None:
-        """A one-token step read without the fused kernels, for what the layer's attention adds
-        (softcap, sinks, MLA): the run's info.impl says so."""
-        log = getattr(self.method, "impl_log", None)  # a recorder (shared prefill) has none
-        if log is not None:
-            log.note("decode attention", f"torch ({because}: no fused kernel)")
 
     def library_bytes(self) -> int:
         """The library's layers, and the linear-attention state of hybrid policy layers."""

@@ -4,8 +4,9 @@ attention must read (an AttentionRead). transformers (kvbench.models.hf_cache), 
 (kvbench.models.mlx_host), the batched decode step (kvbench.models.batch_step) and the
 conformance kit (kvbench.testing) are thin adapters over it.
 
-A read that plain attention cannot serve (a key bias, sparse-V, queries the policy observes, or
-the packed cache for the fused decode attention) is held by the layer until that layer's
+A read that plain attention cannot serve (a key bias, sparse-V, queries the policy observes, the
+packed cache for the fused decode attention, or a read in parts: LayerCachePolicy.attention_parts,
+where the adapter's attention takes them, `reads_parts`) is held by the layer until that layer's
 attention takes it; the adapters hand attention the cache explicitly (transformers: the
 `kvbench_cache` keyword of the model's forward, mlx-lm: the layer itself), never through
 thread-local state. A read left untaken is an error at the layer's next step: the model's
@@ -17,7 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbench.kernels.formats import PackedRead
-from kvbench.methods.core.codec_cache import append_rows, newest_replaced
+from kvbench.methods.core.codec_cache import append_rows
+from kvbench.methods.core.newest import newest_dropped, newest_replaced
+from kvbench.methods.core.read_parts import as_part
 from kvbench.methods.core.contracts import LayerCachePolicy
 
 
@@ -34,6 +37,10 @@ class AttentionRead:
     values: Any = None
     bias: Any = None
     packed: PackedRead | None = None  # read instead of keys and values
+    # or these, each a function making its (keys, values), `part_keys` keys in all
+    # (LayerCachePolicy.attention_parts)
+    parts: list | None = None
+    part_keys: int = 0
     # another layer's attention over this one's cache (LayerKind.reads): its queries and
     # what it skips are not the policy's to hear
     shared: bool = False
@@ -46,8 +53,8 @@ class AttentionRead:
     @property
     def plain(self) -> bool:
         """Plain softmax attention over keys and values serves it (the model's own)."""
-        return (self.packed is None and self.bias is None and not self.skip_below
-                and not self.policy.observes_queries)
+        return (self.packed is None and self.parts is None and self.bias is None
+                and not self.skip_below and not self.policy.observes_queries)
 
     def attended(self, queries: Any, sparse: tuple | None = None) -> None:
         """After attention: the policy hears what sparse-V skipped (rows skipped, rows, output
@@ -84,6 +91,7 @@ class LayerHost:
 
     arrays: Any = None
     exact_step = False  # CacheHost sets it from the method
+    reads_parts = False  # whether the adapter's attention reads a policy's attention_parts()
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int):
         self.policy = policy
@@ -136,6 +144,17 @@ class LayerHost:
                                        (*keys.shape[:-2], packed.tokens, keys.shape[-1]), None,
                                        1, mask_kv_length)
                 return AttentionRead(self.layer_idx, policy, packed=packed)
+        if self.reads_parts and not (self.read_by_others or policy.value_skip_threshold
+                                     or policy.observes_queries):
+            parts = policy.attention_parts()
+            if parts is not None:
+                if replace:
+                    parts = [*newest_dropped(parts, steps), as_part(keys, values)]
+                kept = policy.retained_tokens + policy.summary_slots
+                check_attention_inputs(policy, self.layer_idx,
+                                       (*keys.shape[:-2], kept, keys.shape[-1]), None, steps,
+                                       mask_kv_length)
+                return AttentionRead(self.layer_idx, policy, parts=parts, part_keys=kept)
         read = policy.attention_inputs_exact(keys, values) if replace else None
         out_keys, out_values, bias = read or policy.attention_inputs()
         check_attention_inputs(policy, self.layer_idx, tuple(out_keys.shape),
@@ -145,11 +164,15 @@ class LayerHost:
             out_values = self.arrays.concat(newest_replaced([out_values], values))
         return AttentionRead(self.layer_idx, policy, out_keys, out_values, bias)
 
-    def ingest(self, keys: Any, values: Any, queries: Any) -> None:
+    def ingest(self, keys: Any, values: Any, queries: Any, buffers: tuple | None = None) -> None:
         """A prefill step whose forward ran elsewhere (kvbench.models.shared_prefill): the policy
         gets what that step's append and attention would have handed it (queries: the newest
-        tokens' that it reads, None for none)."""
-        self.policy.append(keys, values)
+        tokens' that it reads, None for none); `buffers`: the arrays whose first tokens are
+        `keys` and `values`, handed over with them (LayerCachePolicy.take_prompt)."""
+        if buffers is None:
+            self.policy.append(keys, values)
+        else:
+            self.policy.take_prompt(keys, values, *buffers)
         self.started = True
         if self.policy.observes_queries and queries is not None:
             self.policy.observe_queries(queries)

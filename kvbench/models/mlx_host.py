@@ -47,7 +47,9 @@ class MLXPolicyLayer(LayerHost):
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "MLXKVBenchCache",
                  window: int | None = None):
         super().__init__(policy, layer_idx)
-        self._owner = owner
+        # the cache's dict, not the cache: a layer pointing back at it kept a dropped cache
+        # alive until the garbage collector ran
+        self._mask_kv_length = owner.mask_kv_length
         self.window = window  # a sliding window's tokens, where a quantizer holds one
 
     @property
@@ -59,7 +61,7 @@ class MLXPolicyLayer(LayerHost):
         if keys.shape[0] != 1:
             raise NotImplementedError(f"MLXKVBenchCache supports batch size 1, got {keys.shape[0]}")
         # make_mask sized the model's one mask of this layer's kind from the first such layer
-        read = self.hold(self.append(keys, values, self._owner.mask_kv_length.get(self.window)))
+        read = self.hold(self.append(keys, values, self._mask_kv_length.get(self.window)))
         return read.keys, read.values
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
@@ -72,7 +74,7 @@ class MLXPolicyLayer(LayerHost):
                 " cache with the model and its layer kinds (MLXKVBenchCache(..., model=,"
                 " kinds=))")
         retained = self.kept_keys
-        self._owner.mask_kv_length[window_size] = retained + N
+        self._mask_kv_length[window_size] = retained + N
         if N == 1:
             return None
         if window_size is not None:

@@ -46,6 +46,9 @@ class PrefilledPrompt:
     seconds: float  # the forwards'
     arrays: Arrays  # the backend's array operations (kvbench.backends.arrays)
     chunk: int = 0  # tokens per forward it was recorded in (0: one forward)
+    # per layer: the arrays whose first tokens are its keys and values (room after them for
+    # what was reserved), handed over to the first cache that ingests it (None after that)
+    buffers: list[tuple[Any, Any]] | None = None
 
     @property
     def queries(self) -> int:
@@ -63,7 +66,10 @@ class _Recorder(LayerCachePolicy):
         self.tokens = self.capacity = 0
 
     def begin_prompt(self, tokens: int) -> None:
-        self.capacity = tokens
+        self.capacity = max(self.capacity, tokens)
+
+    def reserve(self, tokens: int) -> None:
+        self.capacity = max(self.capacity, tokens)
 
     def append(self, keys, values, queries=None) -> None:
         # the prompt's room is made at the first chunk (a copy of everything held per chunk
@@ -107,6 +113,9 @@ class _Recorder(LayerCachePolicy):
         keys, values, _ = self.attention_inputs()
         return keys, values, self.queries
 
+    def buffers(self) -> tuple[Any, Any]:
+        return self.keys, self.values
+
 
 class _Recording:
     """What CacheHost asks of a method, for recording caches."""
@@ -125,29 +134,36 @@ def forwards_chunk(chunk: int, tokens: int) -> int:
     return chunk if 0 < chunk < tokens else 0
 
 
-def prefill_plain(session, ids: list[int], chunk: int = 0, queries: int = 0) -> PrefilledPrompt:
+def prefill_plain(session, ids: list[int], chunk: int = 0, queries: int = 0,
+                  room: int = 0) -> PrefilledPrompt:
     """The plain forwards of `ids` from an empty cache, `chunk` tokens each (0: one), recorded
     with the queries of the newest `queries` tokens (session: a TorchSession or an
-    MLXSession)."""
+    MLXSession), in arrays with room for `room` more tokens where the backend writes in
+    place."""
     from kvbench.backends import array_backend
 
     arrays = array_backend(session.memo_key[0], getattr(session, "device", None))
     cache = session.new_cache(_Recording(arrays, queries))
     session.begin_prompt(cache, len(ids))
+    session.reserve(cache, len(ids) + room)
     step, seconds = chunk or len(ids), 0.0
     for start in range(0, len(ids), step):
         logits, took = session.step(ids[start : start + step], cache, last_only=True)
         seconds += took
     layers = [policy.recorded() for policy in cache.policies]
-    return PrefilledPrompt(logits, layers, seconds, arrays, forwards_chunk(chunk, len(ids)))
+    return PrefilledPrompt(logits, layers, seconds, arrays, forwards_chunk(chunk, len(ids)),
+                           [policy.buffers() for policy in cache.policies])
 
 
 def ingest(cache, prompt: PrefilledPrompt) -> None:
     """Hand `prompt` to a method's fresh cache (a KVBenchCache or MLXKVBenchCache), as its
-    prefill would have: no copy (LayerCachePolicy.append: a policy never writes into the arrays
-    it is given), so the next method is handed the same arrays unchanged."""
-    for layer, recorded in zip(cache.layers, prompt.layers, strict=True):
-        layer.ingest(*recorded)
+    prefill would have, without a copy: the first cache takes its arrays over
+    (LayerCachePolicy.take_prompt), writing only after the prompt's tokens; any later one is
+    handed views (LayerCachePolicy.append: never written into), so it is handed the prompt
+    unchanged."""
+    buffers, prompt.buffers = prompt.buffers, None
+    for i, (layer, recorded) in enumerate(zip(cache.layers, prompt.layers, strict=True)):
+        layer.ingest(*recorded, None if buffers is None else buffers[i])
 
 
 class PrefillStore:
@@ -173,20 +189,24 @@ class PrefillStore:
         (oldest first)."""
         self._expected = {_key(session, ids, chunk) for ids in prompts}
 
-    def get(self, session, ids: list[int], chunk: int = 0, queries: int = 0) -> PrefilledPrompt:
+    def get(self, session, ids: list[int], chunk: int = 0, queries: int = 0,
+            room: int = 0) -> PrefilledPrompt:
         """`ids` prefilled in forwards of `chunk` tokens, with the queries of the newest
-        `queries` tokens at least."""
+        `queries` tokens at least, its arrays the caller's to take over (prefill_plain's
+        `room`: for the tokens that will follow, when it is made here)."""
         key = _key(session, ids, chunk)
         if key in self._files and self._files[key][3] >= queries:
             self._files.move_to_end(key)
             self.reused += 1
             path, _, arrays, _ = self._files[key]
             saved = torch.load(path, weights_only=True)
-            layers = [tuple(t if arrays.name == "torch" or t is None else arrays.from_torch(t)
-                            for t in layer) for layer in saved["layers"]]
+            stored = [[t if arrays.name == "torch" or t is None else arrays.from_torch(t)
+                       for t in layer] for layer in saved["layers"]]
+            tokens = saved["tokens"]
+            layers = [(k[..., :tokens, :], v[..., :tokens, :], q) for k, v, q in stored]
             return PrefilledPrompt(saved["logits"], layers, saved["seconds"], arrays,
-                                   saved["chunk"])
-        prompt = prefill_plain(session, ids, chunk, queries)
+                                   saved["chunk"], [(k, v) for k, v, _ in stored])
+        prompt = prefill_plain(session, ids, chunk, queries, room)
         self.made += 1
         if key in self._expected:
             self._keep(key, prompt)
@@ -205,11 +225,14 @@ class PrefillStore:
             self._drop(other)
         path = self.folder / f"{key}.pt"
         # torch tensors as they are (torch.load puts them back on their device), MLX arrays as
-        # torch tensors (an exact round trip, bfloat16 included)
+        # torch tensors (an exact round trip, bfloat16 included); the keys and values with the
+        # room after them (torch saves a view's whole storage anyway), for the cache it goes to
+        buffers = prompt.buffers or [layer[:2] for layer in prompt.layers]
         layers = [[a if arrays.name == "torch" or a is None else arrays.to_torch(a)
-                   for a in layer] for layer in prompt.layers]
+                   for a in (*buffer, layer[2])]
+                  for buffer, layer in zip(buffers, prompt.layers, strict=True)]
         torch.save({"logits": prompt.logits, "layers": layers, "seconds": prompt.seconds,
-                    "chunk": prompt.chunk}, path)
+                    "chunk": prompt.chunk, "tokens": prompt.layers[0][0].shape[-2]}, path)
         self._files[key] = (path, size, arrays, prompt.queries)
         self.stored += 1
 

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvbench.methods.core.contracts import Implementation
+from kvbench.methods.core.read_parts import READ_PART_BYTES
 from kvbench.models.chat import (
     chat_text, decode_answer, has_chat_template, opens_reasoning, refuse_without_template,
     split_reasoning,
 )
 from kvbench.models.options import ChatOptions
-from kvbench.models.session import Session, plain_kv_bytes, prefill, shares_prefill
+from kvbench.models.session import (
+    Session, kv_bytes_per_layer_token, plain_kv_bytes, prefill, shares_prefill,
+)
 from kvbench.models.shared_prefill import PrefillStore
 
 _SLOT = "\uE000kvbench-message\uE000"  # private-use marks: no chat template contains them
@@ -93,7 +96,7 @@ class Answer:
 
 
 def answer_all(session: Session, method: Implementation, prompts: list[Prompt], compress: str,
-               max_new_tokens: list[int], reads: str = "decoded",
+               max_new_tokens: list[int], reads: str = "auto",
                status: Callable[[str], None] = lambda text: None,
                shared: PrefillStore | None = None, chunk: int = 0) -> list[Answer]:
     """Prefill and compress each prompt through its own cache, in forwards of `chunk` tokens (0:
@@ -106,8 +109,11 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
     caches, logits, question_s = [], [], []
     for number, prompt in enumerate(prompts, 1):
         status(f"prefill {number}/{len(prompts)}")
-        cache = session.new_cache(method, decoded_reads=reads == "decoded")
-        last = prefill_through(session, cache, prompt.compressed(compress), method, chunk, shared)
+        # room for the question and the answer: a buffer that fills up is copied to a larger one
+        fed, total = prompt.compressed(compress), len(prompt.ids) + max_new_tokens[number - 1]
+        cache = session.new_cache(method, decoded_reads=keeps_decoded(session, reads, total))
+        session.reserve(cache, total)
+        last = prefill_through(session, cache, fed, method, chunk, shared, total - len(fed))
         seconds = 0.0
         if compress == "context":
             last, seconds = session.step(prompt.question, cache, last_only=True)
@@ -119,14 +125,25 @@ def answer_all(session: Session, method: Implementation, prompts: list[Prompt], 
             for cache, row, asked_s, prompt in zip(caches, decoded, question_s, prompts)]
 
 
+def keeps_decoded(session: Session, reads: str, tokens: int) -> bool:
+    """Whether a codec cache of `tokens` tokens keeps its packed chunks decoded (the decoded-once
+    path, RetrievalParams.reads): as asked, or under auto where one layer's decoded copy takes
+    at most READ_PART_BYTES (a larger copy would add the plain cache again to what a case
+    holds, for speed)."""
+    if reads != "auto":
+        return reads == "decoded"
+    return tokens * kv_bytes_per_layer_token(session, session.kv_element_size) <= READ_PART_BYTES
+
+
 def prefill_through(session: Session, cache: Any, ids: list[int], method: Implementation,
-                    chunk: int, shared: PrefillStore | None):
+                    chunk: int, shared: PrefillStore | None, room: int = 0):
     """The prompt `ids` prefilled and compressed through `cache` in forwards of `chunk` tokens,
-    or ingested from `shared`'s recording where the method takes it; its last logits (1, vocab).
-    The recording is let go on return: the method holds what it keeps of it."""
+    or ingested from `shared`'s recording where the method takes it (recorded with `room` for
+    the tokens that follow); its last logits (1, vocab). The recording is let go on return:
+    the method holds what it keeps of it."""
     prefilled = None
     if shared and shares_prefill(session, method, len(ids), chunk):
-        prefilled = shared.get(session, ids, chunk, method.prompt_queries)
+        prefilled = shared.get(session, ids, chunk, method.prompt_queries, room)
     return prefill(session, cache, ids, method, chunk=chunk, prefilled=prefilled)[0]
 
 

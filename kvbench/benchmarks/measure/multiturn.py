@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.benchmarks.measure.answering import (
-    ChatFrame, answer_text, decode_rows, frame, prefill_through,
+    ChatFrame, answer_text, decode_rows, frame, keeps_decoded, prefill_through,
 )
 from kvbench.benchmarks.measure.context import BenchmarkOutput, RunContext
 from kvbench.benchmarks.measure.retrieval import Reader
@@ -100,7 +100,14 @@ class Plan:
         if params.mode == "multi-turn":
             return (len(self.context) + len(self.asked[0]) + sum(map(len, self.later))
                     + params.turns * params.answer_tokens)
-        return 2 * len(self.context) + max(map(len, self.asked)) + params.answer_tokens
+        return len(self.context) + self.cache_tokens(params)
+
+    def cache_tokens(self, params: MultiturnParams) -> int:
+        """The most tokens one of its caches holds: the whole conversation (multi-turn), the
+        context and the longest request (multi-request, in a fork)."""
+        if params.mode == "multi-turn":
+            return self.held_tokens(params)
+        return len(self.context) + max(map(len, self.asked)) + params.answer_tokens
 
 
 @dataclass
@@ -139,8 +146,12 @@ class MultiturnRun(Multiturn):
             caches, logits = [], []
             for number, i in enumerate(group, 1):
                 ctx.status(f"{where}: prefill {number}/{len(group)}")
-                cache = session.new_cache(method, decoded_reads=params.reads == "decoded")
-                last = prefill_through(session, cache, prefixes[i], method, chunk, store)
+                total = plans[i].cache_tokens(params)
+                cache = session.new_cache(method,
+                                          decoded_reads=keeps_decoded(session, params.reads, total))
+                session.reserve(cache, total)
+                last = prefill_through(session, cache, prefixes[i], method, chunk, store,
+                                       total - len(prefixes[i]))
                 caches.append(cache)
                 logits.append(last[-1])
             answer = _multi_turn if params.mode == "multi-turn" else _multi_request

@@ -84,7 +84,7 @@ class DatasetParams(Settings):
         "context", meaning="context: the template's text up to and including the context is"
         " prefilled and compressed, then the rest is fed and answered from the compressed"
         " cache; context+question: the whole prompt is compressed")
-    reads: Literal["decoded", "packed"] = param("decoded", meaning=READS)
+    reads: Literal["auto", "decoded", "packed"] = param("auto", meaning=READS)
     prefill_chunk: int = prefill_chunk_param()
 
     def check(self) -> None:

@@ -29,8 +29,11 @@ RETRIEVAL_METRICS = {
 }
 
 # how an answering benchmark's codec caches are read (kvbench.benchmarks.measure.answering)
-READS = ("decoded: codec caches decode each packed chunk once (bit-identical outputs, the packed"
-         " bytes accounted); packed: decode at every step")
+READS = ("auto: decoded where one layer's decoded copy of the prompt and answer is small (up to"
+         " 8 MiB), else packed; decoded: codec caches decode each packed chunk once and keep it"
+         " (bit-identical outputs, the packed bytes accounted, the decoded copy held beside"
+         " them); packed: read as stored at every step (a fused kernel, else decoded part by"
+         " part)")
 
 
 @dataclass(kw_only=True)
@@ -47,7 +50,7 @@ class RetrievalParams(Settings):
     essay: str = param("pydoc", meaning="the text in place of RULER's Paul Graham essays (not"
                        ' shipped): "pydoc", a text file, or'
                        ' "hf:<dataset>[:<config>]:<split>:<column>"')
-    reads: Literal["decoded", "packed"] = param("decoded", meaning=READS)
+    reads: Literal["auto", "decoded", "packed"] = param("auto", meaning=READS)
     prefill_chunk: int = prefill_chunk_param()
 
     def check(self) -> None:

@@ -6,38 +6,16 @@ import functools
 
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
+from kvbench.methods.core.newest import newest_dropped, newest_replaced
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
+from kvbench.methods.core.read_parts import READ_PART_BYTES, ReadPart, as_part, decoded_parts, \
+    token_bytes, tokens_per_part
 from kvbench.methods.core.room import Room
-from kvbench.methods.core.tail import ROOM_TOKENS, Tail
+from kvbench.methods.core.tail import ROOM_TOKENS, Tail, offered
 from kvbench.methods.core.window_cache import CodecWindow
 
 # A window this wide keeps every token raw: the cache never packs (identity's "auto").
 UNBOUNDED_WINDOW = 1 << 62
-
-
-def newest_replaced(parts: list, newest) -> list:
-    """`parts` (arrays in token order), their last tokens replaced by `newest` (views, then it)."""
-    return [*_without_newest(parts, newest.shape[-2], lambda part: part.shape[-2],
-                             lambda part, n: part[..., :n, :]), newest]
-
-
-def newest_dropped(segments: list[KVSegment], newest: int) -> list[KVSegment]:
-    """`segments` (in token order) without their last `newest` tokens."""
-    return _without_newest(segments, newest, lambda segment: segment.tokens,
-                           lambda segment, n: segment.head(n))
-
-
-def _without_newest(parts: list, newest: int, tokens, head) -> list:
-    """`parts` without their last `newest` tokens: the last one kept cut to head(part, n)."""
-    kept = list(parts)
-    while newest:
-        last = kept.pop()
-        if tokens(last) > newest:
-            kept.append(head(last, tokens(last) - newest))
-            newest = 0
-        else:
-            newest -= tokens(last)
-    return kept
 
 
 class CodecCache(LayerCachePolicy):
@@ -60,15 +38,12 @@ class CodecCache(LayerCachePolicy):
     counts the room). Not in place: both are joined at every step, as transformers'
     DynamicCache does (identity's `storage: concat`, the baseline of old).
 
-    `ops`: the arrays it holds (kvbench.backends.arrays.Arrays): torch tensors or mx.arrays, by
-    the same code."""
+    `ops`: its arrays' library (kvbench.backends.arrays.Arrays), torch's or MLX's alike."""
 
     def __init__(self, key_codec: Codec, value_codec: Codec, window: int, ops, sinks: int = 0,
                  in_place: bool = True):
-        self.ops = ops
-        self.in_place = in_place
-        self.key_codec = key_codec
-        self.value_codec = value_codec
+        self.ops, self.in_place = ops, in_place
+        self.key_codec, self.value_codec = key_codec, value_codec
         self.window = window
         self.sinks = sinks
         self._sink_k = None  # the first tokens, never packed (None: no token there yet)
@@ -101,6 +76,12 @@ class CodecCache(LayerCachePolicy):
             k_old, v_old = spilled
             self._store(self.key_codec.encode(k_old), self.value_codec.encode(v_old),
                         k_old.shape[-2])
+
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
+        if self.sinks:  # the tail's first tokens are not the buffer's
+            return self.append(keys, values)
+        with offered(self._tails, (key_buffer, value_buffer)):
+            self.append(keys, values)
 
     def _extend(self, keys, values) -> tuple | None:
         """Append raw; the (keys, values) that leave the window now, to be packed, or None."""
@@ -152,9 +133,10 @@ class CodecCache(LayerCachePolicy):
         self._packed = [*self._blocks(), (pk, pv)]
         self._rooms = None
         self._merge_packed()
-        # rooms serve steps: a chunk longer than a room would overflow it anyway, and a room
-        # made at every prefill chunk raised turbo3's peak at 8k tokens by 50 MiB
-        if len(self._packed) == 1 and self.in_place and tokens < ROOM_TOKENS:
+        # rooms serve steps, and reservations: a room of all it will hold spares each later
+        # chunk a merge (a copy of the layer, in pieces of growing size the allocator kept)
+        if len(self._packed) == 1 and self.in_place and (tokens < ROOM_TOKENS
+                                                         or self._reservation_ahead()):
             self._rooms = self._make_rooms(*self._packed[0])
             if self._rooms is not None:
                 self._packed = []
@@ -185,18 +167,20 @@ class CodecCache(LayerCachePolicy):
             room.wrote(1)
 
     def _make_rooms(self, pk: Packed, pv: Packed) -> tuple[Room, Room] | None:
-        """Rooms holding the packed block with space for ROOM_TOKENS more (never past a
-        reservation still ahead), or None where a codec does not stack tokens or the arrays are
-        not written in place."""
+        """Rooms holding the packed block with space for what a reservation still ahead will
+        bring, else for ROOM_TOKENS more; None where a codec does not stack tokens or the arrays
+        are not written in place."""
         axes = self.key_codec.stacking_axis(pk), self.value_codec.stacking_axis(pv)
         if None in axes:
             return None
-        capacity = self._packed_tokens + ROOM_TOKENS
-        if self._reserved > self._packed_tokens:
-            capacity = min(capacity, self._reserved - self._sink_tokens)
+        capacity = (self._reserved - self._sink_tokens if self._reservation_ahead()
+                    else self._packed_tokens + ROOM_TOKENS)
         rooms = tuple(Room.around(packed, axis, capacity, self.ops)
                       for packed, axis in zip((pk, pv), axes))
         return None if None in rooms else rooms
+
+    def _reservation_ahead(self) -> bool:
+        return self._reserved > self._sink_tokens + self._packed_tokens
 
     def _copied(self, packed: Packed) -> Packed:
         tensors = {name: self.ops.copy(t) for name, t in packed.tensors.items()}
@@ -262,6 +246,22 @@ class CodecCache(LayerCachePolicy):
             values = [cast(self.value_codec.decode(pv), dtype) for _, pv in blocks]
         sink_k, sink_v = ([self._sink_k], [self._sink_v]) if self._sink_tokens else ([], [])
         return [*sink_k, *keys, self._raw_k], [*sink_v, *values, self._raw_v]
+
+    def attention_parts(self) -> list[ReadPart] | None:
+        """Sinks, packed tokens (kept decoded, or decoded a part at a time), raw tail: where
+        they take more than READ_PART_BYTES decoded."""
+        raw, per_token = self._raw_k, token_bytes(self.ops, self._raw_k)
+        if self.retained_tokens * per_token <= READ_PART_BYTES:
+            return None
+        if self._decoded is not None:
+            packed = list(map(as_part, self._decoded[0].chunks, self._decoded[1].chunks))
+        else:
+            size = tokens_per_part(READ_PART_BYTES, per_token, self._block)
+            packed = [part for pk, pv in self._blocks() for part in decoded_parts(
+                self.key_codec, self.value_codec, pk, pv, raw.dtype, self.ops, size)]
+        sinks = [as_part(self._sink_k, self._sink_v)] if self._sink_tokens else []
+        tail = [as_part(raw, self._raw_v)] if self._tails[0].tokens else []
+        return [*sinks, *packed, *tail]
 
     def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
         """The packed chunks and the raw tail for a fused decode attention, when both codecs

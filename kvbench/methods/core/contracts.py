@@ -18,6 +18,7 @@ from kvbench.kernels import ImplLog
 if TYPE_CHECKING:
     from kvbench.backends.arrays import Arrays
     from kvbench.kernels.formats import PackedRead
+    from kvbench.methods.core.read_parts import ReadPart
 
 
 @dataclass
@@ -148,6 +149,13 @@ class LayerCachePolicy(ABC):
         policy may hold room for them so that appending does not copy what it holds. Default:
         nothing."""
 
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
+        """append() of a prompt recorded elsewhere (kvbench.models.shared_prefill) into a policy
+        that holds nothing yet, handed over: `keys` and `values` are the first tokens of these
+        buffers, which are the policy's now, to hold and to write after those tokens (the
+        room a reservation asked for). Default: append(keys, values)."""
+        self.append(keys, values)
+
     def end_prefill(self) -> None:
         """Called once after the prompt is in; compaction methods compress here."""
 
@@ -220,6 +228,15 @@ class LayerCachePolicy(ABC):
         its current tensors. Asked at one-token steps only; the segments must hold exactly
         attention_inputs()' tokens. `exact`: the step's (keys, values), to be read as given in
         place of their stored form (as attention_inputs_exact). Default: none."""
+        return None
+
+    def attention_parts(self) -> list[ReadPart] | None:
+        """attention_inputs()' keys and values (no bias) as parts in token order
+        (kvbench.methods.core.read_parts.ReadPart: its tokens, and a function that makes its
+        keys and values when attention reaches it): what a read takes where joining them, or
+        decoding them all at once, would hold the whole layer again
+        (kvbench.models.part_attention merges the parts' softmaxes). None where one read
+        serves (the default): attention_inputs() then."""
         return None
 
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:

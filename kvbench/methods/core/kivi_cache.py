@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead, is_channel, token_axis
-from kvbench.methods.core.codec_cache import newest_dropped
+from kvbench.methods.core.newest import newest_dropped
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, SharesExactPrefill
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
 from kvbench.methods.core.window_cache import KiviWindow

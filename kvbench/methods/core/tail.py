@@ -11,6 +11,9 @@ join as before.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 # Room a buffer keeps past its tokens when nothing was reserved: it is copied into a larger one
 # once every so many decode steps, and holds at most this much unused.
 ROOM_TOKENS = 256
@@ -25,6 +28,7 @@ class Tail:
         self.held = None  # the buffer, or (joined) exactly the tokens; None before any token
         self.buffered = False  # whether `held` is a buffer written in place
         self.tokens = 0
+        self.offer = None  # a buffer the first extend takes (offered)
 
     @property
     def array(self):
@@ -36,6 +40,13 @@ class Tail:
     def extend(self, x, reserved: int = 0) -> None:
         """`x`'s tokens after the filled ones; `reserved`: the tokens the cache will hold."""
         needed = self.tokens + x.shape[-2]
+        if self.held is None and self.offer is not None:
+            # its first tokens are x: held with the room after them, or as given (no room)
+            self.held, self.tokens = self.offer, needed
+            self.buffered = self.in_place and self.offer.shape[-2] > needed
+            if not self.buffered:
+                self.held = self.offer[..., :needed, :]
+            return
         if self.buffered and needed <= self.held.shape[-2]:
             self.ops.write(self.held, self.tokens, x, -2)
             self.tokens = needed
@@ -76,3 +87,18 @@ class Tail:
         self.tokens -= n
         if not self.buffered:
             self.held = self.held[..., :self.tokens, :]
+
+
+
+@contextlib.contextmanager
+def offered(tails: tuple[Tail, ...], buffers: tuple) -> Iterator[None]:
+    """Within the block, each tail's first extend() takes its buffer, whose first tokens are the
+    ones it is given, as its own instead of copying them (a shared prefill's recording, handed
+    over: LayerCachePolicy.take_prompt)."""
+    for tail, buffer in zip(tails, buffers, strict=True):
+        tail.offer = buffer
+    try:
+        yield
+    finally:
+        for tail in tails:
+            tail.offer = None

@@ -130,6 +130,9 @@ class CodecWindow(LayerWindow):
     def attention_segments(self, exact: tuple | None = None):
         return None if self.hidden else super().attention_segments(exact)
 
+    def attention_parts(self):
+        return None  # a window's read: the window, read whole
+
     def trim(self, n: int) -> int:
         """As a CodecCache until a token left the window; then none (it cannot come back)."""
         return 0 if self.gone or self.hidden else super().trim(n)

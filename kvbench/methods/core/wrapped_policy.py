@@ -20,6 +20,9 @@ class WrappedPolicy(LayerCachePolicy):
     def append(self, keys, values, queries=None) -> None:
         self.inner.append(keys, values, queries)
 
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
+        self.inner.take_prompt(keys, values, key_buffer, value_buffer)
+
     def attention_inputs(self):
         return self.inner.attention_inputs()
 

@@ -14,7 +14,7 @@ import torch
 
 from kvbench.backends.torch_arrays import TORCH_ARRAYS, storage_bytes, tensor_bytes
 from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
-from kvbench.methods.core.tail import Tail
+from kvbench.methods.core.tail import Tail, offered
 from kvbench.methods.settings.tokens import TokenMethod
 
 
@@ -75,6 +75,10 @@ class TokenCache(LayerCachePolicy):
             self.bias = torch.cat([self.bias, self.bias.new_zeros(keys.shape[:-1])], dim=-1)
         self._seen += keys.shape[-2]
         self._fresh += keys.shape[-2]
+
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
+        with offered(self._tails, (key_buffer, value_buffer)):
+            self.append(keys, values)
 
     def attention_inputs(self):
         return self.keys, self.values, self.bias
