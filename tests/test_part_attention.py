@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kvbench.methods.core.codec_cache as codec_cache
 import kvbench.models.attention as attention
 from kvbench.backends.torch_arrays import TORCH_ARRAYS
 from kvbench.methods.core.codec_cache import CodecCache
-from kvbench.methods.core.read_parts import as_part
 from kvbench.methods import build_method, implementation
 from kvbench.models.attention import biased_attention
-from kvbench.models.part_attention import part_attention
+from kvbench.methods.core.read_parts import READ_PART_BYTES, as_part
+from kvbench.models.part_attention import PART_BYTES_MAX, part_attention, part_bytes
 from kvbench.models.session import prefill
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -53,7 +52,7 @@ def test_parts_merged_equal_sdpa_over_the_whole_read(sizes, mask_kind, monkeypat
     elif mask_kind == "additive":
         mask = torch.where(causal, torch.randn(6, 40, generator=generator), -torch.inf)[None, None]
     # blocks of 5 keys inside each part: the merge runs within parts as well as across them
-    monkeypatch.setattr("kvbench.models.part_attention.BLOCK_BYTES", 5 * 8 * 6 * 4)
+    monkeypatch.setattr("kvbench.models.part_attention.READ_PART_BYTES", 5 * 8 * 6 * 4)
     out = part_attention(query, _parts(keys, values, sizes), mask, 40, scaling=0.3)
     reference = torch.nn.functional.scaled_dot_product_attention(
         query, keys, values, attn_mask=causal if mask is None else mask, scale=0.3,
@@ -80,7 +79,7 @@ def test_parts_that_hold_another_count_of_keys_than_the_read_reported_are_refuse
 
 @pytest.mark.parametrize("name", ["intq", "lloydmax"])
 @pytest.mark.parametrize("decoded", [False, True])
-def test_a_packed_caches_parts_are_its_whole_read_cut_in_order(name, decoded, monkeypatch):
+def test_a_packed_caches_parts_are_its_whole_read_cut_in_order(name, decoded):
     codecs = implementation(build_method(name, {"bits": 4})).layer_codecs
     cache = CodecCache(*codecs, window=8, ops=TORCH_ARRAYS, sinks=4)
     if decoded:
@@ -88,10 +87,9 @@ def test_a_packed_caches_parts_are_its_whole_read_cut_in_order(name, decoded, mo
     generator = torch.Generator().manual_seed(1)
     for tokens in (40, 33, 25):
         cache.append(*(torch.randn(1, 2, tokens, 64, generator=generator) for _ in range(2)))
-    assert cache.attention_parts() is None  # 98 tokens: read whole, as before parts
     token_bytes = 2 * 2 * 64 * 4
-    monkeypatch.setattr(codec_cache, "READ_PART_BYTES", 16 * token_bytes)
-    parts = cache.attention_parts()
+    assert cache.attention_parts(98 * token_bytes) is None  # within the budget: read whole
+    parts = cache.attention_parts(16 * token_bytes)
     made = [part.make() for part in parts]
     keys, values, _ = cache.attention_inputs()
     assert torch.equal(torch.cat([k for k, _ in made], -2), keys)
@@ -116,7 +114,16 @@ def test_a_quantizers_chunked_prefill_read_in_parts_gives_the_whole_reads_logits
     monkeypatch.setattr(attention, "part_attention", counted)
     whole, _, _ = prefill(session, session.new_cache(method), ids, method, probe=[], chunk=32)
     assert not read_in_parts
-    monkeypatch.setattr(codec_cache, "READ_PART_BYTES", 1)
+    monkeypatch.setattr("kvbench.models.part_attention.READ_PART_BYTES", 1)
     parted, _, _ = prefill(session, session.new_cache(method), ids, method, probe=[], chunk=32)
     assert read_in_parts and set(read_in_parts) == {32}  # the later chunks, every layer
     _close(parted, whole)
+
+
+@pytest.mark.parametrize("free, expected", [(2**30, 64 * 2**20), (2**20, READ_PART_BYTES),
+                                            (2**40, PART_BYTES_MAX)])
+def test_on_cuda_a_part_is_a_sixteenth_of_the_free_memory_within_bounds(monkeypatch, free,
+                                                                        expected):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 2 * free))
+    assert part_bytes(torch.device("cuda", 0)) == expected
+    assert part_bytes(torch.device("cpu")) == READ_PART_BYTES

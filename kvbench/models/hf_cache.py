@@ -28,6 +28,7 @@ from kvbench.methods.external.library_prefill import LibraryPrefill
 from kvbench.models.footprint import observe
 from kvbench.models.host import CacheHost, LayerHost
 from kvbench.models.layer_kinds import FULL, HYBRID, SLIDING, LayerKind, hosted_layers
+from kvbench.models.part_attention import part_bytes
 
 
 def with_cache(model, cache) -> dict[str, Any]:
@@ -54,7 +55,6 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
 
     is_sliding = False
     arrays = TORCH_ARRAYS
-    reads_parts = True  # kvbench.models.attention reads them
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int, owner: "KVBenchCache",
                  unfused: str = ""):
@@ -70,6 +70,7 @@ class PolicyLayer(LayerHost, CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
+        self.part_bytes = part_bytes(self.device)  # kvbench.models.attention reads parts
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):

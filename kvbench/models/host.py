@@ -6,7 +6,7 @@ conformance kit (kvbench.testing) are thin adapters over it.
 
 A read that plain attention cannot serve (a key bias, sparse-V, queries the policy observes, the
 packed cache for the fused decode attention, or a read in parts: LayerCachePolicy.attention_parts,
-where the adapter's attention takes them, `reads_parts`) is held by the layer until that layer's
+where the adapter's attention takes them, `part_bytes`) is held by the layer until that layer's
 attention takes it; the adapters hand attention the cache explicitly (transformers: the
 `kvbench_cache` keyword of the model's forward, mlx-lm: the layer itself), never through
 thread-local state. A read left untaken is an error at the layer's next step: the model's
@@ -19,9 +19,9 @@ from typing import Any
 
 from kvbench.kernels.formats import PackedRead
 from kvbench.methods.core.codec_cache import append_rows
+from kvbench.methods.core.contracts import LayerCachePolicy
 from kvbench.methods.core.newest import newest_dropped, newest_replaced
 from kvbench.methods.core.read_parts import as_part
-from kvbench.methods.core.contracts import LayerCachePolicy
 
 
 @dataclass
@@ -91,7 +91,9 @@ class LayerHost:
 
     arrays: Any = None
     exact_step = False  # CacheHost sets it from the method
-    reads_parts = False  # whether the adapter's attention reads a policy's attention_parts()
+    # a read larger than this comes in parts (LayerCachePolicy.attention_parts); 0: the
+    # adapter's attention reads none
+    part_bytes = 0
 
     def __init__(self, policy: LayerCachePolicy, layer_idx: int):
         self.policy = policy
@@ -144,9 +146,9 @@ class LayerHost:
                                        (*keys.shape[:-2], packed.tokens, keys.shape[-1]), None,
                                        1, mask_kv_length)
                 return AttentionRead(self.layer_idx, policy, packed=packed)
-        if self.reads_parts and not (self.read_by_others or policy.value_skip_threshold
-                                     or policy.observes_queries):
-            parts = policy.attention_parts()
+        if self.part_bytes and not (self.read_by_others or policy.value_skip_threshold
+                                    or policy.observes_queries):
+            parts = policy.attention_parts(self.part_bytes)
             if parts is not None:
                 if replace:
                     parts = [*newest_dropped(parts, steps), as_part(keys, values)]

@@ -5,25 +5,29 @@ block's float32 weights, never the layer's keys and values joined.
 
 Rounding: the merged softmax is not SDPA's; in float32 the outputs agree to ~1e-6 of their
 scale (tests/test_part_attention.py bounds it). Only reads too large to be read whole come in
-parts (kvbench.methods.core.read_parts.READ_PART_BYTES), so short contexts keep SDPA's bits.
+parts (part_bytes), so short contexts keep SDPA's bits.
 """
 from __future__ import annotations
 
 import math
 import torch
 
-# Float32 weights of one block of keys (queries x keys x query heads) on a CPU; on CUDA a
-# sixteenth of the free memory, within this and BLOCK_BYTES_MAX.
-BLOCK_BYTES = 8 * 2**20
-BLOCK_BYTES_MAX = 2**30
+from kvbench.methods.core.read_parts import READ_PART_BYTES
+
+# On CUDA a part, and a block's float32 weights, take a sixteenth of the free memory, within
+# READ_PART_BYTES (the CPU's) and PART_BYTES_MAX: a long context's layer is read whole there,
+# by SDPA, where it fits.
+PART_BYTES_MAX = 2**30
 FREE_SHARE = 16
 
 
-def block_bytes(device: torch.device) -> int:
+def part_bytes(device: torch.device) -> int:
+    """The bytes of a part of a read on `device` (LayerCachePolicy.attention_parts), and of the
+    float32 weights of a block of keys within it."""
     if device.type != "cuda":
-        return BLOCK_BYTES
+        return READ_PART_BYTES
     free, _ = torch.cuda.mem_get_info(device)
-    return min(max(free // FREE_SHARE, BLOCK_BYTES), BLOCK_BYTES_MAX)
+    return min(max(free // FREE_SHARE, READ_PART_BYTES), PART_BYTES_MAX)
 
 
 def part_attention(query: torch.Tensor, parts: list, mask: torch.Tensor | None,
@@ -43,7 +47,7 @@ def part_attention(query: torch.Tensor, parts: list, mask: torch.Tensor | None,
     high = query.new_full(shape, -math.inf, dtype=torch.float32)  # the running maximum
     total = query.new_zeros(shape, dtype=torch.float32)
     out = query.new_zeros((batch, heads, queries, dim), dtype=torch.float32)
-    block = max(1, block_bytes(query.device) // (batch * heads * queries * 4))
+    block = max(1, part_bytes(query.device) // (batch * heads * queries * 4))
     q = query.float() * scaling
     start = 0
     for part in parts:

@@ -65,11 +65,10 @@ class _Recorder(LayerCachePolicy):
         self.keys = self.values = self.queries = None
         self.tokens = self.capacity = 0
 
-    def begin_prompt(self, tokens: int) -> None:
-        self.capacity = max(self.capacity, tokens)
-
     def reserve(self, tokens: int) -> None:
         self.capacity = max(self.capacity, tokens)
+
+    begin_prompt = reserve  # room for the prompt at least
 
     def append(self, keys, values, queries=None) -> None:
         # the prompt's room is made at the first chunk (a copy of everything held per chunk

@@ -40,7 +40,7 @@ def render_markdown(result: RunResult, gate: GateReport | None = None,
     if across:
         parts.append(f"## by method\n\nEach method's headline figures from every benchmark that"
                      f" ran it.\n\n{across}")
-    footprint = footprint_section(result.cases)
+    footprint = footprint_section(result.cases, out_dir=out_dir)
     if footprint:
         parts.append(footprint)
     claims = claims_section(result.cases)

@@ -5,6 +5,9 @@ rows. A benchmark's tables leave these metrics out (tables.recorded_by_runner), 
 benchmark reports itself (ladder's peak_bytes)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from kvbench.reportkit.footprint_growth import growth_section
 from kvbench.reportkit.tables import Cell, md_table, metric_cell
 from kvbench.results import CaseResult
 
@@ -52,9 +55,11 @@ def probe_lines(cases: list[CaseResult]) -> list[str]:
     return [f"peak of {', '.join(ids)}: {probe}" for probe, ids in found.items()]
 
 
-def footprint_section(cases: list[CaseResult], heading: str = "## Memory footprint") -> str:
-    """The table of the cases' footprints under `heading`; "" where none recorded one (a run
-    made before kvbench recorded them, or without a model)."""
+def footprint_section(cases: list[CaseResult], heading: str = "## Memory footprint",
+                      out_dir: Path | None = None) -> str:
+    """The table of the cases' footprints under `heading`, and how they grow with the context
+    where a method ran at several (its figure written to out_dir when given); "" where none
+    recorded one (a run made before kvbench recorded them, or without a model)."""
     shown = footprint_cases(cases)
     if not shown:
         return ""
@@ -62,4 +67,5 @@ def footprint_section(cases: list[CaseResult], heading: str = "## Memory footpri
     table = md_table(["case", *(column for _, column in COLUMNS)], rows,
                      right=set(range(1, len(COLUMNS) + 1)))
     notes = " · ".join([LEGEND, *probe_lines(shown)])
-    return f"{heading}\n\n{table}\n\n<sub>{notes}</sub>"
+    parts = [heading, table, f"<sub>{notes}</sub>", growth_section(shown, out_dir)]
+    return "\n\n".join(part for part in parts if part)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead
-from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed
+from kvbench.methods.core.contracts import Codec, Implementation, LayerCachePolicy, Packed, \
+    ReadPart
 from kvbench.methods.core.newest import newest_dropped, newest_replaced
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
-from kvbench.methods.core.read_parts import READ_PART_BYTES, ReadPart, as_part, decoded_parts, \
-    token_bytes, tokens_per_part
+from kvbench.methods.core.read_parts import as_part, decoded_parts, token_bytes, tokens_per_part
 from kvbench.methods.core.room import Room
 from kvbench.methods.core.tail import ROOM_TOKENS, Tail, offered
 from kvbench.methods.core.window_cache import CodecWindow
@@ -247,16 +247,16 @@ class CodecCache(LayerCachePolicy):
         sink_k, sink_v = ([self._sink_k], [self._sink_v]) if self._sink_tokens else ([], [])
         return [*sink_k, *keys, self._raw_k], [*sink_v, *values, self._raw_v]
 
-    def attention_parts(self) -> list[ReadPart] | None:
+    def attention_parts(self, part_bytes: int) -> list[ReadPart] | None:
         """Sinks, packed tokens (kept decoded, or decoded a part at a time), raw tail: where
-        they take more than READ_PART_BYTES decoded."""
+        they take more than part_bytes decoded."""
         raw, per_token = self._raw_k, token_bytes(self.ops, self._raw_k)
-        if self.retained_tokens * per_token <= READ_PART_BYTES:
+        if self.retained_tokens * per_token <= part_bytes:
             return None
         if self._decoded is not None:
             packed = list(map(as_part, self._decoded[0].chunks, self._decoded[1].chunks))
         else:
-            size = tokens_per_part(READ_PART_BYTES, per_token, self._block)
+            size = tokens_per_part(part_bytes, per_token, self._block)
             packed = [part for pk, pv in self._blocks() for part in decoded_parts(
                 self.key_codec, self.value_codec, pk, pv, raw.dtype, self.ops, size)]
         sinks = [as_part(self._sink_k, self._sink_v)] if self._sink_tokens else []

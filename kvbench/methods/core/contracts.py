@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from kvbench.kernels import ImplLog
 
 if TYPE_CHECKING:
     from kvbench.backends.arrays import Arrays
     from kvbench.kernels.formats import PackedRead
-    from kvbench.methods.core.read_parts import ReadPart
 
 
 @dataclass
@@ -29,6 +28,19 @@ class Packed:
     shape: tuple[int, ...]
     dtype: Any
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReadPart:
+    """`tokens` tokens of a layer's read in parts (LayerCachePolicy.attention_parts), made
+    (keys, values) by make() when attention reaches them."""
+
+    tokens: int
+    make: Callable[[], tuple[Any, Any]]
+
+    def head(self, n: int) -> ReadPart:
+        """Its first n tokens (kvbench.methods.core.newest: the step read as given after them)."""
+        return ReadPart(n, lambda: tuple(x[..., :n, :] for x in self.make()))
 
 
 class LayoutFormat(Protocol):
@@ -230,13 +242,13 @@ class LayerCachePolicy(ABC):
         place of their stored form (as attention_inputs_exact). Default: none."""
         return None
 
-    def attention_parts(self) -> list[ReadPart] | None:
+    def attention_parts(self, part_bytes: int) -> list[ReadPart] | None:
         """attention_inputs()' keys and values (no bias) as parts in token order
-        (kvbench.methods.core.read_parts.ReadPart: its tokens, and a function that makes its
-        keys and values when attention reaches it): what a read takes where joining them, or
-        decoding them all at once, would hold the whole layer again
-        (kvbench.models.part_attention merges the parts' softmaxes). None where one read
-        serves (the default): attention_inputs() then."""
+        (ReadPart: its tokens, and a function that makes its
+        keys and values when attention reaches it), each of about `part_bytes` where it makes
+        them: what a read takes where joining them, or decoding them all at once, would take
+        more than `part_bytes` (kvbench.models.part_attention merges the parts' softmaxes).
+        None where one read serves (the default): attention_inputs() then."""
         return None
 
     def record_sparse_v(self, rows_skipped: int, rows: int, output_error: float) -> None:

@@ -3,28 +3,16 @@ part at a time, when attention reaches them, so that a read never holds the laye
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from kvbench.methods.core.contracts import Codec, Packed
+from kvbench.methods.core.contracts import Codec, Packed, ReadPart
 
-# A read whose keys and values together take more than this at the raw dtype comes in parts of
-# about this size (a layer of an 8B's cache at 2k tokens in float32, 4k in bf16); a smaller one
-# is read whole, as before parts existed, so short contexts keep their bits.
+# A small read: a layer's keys and values within this at the raw dtype (an 8B's at 1k tokens in
+# float32, 2k in bf16). On a CPU a larger one comes in parts of about this size
+# (kvbench.models.part_attention.part_bytes); a smaller one is read whole, as before parts
+# existed, so short contexts keep their bits.
 READ_PART_BYTES = 8 * 2**20
 
-
-
-@dataclass(frozen=True)
-class ReadPart:
-    """`tokens` tokens of a read, made (keys, values) by make() when attention reaches them."""
-
-    tokens: int
-    make: Callable[[], tuple[Any, Any]]
-
-    def head(self, n: int) -> ReadPart:
-        """Its first n tokens (kvbench.methods.core.newest: the step read as given after them)."""
-        return ReadPart(n, lambda: tuple(x[..., :n, :] for x in self.make()))
 
 
 def as_part(keys, values) -> ReadPart:

@@ -89,7 +89,6 @@ class Tail:
             self.held = self.held[..., :self.tokens, :]
 
 
-
 @contextlib.contextmanager
 def offered(tails: tuple[Tail, ...], buffers: tuple) -> Iterator[None]:
     """Within the block, each tail's first extend() takes its buffer, whose first tokens are the

@@ -130,7 +130,7 @@ class CodecWindow(LayerWindow):
     def attention_segments(self, exact: tuple | None = None):
         return None if self.hidden else super().attention_segments(exact)
 
-    def attention_parts(self):
+    def attention_parts(self, part_bytes: int):
         return None  # a window's read: the window, read whole
 
     def trim(self, n: int) -> int:
