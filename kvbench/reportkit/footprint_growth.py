@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.reportkit.figures import (
-    PlotPath, figure_text, line_styles, method_family, pyplot, save_png, xy_lines,
+    PlotPath, figure_text, legend_handles, legend_right, line_styles, method_family, panel_row,
+    save_png, xy_lines,
 )
-from kvbench.reportkit.tables import fmt_bytes, fmt_number, md_table
+from kvbench.reportkit.tables import fmt_bytes, fmt_number, length_name, md_table
 from kvbench.results import CaseResult
 
 CONTEXT_PARAMS = ("context", "length")  # a benchmark parameter that is the context's tokens
@@ -115,14 +116,11 @@ def seconds_per_sample(case: CaseResult) -> float:
 def growth_png(lines: list[Line], path: Path) -> Path:
     """One panel per benchmark: what each method's case added against the context (log-log),
     and the plain cache of the longest-running method's cases, dashed."""
-    plt = pyplot()
     benchmarks = sorted({line.benchmark for line in lines})
-    fig, axes = plt.subplots(1, len(benchmarks), figsize=(6.5 * len(benchmarks), 4.8), dpi=100,
-                             squeeze=False)
-    try:
-        styles = line_styles({line.label: line.family for line in lines})
-        plotted = {}
-        for ax, benchmark in zip(axes[0], benchmarks):
+    styles = line_styles({line.label: line.family for line in lines})
+    plotted: dict[str, dict] = {}
+    with panel_row(len(benchmarks), 4.8) as (fig, axes):
+        for ax, benchmark in zip(axes, benchmarks):
             mine = [line for line in lines if line.benchmark == benchmark]
             for line in mine:
                 points = xy_lines({line.label: [(c, line.grown(c)) for c in sorted(line.cases)]})
@@ -138,15 +136,13 @@ def growth_png(lines: list[Line], path: Path) -> Path:
                 ax.plot(*zip(*plain), color="black", linestyle="--", linewidth=1.2,
                         label="plain cache")
             ax.set_xscale("log", base=2)
+            contexts = sorted({c for line in mine for c in line.cases})
+            ax.set_xticks(contexts, [length_name(c) for c in contexts])
             ax.set_yscale("log")
             ax.set_title(benchmark, fontsize=10)
             ax.set_xlabel("context (tokens)")
             ax.set_ylabel(f"{GROWN} (MiB)")
             ax.grid(True, alpha=0.35)
-        handles, labels = axes[0][-1].get_legend_handles_labels()
-        fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
-        fig.legend(handles, labels, loc="center right", fontsize=8)
+        legend_right(fig, legend_handles(axes), 1.8, fontsize=8)
         save_png(fig, path)
-    finally:
-        plt.close(fig)
     return PlotPath.of(path, plotted)
