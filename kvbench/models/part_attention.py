@@ -10,6 +10,7 @@ parts (part_bytes), so short contexts keep SDPA's bits.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from kvbench.methods.core.read_parts import READ_PART_BYTES
@@ -33,9 +34,9 @@ def part_bytes(device: torch.device) -> int:
 def part_attention(query: torch.Tensor, parts: list, mask: torch.Tensor | None,
                    keys: int, scaling: float | None = None, softcap: float | None = None,
                    sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) v over the keys and values of `parts` in token order
-    (kvbench.methods.core.read_parts.ReadPart),
-    `keys` of them in all, (batch, query heads, queries, head_dim) in query's dtype.
+    """softmax(q k^T * scaling + mask) v over the keys and values of `parts` (ReadParts, in
+    token order), `keys` of them in all: (batch, query heads, queries, head_dim) in query's
+    dtype.
 
     query (B, Hq, q, D), each part's keys and values (B, Hkv, t, D): query head h reads KV head
     h // (Hq // Hkv). mask: bool (True = attend) or additive, broadcastable to (B, 1, q, keys),

@@ -14,7 +14,6 @@ from kvbench.methods.core.contracts import Codec, Packed, ReadPart
 READ_PART_BYTES = 8 * 2**20
 
 
-
 def as_part(keys, values) -> ReadPart:
     """A part already held as arrays."""
     return ReadPart(keys.shape[-2], lambda: (keys, values))
