@@ -43,6 +43,7 @@ from kvbench.models.host import LayerHost
 
 KV_HEADS, QUERY_HEADS, HEAD_DIM = 2, 4, 16
 PROMPT, PROBE, STEPS, CHUNK = 48, 6, 3, 4
+SHARED_CHUNK = 16  # the shared prefill checked in forwards of this many tokens too
 POISON = 100.0
 
 
@@ -345,19 +346,29 @@ def _check_model(method: Implementation, backend: str, device: str) -> None:
 def _check_shared_prefill(method: Implementation, backend: str, device: str, arrays) -> None:
     """A method that declares shares_prefill, prefilled by itself, gives the plain forward's
     logits and, after its probe and end_prefill, the attention inputs that the recorded plain
-    forward ingested gives, at every layer and after a decode step, bit for bit."""
+    forward ingested gives, at every layer and after a decode step, bit for bit; in forwards of
+    SHARED_CHUNK tokens as well where it declares shares_chunked_prefill."""
+    session = _tiny_session(backend, device)
+    session.calibrate(method, [(11 * i) % 200 + 4 for i in range(64)])
+    for chunk in (0, SHARED_CHUNK) if method.shares_chunked_prefill else (0,):
+        try:
+            _check_shared_prefill_in(session, method, arrays, chunk)
+        except ConformanceError as exc:
+            raise ConformanceError(f"{exc} (in forwards of {chunk} tokens)" if chunk
+                                   else str(exc)) from None
+
+
+def _check_shared_prefill_in(session, method: Implementation, arrays, chunk: int) -> None:
     from kvbench.models.session import prefill
     from kvbench.models.shared_prefill import prefill_plain
 
-    session = _tiny_session(backend, device)
     prompt = [(7 * i) % 200 + 4 for i in range(PROMPT)]
-    session.calibrate(method, [(11 * i) % 200 + 4 for i in range(64)])
-    recorded = prefill_plain(session, prompt, queries=method.prompt_queries)
+    recorded = prefill_plain(session, prompt, chunk, queries=method.prompt_queries)
     caches = []
     for prefilled in (None, recorded):
         torch.manual_seed(0)  # methods that draw (rotations) draw alike for both caches
         cache = session.new_cache(method)
-        logits, _, _ = prefill(session, cache, prompt, method, prefilled=prefilled)
+        logits, _, _ = prefill(session, cache, prompt, method, chunk=chunk, prefilled=prefilled)
         caches.append((cache, logits))
     (own, own_logits), (shared, _) = caches
     if not torch.equal(own_logits, recorded.logits):

@@ -12,8 +12,10 @@ from kvbench.config.fields import SettingError
 from kvbench.methods import METHODS, has_implementation, implementation
 from kvbench.methods.core.wrappers import SparseVMethod
 from kvbench.methods.settings import implements
+from kvbench.methods.settings.intq import IntQ
 from kvbench.methods.settings.sparse_v import SparseV
 from kvbench.methods.settings.tokens import TokenMethod
+from kvbench.methods.torch.intq import TorchIntQ
 from kvbench.methods.torch.token_cache import ScorerCache, TorchTokenMethod
 from kvbench.testing import HEAD_DIM, ConformanceError, check_method
 from tests.plugins.extras import method_extra_missing
@@ -183,17 +185,17 @@ def test_a_wrapper_that_hides_its_probe_fails():
 
 
 def test_a_method_claiming_a_shared_prefill_it_does_not_have_fails():
-    # sparse-V's prefill goes through kvbench's float32 attention, not the model's SDPA
+    # intq reading what it stored: the prompt's attention reads its keys and values quantized
     @dataclass
-    class Claims(SparseV):
+    class Claims(IntQ):
         pass
 
     @implements(Claims)
-    class TorchClaims(SparseVMethod):
+    class TorchClaims(TorchIntQ):
         shares_prefill = True
 
     with pytest.raises(ConformanceError, match="shared prefill: its own prefill gives other"):
-        check_method(Claims())
+        check_method(Claims(bits=4, prefill_reads="stored"))
 
 
 def test_a_score_only_method_registers_its_cache_class_alone():

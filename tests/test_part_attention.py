@@ -77,11 +77,27 @@ def test_parts_that_hold_another_count_of_keys_than_the_read_reported_are_refuse
         part_attention(torch.randn(1, 1, 2, 8), _parts(keys, keys, [4]), None, 5)
 
 
-@pytest.mark.parametrize("name", ["intq", "lloydmax"])
+def _adaptive_widths(method):
+    method.head_bits = [[2, 4]]  # layer 0's two KV heads at two widths, as calibrate() sets
+    return method
+
+
+POLICIES = {
+    "intq": ({"bits": 4}, None), "lloydmax": ({"bits": 4}, None),
+    "decay": ({"base": "intq", "base_params": {"group_size": 16}, "base_bits": 4, "min_bits": 2,
+               "decay_rate": 4.0, "window": 8, "segment": 8}, None),
+    "adaptive": ({"base": "intq", "base_params": {"group_size": 8}, "base_bits": 4},
+                 _adaptive_widths),
+    "sparse_v": ({"base": "intq", "base_params": {"group_size": 16}, "tau": 1e-3}, None),
+}
+
+
+@pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("decoded", [False, True])
-def test_a_packed_caches_parts_are_its_whole_read_cut_in_order(name, decoded):
-    codecs = implementation(build_method(name, {"bits": 4})).layer_codecs
-    cache = CodecCache(*codecs, window=8, ops=TORCH_ARRAYS, sinks=4)
+def test_a_caches_parts_are_its_whole_read_cut_in_order(name, decoded):
+    params, prepare = POLICIES[name]
+    method = implementation(build_method(name, params))
+    cache = (prepare or (lambda m: m))(method).new_layer_cache(0)
     if decoded:
         assert cache.keep_decoded()
     generator = torch.Generator().manual_seed(1)
@@ -94,10 +110,18 @@ def test_a_packed_caches_parts_are_its_whole_read_cut_in_order(name, decoded):
     keys, values, _ = cache.attention_inputs()
     assert torch.equal(torch.cat([k for k, _ in made], -2), keys)
     assert torch.equal(torch.cat([v for _, v in made], -2), values)
-    sizes = [k.shape[-2] for k, _ in made]
-    assert sizes[0] == 4 and sizes[-1] == cache.retained_tokens - 4 - sum(sizes[1:-1])
-    if not decoded:  # the packed tokens decoded in parts of 16 (decoded ones: as kept)
-        assert len(parts) > 3 and max(sizes[1:-1]) <= 16
+    assert [part.tokens for part in parts] == [k.shape[-2] for k, _ in made]
+    if not decoded:  # the packed tokens decoded a part of at most 16 tokens at a time
+        assert len(parts) > 3 and max(part.tokens for part in parts[:-1]) <= 16
+
+
+def test_a_codec_caches_sinks_and_tail_are_parts_of_their_own():
+    codecs = implementation(build_method("intq", {"bits": 4})).layer_codecs
+    cache = CodecCache(*codecs, window=8, ops=TORCH_ARRAYS, sinks=4)
+    for tokens in (40, 33, 25):
+        cache.append(torch.randn(1, 2, tokens, 64), torch.randn(1, 2, tokens, 64))
+    sizes = [part.tokens for part in cache.attention_parts(16 * 2 * 2 * 64 * 4)]
+    assert sizes[0] == 4 and sizes[-1] == 8 and sum(sizes) == 98  # the sinks, the window
 
 
 def test_a_quantizers_chunked_prefill_read_in_parts_gives_the_whole_reads_logits(

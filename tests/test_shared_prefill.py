@@ -92,11 +92,13 @@ def test_which_methods_share_the_plain_prefill():
 
     assert all(shares(n, **p) for n, p in RULER_METHODS[:12])  # as one forward
     assert shares("decay") and shares("adaptive") and shares("lloydmax")
-    # stored reads attend the prompt through its own quantized copy; sparse-V's prefill runs in
-    # kvbench's float32 attention; butterfly is not verified
+    # stored reads attend the prompt through its own quantized copy; sparse-V's prefill is its
+    # base's (it skips rows at one-token steps only); butterfly is not verified
     assert not shares("intq", prefill_reads="stored")
     assert shares("identity", prefill_reads="stored")  # never packs: nothing is lossy
-    assert not shares("sparse_v") and not shares("butterfly")
+    assert shares("sparse_v") and not shares("sparse_v", base="intq",
+                                                 base_params={"prefill_reads": "stored"})
+    assert not shares("butterfly")
 
 
 def test_a_method_shares_the_plain_prefill_on_mlx_as_on_torch():
@@ -331,3 +333,22 @@ def test_the_first_cache_handed_a_recording_takes_its_arrays_over_and_writes_aft
                                                                 k[..., :len(ids), :])
     finally:
         store.close()
+
+
+def test_a_codec_that_packs_while_prefilling_shares_one_forward_only(tiny_sessions):
+    """kivi, decay, adaptive read a forward's own tokens exact: one forward is the plain
+    model's, but a later forward reads the earlier ones packed (kivi past its residual), so
+    its own prefill in chunks is not the plain one and is never handed it."""
+    from kvbench.models.session import prefill
+
+    session = tiny_sessions("llama")
+    ids = _prompt(session.tokenizer).context
+    kivi = implementation(build_method("kivi", {"residual": 32, "group_size": 32}), "torch")
+    for name in ("kivi", "decay", "adaptive"):
+        method = kivi if name == "kivi" else implementation(build_method(name), "torch")
+        assert shares_prefill(session, method, len(ids), 0), name
+        assert not shares_prefill(session, method, len(ids), 40), name
+    plain = prefill_plain(session, ids, chunk=40)
+    cache = session.new_cache(kivi)
+    last, _, _ = prefill(session, cache, ids, kivi, probe=[], chunk=40)
+    assert not torch.equal(last, plain.logits)  # what sharing it would have got wrong

@@ -140,8 +140,9 @@ def _attend(module, read: AttentionRead, query, key, value, attention_mask, scal
                                                       scaling=scaling, **features)
         return out.transpose(1, 2).contiguous()
     sparse = None
+    # sparse-V skips rows at one-query steps only: several queries are plain attention
     if features or (read.bias is not None and not _one_mask_for_every_head(read.bias)) \
-            or read.skip_below:
+            or (read.skip_below and query.shape[-2] == 1):
         out, sparse = biased_attention(query, key, value, attention_mask, read.bias, scaling,
                                        read.skip_below, **features)
         out = out.transpose(1, 2).contiguous()

@@ -33,9 +33,9 @@ def biased_attention(arrays: Arrays, query: Any, key: Any, value: Any, mask: Any
     float32 = arrays.float32
     groups = query.shape[1] // key.shape[1]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    k = arrays.repeat(arrays.cast(key, float32), groups, axis=1)
-    v = arrays.repeat(arrays.cast(value, float32), groups, axis=1)
-    logits = arrays.cast(query, float32) @ k.swapaxes(-1, -2) * scaling
+    k, v = arrays.cast(key, float32), arrays.cast(value, float32)
+    # a group's query heads stacked against their KV head: no copy of K or V per query head
+    logits = grouped_matmul(arrays.cast(query, float32), k.swapaxes(-1, -2)) * scaling
     if softcap:
         logits = arrays.tanh(logits / softcap) * softcap
     queries, keys = query.shape[-2], key.shape[-2]
@@ -61,12 +61,21 @@ def biased_attention(arrays: Arrays, query: Any, key: Any, value: Any, mask: Any
         weights = arrays.softmax(arrays.concat([logits, sink], axis=-1))[..., :-1]
     else:
         weights = arrays.softmax(logits)
-    out = weights @ v
+    out = grouped_matmul(weights, v)
     if not skip_below or queries != 1:
         return arrays.cast(out, query.dtype), None
     skipped = weights < skip_below
-    sparse = arrays.where(skipped, 0.0, weights) @ v
+    sparse = grouped_matmul(arrays.where(skipped, 0.0, weights), v)
     error = (sparse - out).square().sum(-1) / arrays.maximum(out.square().sum(-1), 1e-30)
     return arrays.cast(sparse, query.dtype), (int(skipped.sum().item()),
                                               math.prod(skipped.shape),
                                               float(error.mean().item()))
+
+
+def grouped_matmul(a: Any, b: Any) -> Any:
+    """a @ b per KV head for a's query heads (B, Hq, q, x) and b's KV heads (B, Hkv, x, y):
+    query head h reads KV head h // (Hq // Hkv)."""
+    batch, heads, queries, _ = a.shape
+    kv_heads = b.shape[1]
+    stacked = a.reshape(batch, kv_heads, heads // kv_heads * queries, a.shape[-1])
+    return (stacked @ b).reshape(batch, heads, queries, b.shape[-1])

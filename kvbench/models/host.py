@@ -146,8 +146,8 @@ class LayerHost:
                                        (*keys.shape[:-2], packed.tokens, keys.shape[-1]), None,
                                        1, mask_kv_length)
                 return AttentionRead(self.layer_idx, policy, packed=packed)
-        if self.part_bytes and not (self.read_by_others or policy.value_skip_threshold
-                                    or policy.observes_queries):
+        if self.part_bytes and not (self.read_by_others or policy.observes_queries
+                                    or (policy.value_skip_threshold and steps == 1)):
             parts = policy.attention_parts(self.part_bytes)
             if parts is not None:
                 if replace:
@@ -167,14 +167,13 @@ class LayerHost:
         return AttentionRead(self.layer_idx, policy, out_keys, out_values, bias)
 
     def ingest(self, keys: Any, values: Any, queries: Any, buffers: tuple | None = None) -> None:
-        """A prefill step whose forward ran elsewhere (kvbench.models.shared_prefill): the policy
-        gets what that step's append and attention would have handed it (queries: the newest
+        """A prompt whose forwards ran elsewhere (kvbench.models.shared_prefill): the policy gets
+        what those steps' appends and attention would have handed it (queries: the newest
         tokens' that it reads, None for none); `buffers`: the arrays whose first tokens are
-        `keys` and `values`, handed over with them (LayerCachePolicy.take_prompt)."""
-        if buffers is None:
+        `keys` and `values`, handed over with them where the policy takes them
+        (LayerCachePolicy.take_prompt)."""
+        if buffers is None or not self.policy.take_prompt(keys, values, *buffers):
             self.policy.append(keys, values)
-        else:
-            self.policy.take_prompt(keys, values, *buffers)
         self.started = True
         if self.policy.observes_queries and queries is not None:
             self.policy.observe_queries(queries)

@@ -63,7 +63,8 @@ def _wrap(original: Callable) -> Callable:
         scale = kwargs["scale"] if "scale" in kwargs else args[1]
         mask = kwargs["mask"] if "mask" in kwargs else args[2]
         sparse = None
-        if read.bias is None and not read.skip_below:
+        # sparse-V skips rows at one-query steps only: several queries are plain attention
+        if read.bias is None and not (read.skip_below and queries.shape[-2] == 1):
             out = original(queries, keys, values, *args, **kwargs)
         else:
             out, sparse = biased_attention(queries, keys, values, mask, read.bias, scale,

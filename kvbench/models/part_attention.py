@@ -14,6 +14,7 @@ import math
 import torch
 
 from kvbench.methods.core.read_parts import READ_PART_BYTES
+from kvbench.models.biased_attention import grouped_matmul
 
 # On CUDA a part, and a block's float32 weights, take a sixteenth of the free memory, within
 # READ_PART_BYTES (the CPU's) and PART_BYTES_MAX: a long context's layer is read whole there,
@@ -56,14 +57,15 @@ def part_attention(query: torch.Tensor, parts: list, mask: torch.Tensor | None,
         for at in range(0, part_keys.shape[-2], block):
             k = part_keys[..., at : at + block, :]
             # one block of float32 weights held: every step on it is in place
-            logits = _grouped(q, k.float().transpose(-1, -2))
+            logits = grouped_matmul(q, k.float().transpose(-1, -2))
             if softcap:
                 logits.div_(softcap).tanh_().mul_(softcap)
             _mask(logits, mask, start, queries, keys)
             high, scale = _raised(high, logits.amax(-1, keepdim=True))
             weights = logits.sub_(_finite(high)).exp_()
             total.mul_(scale).add_(weights.sum(-1, keepdim=True))
-            out.mul_(scale).add_(_grouped(weights, part_values[..., at : at + block, :].float()))
+            v = part_values[..., at : at + block, :]
+            out.mul_(scale).add_(grouped_matmul(weights, v.float()))
             start += k.shape[-2]
     if start != keys:
         raise RuntimeError(f"attention parts held {start} keys, the read reported {keys}")
@@ -73,15 +75,6 @@ def part_attention(query: torch.Tensor, parts: list, mask: torch.Tensor | None,
         total.mul_(scale).add_(torch.exp(sink - _finite(high)))
         out.mul_(scale)
     return (out / total).to(query.dtype)
-
-
-def _grouped(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b per KV head for a's query heads (B, Hq, q, x) and b's KV heads (B, Hkv, x, y): the
-    group's queries stacked into one matrix product, no copy of b per query head."""
-    batch, heads, queries, _ = a.shape
-    kv_heads = b.shape[1]
-    stacked = a.reshape(batch, kv_heads, heads // kv_heads * queries, a.shape[-1])
-    return (stacked @ b).reshape(batch, heads, queries, b.shape[-1])
 
 
 def _mask(logits: torch.Tensor, mask: torch.Tensor | None, start: int, queries: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.methods.core.contracts import LayerCachePolicy
+from kvbench.methods.core.contracts import LayerCachePolicy, ReadPart
 
 
 @dataclass
@@ -87,6 +87,22 @@ class AdaptiveCache(LayerCachePolicy):
         if len(tokens) != 1:
             raise RuntimeError(f"layer {self.layer_idx}: head groups keep {sorted(tokens)} tokens")
         return self._place(parts)
+
+    def attention_parts(self, part_bytes: int) -> list[ReadPart] | None:
+        """Each width's parts (its share of part_bytes, by its heads), part i of every width
+        put back at their heads' places when read; None where any width reads whole or the
+        widths cut their tokens apart differently."""
+        if len(self.groups) == 1:
+            return self.groups[0].policy.attention_parts(part_bytes)
+        heads = sum(len(group.heads) for group in self.groups)
+        split = [group.policy.attention_parts(part_bytes * len(group.heads) // heads)
+                 for group in self.groups]
+        if None in split or len({tuple(part.tokens for part in parts) for parts in split}) > 1:
+            return None
+
+        def placed(pieces):
+            return lambda: self._place([(*piece.make(), None) for piece in pieces])[:2]
+        return [ReadPart(pieces[0].tokens, placed(pieces)) for pieces in zip(*split)]
 
     def _place(self, parts):
         """Every group's (keys, values, bias or None) put back at its heads' places: joined along

@@ -77,11 +77,12 @@ class CodecCache(LayerCachePolicy):
             self._store(self.key_codec.encode(k_old), self.value_codec.encode(v_old),
                         k_old.shape[-2])
 
-    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> bool:
         if self.sinks:  # the tail's first tokens are not the buffer's
-            return self.append(keys, values)
+            return False
         with offered(self._tails, (key_buffer, value_buffer)):
             self.append(keys, values)
+        return True
 
     def _extend(self, keys, values) -> tuple | None:
         """Append raw; the (keys, values) that leave the window now, to be packed, or None."""

@@ -161,12 +161,13 @@ class LayerCachePolicy(ABC):
         policy may hold room for them so that appending does not copy what it holds. Default:
         nothing."""
 
-    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
-        """append() of a prompt recorded elsewhere (kvbench.models.shared_prefill) into a policy
-        that holds nothing yet, handed over: `keys` and `values` are the first tokens of these
-        buffers, which are the policy's now, to hold and to write after those tokens (the
-        room a reservation asked for). Default: append(keys, values)."""
-        self.append(keys, values)
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> bool:
+        """append() of a whole prompt recorded elsewhere (kvbench.models.shared_prefill) into a
+        policy that holds nothing yet, handed over: `keys` and `values` are the first tokens of
+        these buffers, which are the policy's now, to hold and to write after those tokens (the
+        room a reservation asked for). Returns whether it took the prompt; the default takes
+        nothing (False): the host then appends it."""
+        return False
 
     def end_prefill(self) -> None:
         """Called once after the prompt is in; compaction methods compress here."""
@@ -381,9 +382,15 @@ class Implementation(ABC):
 
 
 class SharesExactPrefill(Implementation):
-    """A method whose policies keep every token whole until end_prefill: under exact reads its
-    prefill forward is the plain model's (kivi, decay, adaptive)."""
+    """A method whose prefill forward, in one forward under exact reads, is the plain model's
+    (kivi, decay, adaptive): it reads the forward's own tokens as the model made them. Not in
+    several: its policies pack tokens as they come (beyond kivi's residual, decay's window),
+    so a later forward reads the earlier ones packed."""
 
     @property
     def shares_prefill(self) -> bool:
         return self.prefill_reads == "exact"
+
+    @property
+    def shares_chunked_prefill(self) -> bool:
+        return False

@@ -6,8 +6,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed
+from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, ReadPart
 from kvbench.methods.core.packed_reads import check_fresh
+from kvbench.methods.core.read_parts import as_part, token_bytes
 from kvbench.methods.settings.decay import Decay
 
 
@@ -143,6 +144,35 @@ class DecayCache(LayerCachePolicy):
             values.extend(self._decode(value_codec, [seg.values for seg in run], dtype))
         keys = self.ops.joined([*keys, self.raw_k])
         return keys, self.ops.joined([*values, self.raw_v]), None
+
+    def attention_parts(self, part_bytes: int) -> list[ReadPart] | None:
+        """The segments (neighbours at one width merged, up to part_bytes decoded), each decoded
+        when read, then the raw tokens: where they take more than part_bytes decoded."""
+        per_token = token_bytes(self.ops, self.raw_k)
+        if self.retained_tokens * per_token <= part_bytes:
+            return None
+        if self._decoded:
+            parts = [as_part(seg.decoded_keys, seg.decoded_values) for seg in self.segments]
+        else:
+            runs: list[list[Segment]] = []
+            for seg in self.segments:
+                run = runs[-1] if runs else []
+                if run and run[0].bits == seg.bits \
+                        and (sum(s.tokens for s in run) + seg.tokens) * per_token <= part_bytes:
+                    run.append(seg)
+                else:
+                    runs.append([seg])
+            parts = [self._run_part(run) for run in runs]
+        return [*parts, as_part(self.raw_k, self.raw_v)] if self.raw_tokens else parts
+
+    def _run_part(self, run: list[Segment]) -> ReadPart:
+        codecs, dtype = self.codecs(run[0].bits), self.raw_k.dtype
+
+        def make():
+            return tuple(self.ops.joined(self._decode(codec, [getattr(seg, side) for seg in run],
+                                                      dtype))
+                         for codec, side in zip(codecs, ("keys", "values")))
+        return ReadPart(sum(seg.tokens for seg in run), make)
 
     def _decode(self, codec: Codec, parts: list[Packed], dtype) -> list:
         merged = codec.merge(parts) if len(parts) > 1 else None

@@ -20,11 +20,14 @@ class WrappedPolicy(LayerCachePolicy):
     def append(self, keys, values, queries=None) -> None:
         self.inner.append(keys, values, queries)
 
-    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
-        self.inner.take_prompt(keys, values, key_buffer, value_buffer)
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> bool:
+        return self.inner.take_prompt(keys, values, key_buffer, value_buffer)
 
     def attention_inputs(self):
         return self.inner.attention_inputs()
+
+    def attention_parts(self, part_bytes: int):
+        return self.inner.attention_parts(part_bytes)
 
     def observe_queries(self, queries) -> None:
         self.inner.observe_queries(queries)

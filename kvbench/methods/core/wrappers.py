@@ -48,6 +48,19 @@ class SparseVMethod(Implementation):
     def calibrate(self, stats: Any, tokens: list[int]) -> None:
         self.base.calibrate(stats, tokens)
 
+    # its prefill is its base's: the attention skips value rows at one-token steps only
+    @property
+    def shares_prefill(self) -> bool:
+        return self.base.shares_prefill
+
+    @property
+    def shares_chunked_prefill(self) -> bool:
+        return self.base.shares_chunked_prefill
+
+    @property
+    def prompt_queries(self) -> int | None:
+        return self.base.prompt_queries
+
     def key_codec(self) -> Codec | None:
         return self.base.key_codec()
 

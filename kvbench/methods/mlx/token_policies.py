@@ -24,8 +24,8 @@ class TorchPolicyOnMLX(WrappedPolicy):
     def append(self, keys, values, queries=None) -> None:
         self.inner.append(to_torch(keys), to_torch(values))
 
-    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
-        self.append(keys, values)  # they cross over as copies: nothing to take over
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> bool:
+        return False  # they cross over as copies: nothing to take over
 
     def attention_inputs(self):
         keys, values, bias = self.inner.attention_inputs()

@@ -42,6 +42,7 @@ class StreamingCache(ScorerCache):
     def end_prefill(self) -> None:
         super().end_prefill()
         self.observes_queries = False  # room is made before a step, not after it
+        self._step = 0  # compacted: no step since, whose queries a mask of its own would face
 
     def append(self, keys, values, queries=None) -> None:
         self._step = keys.shape[-2]
@@ -54,7 +55,7 @@ class StreamingCache(ScorerCache):
 
     def attention_inputs(self):
         keys, values, bias = super().attention_inputs()
-        if self.size is None or self._step == 1:
+        if self.size is None or self._step <= 1:
             return keys, values, bias
         # the model's causal mask was sized before room was made: a mask of its own
         total, n, device = keys.shape[-2], self._step, keys.device

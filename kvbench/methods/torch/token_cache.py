@@ -76,9 +76,10 @@ class TokenCache(LayerCachePolicy):
         self._seen += keys.shape[-2]
         self._fresh += keys.shape[-2]
 
-    def take_prompt(self, keys, values, key_buffer, value_buffer) -> None:
+    def take_prompt(self, keys, values, key_buffer, value_buffer) -> bool:
         with offered(self._tails, (key_buffer, value_buffer)):
             self.append(keys, values)
+        return True
 
     def attention_inputs(self):
         return self.keys, self.values, self.bias
