@@ -1,8 +1,9 @@
 """kvbench's attention function for transformers models: SDPA, unless the cache layer that was
 just updated holds a read plain SDPA cannot serve (kvbench.models.host.AttentionRead: a key bias,
 sparse-V, queries the policy observes, the packed cache for the fused decode attention, a read
-too large to hold whole, in parts (kvbench.models.part_attention); or a batched step's BatchRead, whose rows are attended one by one, except those a batched kernel,
-the CPU one or the Triton one, reads all at once).
+too large to hold whole, in parts (kvbench.models.part_attention); or a batched step's
+BatchRead, whose rows are attended one by one, except those a batched kernel, the CPU one or
+the Triton one, reads all at once).
 
 Models are loaded with attn_implementation="kvbench"; the cache reaches this function as the
 forward's `kvbench_cache` keyword (KVBenchCache.forward passes it; it answers read(layer) and

@@ -298,9 +298,8 @@ class CodecCache(LayerCachePolicy):
 
     @property
     def retained_bytes(self) -> int:
-        packed = sum(
-            self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv) for pk, pv in self._blocks()
-        )
+        packed = sum(self.key_codec.nbytes(pk) + self.value_codec.nbytes(pv)
+                     for pk, pv in self._blocks())
         return packed + self.ops.nbytes(self._sink_k, self._sink_v, self._raw_k, self._raw_v)
 
     def measured_bytes(self) -> int:
