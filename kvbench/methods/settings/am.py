@@ -36,7 +36,12 @@ class AM(TokenMethod):
     Defaults: score rms, B in [e^-3, e^3], ridge 0 as the paper's AM-HighestAttnKeys config
     (evaluation/configs/algorithms/default.py, seen in the fork bkal01/compaction, which also sets
     nnls_iters=2 and on_policy=True); here 20 projected-gradient steps from a seeded power
-    iteration and no on-policy pass; upstream scales a nonzero ridge by ||X||_2^2."""
+    iteration and no on-policy pass; upstream scales a nonzero ridge by ||X||_2^2.
+
+    A prompt longer than `segment` keys is fitted segment by segment, as the paper's code
+    compacts long contexts in chunks of 4096 tokens (kvbench.methods.torch.am_fit.fit_in_segments;
+    the selection stays global): the fits' systems stay segment x segment, where the whole
+    prompt's would grow with the square of the kept keys (8192 per head at 32k and ratio 0.25)."""
 
     implemented_in: ClassVar[dict[str, str]] = {
         "torch": "kvbench.methods.torch.am",
@@ -56,6 +61,8 @@ class AM(TokenMethod):
     seed: int = param(0, meaning="seed of the power iteration that starts the beta fit")
     causal: bool = param(False, meaning="each prompt query scores and fits only against the keys"
                          " up to its own position")
+    segment: int = param(4096, range=at_least(0), meaning="keys per segment of the fits: a"
+                         " longer prompt is fitted segment by segment (0: whole)")
     queries: Literal["context", "repeat"] = param(
         "context", meaning="where the reference queries come from: context, the prompt's own;"
         " repeat, the prompt fed again after itself")

@@ -58,20 +58,12 @@ class AMCache(ScorerCache):
     def compact(self, index: torch.Tensor) -> None:
         m = self.method
         queries, positions = self.fit_queries()
-        keys, values, selected = self.keys[0].float(), self.values[0].float(), index[0]
-        if m.fit_beta:
-            beta = am_fit.fit_beta(queries, keys, selected, self.scaling, seed=m.seed,
-                                   positions=positions)
-        else:
-            beta = keys.new_zeros(selected.shape)
-        fitted = None
-        if m.fit_values:
-            fitted = am_fit.fit_values(queries, keys, values, selected, beta, self.scaling,
-                                       ridge=m.ridge, positions=positions)
-            fitted = fitted.to(self.values.dtype).unsqueeze(0)
+        beta, fitted = am_fit.fit_in_segments(
+            queries, self.keys[0].float(), self.values[0].float(), index[0], self.scaling,
+            m.segment, m.fit_beta, m.fit_values, m.ridge, m.seed, positions)
         # the bias is stored at the keys' dtype: t per head, counted like a key element
-        self.keep(index, values=fitted,
-                  bias=beta.to(self.keys.dtype).unsqueeze(0) if m.fit_beta else None)
+        self.keep(index, values=None if fitted is None else fitted.to(self.values.dtype)[None],
+                  bias=beta.to(self.keys.dtype)[None] if m.fit_beta else None)
 
 
 @implements(AMTask)

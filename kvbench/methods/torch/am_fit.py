@@ -28,14 +28,14 @@ from after the context (a task prompt, a repeat of the context), while the conte
 then meet keys at negative RoPE distances they never saw in the model.
 
 Blocks of queries: scores and fits take the reference queries in blocks whose (H, rows, T)
-logits fit in `block_bytes` (default: token_cache.score_block_bytes of the keys' device), so a
-long prompt's step holds one block, not queries x keys (n = groups x prompt for `am`). Where all
-the queries fit in one block, each is today's unblocked computation, bit for bit. In blocks the
-scores sum over queries in another order; the least-squares fits take the R factor of their
-stacked rows block by block (QR of the previous R stacked on the next rows: the same R up to row
-signs, hence the same minimum-norm solution), and their Gram matrices from it. What cannot be
-blocked is the fit's own t x t system (t kept keys per head): it holds a few (H, t + 1, t + 1)
-float64 matrices, as before.
+logits fit in `block_bytes` (default: token_cache.query_block_rows's, at most a quarter of the
+keys in float32 or 16 MiB), so a long prompt's step holds one block, not queries x keys (n =
+groups x prompt for `am`). Where all the queries fit in one block, each is the unblocked
+computation, bit for bit. In blocks the scores sum over queries in another order; the
+least-squares fits take the R factor of their stacked rows block by block (QR of the previous R
+stacked on the next rows: the same R up to row signs, hence the same minimum-norm solution),
+and their Gram matrices from it. The fit's own t x t system (t kept keys per head) is not
+blocked: fit_in_segments bounds t by fitting a long prompt segment by segment.
 """
 from __future__ import annotations
 
@@ -117,13 +117,13 @@ def _logits(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
             ) -> torch.Tensor:
     """scaling * Q K^T (H, n, T) at the queries' dtype, -inf where a query may not see a key
     (positions given: key position > the query's); key_positions (H, T) default to 0 .. T-1."""
-    logits = queries @ keys.transpose(-1, -2) * scaling
+    logits = (queries @ keys.transpose(-1, -2)).mul_(scaling)  # in place: one block held
     if positions is None:
         return logits
     if key_positions is None:
         key_positions = torch.arange(keys.shape[-2], device=keys.device).expand(keys.shape[0], -1)
     hidden = key_positions[:, None, :] > positions.to(keys.device)[None, :, None]
-    return logits.masked_fill(hidden, -math.inf)
+    return logits.masked_fill_(hidden, -math.inf)
 
 
 def key_scores(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
@@ -138,7 +138,7 @@ def key_scores(queries: torch.Tensor, keys: torch.Tensor, scaling: float,
     _check_heads(queries, keys)
     heads, n = queries.shape[:2]
     total = keys.shape[-2]
-    rows = query_block_rows(n, heads * total * 4, keys.device, block_bytes)
+    rows = query_block_rows(n, heads * total * 4, keys.device, block_bytes, keys.numel() * 4)
     q, k = queries.float(), keys.float()
     if rows >= n:
         attn = torch.softmax(_logits(q, k, scaling, positions), dim=-1)
@@ -182,8 +182,8 @@ def _mass_system(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tens
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """M = E[:, S] (H, n, t) and m = rowsum(E) (H, n), float64, E = exp(scaling Q K^T - rowmax).
     Subtracting the row max keeps E in (0, 1] with a 1 in each row, whatever the logit range."""
-    logits = _logits(queries.double(), keys.double(), scaling, positions)
-    e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    e = _logits(queries.double(), keys.double(), scaling, positions)
+    e = e.sub_(e.amax(dim=-1, keepdim=True)).exp_()
     idx = selected.to(e.device)[:, None, :].expand(-1, e.shape[1], -1)
     return torch.gather(e, 2, idx), e.sum(-1)
 
@@ -214,7 +214,7 @@ def fit_beta(queries: torch.Tensor, keys: torch.Tensor, selected: torch.Tensor, 
     _check_selected(selected, keys)
     lo, hi = math.exp(-BETA_BOUND), math.exp(BETA_BOUND)
     (H, n, _), (T, t) = queries.shape, (keys.shape[-2], selected.shape[-1])
-    rows = query_block_rows(n, H * T * 8, keys.device, block_bytes)
+    rows = query_block_rows(n, H * T * 8, keys.device, block_bytes, keys.numel() * 4)
     if rows >= n:
         m_sel, mass = _mass_system(queries, keys, selected, scaling, positions)
         b_ls = _lstsq(m_sel, mass[..., None]).squeeze(-1)
@@ -291,7 +291,8 @@ def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         return x, y
 
     (H, n, _), t = q.shape, selected.shape[-1]
-    rows = query_block_rows(n, H * k.shape[-2] * 8, keys.device, block_bytes)
+    rows = query_block_rows(n, H * k.shape[-2] * 8, keys.device, block_bytes,
+                            k.numel() * 4)
     blocks = (fit_rows(block, where) for block, where in _row_blocks(n, rows, q, positions))
     if ridge == 0:
         if rows >= n:
@@ -306,3 +307,54 @@ def fit_values(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     # positive definite: Cholesky. (torch 2.13's batched linalg.solve on CPU fails with two or
     # more threads once the matrices reach ~256 rows: "Pivots given to lu_solve ...", MKL)
     return torch.cholesky_solve(xty, torch.linalg.cholesky(gram)).float()
+
+
+def fit_in_segments(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    selected: torch.Tensor, scaling: float, segment: int, beta: bool = True,
+                    fit_kept_values: bool = True, ridge: float = 0.0, seed: int = 0,
+                    positions: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(beta (H, t), fitted values (H, t, dv) or None), the fits of fit_beta and fit_values (each
+    only where asked; beta 0 where not), over the keys in segments of `segment` (0: one).
+
+    A prompt of at most `segment` keys is fitted whole, batched over heads: today's computation.
+    A longer one is fitted per head and per segment of keys, on the kept keys inside it (the
+    selection stays global), as the paper's code compacts a long context chunk by chunk
+    (compaction/compaction_methods/chunked.py, 4096 tokens): matching each segment's attention
+    mass and its own output reproduces the whole softmax, since the whole is the segments'
+    outputs weighted by their masses. So the fits' t x t systems are at most segment x segment
+    and their time grows with the keys, not with the kept keys' square. Causal: a segment is
+    fitted on the queries that see its first key, at positions counted from it."""
+    if not segment or keys.shape[-2] <= segment:
+        return _fit(queries, keys, values, selected, scaling, beta, fit_kept_values, ridge, seed,
+                    positions)
+    heads, t = selected.shape
+    betas = torch.zeros(heads, t, dtype=torch.float32, device=keys.device)
+    fitted = _gather_rows(values, selected).float() if fit_kept_values else None
+    for head in range(heads):
+        for start in range(0, keys.shape[-2], segment):
+            stop = min(start + segment, keys.shape[-2])
+            inside = ((selected[head] >= start) & (selected[head] < stop)).nonzero().squeeze(-1)
+            q, where = queries[head : head + 1], positions
+            if where is not None:
+                sees = where >= start
+                q, where = q[:, sees], where[sees] - start
+            if not inside.numel() or not q.shape[-2]:
+                continue  # nothing kept here, or no query sees it: beta 0, values as they were
+            b, v = _fit(q, keys[head : head + 1, start:stop], values[head : head + 1, start:stop],
+                        selected[head : head + 1, inside] - start, scaling, beta,
+                        fit_kept_values, ridge, seed, where)
+            betas[head, inside] = b[0]
+            if v is not None:
+                fitted[head, inside] = v[0]
+    return betas, fitted
+
+
+def _fit(queries, keys, values, selected, scaling, beta, fit_kept_values, ridge, seed,
+         positions) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b = (fit_beta(queries, keys, selected, scaling, seed=seed, positions=positions) if beta
+         else keys.new_zeros(selected.shape, dtype=torch.float32))
+    if not fit_kept_values:
+        return b, None
+    return b, fit_values(queries, keys, values, selected, b, scaling, ridge=ridge,
+                         positions=positions)
