@@ -89,6 +89,8 @@ POLICIES = {
     "adaptive": ({"base": "intq", "base_params": {"group_size": 8}, "base_bits": 4},
                  _adaptive_widths),
     "sparse_v": ({"base": "intq", "base_params": {"group_size": 16}, "tau": 1e-3}, None),
+    # keys per channel in groups of 8 over tokens, chunks of 16; values per token
+    "kivi": ({"bits": 2, "group_size": 8, "residual": 16}, None),
 }
 
 
@@ -124,11 +126,13 @@ def test_a_codec_caches_sinks_and_tail_are_parts_of_their_own():
     assert sizes[0] == 4 and sizes[-1] == 8 and sum(sizes) == 98  # the sinks, the window
 
 
+@pytest.mark.parametrize("name, params", [("intq", {"bits": 4, "window": 8}),
+                                          ("kivi", {"group_size": 8, "residual": 16})])
 def test_a_quantizers_chunked_prefill_read_in_parts_gives_the_whole_reads_logits(
-        tiny_llama, tiny_sessions, monkeypatch):
+        tiny_llama, tiny_sessions, monkeypatch, name, params):
     session = tiny_sessions("llama")
     ids = torch.randint(5, 100, (96,), generator=torch.Generator().manual_seed(0)).tolist()
-    method = implementation(build_method("intq", {"bits": 4, "window": 8}))
+    method = implementation(build_method(name, params))
     read_in_parts = []
 
     def counted(*args, **kwargs):

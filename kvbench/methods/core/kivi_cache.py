@@ -5,10 +5,12 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from kvbench.kernels.formats import KernelFormat, KVSegment, PackedRead, is_channel, token_axis
+from kvbench.methods.core.contracts import (
+    Codec, LayerCachePolicy, Packed, ReadPart, SharesExactPrefill)
 from kvbench.methods.core.newest import newest_dropped
-from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, SharesExactPrefill
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
-from kvbench.methods.core.window_cache import KiviWindow
+from kvbench.methods.core.read_parts import token_bytes, tokens_per_part
+from kvbench.methods.core.window_cache import KiviWindow, cut_step
 
 
 class Stream:
@@ -88,6 +90,37 @@ class Stream:
         decoded = self.ops.cast(self.codec.decode(window), self.raw.dtype)
         return decoded[..., start % group : start % group + end - start, :]
 
+    def part(self, start: int, stop: int):
+        """Tokens [start, stop) at the raw dtype (no hidden ones): packed ones as kept decoded,
+        or decoded from the whole groups around them (cut_step); raw ones as views."""
+        out = []
+        if start < self.packed_tokens:
+            end = min(stop, self.packed_tokens)
+            out += self._kept(start, end) if self.decoded is not None else [
+                self._decode(start, end)]
+        if stop > self.packed_tokens:
+            first = max(start - self.packed_tokens, 0)
+            out.append(self.raw[..., first : stop - self.packed_tokens, :])
+        return out[0] if len(out) == 1 else self.ops.joined(out)
+
+    def _kept(self, start: int, end: int) -> list:
+        out, at = [], 0
+        for chunk in self.decoded.chunks:
+            tokens = chunk.shape[-2]
+            if at < end and at + tokens > start:
+                out.append(chunk[..., max(start - at, 0) : min(end - at, tokens), :])
+            at += tokens
+        return out
+
+    def _decode(self, start: int, end: int):
+        (packed,) = self.packed
+        step = cut_step(self.codec, packed)
+        low, high = ((start - start % step, min(-(-end // step) * step, self.packed_tokens))
+                     if step else (0, self.packed_tokens))
+        window = _token_range(self.codec, packed, low, high)
+        return self.ops.cast(self.codec.decode(window), self.raw.dtype)[
+            ..., start - low : end - low, :]
+
     def held(self) -> list:
         decoded = [] if self.decoded is None else self.decoded.chunks
         return [t for p in self.packed for t in p.tensors.values()] + [self.raw, *decoded]
@@ -137,6 +170,24 @@ class KiviCache(LayerCachePolicy):
     def attention_inputs(self):
         return self.keys.read(), self.values.read(), None
 
+    def attention_parts(self, part_bytes: int) -> list[ReadPart] | None:
+        """Parts of about part_bytes (decoded when attention reaches them, or as kept decoded),
+        cut where either side turns from packed to raw and between whole key groups; None
+        where the read is small, with hidden tokens (a sliding window's) or packed blocks that
+        did not merge."""
+        keys, values = self.keys, self.values
+        per_token = token_bytes(self.ops, keys.raw)
+        if self.retained_tokens * per_token <= part_bytes or keys.hidden or values.hidden:
+            return None
+        if keys.decoded is None and (len(keys.packed) > 1 or len(values.packed) > 1):
+            return None
+        size = tokens_per_part(part_bytes, per_token, self.key_chunk)
+        cuts = sorted({*range(0, self.retained_tokens, size), keys.packed_tokens,
+                       values.packed_tokens, self.retained_tokens})
+        return [ReadPart(end - start, lambda start=start, end=end: (
+            keys.part(start, end), values.part(start, end)))
+            for start, end in zip(cuts, cuts[1:])]
+
     def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
         """The tokens cut where either side changes from packed to raw, each segment's sides
         as Stream.span takes them, for a fused decode attention (both codecs' kernel: the CPU
@@ -176,6 +227,21 @@ class KiviCache(LayerCachePolicy):
 
     def measured_bytes(self) -> int:
         return self.ops.held_bytes(*self.keys.held(), *self.values.held())
+
+
+def _token_range(codec: Codec, packed: Packed, start: int, stop: int) -> Packed:
+    """Tokens [start, stop) of `packed` as views, both ends cuttable (whole groups of a
+    per-channel layout)."""
+    axis = codec.stacking_axis(packed)
+    if axis is not None:
+        index = (slice(None),) * axis + (slice(start, stop),)
+        tensors = {name: t[index] for name, t in packed.tensors.items()}
+    else:
+        stored = codec.format.stored_tokens
+        tensors = {name: t[..., stored(name, start) : stored(name, stop)]
+                   for name, t in packed.tensors.items()}
+    return Packed(tensors, (*packed.shape[:-2], stop - start, packed.shape[-1]), packed.dtype,
+                  packed.meta)
 
 
 class WindowedKiviCache(KiviWindow, KiviCache):

@@ -27,19 +27,26 @@ from kvbench.kernels.formats import is_channel
 from kvbench.methods.core.contracts import Codec, Packed
 
 
+def cut_step(codec: Codec, packed: Packed) -> int:
+    """The tokens a packed block can be cut at multiples of, as stored: 1 where its arrays
+    stack tokens, whole groups of whole bytes of codes in a per-channel layout, 0: nowhere."""
+    if codec.stacking_axis(packed) is not None:
+        return 1
+    fmt = codec.format
+    if not is_channel(fmt):
+        return 0
+    step = fmt.group_size
+    while step * fmt.bits % 8:
+        step += fmt.group_size
+    return step
+
+
 def cuttable(codec: Codec, packed: Packed, tokens: int) -> int:
     """How many of a packed block's first `tokens` tokens can be cut off it as stored."""
     if tokens >= packed.shape[-2]:
         return packed.shape[-2]
-    if codec.stacking_axis(packed) is not None:
-        return tokens
-    fmt = codec.format
-    if is_channel(fmt):  # whole groups, whole bytes of codes
-        step = fmt.group_size
-        while step * fmt.bits % 8:
-            step += fmt.group_size
-        return tokens - tokens % step
-    return 0
+    step = cut_step(codec, packed)
+    return tokens - tokens % step if step else 0
 
 
 def cut_front(codec: Codec, packed: Packed, tokens: int, ops) -> Packed:
