@@ -403,3 +403,31 @@ def test_attention_weights_are_the_masked_softmax_bit_for_bit(causal, n, total):
         assert ((weights - reference).abs() <= 1e-5 * reference.amax(-1, keepdim=True)).all()
     if causal and n > 1:
         assert weights[0, 0, 0, total - n + 1:].eq(0).all()  # the first query sees no later key
+
+
+@torch.inference_mode()
+def test_am_holds_at_most_max_queries_per_kv_head_as_the_prompt_comes(tiny):
+    """A prompt announced longer than max_queries allow keeps the queries of every s-th token
+    only, as its forwards come; unannounced, it keeps them all and takes the same tokens' at
+    the fit: the same reference queries, at their positions. All queries fit differently."""
+    ids = _ids()[:, :PREFILL]
+    method = implementation(build_method("am", {"ratio": 0.25, "causal": True,
+                                                "max_queries": 24}))
+    streamed = KVBenchCache(method, tiny.config.num_hidden_layers)
+    streamed.begin_prompt(PREFILL)
+    for start in range(0, PREFILL, 16):
+        _forward(tiny, streamed, ids[:, start : start + 16])
+    whole = KVBenchCache(method, tiny.config.num_hidden_layers)
+    _forward(tiny, whole, ids)
+    policy, other = streamed.policies[0], whole.policies[0]
+    groups = tiny.config.num_attention_heads // tiny.config.num_key_value_heads
+    stride = -(-groups * PREFILL // 24)
+    assert stride > 1 and sum(q.shape[-2] for q in policy.observed) == -(-PREFILL // stride)
+    assert sum(q.shape[-2] for q in other.observed) == PREFILL
+    (queries, at), (all_queries, all_at) = policy.reference_queries(), other.reference_queries()
+    assert torch.equal(at, torch.arange(0, PREFILL, stride)) and torch.equal(at, all_at)
+    torch.testing.assert_close(queries, all_queries, rtol=1e-5, atol=1e-5)
+    bounded, _ = _run(tiny, build_method("am", {"ratio": 0.25, "causal": True,
+                                                "max_queries": 24}))
+    every, _ = _run(tiny, build_method("am", {"ratio": 0.25, "causal": True}))
+    assert (bounded - every).abs().max() > 1e-4

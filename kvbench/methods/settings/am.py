@@ -41,7 +41,11 @@ class AM(TokenMethod):
     A prompt longer than `segment` keys is fitted segment by segment, as the paper's code
     compacts long contexts in chunks of 4096 tokens (kvbench.methods.torch.am_fit.fit_in_segments;
     the selection stays global): the fits' systems stay segment x segment, where the whole
-    prompt's would grow with the square of the kept keys (8192 per head at 32k and ratio 0.25)."""
+    prompt's would grow with the square of the kept keys (8192 per head at 32k and ratio 0.25).
+    The reference queries are at most `max_queries` per KV head (the query heads of a group
+    each count), those of every s-th token of a longer prompt, as the paper's code caps them
+    (max_query_vectors_per_kv_head): held as the prompt comes, they are a share of the cache,
+    not four times the keys."""
 
     implemented_in: ClassVar[dict[str, str]] = {
         "torch": "kvbench.methods.torch.am",
@@ -63,6 +67,9 @@ class AM(TokenMethod):
                          " up to its own position")
     segment: int = param(4096, range=at_least(0), meaning="keys per segment of the fits: a"
                          " longer prompt is fitted segment by segment (0: whole)")
+    max_queries: int = param(16384, range=at_least(0), meaning="reference queries per KV head"
+                             " at most: a longer prompt's are those of evenly spaced tokens,"
+                             " taken as they come (0: all)")
     queries: Literal["context", "repeat"] = param(
         "context", meaning="where the reference queries come from: context, the prompt's own;"
         " repeat, the prompt fed again after itself")

@@ -19,9 +19,49 @@ from kvbench.methods.torch.token_cache import ScorerCache, per_kv_head
 class AMCache(ScorerCache):
     method: AM
 
+    def __init__(self, method: AM):
+        super().__init__(method)
+        self.prompt_tokens = 0  # as begin_prompt announced it (0: not)
+        self.taken: list[torch.Tensor] = []  # the positions of the observed queries, when fewer
+
     @classmethod
     def queries_read(cls, method: AM) -> int | None:
         return 0 if method.queries == "repeat" else None
+
+    def begin_prompt(self, tokens: int) -> None:
+        super().begin_prompt(tokens)
+        self.prompt_tokens = tokens
+
+    def stride(self, query_heads: int, tokens: int) -> int:
+        """Every how many tokens of a prompt of `tokens` the reference queries are taken, so
+        that a KV head has at most max_queries of them (1: every token)."""
+        groups, most = query_heads // self.keys.shape[1], self.method.max_queries
+        return max(1, -(-groups * tokens // most)) if most else 1
+
+    def observe(self, queries: torch.Tensor) -> None:
+        """Every query of a prompt announced short enough; else those of the tokens at
+        multiples of the stride, as they come (the rest is never held)."""
+        stride = self.stride(queries.shape[1], self.prompt_tokens)
+        if stride == 1 or type(self).queries_read(self.method) is not None:
+            return super().observe(queries)
+        first = self._seen - queries.shape[-2]
+        at = torch.arange(first + (-first) % stride, self._seen, stride, device=queries.device)
+        self.observed.append(queries[..., at - first, :].float())
+        self.taken.append(at)
+
+    def trim(self, n: int) -> int:
+        if not self.taken:
+            return super().trim(n)
+        observed, self.observed = self.observed, []
+        dropped = super().trim(n)
+        queries, at = torch.cat(observed, dim=-2), torch.cat(self.taken)
+        kept = at < self._seen
+        self.observed, self.taken = [queries[..., kept, :]], [at[kept]]
+        return dropped
+
+    def end_prefill(self) -> None:
+        super().end_prefill()
+        self.taken = []
 
     def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(1, Hq, n, D) queries, and with `causal` their prompt positions (n,): the model's own
@@ -34,7 +74,13 @@ class AMCache(ScorerCache):
                                    " benchmarks do (kvbench.models.session.prefill)")
             return self.probe, None
         queries = self.observed_queries()
-        return queries, self.positions(0, queries.shape[-2])
+        if self.taken:
+            at = torch.cat(self.taken)
+        else:  # every token's (a prompt not announced): the stride's tokens of them
+            at = torch.arange(0, queries.shape[-2], self.stride(queries.shape[1], self._seen),
+                              device=queries.device)
+            queries = queries[..., at, :] if len(at) < queries.shape[-2] else queries
+        return queries, (at if self.method.causal else None)
 
     def positions(self, first: int, n: int) -> torch.Tensor | None:
         if not self.method.causal:
