@@ -329,3 +329,22 @@ def test_segmented_causal_fit_skips_queries_before_a_segment():
     alone = fit_beta(q[1:, 2 * segment :], k[1:, 2 * segment :], sel[1:, last] - 2 * segment, s,
                      positions=positions[2 * segment :] - 2 * segment)
     torch.testing.assert_close(beta[1, last], alone[0])
+
+
+def test_large_systems_are_fitted_a_head_at_a_time_with_the_batched_result(monkeypatch):
+    """Past BATCHED_SYSTEM_BYTES the whole prompt's fit goes a head at a time: the same fit
+    (the power iteration's start differs per head: the step size, not the optimum)."""
+    from kvbench.methods.torch import am_fit
+
+    H, n, T, t, d = 3, 64, 96, 24, 16
+    q, k, v = _clustered(H, n, T, d, seed=4)
+    s = 1 / math.sqrt(d)
+    sel = top_k(key_scores(q, k, s), t)
+    batched = am_fit.fit_in_segments(q, k, v, sel, s, T)
+    monkeypatch.setattr(am_fit, "BATCHED_SYSTEM_BYTES", 0)
+    fitted_heads, fit = [], am_fit._fit
+    monkeypatch.setattr(am_fit, "_fit", lambda q, *a: fitted_heads.append(q.shape[0]) or fit(q, *a))
+    alone = am_fit.fit_in_segments(q, k, v, sel, s, T)
+    assert fitted_heads == [1] * H
+    torch.testing.assert_close(alone[0], batched[0], rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(alone[1], batched[1], rtol=1e-3, atol=1e-3)

@@ -431,3 +431,22 @@ def test_am_holds_at_most_max_queries_per_kv_head_as_the_prompt_comes(tiny):
                                                 "max_queries": 24}))
     every, _ = _run(tiny, build_method("am", {"ratio": 0.25, "causal": True}))
     assert (bounded - every).abs().max() > 1e-4
+
+
+@torch.inference_mode()
+def test_am_task_lets_go_of_the_queries_it_will_not_read(tiny):
+    """am_task reads the prompt's last task_tokens queries (or a probe fed in one step): fed in
+    forwards, it holds those of the newest forward and task_tokens more, the same last ones."""
+    ids = _ids()[:, :PREFILL]
+    method = implementation(build_method("am_task", {"ratio": 0.25, "task_tokens": 8}))
+    chunked = KVBenchCache(method, tiny.config.num_hidden_layers)
+    for start in range(0, PREFILL, 16):
+        _forward(tiny, chunked, ids[:, start : start + 16])
+        assert sum(q.shape[-2] for q in chunked.policies[0].observed) <= 8 + 16
+    whole = KVBenchCache(method, tiny.config.num_hidden_layers)
+    _forward(tiny, whole, ids)
+    (queries, _), (last, _) = (cache.policies[0].reference_queries() for cache in (chunked, whole))
+    assert queries.shape[-2] == 8
+    torch.testing.assert_close(queries, last, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="cannot take back 40"):
+        chunked.policies[0].trim(40)

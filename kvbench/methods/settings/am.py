@@ -67,7 +67,7 @@ class AM(TokenMethod):
                          " up to its own position")
     segment: int = param(4096, range=at_least(0), meaning="keys per segment of the fits: a"
                          " longer prompt is fitted segment by segment (0: whole)")
-    max_queries: int = param(16384, range=at_least(0), meaning="reference queries per KV head"
+    max_queries: int = param(8192, range=at_least(0), meaning="reference queries per KV head"
                              " at most: a longer prompt's are those of evenly spaced tokens,"
                              " taken as they come (0: all)")
     queries: Literal["context", "repeat"] = param(

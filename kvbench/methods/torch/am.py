@@ -129,6 +129,21 @@ class AMTaskCache(AMCache):
         n = queries.shape[-2]
         return queries, self.positions(self._seen - n, n)
 
+    def observe(self, queries: torch.Tensor) -> None:
+        """The newest step's queries, and of the earlier steps' only the newest task_tokens:
+        all that is read (the prompt's last queries, or a probe taken back, fed in one step)."""
+        most = self.method.task_tokens
+        if len(self.observed) > 1 or (self.observed and self.observed[0].shape[-2] > most):
+            self.observed = [torch.cat(self.observed, dim=-2)[..., -most:, :].clone()]
+        super().observe(queries)
+
+    def trim(self, n: int) -> int:
+        held = sum(queries.shape[-2] for queries in self.observed)
+        if min(n, self._fresh) > held:
+            raise RuntimeError(f"am_task holds the queries of its newest {held} tokens; it cannot"
+                               f" take back {n} as a probe")
+        return super().trim(n)
+
     def scores(self) -> torch.Tensor:
         """One row shared by every head: the heads' mean."""
         return super().scores().mean(0, keepdim=True)

@@ -46,6 +46,9 @@ import torch
 from kvbench.methods.torch.token_cache import query_block_rows
 
 BETA_BOUND = 3.0  # B = exp(beta) is kept in [e^-3, e^3]
+# Fits whose heads' t x t float64 systems take more than this together go a head at a time (a
+# few such matrices are held at once: 67 MB each for 8 heads at t = 1024)
+BATCHED_SYSTEM_BYTES = 16 * 2**20
 _POWER_ITERS = 30
 _HOWS = ("rms", "max", "mean")
 
@@ -317,18 +320,20 @@ def fit_in_segments(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     """(beta (H, t), fitted values (H, t, dv) or None), the fits of fit_beta and fit_values (each
     only where asked; beta 0 where not), over the keys in segments of `segment` (0: one).
 
-    A prompt of at most `segment` keys is fitted whole, batched over heads: today's computation.
-    A longer one is fitted per head and per segment of keys, on the kept keys inside it (the
+    A prompt of at most `segment` keys is fitted whole, batched over heads where their t x t
+    systems take at most BATCHED_SYSTEM_BYTES together, else a head at a time. A longer one is fitted per head and per segment of keys, on the kept keys inside it (the
     selection stays global), as the paper's code compacts a long context chunk by chunk
     (compaction/compaction_methods/chunked.py, 4096 tokens): matching each segment's attention
     mass and its own output reproduces the whole softmax, since the whole is the segments'
     outputs weighted by their masses. So the fits' t x t systems are at most segment x segment
     and their time grows with the keys, not with the kept keys' square. Causal: a segment is
     fitted on the queries that see its first key, at positions counted from it."""
-    if not segment or keys.shape[-2] <= segment:
-        return _fit(queries, keys, values, selected, scaling, beta, fit_kept_values, ridge, seed,
-                    positions)
     heads, t = selected.shape
+    if not segment or keys.shape[-2] <= segment:
+        if heads * (t + 1) ** 2 * 8 <= BATCHED_SYSTEM_BYTES:
+            return _fit(queries, keys, values, selected, scaling, beta, fit_kept_values, ridge,
+                        seed, positions)
+        segment = keys.shape[-2]  # one segment, a head at a time
     betas = torch.zeros(heads, t, dtype=torch.float32, device=keys.device)
     fitted = _gather_rows(values, selected).float() if fit_kept_values else None
     for head in range(heads):
