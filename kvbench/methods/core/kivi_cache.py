@@ -10,7 +10,7 @@ from kvbench.methods.core.contracts import (
 from kvbench.methods.core.newest import newest_dropped
 from kvbench.methods.core.packed_reads import DecodedChunks, FusedReads, check_fresh
 from kvbench.methods.core.read_parts import token_bytes, tokens_per_part
-from kvbench.methods.core.window_cache import KiviWindow, cut_step
+from kvbench.methods.core.window_cache import KiviWindow, cut_step, token_range
 
 
 class Stream:
@@ -117,7 +117,7 @@ class Stream:
         step = cut_step(self.codec, packed)
         low, high = ((start - start % step, min(-(-end // step) * step, self.packed_tokens))
                      if step else (0, self.packed_tokens))
-        window = _token_range(self.codec, packed, low, high)
+        window = token_range(self.codec, packed, low, high)
         return self.ops.cast(self.codec.decode(window), self.raw.dtype)[
             ..., start - low : end - low, :]
 
@@ -227,21 +227,6 @@ class KiviCache(LayerCachePolicy):
 
     def measured_bytes(self) -> int:
         return self.ops.held_bytes(*self.keys.held(), *self.values.held())
-
-
-def _token_range(codec: Codec, packed: Packed, start: int, stop: int) -> Packed:
-    """Tokens [start, stop) of `packed` as views, both ends cuttable (whole groups of a
-    per-channel layout)."""
-    axis = codec.stacking_axis(packed)
-    if axis is not None:
-        index = (slice(None),) * axis + (slice(start, stop),)
-        tensors = {name: t[index] for name, t in packed.tensors.items()}
-    else:
-        stored = codec.format.stored_tokens
-        tensors = {name: t[..., stored(name, start) : stored(name, stop)]
-                   for name, t in packed.tensors.items()}
-    return Packed(tensors, (*packed.shape[:-2], stop - start, packed.shape[-1]), packed.dtype,
-                  packed.meta)
 
 
 class WindowedKiviCache(KiviWindow, KiviCache):

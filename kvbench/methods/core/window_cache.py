@@ -49,18 +49,27 @@ def cuttable(codec: Codec, packed: Packed, tokens: int) -> int:
     return tokens - tokens % step if step else 0
 
 
+def token_range(codec: Codec, packed: Packed, start: int, stop: int) -> Packed:
+    """Tokens [start, stop) of `packed` as views of its arrays, both ends at multiples of
+    cut_step or at its end."""
+    axis = codec.stacking_axis(packed)
+    if axis is not None:
+        index = (slice(None),) * axis + (slice(start, stop),)
+        tensors = {name: t[index] for name, t in packed.tensors.items()}
+    else:
+        stored = codec.format.stored_tokens
+        tensors = {name: t[..., stored(name, start) : stored(name, stop)]
+                   for name, t in packed.tensors.items()}
+    return Packed(tensors, (*packed.shape[:-2], stop - start, packed.shape[-1]), packed.dtype,
+                  packed.meta)
+
+
 def cut_front(codec: Codec, packed: Packed, tokens: int, ops) -> Packed:
     """`packed` without its first `tokens` tokens (cuttable), as copies (a view would pin what
     was dropped)."""
-    axis = codec.stacking_axis(packed)
-    if axis is not None:
-        cut = (slice(None),) * axis + (slice(tokens, None),)
-        tensors = {name: ops.copy(t[cut]) for name, t in packed.tensors.items()}
-    else:
-        tensors = {name: ops.copy(t[..., codec.format.stored_tokens(name, tokens):])
-                   for name, t in packed.tensors.items()}
-    shape = (*packed.shape[:-2], packed.shape[-2] - tokens, packed.shape[-1])
-    return Packed(tensors, shape, packed.dtype, packed.meta)
+    kept = token_range(codec, packed, tokens, packed.shape[-2])
+    return Packed({name: ops.copy(t) for name, t in kept.tensors.items()}, kept.shape,
+                  kept.dtype, kept.meta)
 
 
 def drop_front(codecs: tuple[Codec, ...], blocks: list[tuple[Packed, ...]], tokens: int,
