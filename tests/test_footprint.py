@@ -300,3 +300,20 @@ def test_a_dropped_cache_is_freed_at_once_not_by_the_garbage_collector(tiny_sess
         assert dropped() is None
     finally:
         gc.enable()
+
+
+def test_numba_starts_before_the_first_cpu_cases_footprint(tmp_path, monkeypatch):
+    """numba's one-time start (~100 MB) happens once a run, before the first CPU case's probe
+    is reset: no case counts it as its evaluation."""
+    from kvbench.kernels import cpu
+    from kvbench.models import footprint
+    from kvbench.run.runner import run_suite
+
+    order, start, begin = [], cpu.start, footprint.CaseFootprint.__init__
+    monkeypatch.setattr(cpu, "start", lambda: order.append("numba") or start())
+    monkeypatch.setattr(footprint.CaseFootprint, "__init__",
+                        lambda self, *a: order.append("footprint") or begin(self, *a))
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE)
+    run_suite(load_suite(path), tmp_path / "out")
+    assert order == ["numba", "footprint"]

@@ -79,10 +79,12 @@ class RunContext:
         resident; every session's own reset of the probe restarts it."""
         if self.footprint is None:
             if self.backend == "torch" and self.device.type == "cpu":
-                # a memory-mapped checkpoint is read on first use: its pages would count as
-                # the first case's evaluation; MLX's loading evaluates its weights already
+                # a memory-mapped checkpoint is read on first use, and numba starts at its
+                # first compilation: both would count as the first case's evaluation (MLX's
+                # loading evaluates its weights already)
                 self.memo.get(("footprint.resident", *session.memo_key),
                               lambda: _read_weights(session))
+                self.memo.get(("footprint.jit",), _start_jit)
             self.footprint = CaseFootprint(session, self.footprint_of,
                                            lambda cache: plain_kv_bytes(session, cache)[1])
         self.footprint.watch(session)
@@ -110,6 +112,17 @@ class RunContext:
 
 
 @torch.inference_mode()
+def _start_jit() -> bool:
+    """numba's one-time start (kvbench.kernels.cpu.start), where numba is installed: otherwise
+    the first case whose method decodes through a CPU kernel would count it."""
+    try:
+        from kvbench.kernels import cpu
+    except ImportError:
+        return False
+    cpu.start()
+    return True
+
+
 def _read_weights(session: TorchSession) -> bool:
     model = session.loaded.model
     for tensor in (*model.parameters(), *model.buffers()):
