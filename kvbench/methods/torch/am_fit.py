@@ -321,8 +321,9 @@ def fit_in_segments(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     only where asked; beta 0 where not), over the keys in segments of `segment` (0: one).
 
     A prompt of at most `segment` keys is fitted whole, batched over heads where their t x t
-    systems take at most BATCHED_SYSTEM_BYTES together, else a head at a time. A longer one is fitted per head and per segment of keys, on the kept keys inside it (the
-    selection stays global), as the paper's code compacts a long context chunk by chunk
+    systems take at most BATCHED_SYSTEM_BYTES together, else a head at a time. A longer one is
+    fitted per head and per segment of keys, on the kept keys inside it (the selection stays
+    global), as the paper's code compacts a long context chunk by chunk
     (compaction/compaction_methods/chunked.py, 4096 tokens): matching each segment's attention
     mass and its own output reproduces the whole softmax, since the whole is the segments'
     outputs weighted by their masses. So the fits' t x t systems are at most segment x segment
