@@ -302,18 +302,58 @@ def test_a_dropped_cache_is_freed_at_once_not_by_the_garbage_collector(tiny_sess
         gc.enable()
 
 
-def test_numba_starts_before_the_first_cpu_cases_footprint(tmp_path, monkeypatch):
-    """numba's one-time start (~100 MB) happens once a run, before the first CPU case's probe
-    is reset: no case counts it as its evaluation."""
-    from kvbench.kernels import cpu
+def test_each_method_is_warmed_up_once_a_run_before_its_first_cases_footprint(tmp_path,
+                                                                              monkeypatch):
+    """The one-time set-up (kernels compiled at first use, numba's own start ~100 MB) happens
+    before the first case of a method resets its probe: no case counts it as its evaluation."""
+    from kvbench.benchmarks.measure import context
     from kvbench.models import footprint
     from kvbench.run.runner import run_suite
 
-    order, start, begin = [], cpu.start, footprint.CaseFootprint.__init__
-    monkeypatch.setattr(cpu, "start", lambda: order.append("numba") or start())
+    order, warm, begin = [], context.warm_up, footprint.CaseFootprint.__init__
+    monkeypatch.setattr(context, "warm_up",
+                        lambda session, method: order.append(method.name) or warm(session,
+                                                                                  method))
     monkeypatch.setattr(footprint.CaseFootprint, "__init__",
                         lambda self, *a: order.append("footprint") or begin(self, *a))
     path = tmp_path / "suite.yaml"
-    path.write_text(SUITE)
+    path.write_text(textwrap.dedent("""\
+        kvbench: 1
+        name: warm-up
+        defaults: {model: "bundled:smollm2-135m", device: cpu, seed: 0, threads: 1}
+        methods: [{name: identity}, {name: intq}]
+        benchmarks:
+          - kind: perplexity
+            params: {continuation: 9, decode_chunk: 8}
+            matrix: {context: [64, 96]}
+        """))
     run_suite(load_suite(path), tmp_path / "out")
-    assert order == ["numba", "footprint"]
+    assert order == ["identity", "footprint", "intq", "footprint", "footprint", "footprint"]
+
+
+@pytest.mark.parametrize("name, params", [("intq", {"bits": 4}), ("kivi", {}),
+                                          ("lloydmax", {})])
+def test_a_warm_up_leaves_a_case_nothing_to_compile(tiny_sessions, name, params):
+    """After warm_up, a longer prompt, a decode step and a batched step of two rows through the
+    method's caches compile no kernel of their own: the warm-up took every path they take."""
+    pytest.importorskip("numba", reason="the CPU kernels need numba")
+    from kvbench.kernels.cpu import attention, batched, channel, row_decode
+    from kvbench.methods import build_method, implementation
+    from kvbench.models.session import prefill
+    from kvbench.models.warm_up import filler_tokens, warm_up
+
+    compilers = [f for module in (attention, batched, channel, row_decode)
+                 for f in vars(module).values() if hasattr(f, "cache_clear")]
+    for compiler in compilers:
+        compiler.cache_clear()
+    session = tiny_sessions("llama")
+    method = implementation(build_method(name, params), "torch")
+    warm_up(session, method)
+    compiled = [f.cache_info().currsize for f in compilers]
+    assert sum(compiled) > 0
+    caches = [session.new_cache(method) for _ in range(2)]
+    for cache in caches:
+        prefill(session, cache, filler_tokens(session, 900), method, chunk=256)
+    session.step([5], caches[0])
+    session.step_rows([5, 6], caches)
+    assert [f.cache_info().currsize for f in compilers] == compiled

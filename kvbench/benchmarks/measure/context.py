@@ -19,6 +19,7 @@ from kvbench.memo import Memo
 from kvbench.models.footprint import CaseFootprint
 from kvbench.models.options import ChatOptions, LoadOptions
 from kvbench.models.session import Session, TorchSession, plain_kv_bytes
+from kvbench.models.warm_up import warm_up
 from kvbench.results import Metric
 
 
@@ -79,12 +80,13 @@ class RunContext:
         resident; every session's own reset of the probe restarts it."""
         if self.footprint is None:
             if self.backend == "torch" and self.device.type == "cpu":
-                # a memory-mapped checkpoint is read on first use, and numba starts at its
-                # first compilation: both would count as the first case's evaluation (MLX's
-                # loading evaluates its weights already)
+                # a memory-mapped checkpoint is read on first use: the first case would count
+                # it as its evaluation (MLX's loading evaluates its weights already)
                 self.memo.get(("footprint.resident", *session.memo_key),
                               lambda: _read_weights(session))
-                self.memo.get(("footprint.jit",), _start_jit)
+            method = self.footprint_of
+            self.memo.get(("footprint.warm", *session.memo_key, repr(method.settings)),
+                          lambda: warm_up(session, method))
             self.footprint = CaseFootprint(session, self.footprint_of,
                                            lambda cache: plain_kv_bytes(session, cache)[1])
         self.footprint.watch(session)
@@ -109,18 +111,6 @@ class RunContext:
         """The backend's arrays: conversions, synchronised timing, a plain copy (one per
         case)."""
         return array_backend(self.backend, self.device)
-
-
-@torch.inference_mode()
-def _start_jit() -> bool:
-    """numba's one-time start (kvbench.kernels.cpu.start), where numba is installed: otherwise
-    the first case whose method decodes through a CPU kernel would count it."""
-    try:
-        from kvbench.kernels import cpu
-    except ImportError:
-        return False
-    cpu.start()
-    return True
 
 
 def _read_weights(session: TorchSession) -> bool:

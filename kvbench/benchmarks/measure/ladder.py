@@ -27,6 +27,7 @@ from kvbench.data.text import text_tokens, tokens_sha256
 from kvbench.memo import Memo
 from kvbench.methods.core.contracts import Implementation
 from kvbench.models.session import Session, plain_kv_bytes, prefill
+from kvbench.models.warm_up import warm_up
 
 # Warm-up prompt at most: long enough for a 10% budget to hold attention sinks and a window.
 WARM_UP_TOKENS = 1024
@@ -56,15 +57,10 @@ class LadderRun(Ladder):
         prompt, calibration, repeats = ladder_tokens(ctx.memo, session, params)
         ctx.status("calibrate")
         session.calibrate(method, calibration)
-        # One prefill chunk and one decode step first, through the method's own cache: the
-        # weights are paged in (a memory-mapped checkpoint is read on first use) and one-time
-        # set-up (a fused read's kernels compile on first use, ~4 s) is done before the peak and
-        # the clock start.
-        warm = session.new_cache(method)
-        logits = prefill(session, warm, prompt[:min(params.prefill_chunk or WARM_UP_TOKENS,
-                                                    WARM_UP_TOKENS)], method)[0]
-        session.step([int(logits[-1].argmax())], warm, last_only=True)
-        del warm
+        # One prefill chunk of the prompt first (the run's warm-up was filler text): a
+        # calibrated method's kernels and the chunk's shapes are set up before the clock starts.
+        warm_up(session, method, prompt[:min(params.prefill_chunk or WARM_UP_TOKENS,
+                                             WARM_UP_TOKENS)])
         loaded = session.reset_peak_memory()
         cache = session.new_cache(method)
         session.reserve(cache, params.length + params.decode)
