@@ -10,14 +10,3 @@ import numba
 
 numba.config.THREADING_LAYER = "workqueue"
 
-
-def start() -> None:
-    """Compile one trivial function: numba's and LLVM's one-time start, ~100 MB resident, which
-    the first case that decodes through a kernel would otherwise count as its own evaluation
-    (the first intq decode step on the 8B-shaped checkpoint rose 148 MB over its start; after
-    this, 51 MB)."""
-    numba.njit("float64(float64)")(_one_more)
-
-
-def _one_more(x: float) -> float:
-    return x + 1.0
