@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.backends.torch_arrays import TORCH_ARRAYS
+from kvbench.methods.core.tail import Tail
 from kvbench.methods.settings.am import AM, AMTask
 from kvbench.methods.settings.base import implements
 from kvbench.methods.torch import am_fit
@@ -22,7 +24,11 @@ class AMCache(ScorerCache):
     def __init__(self, method: AM):
         super().__init__(method)
         self.prompt_tokens = 0  # as begin_prompt announced it (0: not)
-        self.taken: list[torch.Tensor] = []  # the positions of the observed queries, when fewer
+        # when fewer than every token's: the queries taken, in one buffer sized for the prompt
+        # (pieces kept a forward at a time scattered the heap: ~250 MB more resident at 16k),
+        # and their positions
+        self.strided = Tail(TORCH_ARRAYS)
+        self.taken: list[torch.Tensor] = []
 
     @classmethod
     def queries_read(cls, method: AM) -> int | None:
@@ -46,22 +52,25 @@ class AMCache(ScorerCache):
             return super().observe(queries)
         first = self._seen - queries.shape[-2]
         at = torch.arange(first + (-first) % stride, self._seen, stride, device=queries.device)
-        self.observed.append(queries[..., at - first, :].float())
+        self.strided.extend(queries[..., at - first, :].float(),
+                            -(-self.prompt_tokens // stride))
+        self.observed = [self.strided.array]
         self.taken.append(at)
 
     def trim(self, n: int) -> int:
         if not self.taken:
             return super().trim(n)
-        observed, self.observed = self.observed, []
+        self.observed = []  # not per token: no probe is made of them
         dropped = super().trim(n)
-        queries, at = torch.cat(observed, dim=-2), torch.cat(self.taken)
-        kept = at < self._seen
-        self.observed, self.taken = [queries[..., kept, :]], [at[kept]]
+        at = torch.cat(self.taken)
+        kept = int((at < self._seen).sum())  # the positions ascend: the first `kept`
+        self.strided.trim(self.strided.tokens - kept)
+        self.observed, self.taken = [self.strided.array], [at[:kept]]
         return dropped
 
     def end_prefill(self) -> None:
         super().end_prefill()
-        self.taken = []
+        self.strided, self.taken = Tail(TORCH_ARRAYS), []
 
     def reference_queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(1, Hq, n, D) queries, and with `causal` their prompt positions (n,): the model's own
@@ -75,7 +84,8 @@ class AMCache(ScorerCache):
             return self.probe, None
         queries = self.observed_queries()
         if self.taken:
-            at = torch.cat(self.taken)
+            self.taken = [torch.cat(self.taken)]
+            at = self.taken[0]
         else:  # every token's (a prompt not announced): the stride's tokens of them
             at = torch.arange(0, queries.shape[-2], self.stride(queries.shape[1], self._seen),
                               device=queries.device)
