@@ -25,8 +25,8 @@ class AMCache(ScorerCache):
         super().__init__(method)
         self.prompt_tokens = 0  # as begin_prompt announced it (0: not)
         # when fewer than every token's: the queries taken, in one buffer sized for the prompt
-        # (pieces kept a forward at a time scattered the heap: ~250 MB more resident at 16k),
-        # and their positions
+        # (pieces, a forward's each, were held twice once joined for the fit), and their
+        # positions
         self.strided = Tail(TORCH_ARRAYS)
         self.taken: list[torch.Tensor] = []
 
