@@ -87,7 +87,7 @@ class RunContext:
             method = self.footprint_of
             self.memo.get(("footprint.warm", *session.memo_key, repr(method.settings)),
                           lambda: warm_up(session, method))
-            self.footprint = CaseFootprint(session, self.footprint_of,
+            self.footprint = CaseFootprint(session, method,
                                            lambda cache: plain_kv_bytes(session, cache)[1])
         self.footprint.watch(session)
 

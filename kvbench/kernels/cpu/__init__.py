@@ -9,4 +9,3 @@ The pool is not for concurrent callers: kvbench.kernels.cpu.attention holds a lo
 import numba
 
 numba.config.THREADING_LAYER = "workqueue"
-
