@@ -4,6 +4,8 @@ for token, on the bundled model; and their bytes are the tensors the library's l
 Backends whose extra is absent are skipped, naming it."""
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import transformers
@@ -95,6 +97,24 @@ def test_bytes_are_the_packed_codes_scales_and_shifts_plus_the_residual(bundled_
     assert policy.retained_bytes == 2 * (groups * 64 // 2 + 2 * groups * 4) \
         + 2 * heads * steps * dim * 4
     assert policy.seen_tokens == policy.retained_tokens == prompt + steps
+
+
+@needs("quanto")
+def test_the_last_read_is_released_before_the_layer_dequantizes_again():
+    settings = build_method("hf-quantized", {"backend": "quanto", "residual_length": 8})
+    policy = implementation(settings).new_layer_cache(0)
+    policy.append(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
+    last_read = weakref.ref(policy.attention_inputs()[0])
+    update, alive_at_update = policy.layer.update, []
+
+    def watched_update(keys, values):
+        alive_at_update.append(last_read() is not None)
+        return update(keys, values)
+
+    policy.layer.update = watched_update
+    policy.append(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
+    assert alive_at_update == [False]
+    assert policy.attention_inputs()[0].shape[-2] == 41
 
 
 @pytest.mark.parametrize("params, blamed, message", [

@@ -37,6 +37,9 @@ class LibraryQuantizedLayer(LayerCachePolicy):
         self.read: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def append(self, keys, values, queries=None) -> None:
+        # the last read is released first: update() dequantizes the whole layer again, and
+        # holding the old read through it would add one more full-precision copy to the peak
+        self.read = None
         self.read = self.layer.update(keys, values)
 
     def attention_inputs(self):
