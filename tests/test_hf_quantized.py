@@ -71,6 +71,8 @@ def test_greedy_answer_is_generates_token_for_token(bundled, bundled_session, pa
     theirs, their_cache = _generate(bundled.model, ids, settings)
     ours, cache = _kvbench_answer(bundled_session, implementation(settings), ids)
     assert ours == theirs
+    # no layer keeps its full-precision read between steps: attention held it while it read
+    assert all(policy.read is None for policy in cache.policies)
     # the same state: every layer's quantized codes and residual equal generate's cache's
     total = len(ids) + NEW_TOKENS - 1
     for policy, layer in zip(cache.policies, their_cache.layers):

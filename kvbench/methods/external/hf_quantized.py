@@ -43,7 +43,19 @@ class LibraryQuantizedLayer(LayerCachePolicy):
         self.read = self.layer.update(keys, values)
 
     def attention_inputs(self):
+        if self.read is None:  # read again after after_read(): the layer's state, dequantized
+            keys, values = (self.layer._dequantize(self.layer._quantized_keys),
+                            self.layer._dequantize(self.layer._quantized_values))
+            held = self.residual()
+            if held:
+                keys, values = torch.cat([keys, held[0]], -2), torch.cat([values, held[1]], -2)
+            self.read = keys, values
         return (*self.read, None)
+
+    def after_read(self) -> None:
+        # attention holds what it reads: kept here too, every layer's full-precision read
+        # would stay alive between steps (a whole plain cache beside the quantized one)
+        self.read = None
 
     @property
     def seen_tokens(self) -> int:
