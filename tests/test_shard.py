@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
 from kvbench.judge.claims import parse_claim
-from kvbench.run.shard import Shard, parse_shard, select_shard
+from kvbench.benchmarks import BENCHMARKS
+from kvbench.methods import METHODS
+from kvbench.run.cost import expected_cost
+from kvbench.run.shard import Shard, parse_shard, select_shard, split
 from kvbench.suite.case import Case
 from tests.plugins.cli_support import invoke, load_json
 from tests.plugins.extras import require_extra
@@ -29,11 +33,18 @@ benchmarks:
 """
 
 
-def _case(case_id: str, claims=()) -> Case:
+def _case(case_id: str, claims=(), params=None, settings=None) -> Case:
     benchmark, label, _ = case_id.split("/")
     return Case(id=case_id, benchmark=benchmark, bench_params={}, method="m", method_label=label,
                 method_params={}, model=None, device="cpu", seed=0, repeats=1, timeout_s=None,
-                claims=list(claims))
+                claims=list(claims), params=params, settings=settings)
+
+
+def _ruler(method: str, length: int, task: str, samples: int = 10) -> Case:
+    """A RULER case as a suite expands it, as far as its cost goes."""
+    params = BENCHMARKS.get("ruler").Params(length=length, samples=samples, task=task)
+    return _case(f"ruler/{method}/length={length},task={task}", params=params,
+                 settings=METHODS.get(method)())
 
 
 def test_parse_shard():
@@ -43,7 +54,7 @@ def test_parse_shard():
             parse_shard(bad)
 
 
-def test_the_split_is_a_partition_independent_of_order_and_of_other_cases():
+def test_the_split_is_a_partition_independent_of_order_and_of_filters():
     cases = [_case(f"b/m{m}/x={x}") for m in range(7) for x in range(9)]
     shards = [select_shard(cases, cases, Shard(i, 3)) for i in (1, 2, 3)]
     ids = [c.id for shard in shards for c in shard]
@@ -52,14 +63,38 @@ def test_the_split_is_a_partition_independent_of_order_and_of_other_cases():
     where = {c.id: i for i, shard in enumerate(shards) for c in shard}
     shuffled = cases[:]
     random.Random(1).shuffle(shuffled)
-    more = shuffled + [_case(f"b/new/x={x}") for x in range(20)]
     for i in (1, 2, 3):
-        again = select_shard(more, more, Shard(i, 3))
-        assert {c.id for c in again if c.id in where} == {c.id for c in shards[i - 1]}
+        again = select_shard(shuffled, shuffled, Shard(i, 3))
+        assert {c.id for c in again} == {c.id for c in shards[i - 1]}
     # a filtered selection keeps each case's shard
     some = cases[::4]
     assert [c.id for c in select_shard(cases, some, Shard(2, 3))] == [
         c.id for c in some if where[c.id] == 1]
+
+
+# A sweep of mixed lengths, as the field runs one: 1k to 128k, three methods, two tasks.
+MIXED = [_ruler(method, 1024 * 2 ** k, task)
+         for method in ("identity", "intq", "turbo") for k in range(8)
+         for task in ("niah_single_1", "niah_multikey_1")]
+
+
+@pytest.mark.parametrize("count", [3, 4])
+def test_shards_of_mixed_lengths_cost_about_the_same(count):
+    """The split by a hash of the id that came before put 2.07x (3 shards) and 2.74x (4) the
+    cost of the lightest part in the heaviest."""
+    parts = split(MIXED, count)
+    # each part's cost is the sum of its cases' (samples x length x the method's relative cost)
+    costs = [sum(expected_cost(c) for c in select_shard(MIXED, MIXED, Shard(i, count)))
+             for i in range(1, count + 1)]
+    assert [part.cost for part in parts] == pytest.approx(costs)
+    assert max(costs) <= 1.2 * min(costs), costs
+    assert sorted(i for part in parts for i in part.case_ids) == sorted(c.id for c in MIXED)
+
+
+def test_a_case_costs_its_samples_times_its_length_times_its_method():
+    assert expected_cost(_ruler("identity", 4096, "niah_single_1", samples=10)) == 40960
+    assert expected_cost(_ruler("turbo", 4096, "niah_single_1", samples=10)) == 1.5 * 40960
+    assert expected_cost(_case("b/refused/x=1")) == 0  # recorded, never run
 
 
 def test_cases_tied_by_a_claim_share_a_shard():
@@ -104,6 +139,11 @@ def test_merged_shards_equal_the_whole_run(tmp_path):
     outs = _shards(tmp_path, suite, 2)
     parts = [load_json(out / "results.json") for out in outs]
     assert [p["settings"]["shard"] for p in parts] == ["1/2", "2/2"]
+    # the split is recorded: each part's cases and expected cost, the same in both headers
+    split_record = parts[0]["settings"]["split"]
+    assert split_record == parts[1]["settings"]["split"]
+    assert split_record["cases"] == [len(p["cases"]) for p in parts]
+    assert len(split_record["costs"]) == 2
     assert all(p["planned"] == [c["id"] for c in whole["cases"]] for p in parts)
     assert 0 < len(parts[0]["cases"]) < 15
     # every claim against another case was judged inside its shard
@@ -114,12 +154,37 @@ def test_merged_shards_equal_the_whole_run(tmp_path):
     result = load_json(tmp_path / "m/results.json")
     assert _deterministic(result) == _deterministic(whole)  # suite order, whatever the inputs'
     assert [m["shard"] for m in result["settings"]["merged_from"]] == ["2/2", "1/2"]
+    assert "split" not in result["settings"]  # whole again
     # the shards' per-sample records are joined, one per case
     kept = [json.loads(line) for line in (tmp_path / "m/predictions.jsonl").open()]
     assert sorted(k["case"] for k in kept) == sorted(c["id"] for c in whole["cases"])
     assert (tmp_path / "m/report.md").exists()
     lines = (tmp_path / "m/results.jsonl").read_text().splitlines()
     assert len(lines) == 1 + 15 and json.loads(lines[0])["type"] == "header"
+
+
+def test_a_dry_run_shows_the_split_and_each_case_cost(tmp_path):
+    suite = tmp_path / "mixed.yaml"
+    suite.write_text("""\
+kvbench: 1
+name: mixed
+defaults: {model: "tiny:llama"}
+methods: [{name: identity}, {name: turbo, params: {block: 16}}]
+benchmarks:
+  - kind: ruler
+    params: {samples: 2}
+    matrix: {length: [256, 512, 1024, 2048]}
+""")
+    listed = invoke("run", suite, "--dry-run", "--shard", "1/3")
+    assert listed.exit_code == 0, listed.output
+    rows = dict(re.findall(r"(ruler/\S+)\s+│\s+tiny:llama\s+│\s+(\S+)", listed.output))
+    # the heaviest case (2048 tokens x 2 samples x turbo's 1.5) leads shard 1, the lightest
+    # (identity at 256) tops it up
+    assert rows == {"ruler/turbo/length=2048": "6.14k", "ruler/identity/length=256": "512"}
+    flat = " ".join(listed.output.split())
+    assert "mixed: 2 case(s), shard 1/3, expected cost 6.66k" in flat
+    assert ("the suite's 8 case(s) by expected cost: shard 1/3: 2 case(s), cost 6.66k; shard"
+            " 2/3: 3 case(s), cost 6.4k; shard 3/3: 3 case(s), cost 6.14k") in flat
 
 
 def test_a_missing_shard_is_reported_and_resume_runs_only_its_cases(tmp_path):

@@ -50,7 +50,7 @@ _SAME = (
     ("schema version", lambda run: run.schema_version),
     ("kvbench version", lambda run: run.kvbench_version),
     ("settings", lambda run: {k: v for k, v in run.settings.items()
-                              if k not in ("shard", "merged_from")}),
+                              if k not in ("shard", "split", "merged_from")}),
 )
 _MIXED = (  # allowed with allow_mixed: each case keeps its own in info
     ("git_sha", "git commit", lambda run: run.git_sha),
@@ -103,7 +103,8 @@ def merge_runs(runs: list[tuple[str, RunResult]], allow_mixed: bool = False) -> 
                 for case in run.cases:  # a merged input's cases may know theirs already
                     case.info.setdefault(key, value(run))
     first = runs[0][1]
-    settings = {**first.settings, "shard": None, "merged_from": [
+    kept = {key: value for key, value in first.settings.items() if key != "split"}
+    settings = {**kept, "shard": None, "merged_from": [
         {"path": path, "shard": run.settings.get("shard"), "machine": run.machine.get("key"),
          "git_sha": run.git_sha, "started": run.started, "finished": run.finished,
          **({"merged_from": run.settings["merged_from"]} if run.settings.get("merged_from")

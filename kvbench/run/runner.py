@@ -27,7 +27,7 @@ from kvbench.run.executors import ChildProcesses, Executor, InProcess
 from kvbench.run.files import (
     FILES, JSON, JSONL, PREDICTIONS, archive_previous, hold_out_dir, now,
 )
-from kvbench.run.shard import Shard, select_shard
+from kvbench.run.shard import Shard, select_shard, split, split_record
 from kvbench.suite.case import Case, LoadedSuite
 from kvbench.suite.versions import CLAIMS, TIMEOUTS, timeouts, without
 
@@ -171,6 +171,8 @@ def _run_suite(suite, out_dir, cases, planned, resume, progress, repeats_overrid
                         "is written, for `kvbench merge`")
     settings = {"device": device_name, "backend": backend, "repeats": repeats_override,
                 "shard": shard and str(shard), **overrides}
+    if shard is not None:  # the parts' sizes and costs: how evenly the suite was dealt
+        settings["split"] = split_record(split(suite.cases, shard.count))
     with hold_out_dir(out_dir):
         finished: list[CaseResult] = []
         if resume and (out_dir / JSONL).exists():

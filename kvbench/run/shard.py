@@ -1,16 +1,22 @@
-"""`kvbench run --shard i/n`: a stable split of a suite's cases over n runs (CI jobs, machines).
+"""`kvbench run --shard i/n`: a split of a suite's cases over n runs (CI jobs, machines) that
+take about equal time.
 
-A case's shard is a hash of its id, so it does not depend on the order of the cases, on which
-shard runs first, or on cases added elsewhere in the suite. Cases tied by a claim against another
-case (`peak_bytes / identity <= 0.51`) share the shard of the group's first id: every claim is
-judged inside one shard, as in a whole run.
+Each case weighs its expected cost (kvbench.run.cost): the groups of cases are dealt out
+heaviest first, each to the part that holds the least so far (longest processing time first),
+ties going by id, so the split depends on the suite's cases and not on their order; it is made
+over all the suite's cases, so --only, --methods and --limit do not move a case to another
+shard (cases added to the suite may). Cases tied by a claim against another case
+(`peak_bytes / identity <= 0.51`) are one group: every claim is judged inside one shard, as in a
+whole run.
 """
 from __future__ import annotations
 
-import hashlib
+import heapq
+import math
 import re
 from dataclasses import dataclass
 
+from kvbench.run.cost import expected_cost
 from kvbench.suite.case import Case
 
 _FORM = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -36,17 +42,44 @@ def parse_shard(text: str) -> Shard:
     return Shard(index, count)
 
 
-def shard_of(case_id: str, count: int) -> int:
-    """The 1-based shard of `case_id` among `count`."""
-    digest = hashlib.sha256(case_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % count + 1
+@dataclass(frozen=True)
+class Part:
+    """One shard of a split: its cases' ids (in the suite's order) and their summed cost."""
+
+    case_ids: tuple[str, ...]
+    cost: float
+
+
+def split(suite_cases: list[Case], count: int) -> list[Part]:
+    """The suite's cases dealt into `count` parts of about equal expected cost."""
+    group = _claim_groups(suite_cases)
+    members: dict[str, list[Case]] = {}
+    for case in suite_cases:
+        members.setdefault(group[case.id], []).append(case)
+    weight = {root: math.fsum(expected_cost(case) for case in cases)  # any order: one sum
+              for root, cases in members.items()}
+    loads = [(0.0, 0, index) for index in range(count)]  # (cost, groups, index): least first
+    chosen: dict[str, int] = {}
+    for root in sorted(members, key=lambda root: (-weight[root], root)):
+        cost, groups, index = heapq.heappop(loads)
+        chosen[root] = index
+        heapq.heappush(loads, (cost + weight[root], groups + 1, index))
+    return [Part(tuple(c.id for c in suite_cases if chosen[group[c.id]] == index),
+                 math.fsum(weight[root] for root in members if chosen[root] == index))
+            for index in range(count)]
 
 
 def select_shard(suite_cases: list[Case], selection: list[Case], shard: Shard) -> list[Case]:
     """The cases of `selection` (the suite's, filtered) in `shard`, in their order. The split is
     made over all the suite's cases, so a case's shard does not depend on the filters."""
-    group = _claim_groups(suite_cases)
-    return [c for c in selection if shard_of(group.get(c.id, c.id), shard.count) == shard.index]
+    ids = set(split(suite_cases, shard.count)[shard.index - 1].case_ids)
+    return [c for c in selection if c.id in ids]
+
+
+def split_record(parts: list[Part]) -> dict:
+    """What a sharded run's header keeps of the split: each part's cases and expected cost."""
+    return {"by": "expected cost", "cases": [len(part.case_ids) for part in parts],
+            "costs": [round(part.cost, 3) for part in parts]}
 
 
 def _claim_groups(cases: list[Case]) -> dict[str, str]:

@@ -20,6 +20,12 @@ from kvbench.reportkit.benchmark import BenchmarkReport
 from kvbench.results import Direction, Metric, Timing
 
 
+# How many vectors encoded weigh one token through a model in Benchmark.workload: a rough
+# figure (a token passes every layer of the model, K and V, besides its own attention), good
+# enough to rank a proof on 4096 vectors below a needle case on 4096 tokens.
+VECTORS_PER_TOKEN = 1000
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     unit: str
@@ -95,6 +101,15 @@ class Benchmark:
     def head_dim(self, params: Any, model: ModelInfo | None) -> int | None:
         """The width of the vectors a method encodes in a case (None: unknown)."""
         return model.head_dim if model is not None else None
+
+    def workload(self, params: Any) -> float:
+        """About how much a case of these params does, in tokens run through the model
+        (vectors encoded count VECTORS_PER_TOKEN to a token): what kvbench.run.cost orders the
+        queue and balances shards by. This default reads the usual fields, samples x (length or
+        context); a benchmark shaped otherwise says its own."""
+        samples = getattr(params, "samples", None) or 1
+        tokens = getattr(params, "length", None) or getattr(params, "context", None) or 1
+        return float(samples * tokens)
 
     def resolve_paths(self, params: Any, base_dir: Path) -> Any:
         """Params with file parameters made absolute against the suite's folder."""

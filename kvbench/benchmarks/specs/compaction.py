@@ -61,3 +61,6 @@ class Compaction(ModelBenchmark):
         "answer_agreement": MetricSpec(
             "", "higher", "fraction of answer tokens equal to the plain cache's"),
     }
+
+    def workload(self, params: CompactionParams) -> float:
+        return len(params.trajectory) / 4 + params.max_new_tokens  # about 4 characters a token

@@ -129,6 +129,10 @@ class Dataset(ModelBenchmark):
         return dataclasses.replace(params, data=str(path if path.is_absolute()
                                                     else base_dir / path))
 
+    def workload(self, params: DatasetParams) -> float:
+        # every row when samples is unset: LongBench's tasks have 200 (the file is not read here)
+        return float((params.samples or 200) * params.max_length)
+
     def check(self, params: DatasetParams, model: ModelInfo | None) -> None:
         """The data is read here, before any work: a missing file, field or value is refused
         naming the data and the field."""

@@ -9,7 +9,9 @@ from typing import Literal
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.benchmarks.records.decode_attention import DecodeAttentionRecord
 from kvbench.benchmarks.reports.decode_attention import REPORT
-from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.base import (
+    VECTORS_PER_TOKEN, Benchmark, MetricSpec, register_benchmark,
+)
 from kvbench.models.info import ModelInfo
 
 MAX_HEAD_DIM = 256  # the kernel's
@@ -79,6 +81,9 @@ class DecodeAttention(Benchmark):
         "kv_bytes": MetricSpec("bytes", "none", "packed K/V bytes of one copy"),
         "compression_ratio": MetricSpec("x", "higher", "16-bit K/V bytes / packed K/V bytes"),
     }
+
+    def workload(self, params: DecodeAttentionParams) -> float:
+        return params.batch * params.context / VECTORS_PER_TOKEN
 
     def check(self, params: DecodeAttentionParams, model: ModelInfo | None) -> None:
         if params.head_dim > MAX_HEAD_DIM:

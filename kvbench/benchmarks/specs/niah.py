@@ -55,5 +55,8 @@ class Niah(RetrievalBenchmark):
 
     Params = NiahParams
 
+    def workload(self, params: NiahParams) -> float:
+        return float(params.samples * len(params.depths) * sum(params.lengths))
+
     def check(self, params: NiahParams, model: ModelInfo | None) -> None:
         self.check_model(params, model, max(params.lengths), "lengths")

@@ -162,6 +162,9 @@ class Perplexity(TextModelBenchmark):
             "", "lower", "mean relative squared error of decode attention outputs vs dense"),
     }
 
+    def workload(self, params: PerplexityParams) -> float:
+        return float(params.windows * (params.context + params.continuation))
+
     def tokens_read(self, params: PerplexityParams) -> tuple[str, int, tuple[str, ...]]:
         return (f"context + continuation = {params.context} + {params.continuation}",
                 params.context + params.continuation, ("context", "continuation"))

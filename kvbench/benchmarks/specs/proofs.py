@@ -12,7 +12,9 @@ from typing import Literal
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.benchmarks.records.proofs import ProofsRecord
 from kvbench.benchmarks.reports.proofs import REPORT
-from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.base import (
+    VECTORS_PER_TOKEN, Benchmark, MetricSpec, register_benchmark,
+)
 from kvbench.models.info import ModelInfo
 
 # Each repeat alternates ROUNDS timed batches of a plain copy and of the operation: on a shared
@@ -90,6 +92,11 @@ class Proofs(Benchmark):
         if params.data == "captured":
             return model.head_dim if model is not None else None
         return params.dim
+
+    def workload(self, params: ProofsParams) -> float:
+        if params.data == "captured":
+            return float(params.tokens)  # one forward; its layers' K/V are then encoded
+        return params.n_vectors / VECTORS_PER_TOKEN
 
     def check(self, params: ProofsParams, model: ModelInfo | None) -> None:
         if params.data != "captured":

@@ -15,7 +15,9 @@ from kvbench.backends.devices import DTYPE_BYTES
 from kvbench.config.fields import Settings, SettingError, at_least, param
 from kvbench.benchmarks.records.speed import SpeedRecord
 from kvbench.benchmarks.reports.speed import REPORT
-from kvbench.benchmarks.specs.base import Benchmark, MetricSpec, register_benchmark
+from kvbench.benchmarks.specs.base import (
+    VECTORS_PER_TOKEN, Benchmark, MetricSpec, register_benchmark,
+)
 from kvbench.models.info import ModelInfo
 
 RAM_SHARE = 0.5  # refuse settings whose estimate is above this share of physical RAM
@@ -80,6 +82,9 @@ class Speed(Benchmark):
         "nbytes": MetricSpec("bytes", "none", "codec bytes of all vectors"),
         "compression_ratio": MetricSpec("x", "higher", "16-bit bytes / codec bytes"),
     }
+
+    def workload(self, params: SpeedParams) -> float:
+        return params.n_vectors / VECTORS_PER_TOKEN
 
     def check(self, params: SpeedParams, model: ModelInfo | None) -> None:
         need, ram = estimate_bytes(params), physical_ram()

@@ -326,6 +326,10 @@ class Stress(Benchmark):
         return dataclasses.replace(params, text=resolve_text(params.text, base_dir),
                                    essay=resolve_text(params.essay, base_dir))
 
+    def workload(self, params: StressParams) -> float:
+        prompt = params.prompt_tokens if params.task_spec is None else params.task_length
+        return float(params.users * params.requests_per_user * (prompt + params.max_tokens))
+
     def check(self, params: StressParams, model: ModelInfo | None) -> None:
         self.check_text_and_model(params.text, model)
         spec = params.task_spec

@@ -72,6 +72,9 @@ class MethodSettings(Settings):
     # Hands attention keys the tokens do not have (block summaries) with a per-query bias: not
     # where the model applies its own mask to part of the scores first (mlx-lm's absorbed MLA).
     adds_keys: ClassVar[bool] = False
+    # A case's expected time against the plain cache's on the same work, where measured:
+    # kvbench.run.cost orders the queue and balances shards by it (1: not known to differ).
+    relative_cost: ClassVar[float] = 1.0
 
     # transformers' QuantizedCache returns the step's own key and value states to attention and
     # stores them quantized; KIVI's reference attends the prompt in full precision and packs it
