@@ -122,7 +122,7 @@ def test_valid_suite_fills_params_and_defaults():
                                   "prefill_reads": "exact"}
     # device and repeats from the include, seed and model from the including file
     assert (case.device, case.seed, case.repeats, case.model) == ("cpu", 7, 2, "tiny:llama")
-    assert case.timeout_s == 900
+    assert case.timeout_s is None  # no limit unless the suite sets one
     lm = cases["_test_lm/identity"]
     assert (lm.repeats, lm.timeout_s, lm.bench_params["context"]) == (1, 30, 64)
     assert cases["_test_bench/exact/data=gaussian"].method_params["mode"] == "exact"

@@ -71,7 +71,8 @@ class Defaults(_Strict):
         "torch", description="torch (CPU/CUDA/MPS by device) or mlx (MLX, models on mlx-lm)")
     seed: int = 0
     repeats: int = Field(1, ge=1)
-    timeout_s: float | None = Field(900, gt=0, description="per case; null: no limit")
+    timeout_s: float | None = Field(
+        None, gt=0, description="seconds a case may run; null (the default): no limit")
     model_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the torch model's weights and activations, loaded in it (a "
                             "method's cache stores in this dtype unless its own dtype says "
