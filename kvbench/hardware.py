@@ -126,8 +126,20 @@ def fingerprint(device: str = "cpu", backend: str = "torch") -> dict:
         "device": f"mlx-{mlx_device()}" if backend == "mlx" else accelerator(device),
         "python": platform.python_version(),
         **{lib: _library_version(lib) for lib in LIBRARIES if _library_version(lib)},
-        **(_mlx_fields() if backend == "mlx" else {}),
+        **(_mlx_fields() if backend == "mlx" else _device_memory(device)),
     }
+
+
+def _device_memory(device: str) -> dict:
+    """{"device_memory_gib": the accelerator's total memory}; {} on the CPU (memory_gib)."""
+    if device == "cpu":
+        return {}
+    import torch
+
+    from kvbench.backends.torch_backend import device_memory_bytes
+
+    total = device_memory_bytes(torch.device(device))
+    return {} if total is None else {"device_memory_gib": round(total / 2**30, 1)}
 
 
 def _mlx_fields() -> dict:

@@ -202,7 +202,8 @@ def test_other_schema_version_is_refused_naming_the_supported_one():
 def test_shape_errors_are_all_reported_with_line_and_key():
     issues = _issues("bad_schema.yaml")
     name = "bad_schema.yaml"
-    _assert_issue(issues, name, "defaults.device", "device: gpu", "'auto', 'cpu', 'cuda' or 'mps'")
+    _assert_issue(issues, name, "defaults.device", "device: gpu",
+                  "'gpu' is not one of auto, cpu, cuda, cuda:N")
     _assert_issue(issues, name, "defaults.repeats", "repeats: 0", "greater than or equal to 1")
     _assert_issue(issues, name, "defaults.timeout_s", "timeout_s: 0", "greater than 0")
     _assert_issue(issues, name, "gate.default.rel", "rel: -0.1", "greater than or equal to 0")

@@ -2,32 +2,72 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import torch
 
 from kvbench.backends import process_memory
-from kvbench.backends.devices import DEVICES
+from kvbench.backends.devices import check_device_name, cuda_index
 
 # Storage dtypes a suite may name.
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def resolve_device(name: str) -> torch.device:
-    """'auto' picks cuda, then mps, then cpu; an explicit device that is absent is an error."""
+    """'auto' picks cuda, then mps, then cpu; a named device that torch does not see here is
+    a ValueError that says what it sees."""
+    check_device_name(name)
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device"
+                             f"{_cuda_note()}; visible here: {', '.join(visible_devices())}")
+        index = cuda_index(name)
+        if index is not None and index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r} does not exist: torch sees"
+                             f" {torch.cuda.device_count()} CUDA device(s){_cuda_note()};"
+                             f" visible here: {', '.join(visible_devices())}")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' asked for, but torch sees no Apple GPU")
-    if name not in DEVICES and not name.startswith("cuda:"):
-        raise ValueError(f"unknown device {name!r}; use one of {', '.join(DEVICES)}")
+        raise ValueError("device 'mps' asked for, but torch sees no Apple GPU; visible here:"
+                         f" {', '.join(visible_devices())}")
     return torch.device(name)
+
+
+def visible_devices() -> list[str]:
+    """The devices torch sees here, by the names a suite gives them: cpu, mps, and each CUDA
+    device as cuda:N (its name)."""
+    found = ["cpu"]
+    if torch.backends.mps.is_available():
+        found.append("mps")
+    if torch.cuda.is_available():
+        found += [f"cuda:{i} ({torch.cuda.get_device_properties(i).name})"
+                  for i in range(torch.cuda.device_count())]
+    return found
+
+
+def _cuda_note() -> str:
+    """Why CUDA devices may be missing: CUDA_VISIBLE_DEVICES hides some, or torch was built
+    without CUDA."""
+    if torch.version.cuda is None:
+        return " (this torch is built without CUDA)"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if hidden is None else f" (CUDA_VISIBLE_DEVICES={hidden!r})"
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The total memory of an accelerator (CUDA: the device's; MPS: the working set Metal
+    recommends); None for the CPU (the machine's memory is the fingerprint's memory_gib)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "mps":
+        return torch.mps.recommended_max_memory()
+    return None
 
 
 def synchronize(device: torch.device) -> None:

@@ -11,6 +11,8 @@ import click
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
+from kvbench.backends.devices import check_device_name
+
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CRASHED, EXIT_BASELINE = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 
@@ -62,6 +64,22 @@ SET_HELP = (
     "work.")
 
 
+class DeviceName(click.ParamType):
+    """A device as a suite names it (kvbench.backends.devices): its form is checked here,
+    whether this machine has it where it is resolved."""
+
+    name = "device"
+
+    def convert(self, value, param, ctx):
+        try:
+            return check_device_name(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DEVICE = DeviceName()
+
+
 def suite_options(command):
     """The options that change a suite as read (run and validate take the same ones, so that a
     command can be checked before it runs): --model, --dtype, --device, --backend, --set."""
@@ -79,9 +97,10 @@ def suite_options(command):
                      help="The torch model's weights and activations (the suite's "
                           "model_dtype), e.g. --dtype bfloat16; auto: the checkpoint's own on "
                           "CUDA and MPS, float32 on the CPU."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
-                     help="Override the suite's device, e.g. --device cuda (auto: CUDA, else "
-                          "MPS, else the CPU)."),
+        click.option("--device", type=DEVICE, metavar="DEVICE",
+                     help="Override the suite's device: auto, cpu, cuda, cuda:N (the N-th CUDA "
+                          "device) or mps, e.g. --device cuda:1 (auto: CUDA, else MPS, else the "
+                          "CPU). A device this machine lacks is refused before any case runs."),
         click.option("--backend", type=click.Choice(["torch", "mlx"]),
                      help="Override the suite's backend: torch, or mlx (methods on MLX, models "
                           "on mlx-lm; every method and benchmark must support it)."),

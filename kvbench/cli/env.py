@@ -4,17 +4,23 @@ from __future__ import annotations
 import click
 from rich.markup import escape
 
-from kvbench.cli.common import console, err
+from kvbench.cli.common import DEVICE, console, err, fail
 
 
 @click.command()
-@click.option("--device", default="auto", type=click.Choice(["auto", "cpu", "cuda", "mps"]))
+@click.option("--device", default="auto", show_default=True, type=DEVICE, metavar="DEVICE",
+              help="The device whose name and memory the fingerprint holds: auto, cpu, cuda,"
+                   " cuda:N or mps.")
 def env(device):
     """Print the machine fingerprint stored with every result."""
     from kvbench.backends.torch_backend import resolve_device
     from kvbench.hardware import fingerprint, kvbench_git_sha
 
-    info = fingerprint(str(resolve_device(device)))
+    try:
+        resolved = resolve_device(device)
+    except ValueError as exc:  # a device this machine lacks: say what it has
+        fail(str(exc))
+    info = fingerprint(str(resolved))
     info["git_sha"] = kvbench_git_sha()  # of the kvbench that runs, as results record it
     for key, value in info.items():
         console.print(f"[bold]{key}[/]: {escape(str(value))}")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kvbench.cli.common import fail
+from kvbench.cli.common import DEVICE, fail
 
 MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any context here
 
@@ -23,8 +23,10 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any 
               help="Address to bind; other than loopback only with --allow-remote.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--allow-remote", is_flag=True, help="Allow a --host that is not loopback.")
-@click.option("--device", default="cpu", show_default=True,
-              type=click.Choice(["auto", "cpu", "cuda", "mps"]))
+@click.option("--device", default="cpu", show_default=True, type=DEVICE, metavar="DEVICE",
+              help="auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N (the N-th CUDA"
+                   " device) or mps; a device this machine lacks is refused before the model"
+                   " loads.")
 @click.option("--model-dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "bfloat16", "float16"]),
               help="The model's weights and activations (a cache stores in it unless its method"

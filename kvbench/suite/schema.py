@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from kvbench.backends.devices import DEVICES
+from kvbench.backends.devices import DEVICE_FORMS, DEVICE_PATTERN, check_device_name
 from kvbench.config.registry import did_you_mean
 from kvbench.judge.tolerance import DEFAULT_TOLERANCE
 
@@ -66,7 +66,9 @@ class Defaults(_Strict):
     model: str | None = Field(
         None, description="bundled:NAME | checkpoint path (relative to the suite file) | "
                           "tiny:KIND (kvbench list models) | hub id")
-    device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
+    device: str = Field(
+        "auto", description=f"{DEVICE_FORMS}; auto: CUDA, else MPS, else the CPU",
+        json_schema_extra={"pattern": DEVICE_PATTERN})
     backend: Literal["torch", "mlx"] = Field(
         "torch", description="torch (CPU/CUDA/MPS by device) or mlx (MLX, models on mlx-lm)")
     seed: int = 0
@@ -99,6 +101,11 @@ class Defaults(_Strict):
     threads: int | None = Field(
         None, ge=1, description="torch CPU threads for every case; null: torch's default. One "
                                 "thread keeps timings steady on a shared machine")
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        return check_device_name(value)  # whether it exists: asked where the case runs
 
     @model_validator(mode="after")
     def _torch_model_settings(self) -> "Defaults":
