@@ -7,6 +7,7 @@ import sys
 import click
 
 from kvbench.cli.common import DEVICE, fail
+from kvbench.config.secrets import API_KEY_ENV
 
 MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any context here
 
@@ -22,15 +23,26 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any 
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; other than loopback only with --allow-remote.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--allow-remote", is_flag=True, help="Allow a --host that is not loopback.")
-@click.option("--device", default="cpu", show_default=True, type=DEVICE, metavar="DEVICE",
+@click.option("--allow-remote", is_flag=True,
+              help="Allow a --host that is not loopback; such a server needs --api-key (or"
+                   " --no-auth).")
+@click.option("--api-key", envvar=API_KEY_ENV, metavar="KEY",
+              help=f"Serve only requests that send 'Authorization: Bearer KEY' (all routes but"
+                   f" /health; others get 401), as vLLM's --api-key. Default: the environment"
+                   f" variable {API_KEY_ENV}, which keeps the key out of the process list."
+                   f" Needed to serve other machines (--allow-remote).")
+@click.option("--no-auth", is_flag=True,
+              help="Serve other machines (--allow-remote) without an API key: anyone who"
+                   " reaches the port is served.")
+@click.option("--device", default="auto", show_default=True, type=DEVICE, metavar="DEVICE",
               help="auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N (the N-th CUDA"
                    " device) or mps; a device this machine lacks is refused before the model"
                    " loads.")
-@click.option("--model-dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "bfloat16", "float16"]),
+@click.option("--model-dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
               help="The model's weights and activations (a cache stores in it unless its method"
-                   " says otherwise).")
+                   " says otherwise); auto: the checkpoint's own dtype on CUDA and MPS, float32"
+                   " on the CPU.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--kv-budget", type=click.IntRange(min=1), metavar="BYTES",
               help="Admit a request only while the method's accounted KV bytes of the active"
@@ -71,9 +83,9 @@ MAX_BODY_BYTES = 8 << 20  # a prompt of a million tokens or more: far above any 
                    " reasoning_content, the rest in its content, as vLLM's --reasoning-parser"
                    " qwen3 / deepseek_r1 give it; usage counts every token generated. Default:"
                    " the answer's whole text in content.")
-def serve(model, method_name, params_json, host, port, allow_remote, device, model_dtype, threads,
-          kv_budget, queue_timeout, max_batch, prefill_chunk, prefix_cache, max_body, calibration,
-          system_prompt, template_kwargs_json, reasoning_parser):
+def serve(model, method_name, params_json, host, port, allow_remote, api_key, no_auth, device,
+          model_dtype, threads, kv_budget, queue_timeout, max_batch, prefill_chunk, prefix_cache,
+          max_body, calibration, system_prompt, template_kwargs_json, reasoning_parser):
     """Serve a model over an OpenAI-compatible HTTP API with a kvbench method as every request's
     KV cache, decoding all active requests as one batch (continuous batching).
 
@@ -94,10 +106,11 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, mod
     if missing:
         fail(missing)
     from kvbench.models.options import ChatOptions
-    from kvbench.serve.server import check_host, serve as run_server
+    from kvbench.serve.auth import check_access
+    from kvbench.serve.server import serve as run_server
 
     try:
-        check_host(host, allow_remote)
+        check_access(host, allow_remote, api_key, no_auth)
     except ValueError as exc:
         fail(str(exc))
     try:
@@ -106,7 +119,7 @@ def serve(model, method_name, params_json, host, port, allow_remote, device, mod
                    prefill_chunk=prefill_chunk, max_body_bytes=max_body,
                    prefix_cache=prefix_cache,
                    chat_options=ChatOptions(system_prompt, template_kwargs),
-                   reasoning_parser=reasoning_parser,
+                   reasoning_parser=reasoning_parser, api_key=api_key,
                    log=lambda message: print(f"kvbench serve: {message}", file=sys.stderr,
                                              flush=True))
     except ValueError as exc:  # a bad method, parameter or model spec

@@ -20,38 +20,24 @@ import asyncio
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import Depends, FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 
 from kvbench.models.options import ChatOptions
+from kvbench.serve.auth import require_api_key
 from kvbench.serve.bodies import MAX_STOPS, ChatBody, CommonBody, CompletionBody, StreamOptions
 from kvbench.serve.chat_prompt import chat_prompt, request_options
 from kvbench.serve.engine import Engine
+from kvbench.serve.errors import APIError
 from kvbench.serve.events import Failed, Finished, Scored, Token
 from kvbench.serve.metrics import metrics_registry
 from kvbench.serve.reply import Reply, whole_batch
 from kvbench.serve.request import Request
 
 _DISCONNECT_POLL_S = 0.5
-
-
-class APIError(Exception):
-    """An OpenAI-style error: `code` is a string or None, as OpenAI's (the status is the
-    HTTP one)."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-        self.code = code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.kind,
-                                       "param": self.param, "code": self.code}},
-                            status_code=self.status)
 
 
 def below_minimum(field: str, least: int, value: int) -> APIError:
@@ -62,11 +48,13 @@ def below_minimum(field: str, least: int, value: int) -> APIError:
 def create_app(engine: Engine, model_id: str, method_label: str, max_context: int | None,
                default_max_tokens: int = 16, max_body_bytes: int | None = None,
                chat_options: ChatOptions = ChatOptions(),
-               reasoning_parser: str | None = None) -> FastAPI:
+               reasoning_parser: str | None = None, api_key: str | None = None) -> FastAPI:
     """The app over `engine`; max_body_bytes: bodies above it get 413 (None: no limit);
     chat_options: what frames every chat request (its own chat_template_kwargs over them);
-    reasoning_parser: "think" puts a chat answer's <think>…</think> in reasoning_content."""
-    app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None)
+    reasoning_parser: "think" puts a chat answer's <think>…</think> in reasoning_content;
+    api_key: every route but /health asks for it as a bearer token (None: open)."""
+    checks = [Depends(require_api_key(api_key))] if api_key is not None else []
+    app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None, dependencies=checks)
     tokenizer = engine.session.tokenizer
     vocab = engine.session.loaded.model.get_input_embeddings().num_embeddings
     app.state.registry = metrics_registry(engine, method_label)

@@ -1,43 +1,32 @@
 """`kvbench serve`: load the model, build and calibrate the method, start the engine, run uvicorn
-on loopback until stopped (SIGINT / SIGTERM: every request in flight ends first, each stream
-with an error event and [DONE], and the process exits 0), then stop the engine."""
+(on loopback unless told otherwise: kvbench.serve.auth) until stopped (SIGINT / SIGTERM: every
+request in flight ends first, each stream with an error event and [DONE], and the process exits
+0), then stop the engine."""
 from __future__ import annotations
 
-import ipaddress
 import signal
 import threading
 from typing import Any, Callable
 
 from kvbench.models.options import ChatOptions
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Start-up check's prompt: past the full-precision windows of the shipped defaults (decay's 128),
 # so the method's codec encodes and decodes before the first request does.
 CHECK_TOKENS = 256
 
 
-def check_host(host: str, allow_remote: bool) -> None:
-    """ValueError for a non-loopback address unless the user asked for one."""
-    if allow_remote or host in LOOPBACK:
-        return
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        pass
-    raise ValueError(f"--host {host} is not a loopback address; add --allow-remote to serve"
-                     " other machines")
-
-
 def serve(model: str, method_name: str, method_params: dict[str, Any], host: str, port: int,
           device: str, threads: int | None, kv_budget: int | None, queue_timeout_s: float,
           max_batch: int, calibration: int, log: Callable[[str], None],
-          model_dtype: str = "float32", prefill_chunk: int = 0,
+          model_dtype: str = "auto", prefill_chunk: int = 0,
           max_body_bytes: int | None = None, prefix_cache: int = 0,
-          chat_options: ChatOptions = ChatOptions(), reasoning_parser: str | None = None) -> None:
-    """ValueError, before serving, for a method, parameter or model spec that cannot run, or
-    chat options the model's chat template refuses. chat_options: what frames every chat
-    request; reasoning_parser: "think" (a chat answer's <think>…</think> in reasoning_content)."""
+          chat_options: ChatOptions = ChatOptions(), reasoning_parser: str | None = None,
+          api_key: str | None = None) -> None:
+    """ValueError, before serving, for a method, parameter, device or model spec that cannot
+    run, or chat options the model's chat template refuses. chat_options: what frames every
+    chat request; reasoning_parser: "think" (a chat answer's <think>…</think> in
+    reasoning_content); api_key: the bearer token every route but /health asks for (None:
+    none asked; kvbench.serve.auth.check_access says which binds need one)."""
     import torch
     import uvicorn
 
@@ -51,11 +40,11 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     from kvbench.serve.chat_prompt import chat_prompt
     from kvbench.serve.engine import Engine
 
-    # a bad method fails before the load
+    # a bad method or an absent device fails before the load
     method = implementation(build_method(method_name, method_params))
+    torch_device = resolve_device(device)
     if threads:
         torch.set_num_threads(threads)
-    torch_device = resolve_device(device)
     loaded = load_model(model, torch_device, log=log, dtype=model_dtype)
     session = TorchSession(loaded, torch_device)
     # options the template refuses fail here, not on every request
@@ -72,9 +61,11 @@ def serve(model: str, method_name: str, method_params: dict[str, Any], host: str
     except Exception as exc:  # noqa: BLE001 - whatever the method raises, said at start-up
         raise ValueError(f"--method {label} cannot run on {model}: {exc}") from None
     app = create_app(engine, model, label, loaded.max_context, max_body_bytes=max_body_bytes,
-                     chat_options=chat_options, reasoning_parser=reasoning_parser)
-    log(f"serving on http://{host}:{port} (model {model} in {model_dtype}, method {label}, device"
-        f" {torch_device},"
+                     chat_options=chat_options, reasoning_parser=reasoning_parser,
+                     api_key=api_key)
+    dtype = str(loaded.dtype).removeprefix("torch.")  # auto's resolved
+    log(f"serving on http://{host}:{port} (model {model} in {dtype}, method {label}, device"
+        f" {torch_device}, API key {'required' if api_key else 'none'},"
         f" KV budget {kv_budget or 'none'}, prefill chunk {engine.prefill_chunk}, prefix cache"
         f" {prefix_cache or 'off'}, reasoning parser {reasoning_parser or 'none'})")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",

@@ -49,8 +49,10 @@ def kvbench_server(ctx: Any, method: Any, options: ServeOptions,
            threads, str(ctx.device), options)
 
     def launch(port: int) -> Launch:
+        # the case's device by name (cuda:1 stays cuda:1); a KVBENCH_API_KEY in this
+        # environment reaches the server, which asks for it, as the requests send it
         command = kvbench_serve_command(str(ctx.model), name, params_json, port,
-                                        ctx.device.type, threads, ctx.model_dtype, options)
+                                        str(ctx.device), threads, ctx.model_dtype, options)
         env = {}
         root = import_root(type(method.settings))
         if root is not None:  # a module:Class method: the server imports it from there

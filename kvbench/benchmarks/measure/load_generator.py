@@ -104,12 +104,13 @@ RequestBody = Callable[[Prompt], dict[str, Any]]
 
 def run_level(url: str, path: str, prompts: list[Prompt], users: int, requests_per_user: int,
               body: RequestBody, request_timeout_s: float, level_timeout_s: float,
-              long: tuple[Prompt, float] | None = None) -> Level:
+              long: tuple[Prompt, float] | None = None,
+              headers: dict[str, str] | None = None) -> Level:
     """Run one level (see the module docstring). User u's j-th request uses prompt
     (u * requests_per_user + j) % len(prompts). `body` makes a request's JSON from its prompt;
     `path` is /v1/completions or /v1/chat/completions. long: (a prompt, seconds): one more
     user sends that prompt once, that long after the level starts (its record is Level.long,
-    user -1, prompt -1)."""
+    user -1, prompt -1). headers: sent with every request (the server's API key)."""
     check_loopback_url(url)
     plans = [[RequestRecord(u, j, (u * requests_per_user + j) % len(prompts))
               for j in range(requests_per_user)] for u in range(users)]
@@ -121,21 +122,21 @@ def run_level(url: str, path: str, prompts: list[Prompt], users: int, requests_p
         delays.append(long[1])
         prompts = [*prompts, long[0]]  # prompt -1: the last
     timed_out = asyncio.run(_level(url.rstrip("/") + path, plans, delays, prompts, body,
-                                   request_timeout_s, level_timeout_s))
+                                   request_timeout_s, level_timeout_s, headers or {}))
     records = [r for plan in plans for r in plan if r is not long_record]
     return Level(users, records, timed_out, long_record)
 
 
 async def _level(endpoint: str, plans: list[list[RequestRecord]], delays: list[float],
                  prompts: list[Prompt], body: RequestBody, request_timeout_s: float,
-                 level_timeout_s: float) -> bool:
+                 level_timeout_s: float, headers: dict[str, str]) -> bool:
     import httpx
 
     limits = httpx.Limits(max_connections=len(plans) + 2,
                           max_keepalive_connections=len(plans) + 2)
     # trust_env=False: no proxy from the environment; requests go straight to loopback.
     async with httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s), limits=limits,
-                                 trust_env=False) as client:
+                                 trust_env=False, headers=headers) as client:
         tasks = [asyncio.create_task(_user(client, endpoint, plan, prompts, body,
                                            request_timeout_s, delay))
                  for plan, delay in zip(plans, delays)]

@@ -156,7 +156,7 @@ class PerplexityRun(Perplexity):
         prefill_tokens = params.context if uses_method else None
         nll: list[list[float]] = []
         request_s: list[float] = []
-        with httpx.Client(trust_env=False) as client:
+        with httpx.Client(trust_env=False, headers=target.auth_headers()) as client:
             for repeat in range(ctx.repeats):
                 nll.append([])
                 for i, window in enumerate(windows):

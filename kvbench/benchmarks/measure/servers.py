@@ -112,11 +112,13 @@ class ManagedServer(RunningServer):
     """A process kvbench started; `start` returns once it answers /health (or /v1/models)."""
 
     def __init__(self, command: list[str], url: str, log_path: Path, description: str,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S):
+                 env: dict[str, str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
+                 headers: dict[str, str] | None = None):
         check_loopback_url(url)
         self.command, self.url = command, url.rstrip("/")
         self.log_path, self.description, self.env = log_path, description, env
         self.ready_timeout_s = ready_timeout_s
+        self.headers = headers or {}  # its API key, for a server whose /v1/models asks one
         self.process: subprocess.Popen | None = None
         self.ready_s: float | None = None
 
@@ -146,7 +148,7 @@ class ManagedServer(RunningServer):
         import httpx
 
         deadline = time.monotonic() + self.ready_timeout_s
-        with httpx.Client(timeout=5.0, trust_env=False) as client:
+        with httpx.Client(timeout=5.0, trust_env=False, headers=self.headers) as client:
             while True:
                 code = self.process.poll()
                 if code is not None:
@@ -262,7 +264,7 @@ def pooled_server(memo: Memo, files_dir: Path | None, target: ServerTarget,
     else:
         label = label or f"{target.kind}-{program(target.command)}"
         make = partial(_start, files_dir, label, key, launch or partial(command_launch, target),
-                       target.ready_timeout_s)
+                       target.ready_timeout_s, target.auth_headers())
     server, fresh = memo.get(POOL_MEMO_KEY, ServerPool).acquire(key, make)
     info: dict[str, Any] = {
         "server": target.describe(),
@@ -302,9 +304,11 @@ def server_log_path(files_dir: Path | None, label: str,
 
 
 def _start(files_dir: Path | None, label: str, key: tuple[Hashable, ...],
-           launch: Callable[[int], Launch], ready_timeout_s: float) -> ManagedServer:
+           launch: Callable[[int], Launch], ready_timeout_s: float,
+           headers: dict[str, str]) -> ManagedServer:
     log, note = server_log_path(files_dir, label, key)
     how = launch(free_port())
-    server = ManagedServer(how.command, how.url, log, how.description, how.env, ready_timeout_s)
+    server = ManagedServer(how.command, how.url, log, how.description, how.env, ready_timeout_s,
+                           headers)
     server.log_note = note
     return server.start()

@@ -5,7 +5,11 @@ Every url is on the loopback interface: anything else is refused when the suite 
 A command's placeholders are filled when the server starts: "{port}" with a free port (in the url
 too), "{python}" with the interpreter running kvbench (a server from kvbench's environment),
 "{gguf:NAME}" with the path of bundled model NAME's GGUF (e.g. "{gguf:smollm2-135m}"), so that a
-suite names them without writing one machine's paths."""
+suite names them without writing one machine's paths.
+
+A server that asks for an API key gets it as a bearer token, read from the environment variable
+the target names (`api_key_env`, default KVBENCH_API_KEY) when a request is sent: the suite, and
+so its results, hold the variable's name, never the key."""
 from __future__ import annotations
 
 import re
@@ -14,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.config.extras import importable, lacks
+from kvbench.config.secrets import API_KEY_ENV, secret_from_env
 from kvbench.models.info import bundled_model
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 READY_TIMEOUT_S = 300.0  # for a server to load its model and answer /health
-SERVER_KEYS = ("command", "url", "model", "logprobs", "ready_timeout_s")
+SERVER_KEYS = ("command", "url", "model", "logprobs", "ready_timeout_s", "api_key_env")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GGUF_PLACEHOLDER = re.compile(r"\{gguf:([^{}]*)\}")  # "{gguf:NAME}": bundled model NAME's GGUF
 # servers whose module comes with a kvbench extra, named with its install line when missing
 SERVER_EXTRAS = {"kvbench.serve.llama_cpp": "llama-cpp", "llama_cpp.server": "llama-cpp"}
@@ -52,6 +58,13 @@ class ServerTarget:
     model: str | None = None  # the `model` sent in requests; None: left out (the server's own)
     logprobs: bool = False  # ask for top-2 logprobs (kvbench servers always are)
     ready_timeout_s: float = READY_TIMEOUT_S
+    api_key_env: str = API_KEY_ENV  # the environment variable holding the server's API key
+
+    def auth_headers(self) -> dict[str, str]:
+        """The bearer token the server asks for, read from the environment now (a suite and
+        its results hold the variable's name only); {} where the variable is unset."""
+        key = secret_from_env(self.api_key_env)
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def describe(self) -> str:
         if self.kind == "kvbench":
@@ -69,6 +82,10 @@ def parse_server(value: str | dict[str, Any]) -> ServerTarget:
         if value != "kvbench":
             raise ValueError(f"{shapes}; got {value!r}")
         return ServerTarget("kvbench")
+    if "api_key" in value:
+        raise ValueError("server: api_key is not taken (a suite is recorded in its results):"
+                         " put the key in an environment variable and name it with api_key_env"
+                         f" (default {API_KEY_ENV})")
     unknown = [key for key in value if key not in SERVER_KEYS]
     if unknown:
         raise ValueError(f"server: unknown key {unknown[0]!r}; keys: {', '.join(SERVER_KEYS)}")
@@ -99,8 +116,14 @@ def parse_server(value: str | dict[str, Any]) -> ServerTarget:
     ready = value.get("ready_timeout_s", READY_TIMEOUT_S)
     if isinstance(ready, bool) or not isinstance(ready, (int, float)) or ready <= 0:
         raise ValueError(f"server ready_timeout_s must be a number > 0, got {ready!r}")
+    key_env = value.get("api_key_env", API_KEY_ENV)
+    if not isinstance(key_env, str) or not ENV_NAME.fullmatch(key_env):
+        raise ValueError(f"server api_key_env must name an environment variable, got {key_env!r}")
+    if "api_key_env" in value and secret_from_env(key_env) is None:
+        raise ValueError(f"server api_key_env: the environment variable {key_env} is not set"
+                         " here (it holds the key sent to the server)")
     return ServerTarget("url" if command is None else "command", tuple(command or ()), url,
-                        model, logprobs, float(ready))
+                        model, logprobs, float(ready), key_env)
 
 
 def missing_server_library(target: ServerTarget) -> str | None:

@@ -85,8 +85,11 @@ class StressParams(Settings):
         " runs. Optional"
         " keys: model (the `model` sent in requests; default: left out, except the suite's"
         " model for kvbench), logprobs (true: ask for top-2 logprobs, which tell float noise"
-        " from real differences; kvbench servers always get them), ready_timeout_s (300). Hosts"
-        " other than 127.0.0.1, localhost and ::1 are refused")
+        " from real differences; kvbench servers always get them), ready_timeout_s (300),"
+        " api_key_env (the environment variable whose value is sent as the server's API key,"
+        " 'Authorization: Bearer KEY'; default KVBENCH_API_KEY, sent where it is set, which a"
+        " `kvbench serve` kvbench starts also asks for; never the key itself: a suite is"
+        " recorded in its results). Hosts other than 127.0.0.1, localhost and ::1 are refused")
     kv_budget: int = param(0, range=at_least(0), meaning="bytes of KV cache `kvbench serve` may"
                            " hold over all sessions (--kv-budget); 0 = none. sessions_held is"
                            " how many it held at once")
