@@ -153,3 +153,15 @@ def test_env_prints_a_named_devices_memory_and_refuses_an_absent_one(one_gpu):
     assert "device: Fake H100" in shown.output and "device_memory_gib: 80.0" in shown.output
     refused = invoke("env", "--device", "cuda:1")
     assert refused.exit_code == 2 and "does not exist" in refused.output
+
+
+def test_a_kvbench_server_the_stress_benchmark_starts_keeps_the_cases_device_by_name():
+    from kvbench.benchmarks.measure.kvbench_serve import ServeOptions, kvbench_server
+    from kvbench.methods import implementation
+    from kvbench.methods.settings.identity import Identity
+
+    ctx = SimpleNamespace(model="tiny:llama", model_dtype="bfloat16",
+                          device=torch.device("cuda", 1))
+    _, _, launch = kvbench_server(ctx, implementation(Identity()), ServeOptions())
+    command = launch(8000).command
+    assert command[command.index("--device") + 1] == "cuda:1"  # not cuda: cuda:0's
