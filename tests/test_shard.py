@@ -182,7 +182,7 @@ benchmarks:
     # (identity at 256) tops it up
     assert rows == {"ruler/turbo/length=2048": "6.14k", "ruler/identity/length=256": "512"}
     flat = " ".join(listed.output.split())
-    assert "mixed: 2 case(s), shard 1/3, expected cost 6.66k" in flat
+    assert "mixed: 2 case(s), shard 1/3; expected cost 6.66k" in flat
     assert ("the suite's 8 case(s) by expected cost: shard 1/3: 2 case(s), cost 6.66k; shard"
             " 2/3: 3 case(s), cost 6.4k; shard 3/3: 3 case(s), cost 6.14k") in flat
 

@@ -1,6 +1,9 @@
 """The run's progress on the terminal (kvbench.run.case.Progress): a bar over the cases, the
-running case's status, one line per finished case."""
+running case's status, one line per finished case. Where cases run side by side (`--gpus`,
+Ray), a row per running case under the bar: where it runs, the case and its status."""
 from __future__ import annotations
+
+import threading
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -18,6 +21,8 @@ class RichProgress:
         self.case_id = ""
         # per started case: its claims against another case, judged when the run ends
         self.judged_later: dict[str, int] = {}
+        self.rows: dict[str, object] = {}  # a case running beside others -> its row
+        self.lock = threading.Lock()  # side by side, cases report from several threads
 
     def start(self, total, skipped):
         if skipped:
@@ -28,15 +33,33 @@ class RichProgress:
     def notice(self, text):
         err.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True)
 
-    def case_started(self, case):
-        self.case_id = case.id
-        self.judged_later[case.id] = sum(claim.reference is not None for claim in case.claims)
-        self.bar.update(self.task, status=escape(case.id))
+    def case_started(self, case, where=None):
+        with self.lock:
+            self.judged_later[case.id] = sum(claim.reference is not None
+                                             for claim in case.claims)
+            if where is None:
+                self.case_id = case.id
+                self.bar.update(self.task, status=escape(case.id))
+                return
+            self.rows[case.id] = self.bar.add_task(escape(where), total=None,
+                                                   status=escape(case.id))
 
-    def status(self, text):
-        self.bar.update(self.task, status=escape(f"{self.case_id}: {text}"))
+    def status(self, text, case_id=None):
+        with self.lock:
+            row = self.rows.get(case_id)
+            if row is None:
+                self.bar.update(self.task, status=escape(f"{case_id or self.case_id}: {text}"))
+            else:
+                self.bar.update(row, status=escape(f"{case_id}: {text}"))
 
     def case_finished(self, result):
+        with self.lock:
+            row = self.rows.pop(result.id, None)
+            if row is not None:
+                self.bar.remove_task(row)
+            self._finished(result)
+
+    def _finished(self, result):
         mark = {"ok": "[green]ok[/]", "error": "[red]error[/]", "timeout": "[red]timeout[/]",
                 "refused": "[yellow]refused[/]"}
         line = f"{mark[result.status]} {escape(result.id)} ({result.duration_s:.1f} s)"

@@ -46,18 +46,31 @@ from kvbench.cli.verdicts import exit_code, summary
                    "(each case loads its model again).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True,
-              help="Where cases run: local (this process, or a child per case with --isolate) "
-                   "or ray (each case a Ray task; needs `pip install 'kvbench[ray]'`).")
+              help="Where cases run: local (this process, a child per case with --isolate, "
+                   "or one per GPU with --gpus) or ray (each case a Ray task; needs `pip "
+                   "install 'kvbench[ray]'`).")
 @click.option("--address",
               help="With --executor ray: the cluster to join (host:port, or auto for the one "
                    "`ray start` made on this machine). Default: start a local Ray on this "
                    "machine's cores.")
+@click.option("--gpus", metavar="all|0,1,...",
+              help="Run one case per GPU at a time on this machine's CUDA devices (all, or "
+                   "their indices), each case in its own process that sees its GPU alone "
+                   "(CUDA_VISIBLE_DEVICES), the longest cases first. For suites on device cuda "
+                   "or auto.")
+@click.option("--cpus-per-gpu", type=click.IntRange(min=1),
+              help="With --gpus or --executor ray: the torch threads of a GPU case whose suite "
+                   "sets no `threads`, and on Ray the CPUs it asks for (per GPU). Default: with "
+                   "--gpus this machine's cores shared out among the GPUs; on Ray 2.")
 @click.option("--shard", metavar="I/N",
-              help="Run only shard I of N: a stable split of the cases by id (CI job "
-                   "matrices); join the shards with `kvbench merge`.")
+              help="Run only shard I of N: the suite's cases dealt into N parts of about equal "
+                   "expected cost (samples x context tokens x the method's relative cost; "
+                   "--dry-run shows the split), for CI job matrices; join the shards with "
+                   "`kvbench merge`.")
 @click.option("--dry-run", is_flag=True, help="List the expanded cases and exit.")
 def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend, settings,
-        repeats, limit, baseline, strict, resume, isolate, executor, address, shard, dry_run):
+        repeats, limit, baseline, strict, resume, isolate, executor, address, gpus, cpus_per_gpu,
+        shard, dry_run):
     """Run a suite: every case, its claims, and the baseline gate.
 
     SUITE is a YAML file, or the name of a suite shipped with kvbench (`kvbench run quick`;
@@ -74,6 +87,10 @@ def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend,
              "worker process, and a worker that dies costs its case one retry")
     if executor != "ray" and address:
         fail("--address is for --executor ray")
+    if executor == "ray" and gpus:
+        fail("--gpus is for --executor local: on Ray each GPU case asks Ray for its GPU(s)")
+    if cpus_per_gpu and not gpus and executor != "ray":
+        fail("--cpus-per-gpu is for --gpus or --executor ray")
     if strict and not baseline:
         fail("--strict is for --baseline")
     try:
@@ -96,6 +113,7 @@ def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend,
             shard = parse_shard(shard)
         except ValueError as exc:
             fail(str(exc))
+    gpu_list = _gpus_or_exit(gpus) if gpus else None
 
     # The model, device and backend decide which methods and benchmarks are valid: the suite is
     # checked with them.
@@ -107,6 +125,7 @@ def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend,
         cases = select_cases(suite, only, methods, limit)
     except SelectionError as exc:
         fail(str(exc))
+    _refuse_placement(cases, gpu_list is not None, executor)
     say_refused(cases)  # those the filters chose: the others are no concern of this run
     out_dir = Path(out_dir or _default_out_dir(suite.name, shard))
     if dry_run:
@@ -118,14 +137,15 @@ def run(suite_path, out_dir, only, methods, model, model_dtype, device, backend,
              ("--dtype", model_dtype), ("--device", device), ("--backend", backend),
              *(("--set", text) for text in settings), ("--repeats", repeats),
              ("--limit", limit), ("--baseline", baseline), ("--strict", strict),
-             ("--isolate", isolate), ("--address", address),
+             ("--isolate", isolate), ("--address", address), ("--gpus", gpus),
+             ("--cpus-per-gpu", cpus_per_gpu),
              ("--executor", executor if executor != "local" else None),
              ("--shard", shard and f"{shard.index}/{shard.count}")]
     resume_command = shlex.join(
         ["kvbench", "run", suite_path, "--out", str(out_dir)]
         + [part for flag, value in again if value not in (None, False)
            for part in ([flag] if value is True else [flag, str(value)])] + ["--resume"])
-    runner = _start_executor(executor, address, isolate)
+    runner = _start_executor(executor, address, isolate, gpu_list, cpus_per_gpu)
     try:
         selection = {k: v for k, v in (("only", only), ("methods", methods), ("limit", limit))
                      if v is not None}
@@ -156,32 +176,79 @@ def _finished_ids(out_dir: Path) -> set[str]:
 
 
 def _list_cases(suite, cases, shard, finished: set[str] | None) -> None:
-    """The dry run's table; with --resume, which cases are kept and which would run."""
+    """The dry run's table, with each case's expected cost; with --shard, how the suite's cases
+    are dealt into the shards; with --resume, which cases are kept and which would run."""
+    from kvbench.run.cost import expected_cost, shown
+    from kvbench.run.shard import split
+
+    costs = {case.id: expected_cost(case) for case in cases}
     title = f"{suite.name}: {len(cases)} case(s)" + (f", shard {shard}" if shard else "")
     if finished is not None:
         kept = sum(case.id in finished for case in cases)
         title += f": {kept} kept, {len(cases) - kept} to run"
-    table = Table(title=title)
-    columns = ("case", "model", "claims") + (("resume",) if finished is not None else ())
+    title += f"; expected cost {shown(sum(costs.values()))}"
+    caption = None
+    if shard:
+        parts = split(suite.cases, shard.count)
+        caption = (f"the suite's {len(suite.cases)} case(s) by expected cost: " + "; ".join(
+            f"shard {i}/{shard.count}: {len(part.case_ids)} case(s), cost {shown(part.cost)}"
+            for i, part in enumerate(parts, start=1)))
+    table = Table(title=title, caption=caption)
+    columns = ("case", "model", "cost", "claims") + (("resume",) if finished is not None
+                                                     else ())
     for column in columns:
         table.add_column(column, overflow="fold")
     for case in cases:
-        row = [escape(case.id), case.model or "-", escape("; ".join(c.text for c in case.claims))]
+        row = [escape(case.id), case.model or "-", shown(costs[case.id]),
+               escape("; ".join(c.text for c in case.claims))]
         if finished is not None:
             row.append("kept" if case.id in finished else "to run")
         table.add_row(*row)
     console.print(table)
 
 
-def _start_executor(kind: str, address: str | None, isolate: bool):
-    from kvbench.run.executors import ChildProcesses, InProcess
-
-    if kind == "local":
-        return ChildProcesses() if isolate else InProcess()
-    from kvbench.run.ray_executor import RayExecutor, RayUnavailable
+def _gpus_or_exit(text: str) -> list[int]:
+    """--gpus as indices of the CUDA devices here; refused when one does not exist."""
+    from kvbench.run.local_gpus import parse_gpus, visible_gpu_count
 
     try:
-        return RayExecutor(address=address, status=lambda text: console.print(f"{text} ..."))
+        return parse_gpus(text, visible_gpu_count())
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _refuse_placement(cases, gpus: bool, executor: str) -> None:
+    """Cases that --gpus or Ray cannot place (a CPU-only suite on --gpus, a case naming its
+    own cuda:N), refused before any work."""
+    if gpus:
+        from kvbench.run.local_gpus import gpu_refusal
+
+        refusal = gpu_refusal(cases)
+    elif executor == "ray":
+        from kvbench.run.ray_executor import ray_refusal
+
+        refusal = ray_refusal(cases)
+    else:
+        return
+    if refusal:
+        fail(refusal)
+
+
+def _start_executor(kind: str, address: str | None, isolate: bool, gpus: list[int] | None,
+                    cpus_per_gpu: int | None):
+    from kvbench.run.executors import ChildProcesses, InProcess
+
+    if kind == "local" and gpus is not None:
+        from kvbench.run.local_gpus import LocalGPUs
+
+        return LocalGPUs(gpus, cpus_per_gpu)
+    if kind == "local":
+        return ChildProcesses() if isolate else InProcess()
+    from kvbench.run.ray_executor import CPUS_PER_GPU, RayExecutor, RayUnavailable
+
+    try:
+        return RayExecutor(address=address, status=lambda text: console.print(f"{text} ..."),
+                           cpus_per_gpu=cpus_per_gpu or CPUS_PER_GPU)
     except RayUnavailable as exc:
         fail(str(exc))
 

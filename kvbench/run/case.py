@@ -2,6 +2,7 @@
 What every executor (in process, child process, Ray worker) runs."""
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -30,6 +31,7 @@ from kvbench.results import CaseError, CaseResult, Footprint, Metric, fingerprin
 from kvbench.suite.case import Case
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default here, before any case sets it
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # what pins a process to some of the GPUs
 
 
 class CaseTimeout(Exception):
@@ -37,10 +39,14 @@ class CaseTimeout(Exception):
 
 
 class Progress(Protocol):
+    """What a run shows as it goes. Where cases run side by side (`--gpus`, Ray), each started
+    case says where it runs and each status text names its case; otherwise one case runs at a
+    time and a status text is that case's."""
+
     def start(self, total: int, skipped: int) -> None: ...
     def notice(self, text: str) -> None: ...
-    def case_started(self, case: Case) -> None: ...
-    def status(self, text: str) -> None: ...
+    def case_started(self, case: Case, where: str | None = None) -> None: ...
+    def status(self, text: str, case_id: str | None = None) -> None: ...
     def case_finished(self, result: CaseResult) -> None: ...
     def stop(self) -> None: ...
 
@@ -50,8 +56,8 @@ class Silent:
 
     def start(self, total, skipped): ...
     def notice(self, text): ...
-    def case_started(self, case): ...
-    def status(self, text): ...
+    def case_started(self, case, where=None): ...
+    def status(self, text, case_id=None): ...
     def case_finished(self, result): ...
     def stop(self): ...
 
@@ -211,6 +217,9 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
         record.error = CaseError(
             type=type(exc).__name__, message=str(exc), traceback=traceback.format_exc()
         )
+    visible = os.environ.get(VISIBLE_DEVICES)
+    if visible is not None:  # the GPUs this process was pinned to, whatever became of the case
+        record.info["cuda_visible_devices"] = visible
     record.fingerprint = fingerprint(record)
     record.duration_s = round(time.perf_counter() - clock, 3)
     return record

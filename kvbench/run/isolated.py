@@ -6,8 +6,11 @@ in-process."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -24,16 +27,21 @@ _POLL_S = 0.5
 
 
 def run_case_in_child(case: Case, progress: Progress, keep: Callable[[dict], None],
-                      files_dir: Path | None = None) -> CaseResult:
+                      files_dir: Path | None = None, env: dict[str, str] | None = None,
+                      default_threads: int | None = None,
+                      cancel: threading.Event | None = None) -> CaseResult:
     """The case's record, as kvbench.run.case.run_case makes it, from a spawned process; an error
     or timeout record naming what happened when the process died or hung. The child's status
-    texts and notices go to `progress`."""
+    texts and notices go to `progress`. env: variables set for the child alone (the GPU it is
+    pinned to); default_threads: its torch threads if the case sets none; cancel: when set, the
+    child is killed and an error record returned (the run is being stopped)."""
     context = multiprocessing.get_context("spawn")  # no state inherited from this process
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(case, send, files_dir), name=f"kvbench case {case.id}",
-                            daemon=True)
+    child = context.Process(target=_child, args=(case, send, files_dir, default_threads),
+                            name=f"kvbench case {case.id}", daemon=True)
     spawned = time.monotonic()
-    child.start()
+    with _environment(env or {}):
+        child.start()
     send.close()  # the child holds the only writer: EOF here means it is gone
     # until the child says its case started, it has STARTUP_S; then the case's timeout + grace
     started, limit = spawned, STARTUP_S
@@ -42,6 +50,9 @@ def run_case_in_child(case: Case, progress: Progress, keep: Callable[[dict], Non
         while record is None:
             if limit is not None and time.monotonic() - started > limit:
                 break
+            if cancel is not None and cancel.is_set():
+                return unreported(case, "error", "Cancelled", "the run was stopped",
+                                  time.monotonic() - started)
             if not receive.poll(_POLL_S):
                 continue
             try:
@@ -95,13 +106,34 @@ class _PipeProgress:
         self.send.send(("notice", text))
 
 
-def _child(case: Case, send, files_dir: Path | None) -> None:
+# A spawned child takes the environment as it is when it starts: starts that set variables for
+# their child alone (the local GPU executor's, one thread per GPU) take turns.
+_ENVIRONMENT = threading.Lock()
+
+
+@contextmanager
+def _environment(env: dict[str, str]):
+    with _ENVIRONMENT:
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _child(case: Case, send, files_dir: Path | None, default_threads: int | None) -> None:
     progress = _PipeProgress(send)
     send.send(("started", None))
     memo = Memo()
     try:
         record = run_case(case, ModelCache(), progress, memo,
-                          lambda sample: send.send(("keep", sample)), files_dir)
+                          lambda sample: send.send(("keep", sample)), files_dir,
+                          default_threads)
     finally:
         memo.close()
     send.send(("result", record.model_dump_json()))

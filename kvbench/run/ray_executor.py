@@ -1,14 +1,20 @@
 """`kvbench run --executor ray`: each case runs as a Ray task, on a local Ray or on a cluster
 (`--address`); the driver alone writes results.
 
-A task asks for the resources its case needs: `threads` CPUs, and one GPU for a cuda case. A case
-that sets no `threads` runs on torch's default number here, the driver's (`default_threads`), and
-asks for as many CPUs: the float results of a case depend on its thread count, and so are the
-same as in a local run. Worker processes are reused, so each worker loads a model once and keeps
-it for its later cases. Each case gets a fresh Memo (kvbench.memo),
-closed when it ends: what cases share in a local run (a tokenised text, a started server) is made
-again per case here, and nothing outlives its case on a worker. The task sends back its record,
-its per-sample records and the files it kept; the driver writes them as for a local case.
+A task asks for the resources its case needs. A CPU case asks for `threads` CPUs; one that sets
+no `threads` runs on torch's default number here, the driver's (`default_threads`), and asks for
+as many CPUs: the float results of a case depend on its thread count, and so are the same as in
+a local run. A GPU case (device cuda, or auto on a cluster that has GPUs) asks for one GPU, or
+for as many as its model's device_map spreads it over (kvbench.run.placement), and for
+`cpus_per_gpu` CPUs per GPU (its torch threads) unless it sets `threads`: a GPU case leaves the
+node's other cores to the cases on its other GPUs. Ray pins a GPU task's process to its GPUs
+(CUDA_VISIBLE_DEVICES), which the case records. CPU workers are reused, so each loads a model
+once and keeps it for its later cases; a GPU task has a fresh worker (Ray's own default for
+them), whose CUDA is made for the GPUs Ray gave it and no others. Each case gets a fresh Memo
+(kvbench.memo), closed when it ends: what cases share in a local run (a tokenised text, a
+started server) is made again per case here, and nothing outlives its case on a worker. The
+task sends back its record, its per-sample records and the files it kept; the driver writes
+them as for a local case.
 
 A tracker actor hears when each case starts on a worker. From then the driver holds the case to
 its timeout plus GRACE_S (the worker's own SIGALRM record is the better one when it can make it),
@@ -31,12 +37,15 @@ from typing import Any, Callable, Iterator
 from kvbench.memo import Memo
 from kvbench.results import CaseResult
 from kvbench.run.case import DEFAULT_THREADS, ModelCache, Silent, run_case, unreported
+from kvbench.run.cost import longest_first
 from kvbench.run.executors import ThisMachine
+from kvbench.run.placement import WHOLE_NODE, gpus_needed
 from kvbench.suite.case import Case
 
 INSTALL_HINT = "pip install 'kvbench[ray]'"
 GRACE_S = 30.0
 RETRIES = 1  # a case whose worker died runs once more
+CPUS_PER_GPU = 2  # a GPU case's CPUs (per GPU) when its suite sets no threads
 _POLL_S = 0.25
 _FEASIBLE_EVERY_S = 5.0
 
@@ -54,9 +63,9 @@ def import_ray():
     return ray
 
 
-def _shape(device: str, threads: int) -> dict[str, float]:
+def _shape(gpus: int, cpus: int) -> dict[str, float]:
     """The Ray resources a case asks for."""
-    return {"num_cpus": threads, "num_gpus": 1 if device.startswith("cuda") else 0}
+    return {"num_cpus": cpus, "num_gpus": gpus}
 
 
 def _fits(shape: dict[str, float], nodes: list[dict]) -> bool:
@@ -76,17 +85,28 @@ class _Attempt:
     earlier: list[str] = field(default_factory=list)  # why earlier attempts ended
 
 
+def ray_refusal(cases: list[Case]) -> str | None:
+    """Why `cases` cannot run on Ray (None: they can)."""
+    for case in cases:
+        if case.device.startswith("cuda:"):
+            return (f"on Ray a case runs on the GPU Ray gives it, and case {case.id} names "
+                    f"{case.device}: set its device to cuda or auto (--device cuda)")
+    return None
+
+
 class RayExecutor:
     """Runs cases as Ray tasks. Connects to `address` (a running cluster, "auto" for the one
     `ray start` made here), or starts a local Ray with `num_cpus` (default: every core) that
-    close() stops."""
+    close() stops. cpus_per_gpu: what a GPU case that sets no `threads` asks for per GPU."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
                  grace_s: float = GRACE_S, default_threads: int | None = None,
-                 status: Callable[[str], None] = lambda text: None):
+                 status: Callable[[str], None] = lambda text: None,
+                 cpus_per_gpu: int = CPUS_PER_GPU):
         self.ray = ray = import_ray()
         self.grace_s = grace_s
         self.default_threads = default_threads or DEFAULT_THREADS
+        self.cpus_per_gpu = cpus_per_gpu
         self.owns = not ray.is_initialized()
         if self.owns:
             status("starting Ray" if address is None else f"connecting to Ray at {address}")
@@ -100,6 +120,9 @@ class RayExecutor:
                 raise RayUnavailable(f"cannot start or reach Ray ({address or 'local'}): {exc}"
                                      ) from None
         self._remote = ray.remote(max_retries=0, max_calls=0)(_run_on_worker)
+        # a fresh worker per GPU case: CUDA, once made in a process, keeps its first GPUs
+        self._remote_gpu = ray.remote(max_retries=0, max_calls=1)(_run_on_worker)
+        self._gpus_present = ray.cluster_resources().get("GPU", 0) > 0
         self._tracker = ray.remote(num_cpus=0)(_Tracker).remote()
         self._machine: tuple[str, dict[str, Any]] | None = None
         self._heard: dict[str, tuple[str, int]] = {}  # starts not yet matched to an attempt
@@ -107,19 +130,24 @@ class RayExecutor:
     def machine(self, device: str, backend: str) -> tuple[str, dict[str, Any]]:
         """Asked of a worker: the driver may have no GPU, or be another kind of machine."""
         if self._machine is None:
-            shape = _shape(device, 1)
+            on_gpu = backend == "torch" and (device.startswith("cuda") or (
+                device == "auto" and self._gpus_present))
+            shape = _shape(int(on_gpu), 1)  # the probe only reads the machine
             self._check_fits(shape, f"a {device} case")
-            probe = self.ray.remote(max_retries=1)(_probe_machine)
+            probe = self.ray.remote(max_retries=1, max_calls=1)(_probe_machine)
             self._machine = self.ray.get(probe.options(**shape).remote(device, backend))
         return self._machine
 
     def run(self, cases: list[Case], progress, keep: Callable[[dict], None],
             files_dir: Path) -> Iterator[CaseResult]:
+        refusal = ray_refusal(cases)
+        if refusal:
+            raise RayUnavailable(refusal)
         for shape in {tuple(self._shape(case).items()) for case in cases}:
-            self._check_fits(dict(shape), "its cases (a suite's `threads` sets the CPUs a case "
-                                          "asks for)")
+            self._check_fits(dict(shape), "its cases (a suite's `threads`, or --cpus-per-gpu "
+                                          "for a GPU case, sets the CPUs a case asks for)")
         pending: dict[Any, _Attempt] = {}
-        for case in cases:
+        for case in longest_first(cases):  # Ray starts them about in this order
             self._submit(pending, _Attempt(case, 1, time.monotonic()))
         checked = time.monotonic()
         try:
@@ -151,8 +179,10 @@ class RayExecutor:
 
     def _submit(self, pending: dict, attempt: _Attempt) -> None:
         case = attempt.case
-        ref = self._remote.options(**self._shape(case)).remote(
-            case, attempt.number, self._tracker, case.threads or self.default_threads)
+        shape = self._shape(case)
+        remote = self._remote_gpu if shape["num_gpus"] else self._remote
+        ref = remote.options(**shape).remote(case, attempt.number, self._tracker,
+                                             int(shape["num_cpus"]))
         pending[ref] = attempt
 
     def _collect(self, ref, attempt: _Attempt, pending: dict, keep,
@@ -200,7 +230,7 @@ class RayExecutor:
             if attempt.started is None and key in self._heard:
                 attempt.node, attempt.pid = self._heard.pop(key)
                 attempt.started = time.monotonic()
-                progress.case_started(attempt.case)
+                progress.case_started(attempt.case, f"ray {attempt.node}")
 
     def _enforce_timeouts(self, pending: dict) -> None:
         now = time.monotonic()
@@ -223,7 +253,12 @@ class RayExecutor:
                               f"no live node of the Ray cluster has {_describe(shape)}")
 
     def _shape(self, case: Case) -> dict[str, float]:
-        return _shape(case.device, case.threads or self.default_threads)
+        gpus = gpus_needed(case, self._gpus_present)
+        if gpus == WHOLE_NODE:  # a device_map over every GPU it sees: a whole node's
+            gpus = max((node["Resources"].get("GPU", 0) for node in self.ray.nodes()
+                        if node.get("Alive")), default=1)
+        cpus = case.threads or (self.cpus_per_gpu * gpus if gpus else self.default_threads)
+        return _shape(int(gpus), cpus)
 
     def _check_fits(self, shape: dict[str, float], what: str) -> None:
         if not _fits(shape, self.ray.nodes()):

@@ -171,6 +171,41 @@ class Keeps(Step):
 
 
 
+# A folder: where it holds a file `count`, each Meets case writes its index there (at-I), then
+# waits until `count` cases have: it goes on only when that many run at once. Unset, or no
+# `count` there (a serial run), a Meets case does what Step does.
+MEET = "KVB_MEET"
+MEET_LIMIT_S = 900.0  # a hang, not a stopwatch: the meeting fails only if never all there
+
+
+def meeting(folder: Path, count: int) -> None:
+    """Sets `folder` up for a meeting of `count` cases (the next run's Meets cases)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for arrived in folder.glob("at-*"):
+        arrived.unlink()
+    (folder / "count").write_text(str(count))
+
+
+class Meets(Step):
+    """Meets the other cases running at once (MEET), then does what Step does; its expected
+    cost is its index i (kvbench.run.cost), so the longest-first order is known."""
+
+    def workload(self, params) -> float:
+        return float(params.i)
+
+    def run(self, params, method, ctx):
+        here = Path(os.environ.get(MEET, "")) if os.environ.get(MEET) else None
+        if here is not None and (here / "count").exists():
+            count = int((here / "count").read_text())
+            (here / f"at-{params.i}").write_text(str(os.getpid()))
+            deadline = time.monotonic() + MEET_LIMIT_S
+            while len(list(here.glob("at-*"))) < count:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {len(list(here.glob('at-*')))} of {count} met")
+                _sleep(0.05)
+        return super().run(params, method, ctx)
+
+
 class DeclaredRecord(Record):
     kept: int
 

@@ -15,13 +15,16 @@ from kvbench.results import CaseResult
 
 class Record(BaseModel):
     """What every case's info may hold besides its benchmark's own keys: the run's (which
-    implementation ran, the Ray attempt, and, in a merge of runs that differ, each case's own
-    commit and machine)."""
+    implementation ran, the Ray attempt, the GPUs the case's process saw, and, in a merge of
+    runs that differ, each case's own commit and machine)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     impl: dict[str, str] | None = None  # kvbench.run.case: which implementation ran each step
     ray: dict[str, Any] | None = None  # kvbench.run.ray_executor: the node, pid and attempt
+    # kvbench.run.case: CUDA_VISIBLE_DEVICES as the case's process saw it, where it was set
+    # (`--gpus` and Ray pin each case's process to its GPUs with it)
+    cuda_visible_devices: str | None = None
     git_sha: str | None = None  # kvbench.run.merge: where merged runs differ
     machine: str | None = None
 
