@@ -135,9 +135,10 @@ def test_what_gpus_cannot_run_is_refused_before_any_work(tmp_path, four_gpus, ar
 
 
 @needs("torch")
-def test_a_model_split_over_several_gpus_is_refused(tmp_path, four_gpus):
+def test_a_model_placed_by_device_map_is_refused(tmp_path, four_gpus):
     suite = _suite(tmp_path, defaults=", device_map: {a: 0, b: 1}")
     refused = invoke("run", suite, "--gpus", "all", "--out", tmp_path / "out")
     assert refused.exit_code == 2, refused.output
-    assert "spreads its model over several (device_map)" in refused.output
+    assert "places its model itself (device_map): run it with --executor ray" in " ".join(
+        refused.output.split())
     assert not (tmp_path / "out").exists()

@@ -105,3 +105,6 @@ def test_a_case_naming_its_own_gpu_is_refused_on_ray():
                 timeout_s=None)
     assert "case b/m/x=1 names cuda:1: set its device to cuda or auto" in ray_refusal([case])
     assert ray_refusal([Case(**{**case.__dict__, "device": "cuda"})]) is None
+    placed = Case(**{**case.__dict__, "device": "cuda",
+                     "load_options": LoadOptions(device_map={"a": 2, "b": 3})})
+    assert "names GPU(s) 2, 3: number them 0 to 1" in ray_refusal([placed])

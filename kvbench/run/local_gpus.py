@@ -23,7 +23,7 @@ from kvbench.run.case import DEFAULT_THREADS, VISIBLE_DEVICES, Progress
 from kvbench.run.cost import longest_first
 from kvbench.run.executors import ThisMachine
 from kvbench.run.isolated import run_case_in_child
-from kvbench.run.placement import devices_spanned, may_use_gpu
+from kvbench.run.placement import may_use_gpu
 from kvbench.suite.case import Case
 
 _POLL_S = 0.5
@@ -65,10 +65,10 @@ def gpu_refusal(cases: list[Case]) -> str | None:
         if case.device.startswith("cuda:"):
             return (f"--gpus gives each case its GPU, and case {case.id} names {case.device}: "
                     "set its device to cuda or auto (--device cuda), or run without --gpus")
-        if may_use_gpu(case) and devices_spanned(case.load_options) != 1:
-            return (f"--gpus runs one case per GPU, and case {case.id} spreads its model over "
-                    "several (device_map): run it with --executor ray, which gives a case the "
-                    "GPUs it needs, or without --gpus")
+        if may_use_gpu(case) and case.load_options.device_map is not None:
+            return (f"--gpus gives each case one GPU, and case {case.id} places its model "
+                    "itself (device_map): run it with --executor ray, which gives a case the "
+                    "GPUs its device_map names, or without --gpus")
     return None
 
 

@@ -28,21 +28,26 @@ def devices_spanned(options: LoadOptions) -> int:
     with no max_memory (accelerate then fills every GPU the process sees)."""
     if options.device_map is None:
         return 1
+    named = gpus_named(options)
     if isinstance(options.device_map, dict):
-        named = {_gpu(device) for device in options.device_map.values()} - {None}
         return max(1, len(named))
-    if options.max_memory:
-        named = {_gpu(device) for device in options.max_memory} - {None}
-        if named:
-            return len(named)
-    return WHOLE_NODE
+    return len(named) if named else WHOLE_NODE
 
 
-def _gpu(device) -> str | None:
+def gpus_named(options: LoadOptions) -> set[int]:
+    """The GPU indices a {module: device} device_map names, or else max_memory's keys."""
+    if isinstance(options.device_map, dict):
+        devices = options.device_map.values()
+    else:
+        devices = options.max_memory or {}
+    return {_gpu(device) for device in devices} - {None}
+
+
+def _gpu(device) -> int | None:
     """A device_map's or max_memory's device as a GPU's index; None for cpu and disk."""
     text = str(device).strip()
     if text.startswith("cuda:"):
         text = text[len("cuda:"):]
     elif text == "cuda":
         text = "0"
-    return text if text.isdigit() else None
+    return int(text) if text.isdigit() else None

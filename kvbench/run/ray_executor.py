@@ -39,7 +39,7 @@ from kvbench.results import CaseResult
 from kvbench.run.case import DEFAULT_THREADS, ModelCache, Silent, run_case, unreported
 from kvbench.run.cost import longest_first
 from kvbench.run.executors import ThisMachine
-from kvbench.run.placement import WHOLE_NODE, gpus_needed
+from kvbench.run.placement import WHOLE_NODE, gpus_named, gpus_needed
 from kvbench.suite.case import Case
 
 INSTALL_HINT = "pip install 'kvbench[ray]'"
@@ -86,11 +86,17 @@ class _Attempt:
 
 
 def ray_refusal(cases: list[Case]) -> str | None:
-    """Why `cases` cannot run on Ray (None: they can)."""
+    """Why `cases` cannot run on Ray (None: they can): a case's GPUs are those Ray gives it,
+    numbered from 0 in its process."""
     for case in cases:
         if case.device.startswith("cuda:"):
             return (f"on Ray a case runs on the GPU Ray gives it, and case {case.id} names "
                     f"{case.device}: set its device to cuda or auto (--device cuda)")
+        named = gpus_named(case.load_options)
+        if named and max(named) >= len(named):
+            return (f"on Ray a case's GPUs are those Ray gives it, numbered from 0, and case "
+                    f"{case.id}'s device_map or max_memory names GPU(s) "
+                    f"{', '.join(map(str, sorted(named)))}: number them 0 to {len(named) - 1}")
     return None
 
 
