@@ -31,12 +31,13 @@ from kvbench.benchmarks.measure import load_generator as lg
 from kvbench.benchmarks.measure.load_generator import Prompt, Reference, RequestRecord
 from kvbench.benchmarks.measure.kvbench_serve import import_root, method_name
 from kvbench.benchmarks.measure.servers import (
-    POOL_MEMO_KEY, ManagedServer, RunningServer, ServerError, ServerPool, free_port,
+    POOL_MEMO_KEY, ExternalServer, ManagedServer, RunningServer, ServerError, ServerPool,
+    free_port,
 )
 from kvbench.benchmarks.measure.stress_requests import (
     make_prompts, request_body,
 )
-from kvbench.benchmarks.specs.server_target import check_loopback_url, parse_server
+from kvbench.benchmarks.specs.server_target import check_server_url, parse_server
 from kvbench.benchmarks.specs.stress import PREFIX_METRICS, TASK_METRICS, Stress, StressParams
 from kvbench.methods import implementation
 from kvbench.methods.settings.identity import Identity
@@ -332,7 +333,7 @@ def test_chunks_without_text_or_ids_are_not_tokens():
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://localhost:{port}/",
                                  "http://[::1]:9000", "https://127.0.0.1"])
 def test_loopback_urls_are_accepted(url):
-    check_loopback_url(url)
+    check_server_url(url)
 
 
 @pytest.mark.parametrize("url, words", [
@@ -345,11 +346,23 @@ def test_loopback_urls_are_accepted(url):
 ])
 def test_other_hosts_are_refused_everywhere(url, words):
     with pytest.raises(ValueError, match=words):
-        check_loopback_url(url)
+        check_server_url(url)
     with pytest.raises(ValueError, match=words):
         StressParams(server={"url": url})
     with pytest.raises(ValueError, match="not loopback|http://"):
         lg.run_level(url, "/v1/completions", prompts("a"), 1, 1, body, 1, 1)
+
+
+def test_a_server_on_another_machine_is_reached_only_where_the_target_says_remote():
+    url = "http://10.0.0.7:8000"
+    target = StressParams(server={"url": url, "remote": True}).target
+    assert (target.kind, target.url, target.remote) == ("url", url, True)
+    assert ExternalServer(url, "theirs", remote=True).url == url
+    check_server_url(url, remote=True)
+    with pytest.raises(ValueError, match="remote: true"):
+        StressParams(server={"url": url})
+    with pytest.raises(ValueError, match="not loopback"):
+        ExternalServer(url, "theirs")
 
 
 @pytest.mark.parametrize("server, words", [
@@ -359,6 +372,9 @@ def test_other_hosts_are_refused_everywhere(url, words):
     ({"url": "http://127.0.0.1:1", "command": []}, "non-empty list of strings"),
     ({"url": "http://127.0.0.1:1", "comand": ["x"]}, "unknown key 'comand'"),
     ({"url": "http://127.0.0.1:1", "logprobs": "yes"}, "logprobs must be true or false"),
+    ({"url": "http://127.0.0.1:1", "remote": "yes"}, "remote must be true or false"),
+    ({"url": "http://10.0.0.7:{port}", "command": ["s"], "remote": True},
+     "a server kvbench starts listens on loopback"),
 ])
 def test_bad_server_settings_are_refused(server, words):
     with pytest.raises(ValueError, match=words):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
 from kvbench.benchmarks.measure.ruler_scoring import postprocess, sample_score
-from kvbench.benchmarks.specs.server_target import check_loopback_url
+from kvbench.benchmarks.specs.server_target import check_server_url
 from kvbench.models.chat import split_reasoning
 
 ERROR_CHARS = 300  # of a failed response's body kept in its error
@@ -105,13 +105,14 @@ RequestBody = Callable[[Prompt], dict[str, Any]]
 def run_level(url: str, path: str, prompts: list[Prompt], users: int, requests_per_user: int,
               body: RequestBody, request_timeout_s: float, level_timeout_s: float,
               long: tuple[Prompt, float] | None = None,
-              headers: dict[str, str] | None = None) -> Level:
+              headers: dict[str, str] | None = None, remote: bool = False) -> Level:
     """Run one level (see the module docstring). User u's j-th request uses prompt
     (u * requests_per_user + j) % len(prompts). `body` makes a request's JSON from its prompt;
     `path` is /v1/completions or /v1/chat/completions. long: (a prompt, seconds): one more
     user sends that prompt once, that long after the level starts (its record is Level.long,
-    user -1, prompt -1). headers: sent with every request (the server's API key)."""
-    check_loopback_url(url)
+    user -1, prompt -1). headers: sent with every request (the server's API key). remote: the
+    url may be on another machine (ServerTarget.remote)."""
+    check_server_url(url, remote)
     plans = [[RequestRecord(u, j, (u * requests_per_user + j) % len(prompts))
               for j in range(requests_per_user)] for u in range(users)]
     delays = [0.0] * users

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Hashable
 
 from kvbench.benchmarks.specs.server_target import (
-    GGUF_PLACEHOLDER, READY_TIMEOUT_S, ServerTarget, check_loopback_url,
+    GGUF_PLACEHOLDER, READY_TIMEOUT_S, ServerTarget, check_server_url,
 )
 from kvbench.memo import Memo
 
@@ -103,8 +103,8 @@ class RunningServer:
 
 
 class ExternalServer(RunningServer):
-    def __init__(self, url: str, description: str):
-        check_loopback_url(url)
+    def __init__(self, url: str, description: str, remote: bool = False):
+        check_server_url(url, remote)
         self.url, self.description = url.rstrip("/"), description
 
 
@@ -114,7 +114,7 @@ class ManagedServer(RunningServer):
     def __init__(self, command: list[str], url: str, log_path: Path, description: str,
                  env: dict[str, str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
                  headers: dict[str, str] | None = None):
-        check_loopback_url(url)
+        check_server_url(url)
         self.command, self.url = command, url.rstrip("/")
         self.log_path, self.description, self.env = log_path, description, env
         self.ready_timeout_s = ready_timeout_s
@@ -260,7 +260,7 @@ def pooled_server(memo: Memo, files_dir: Path | None, target: ServerTarget,
     key = key or target_key(target)
     if target.kind == "url":
         make: Callable[[], RunningServer] = partial(ExternalServer, target.url,
-                                                    target.describe())
+                                                    target.describe(), target.remote)
     else:
         label = label or f"{target.kind}-{program(target.command)}"
         make = partial(_start, files_dir, label, key, launch or partial(command_launch, target),

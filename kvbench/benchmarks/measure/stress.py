@@ -93,7 +93,8 @@ class StressRun(Stress):
         path = PATHS[params.api]
         level = partial(run_level, server.url, path, prompts=prompts, body=body,
                         request_timeout_s=params.request_timeout_s,
-                        level_timeout_s=params.level_timeout_s, headers=target.auth_headers())
+                        level_timeout_s=params.level_timeout_s, headers=target.auth_headers(),
+                        remote=target.remote)
         if not server.warmed:  # the first request pays one-time costs: not in any figure
             ctx.status("warm-up request")
             ids = prompts[0].ids  # as long as a prompt, but not starting with the shared prefix

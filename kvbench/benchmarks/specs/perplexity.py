@@ -79,7 +79,7 @@ class PerplexityParams(TextWindowParams):
         if self.server is None:
             return
         try:
-            target = parse_server(self.server)  # loopback only
+            target = parse_server(self.server)  # loopback unless it says remote
         except ValueError as exc:
             raise SettingError("server", str(exc)) from None
         if self.decode_chunk != 1:

@@ -1,6 +1,8 @@
 """The server targets of the stress and perplexity benchmarks as a suite names them (`server:`): a
 server kvbench starts (`kvbench serve`, or any command) or one someone else runs (a bare url).
-Every url is on the loopback interface: anything else is refused when the suite is validated.
+Every url is on the loopback interface unless the target says `remote: true` (a server someone
+else runs on another machine, e.g. a cluster node's `kvbench serve --allow-remote --api-key`):
+anything else is refused when the suite is validated.
 
 A command's placeholders are filled when the server starts: "{port}" with a free port (in the url
 too), "{python}" with the interpreter running kvbench (a server from kvbench's environment),
@@ -23,24 +25,26 @@ from kvbench.models.info import bundled_model
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 READY_TIMEOUT_S = 300.0  # for a server to load its model and answer /health
-SERVER_KEYS = ("command", "url", "model", "logprobs", "ready_timeout_s", "api_key_env")
+SERVER_KEYS = ("command", "url", "model", "logprobs", "ready_timeout_s", "api_key_env",
+               "remote")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GGUF_PLACEHOLDER = re.compile(r"\{gguf:([^{}]*)\}")  # "{gguf:NAME}": bundled model NAME's GGUF
 # servers whose module comes with a kvbench extra, named with its install line when missing
 SERVER_EXTRAS = {"kvbench.serve.llama_cpp": "llama-cpp", "llama_cpp.server": "llama-cpp"}
 
 
-def check_loopback_url(url: str) -> None:
-    """ValueError unless `url` is http(s) on 127.0.0.1, localhost or ::1 (a `{port}` in it is
-    allowed: the managed server's port fills it)."""
+def check_server_url(url: str, remote: bool = False) -> None:
+    """ValueError unless `url` is http(s) on 127.0.0.1, localhost or ::1 (any host where
+    `remote`) (a `{port}` in it is allowed: the managed server's port fills it)."""
     parsed = urllib.parse.urlsplit(url.replace("{port}", "1"))
     if parsed.scheme not in ("http", "https"):
         raise ValueError(f"server url {url!r} must start with http:// (e.g."
                          " http://127.0.0.1:8000)")
     host = parsed.hostname
-    if host not in LOOPBACK_HOSTS:
+    if not host or (not remote and host not in LOOPBACK_HOSTS):
         raise ValueError(f"server url {url!r}: host {host!r} is not loopback; kvbench sends"
-                         f" requests only to {', '.join(LOOPBACK_HOSTS)}")
+                         f" requests only to {', '.join(LOOPBACK_HOSTS)}, or to a server on"
+                         " another machine that the target names with `remote: true`")
     try:
         parsed.port
     except ValueError as exc:
@@ -59,6 +63,7 @@ class ServerTarget:
     logprobs: bool = False  # ask for top-2 logprobs (kvbench servers always are)
     ready_timeout_s: float = READY_TIMEOUT_S
     api_key_env: str = API_KEY_ENV  # the environment variable holding the server's API key
+    remote: bool = False  # its url may be on another machine (a url target only)
 
     def auth_headers(self) -> dict[str, str]:
         """The bearer token the server asks for, read from the environment now (a suite and
@@ -92,8 +97,14 @@ def parse_server(value: str | dict[str, Any]) -> ServerTarget:
     url = value.get("url")
     if not isinstance(url, str) or not url:
         raise ValueError(f"server needs a url string; {shapes}")
-    check_loopback_url(url)
+    remote = value.get("remote", False)
+    if not isinstance(remote, bool):
+        raise ValueError(f"server remote must be true or false, got {remote!r}")
+    check_server_url(url, remote)
     command = value.get("command")
+    if remote and command is not None:
+        raise ValueError("server remote: true is for a server someone else runs ({url: ...});"
+                         " a server kvbench starts listens on loopback")
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(part, str) for part in command)):
         raise ValueError("server command must be a non-empty list of strings, e.g."
@@ -123,7 +134,7 @@ def parse_server(value: str | dict[str, Any]) -> ServerTarget:
         raise ValueError(f"server api_key_env: the environment variable {key_env} is not set"
                          " here (it holds the key sent to the server)")
     return ServerTarget("url" if command is None else "command", tuple(command or ()), url,
-                        model, logprobs, float(ready), key_env)
+                        model, logprobs, float(ready), key_env, remote)
 
 
 def missing_server_library(target: ServerTarget) -> str | None:

@@ -164,7 +164,7 @@ class StressParams(Settings):
                                " kvbench does not ship (the ruler benchmark takes it as"
                                f" qa_data); stress's task samples are the offline ones: {offline}")
         try:
-            target = parse_server(self.server)  # loopback only
+            target = parse_server(self.server)  # loopback unless it says remote
         except ValueError as exc:
             raise SettingError("server", str(exc)) from None
         if self.shared_prefix_tokens and self.task_spec is not None:
