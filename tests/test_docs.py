@@ -57,6 +57,16 @@ NOT_RUN = {
     " --methods identity,intq4,kivi2,snapkv-ratio0.25":
         "an 8B hub model on a GPU; tests/test_hub.py runs this command on a tiny checkpoint"
         " that a stand-in of the hub serves",
+    ".venv/bin/kvbench run ruler --model Qwen/Qwen3-8B --dtype bfloat16 --set ruler.length=32768"
+    " --gpus all --out runs/ruler-32k": "an 8B hub model on 8 GPUs; tests/test_local_gpus.py runs"
+    " --gpus on four stated devices",
+    ".venv/bin/kvbench run ruler --model Qwen/Qwen3-8B --dtype bfloat16 --set ruler.length=32768"
+    " --executor ray --address HEAD:6379 --cpus-per-gpu 4 --out runs/ruler-32k":
+        "HEAD is the reader's GPU cluster; tests/test_ray_gpus.py runs Ray on logical GPUs",
+    ".venv/bin/kvbench run ruler --model Qwen/Qwen3-8B --dtype bfloat16 --set ruler.length=32768"
+    " --shard 1/4 --gpus all --out runs/s1": "one CI job's shard on its GPUs",
+    ".venv/bin/kvbench merge runs/s1 runs/s2 runs/s3 runs/s4 --out runs/ruler-32k":
+        "joins the four GPU shards above",
 }
 SERVE = ".venv/bin/kvbench serve"  # a block that starts a server: the lines after it query it
 
