@@ -367,6 +367,9 @@ def prefill(session: Session, cache: Any, ids: list[int], method: Implementation
                              " for a method that shares_prefill")
         ingest(cache, prefilled)
         logits, forward_s = prefilled.logits, prefilled.seconds
+        # let the recording go before end_prefill: its views of the prompt would keep every
+        # layer's whole keys and values alive through a compaction, beside the kept copies
+        prefilled = None
     else:
         for start in range(done, len(ids), step):
             logits, seconds = session.step(ids[start : start + step], cache, last_only=True)

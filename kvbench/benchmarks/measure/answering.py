@@ -139,12 +139,12 @@ def prefill_through(session: Session, cache: Any, ids: list[int], method: Implem
                     chunk: int, shared: PrefillStore | None, room: int = 0):
     """The prompt `ids` prefilled and compressed through `cache` in forwards of `chunk` tokens,
     or ingested from `shared`'s recording where the method takes it (recorded with `room` for
-    the tokens that follow); its last logits (1, vocab). The recording is let go on return:
-    the method holds what it keeps of it."""
-    prefilled = None
-    if shared and shares_prefill(session, method, len(ids), chunk):
-        prefilled = shared.get(session, ids, chunk, method.prompt_queries, room)
-    return prefill(session, cache, ids, method, chunk=chunk, prefilled=prefilled)[0]
+    the tokens that follow); its last logits (1, vocab). Only prefill() holds the recording
+    (no name here does), so it is let go before the method compacts: the method holds what it
+    keeps of it."""
+    shared = shared if shared and shares_prefill(session, method, len(ids), chunk) else None
+    return prefill(session, cache, ids, method, chunk=chunk, prefilled=shared and shared.get(
+        session, ids, chunk, method.prompt_queries, room))[0]
 
 
 @dataclass(frozen=True)
