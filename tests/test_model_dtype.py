@@ -95,7 +95,7 @@ def test_a_suite_naming_no_dtype_hashes_as_before_model_dtype(tmp_path):
     """Runs started before model_dtype existed resume: a suite that names none of the model
     settings added since records none of them, so its hash is unchanged; a dtype it names is
     another suite (float32 too: auto is the checkpoint's own dtype on a GPU)."""
-    from kvbench.suite.schema import LATER_MODEL_SETTINGS
+    from kvbench.suite.schema import LATER_SETTINGS
 
     hashes = {}
     for extra in ("", ", model_dtype: auto", ", model_dtype: float32", ", model_dtype: bfloat16"):
@@ -103,7 +103,7 @@ def test_a_suite_naming_no_dtype_hashes_as_before_model_dtype(tmp_path):
         path.write_text(SUITE.format(extra=extra))
         suite = load_suite(path)
         hashes[extra] = suite.hash
-        named = set(LATER_MODEL_SETTINGS) & set(suite.resolved["defaults"])
+        named = set(LATER_SETTINGS) & set(suite.resolved["defaults"])
         assert named == ({"model_dtype"} if extra not in ("", ", model_dtype: auto") else set())
     assert hashes[""] == hashes[", model_dtype: auto"]
     assert len({hashes[""], hashes[", model_dtype: float32"],

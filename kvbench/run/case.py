@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from kvbench.backends.process_memory import set_heap
 from kvbench.backends.torch_backend import resolve_device
 from kvbench.benchmarks import BENCHMARKS, measurement
 from kvbench.benchmarks.measure.context import RunContext
@@ -170,6 +171,8 @@ def run_case(case: Case, load_model, progress: Progress, memo: Memo,
             torch.set_num_threads(case.threads or default_threads or DEFAULT_THREADS)
             seed_everything(case.seed, case.backend)
             device = resolve_device(case.device)
+            if device.type == "cpu":  # before the footprint's start is read
+                set_heap(case.cpu_heap)
             record.device = device_name(device, case.backend)
             record.model_dtype = resolved_dtype(case.model_dtype, device.type,
                                                 case.load_options.checkpoint_dtype)

@@ -25,6 +25,7 @@ class Case:
     timeout_s: float | None
     backend: str = "torch"
     threads: int | None = None  # torch CPU threads; None: torch's default
+    cpu_heap: str = "keep"  # on a CPU: glibc keeps freed blocks, or releases them (Defaults)
     model_dtype: str = "auto"  # auto: resolved where the case runs (models.options)
     # a hub model's commit, resolved from its revision when the suite was validated: every
     # process that runs the case loads that commit

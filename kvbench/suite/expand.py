@@ -252,6 +252,7 @@ def _bench_cases(bench: Placed[BenchmarkEntry], cls: type | None, chosen: list[_
             timeout_s=_first(entry.timeout_s, defaults.timeout_s),
             backend=defaults.backend,
             threads=defaults.threads,
+            cpu_heap=defaults.cpu_heap,
             model_dtype=defaults.model_dtype,
             model_revision=info.revision if info else None,
             load_options=load_options,

@@ -26,7 +26,7 @@ from kvbench.suite.locate import SuiteNotFound, locate_include
 from kvbench.suite.names import check_gate_metrics
 from kvbench.suite.overrides import DEFAULTS, Override, apply_overrides, name_flags
 from kvbench.suite.schema import (
-    LATER_MODEL_SETTINGS,
+    LATER_SETTINGS,
     SCHEMA_VERSION,
     Defaults,
     SuiteFile,
@@ -71,7 +71,7 @@ def load_suite(path: str | os.PathLike, overrides: Sequence[Override] = (),
     issues.raise_if_any()
 
     defaults_written = settings.model_dump()
-    for key in LATER_MODEL_SETTINGS:
+    for key in LATER_SETTINGS:
         if defaults_written[key] == Defaults.model_fields[key].get_default(
                 call_default_factory=True):
             del defaults_written[key]

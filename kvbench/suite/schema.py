@@ -101,6 +101,12 @@ class Defaults(_Strict):
     threads: int | None = Field(
         None, ge=1, description="torch CPU threads for every case; null: torch's default. One "
                                 "thread keeps timings steady on a shared machine")
+    cpu_heap: Literal["keep", "release"] = Field(
+        "keep", description="on a CPU (glibc), what a freed block of 1 MiB or more does: keep: "
+                            "stays for reuse (fast; the resident peak counts it until reused); "
+                            "release: goes back to the system at once, so peak_bytes and "
+                            "eval_overhead count what the case holds, at 12-21% more prefill "
+                            "time (docs/benchmarks.md#memory-footprint)")
 
     @field_validator("device")
     @classmethod
@@ -125,10 +131,10 @@ class Defaults(_Strict):
 
 # what only a torch model is loaded with
 TORCH_MODEL_SETTINGS = ("model_dtype", "device_map", "max_memory", "trust_remote_code")
-# the model's settings added after suites were first stored: a suite's record (and so its hash,
-# which --resume checks) holds them only where they are set
-LATER_MODEL_SETTINGS = ("model_dtype", "max_context", "trust_remote_code", "device_map",
-                        "max_memory", "system_prompt", "chat_template_kwargs")
+# the settings added after suites were first stored: a suite's record (and so its hash, which
+# --resume checks) holds them only where they are set
+LATER_SETTINGS = ("model_dtype", "max_context", "trust_remote_code", "device_map",
+                  "max_memory", "system_prompt", "chat_template_kwargs", "cpu_heap")
 
 
 class MethodEntry(_Strict):
