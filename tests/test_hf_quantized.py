@@ -52,11 +52,12 @@ def _generate(model, ids: list[int], settings: HFQuantized) -> tuple[list[int], 
 
 
 @torch.inference_mode()
-def _kvbench_answer(session, method, ids: list[int]) -> tuple[list[int], object]:
-    """Greedy tokens through kvbench's session: the prompt in one forward, then one token a
-    step, as generate() feeds them (every answer token but the last is fed back)."""
+def _kvbench_answer(session, method, ids: list[int], chunk: int = 0) -> tuple[list[int], object]:
+    """Greedy tokens through kvbench's session: the prompt in one forward (or in forwards of
+    `chunk` tokens), then one token a step, as generate() feeds them (every answer token but
+    the last is fed back)."""
     cache = session.new_cache(method)
-    logits, _, _ = prefill(session, cache, ids, method)
+    logits, _, _ = prefill(session, cache, ids, method, chunk=chunk)
     tokens = [int(logits[-1].argmax())]
     while len(tokens) < NEW_TOKENS:
         logits, _ = session.step([tokens[-1]], cache, last_only=True)
@@ -64,12 +65,16 @@ def _kvbench_answer(session, method, ids: list[int]) -> tuple[list[int], object]
     return tokens, cache
 
 
+@pytest.mark.parametrize("chunk", [0, 16], ids=["one-forward", "chunks-of-16"])
 @pytest.mark.parametrize("params", CONFIGS)
-def test_greedy_answer_is_generates_token_for_token(bundled, bundled_session, params):
+def test_greedy_answer_is_generates_token_for_token(bundled, bundled_session, params, chunk):
+    """Prefilled in chunks too: the prompt is quantized once, whole, as generate's one forward
+    quantizes it (chunk by chunk, every flush would quantize the tokens held again)."""
     settings = build_method("hf-quantized", params)
     ids = bundled.tokenizer(PROMPT).input_ids
+    assert len(ids) > 2 * 16
     theirs, their_cache = _generate(bundled.model, ids, settings)
-    ours, cache = _kvbench_answer(bundled_session, implementation(settings), ids)
+    ours, cache = _kvbench_answer(bundled_session, implementation(settings), ids, chunk)
     assert ours == theirs
     # no layer keeps its full-precision read between steps: attention held it while it read
     assert all(policy.read is None for policy in cache.policies)
@@ -91,6 +96,7 @@ def test_bytes_are_the_packed_codes_scales_and_shifts_plus_the_residual(bundled_
     policy = implementation(settings).new_layer_cache(0)
     heads, dim, prompt, steps = 3, 64, 40, 5
     policy.append(torch.randn(1, heads, prompt, dim), torch.randn(1, heads, prompt, dim))
+    policy.end_prefill()
     for _ in range(steps):
         policy.append(torch.randn(1, heads, 1, dim), torch.randn(1, heads, 1, dim))
     # 4-bit codes two to a byte, one float32 scale and shift per group of 64 values, for keys
@@ -106,6 +112,7 @@ def test_the_last_read_is_released_before_the_layer_dequantizes_again():
     settings = build_method("hf-quantized", {"backend": "quanto", "residual_length": 8})
     policy = implementation(settings).new_layer_cache(0)
     policy.append(torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64))
+    policy.end_prefill()
     last_read = weakref.ref(policy.attention_inputs()[0])
     update, alive_at_update = policy.layer.update, []
 

@@ -1,14 +1,22 @@
 """transformers' quantized cache layers on torch (settings: kvbench.methods.settings.hf_quantized).
 Each policy holds one layer object of the library's own class and hands attention exactly what
-its update() returns, as transformers' QuantizedCache does inside generate()."""
+its update() returns, as transformers' QuantizedCache does inside generate().
+
+generate() prefills a prompt in one forward: the layer's first update() quantizes the whole
+prompt once and returns it in full precision. A prompt prefilled in chunks is held here in full
+precision until end_prefill hands it to the layer in one update(), so that chunks read what
+one forward would and the layer ends as generate's: chunk by chunk, every flush of the
+residual would dequantize the layer and quantize it again (the prompt's tokens rounded twice,
+and the library's full-precision copies of the layer at every chunk)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from kvbench.backends.torch_arrays import storage_bytes
+from kvbench.backends.torch_arrays import TORCH_ARRAYS, storage_bytes
 from kvbench.methods.core.contracts import Implementation, LayerCachePolicy
+from kvbench.methods.core.tail import Tail
 from kvbench.methods.settings.base import implements
 from kvbench.methods.settings.hf_quantized import HFQuantized
 
@@ -30,19 +38,36 @@ def stored_bytes(held: Any) -> int:
 
 class LibraryQuantizedLayer(LayerCachePolicy):
     """One model layer's transformers cache layer: what it quantized, its full-precision
-    residual, and the keys and values its last update() returned for attention."""
+    residual, and the keys and values its last update() returned for attention; until
+    end_prefill, the prompt (module docstring)."""
 
     def __init__(self, layer: Any):
         self.layer = layer
         self.read: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.prompt: tuple[Tail, Tail] | None = (Tail(TORCH_ARRAYS), Tail(TORCH_ARRAYS))
+        self.reserved = 0
+
+    def reserve(self, tokens: int) -> None:
+        self.reserved = tokens
 
     def append(self, keys, values, queries=None) -> None:
+        if self.prompt is not None:
+            for tail, x in zip(self.prompt, (keys, values)):
+                tail.extend(x, self.reserved)
+            return
         # the last read is released first: update() dequantizes the whole layer again, and
         # holding the old read through it would add one more full-precision copy to the peak
         self.read = None
         self.read = self.layer.update(keys, values)
 
+    def end_prefill(self) -> None:
+        prompt, self.prompt = self.prompt, None
+        if prompt is not None and prompt[0].tokens:
+            self.layer.update(prompt[0].array, prompt[1].array)  # returns the prompt: unread
+
     def attention_inputs(self):
+        if self.prompt is not None:
+            return self.prompt[0].array, self.prompt[1].array, None
         if self.read is None:  # read again after after_read(): the layer's state, dequantized
             keys, values = (self.layer._dequantize(self.layer._quantized_keys),
                             self.layer._dequantize(self.layer._quantized_values))
@@ -59,20 +84,28 @@ class LibraryQuantizedLayer(LayerCachePolicy):
 
     @property
     def seen_tokens(self) -> int:
-        return self.layer.cumulative_length
+        return self.layer.cumulative_length + self._prompt_tokens()
 
     @property
     def retained_tokens(self) -> int:
-        return self.layer.cumulative_length  # quantized, never dropped
+        return self.seen_tokens  # quantized, never dropped
 
     @property
     def retained_bytes(self) -> int:
-        # the layer keeps its quantized tensors in these attributes only (transformers 4.56-5.x)
-        return stored_bytes([self.layer._quantized_keys, self.layer._quantized_values,
-                             self.residual()])
+        prompt = [tail.array for tail in self.prompt or () if tail.tokens]
+        return self._layer_bytes() + stored_bytes(prompt)
 
     def measured_bytes(self) -> int:
-        return self.retained_bytes + storage_bytes(*(self.read or ()))
+        buffers = [tail.held for tail in self.prompt or ()]
+        return self._layer_bytes() + storage_bytes(*(self.read or ()), *buffers)
+
+    def _layer_bytes(self) -> int:
+        # the layer keeps its quantized tensors in these attributes only (transformers 4.56-5.x)
+        return stored_bytes([getattr(self.layer, "_quantized_keys", None),
+                             getattr(self.layer, "_quantized_values", None), self.residual()])
+
+    def _prompt_tokens(self) -> int:
+        return 0 if self.prompt is None else self.prompt[0].tokens
 
     def residual(self) -> list[torch.Tensor]:
         """The full-precision tokens the layer holds beside its quantized ones (none in FP8's,
