@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import resource
@@ -36,6 +37,7 @@ HEAP_MODES = ("keep", "release")
 _heap = "keep"
 
 
+@functools.cache  # find_library runs ldconfig: once a process, not at every case's reset
 def _libc():
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name else None
