@@ -50,6 +50,33 @@ def test_released_blocks_go_back_at_once_where_kept_ones_stay_resident():
     assert released < 30, released
 
 
+# Blocks below the mmap threshold freed between blocks still held: holes inside the heap, which
+# no threshold gives back; trim_heap() (at each forward's end of a case) frees their pages.
+HOLES = textwrap.dedent("""\
+    import sys, torch
+    from kvbench.backends import process_memory
+    process_memory.set_heap(sys.argv[1])
+    MB = 1 << 20
+    def resident():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+    blocks = [torch.ones(256 * 1024 // 4) for _ in range(800)]
+    del blocks[::2]
+    before = resident()
+    process_memory.trim_heap()
+    print((before - resident()) // MB)
+""")
+
+
+@glibc_only
+def test_released_heap_gives_back_its_holes_at_a_trim_where_kept_keeps_them():
+    """100 MB of 256 KB holes between 100 MB held: a trim frees them released, not kept."""
+    freed = {mode: int(subprocess.run([sys.executable, "-c", HOLES, mode], capture_output=True,
+                                      text=True, check=True).stdout.strip())
+             for mode in ("keep", "release")}
+    assert freed["release"] > 80, freed
+    assert freed["keep"] < 5, freed
+
+
 @glibc_only
 def test_the_probe_says_freed_blocks_are_released():
     try:
@@ -106,3 +133,14 @@ def test_a_released_case_records_its_probe(tmp_path):
     [case] = result.cases
     assert case.status == "ok", case.error
     assert "released at once" in case.footprint.probe
+
+
+def test_a_case_trims_the_heap_as_each_of_its_forwards_ends(tmp_path, monkeypatch):
+    from kvbench.models import footprint
+
+    trims = []
+    monkeypatch.setattr(footprint, "trim_heap", lambda: trims.append(1))
+    (tmp_path / "suite.yaml").write_text(SUITE.format(extra=""))
+    [case] = run_suite(load_suite(tmp_path / "suite.yaml"), tmp_path / "out").result.cases
+    assert case.status == "ok", case.error
+    assert len(trims) >= 8  # the 8 tokens of the continuation are forwards of their own

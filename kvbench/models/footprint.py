@@ -13,6 +13,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kvbench.backends.process_memory import trim_heap
+
 # the tracker of the case now running (one case at a time per process); None: nothing tracked
 _tracking: "CacheHighWater | None" = None
 
@@ -31,6 +33,7 @@ def observe(*caches: Any, settled: bool = False) -> None:
     after a trim): then the caches are measured at once, with every one left unmeasured since
     its last one-token steps."""
     if _tracking is not None:
+        trim_heap()  # the resident peak then counts what is held, not the heap's holes
         _tracking.observe(caches, settled)
 
 

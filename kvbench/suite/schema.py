@@ -104,9 +104,10 @@ class Defaults(_Strict):
     cpu_heap: Literal["keep", "release"] = Field(
         "keep", description="on a CPU (glibc), what a freed block of 1 MiB or more does: keep: "
                             "stays for reuse (fast; the resident peak counts it until reused); "
-                            "release: goes back to the system at once, so peak_bytes and "
-                            "eval_overhead count what the case holds, at 12-21% more prefill "
-                            "time (docs/benchmarks.md#memory-footprint)")
+                            "release: goes back to the system at once, and the heap's free "
+                            "pages at each forward's end, so peak_bytes and eval_overhead count "
+                            "what the case holds, at 12-21% more prefill time "
+                            "(docs/benchmarks.md#memory-footprint)")
 
     @field_validator("device")
     @classmethod
