@@ -262,3 +262,57 @@ def test_perplexity_reports_decay_counters():
     per_layer += 2 * 2 * raw * 16 * 4
     assert out.metrics["kv_bytes"].value == 2 * per_layer
     assert out.metrics["kv_bytes_measured"].value == 2 * per_layer
+
+
+@pytest.mark.parametrize("params", [
+    PARAMS,
+    dict(PARAMS, base="turbo", base_params={"block": 16}, base_bits=4),
+    dict(PARAMS, base="intq", base_params={"group_size": 8}, base_bits=4),
+])
+def test_the_fused_read_equals_decode_then_attention(params):
+    """At every one-token step, on fresh random inputs, the fused CPU read of the decayed cache
+    (its segments at every width, merged where they neighbour, and the raw tokens) equals
+    decoding them, then attention; it covers evictions and every width the base accepts."""
+    from kvbench.kernels.cpu.attention import decode_attention
+    from kvbench.models.attention import biased_attention
+
+    settings = Decay(**params)
+    cache = implementation(settings).new_layer_cache(0)
+    g = torch.Generator().manual_seed(5)
+    keys, values = torch.randn(1, 2, 120, 32, generator=g), torch.randn(1, 2, 120, 32, generator=g)
+    cache.append(keys[..., :40, :], values[..., :40, :])
+    cache.end_prefill()
+    fused, widths = 0, set()
+    for t in range(40, 120):
+        cache.append(keys[..., t : t + 1, :], values[..., t : t + 1, :])
+        read = cache.attention_segments()
+        k, v, _ = cache.attention_inputs()
+        q = torch.randn(1, 4, 1, 32, generator=g)
+        reference = biased_attention(q, k, v, None, None)[0]
+        assert read is not None and read.kernel == "cpu" and read.tokens == k.shape[-2]
+        mine = decode_attention(q, read.segments)
+        assert (mine - reference).abs().max() <= 1e-5 * reference.abs().max()
+        fused += 1
+        widths.update(cache.segment_bits())
+    assert cache.tokens_evicted > 0 and widths == set(settings.widths()) and fused == 80
+
+
+def test_a_model_decodes_through_the_fused_read(tiny_sessions):
+    """On a tiny llama, the decayed cache's one-token steps are read by the fused CPU kernel and
+    give the logits of the same segments decoded, then attended (the base's impl torch)."""
+    from kvbench.models.session import prefill
+
+    session = tiny_sessions("llama")
+    ids = torch.randint(4, 260, (76,), generator=torch.Generator().manual_seed(11)).tolist()
+    logits = {}
+    for impl in ("auto", "torch"):
+        settings = Decay(**{**PARAMS, "base": "turbo", "window": 6, "segment": 8,
+                            "base_params": {"block": 16, "impl": impl}})
+        method = implementation(settings)
+        cache = session.new_cache(method)
+        prefill(session, cache, ids[:60], method)
+        logits[impl] = torch.cat([session.step([token], cache)[0] for token in ids[60:]])
+        if impl == "auto":
+            assert method.impl_log.summary()["decode attention"] == "cpu"
+            assert cache.counters()["tokens_evicted"] > 0
+    assert (logits["auto"] - logits["torch"]).abs().max() < 1e-4 * logits["torch"].abs().max()

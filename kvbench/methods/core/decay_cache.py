@@ -6,8 +6,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kvbench.kernels.formats import KVSegment, PackedRead
 from kvbench.methods.core.contracts import Codec, LayerCachePolicy, Packed, ReadPart
-from kvbench.methods.core.packed_reads import check_fresh
+from kvbench.methods.core.newest import newest_dropped
+from kvbench.methods.core.packed_reads import FusedReads, check_fresh
 from kvbench.methods.core.read_parts import as_part, token_bytes
 from kvbench.methods.settings.decay import Decay
 
@@ -52,6 +54,7 @@ class DecayCache(LayerCachePolicy):
         self.tokens_evicted = 0
         self.tokens_requantized = 0
         self._decoded = False
+        self._fused: dict[int, FusedReads] = {}  # by width: the fused decode read of its codecs
 
     def keep_decoded(self) -> bool:
         """Every segment decoded once, when packed and again when requantized; offered when the
@@ -144,6 +147,37 @@ class DecayCache(LayerCachePolicy):
             values.extend(self._decode(value_codec, [seg.values for seg in run], dtype))
         keys = self.ops.joined([*keys, self.raw_k])
         return keys, self.ops.joined([*values, self.raw_v]), None
+
+    def attention_segments(self, exact: tuple | None = None) -> PackedRead | None:
+        """The segments as stored (neighbours at one width merged where the codec can) and the
+        raw tokens, for a fused decode attention: where one kernel reads the codecs of every
+        width held (and of base_bits, a fresh segment's), on the cached tensors' device."""
+        if self._decoded or self.raw_k is None:
+            return None
+        found = self._fused_read(self.method.base_bits)
+        if found is None:
+            return None
+        segments = []
+        for bits, run in itertools.groupby(self.segments, key=lambda seg: seg.bits):
+            width = self._fused_read(bits)
+            if width is None or width[0] != found[0]:
+                return None
+            run = list(run)
+            merged = [codec.merge([getattr(seg, side) for seg in run]) if len(run) > 1 else None
+                      for codec, side in zip(self.codecs(bits), ("keys", "values"))]
+            pairs = ([tuple(merged)] if None not in merged
+                     else [(seg.keys, seg.values) for seg in run])
+            segments += [KVSegment(keys.tensors, values.tensors, *width[1:])
+                         for keys, values in pairs]
+        segments.append(KVSegment(self.raw_k, self.raw_v))
+        if exact is not None:
+            segments = [*newest_dropped(segments, exact[0].shape[-2]), KVSegment(*exact)]
+        return PackedRead(found[0], [segment for segment in segments if segment.tokens])
+
+    def _fused_read(self, bits: int):
+        """(kernel, key format, value format) of the fused read of the codecs at `bits`."""
+        reads = self._fused.setdefault(bits, FusedReads(*self.codecs(bits)))
+        return reads.find(self.raw_k.device, self.raw_k.shape[-1])
 
     def attention_parts(self, part_bytes: int) -> list[ReadPart] | None:
         """The segments (neighbours at one width merged, up to part_bytes decoded), each decoded

@@ -80,10 +80,13 @@ class DecayMethod(SharesExactPrefill):
 
     def __init__(self, settings: Decay, on):
         super().__init__(settings, on)
-        self._codecs: dict[int, tuple[Codec, Codec]] = {}
-        for bits in settings.widths():
-            base = on.implement(settings.variant(bits))
-            self._codecs[bits] = (base.key_codec(), base.value_codec())
+        bases = {bits: on.implement(settings.variant(bits)) for bits in settings.widths()}
+        self._codecs = {bits: (base.key_codec(), base.value_codec())
+                        for bits, base in bases.items()}
+        # where the base chooses its implementation, every width's codecs note into one log
+        self.impl_log = bases[settings.base_bits].impl_log
+        for codec in (codec for pair in self._codecs.values() for codec in pair):
+            codec.impl_log = self.impl_log
 
     def codecs(self, bits: int) -> tuple[Codec, Codec]:
         return self._codecs[bits]

@@ -44,6 +44,9 @@ class Decay(BitWidths, MethodSettings):
     With the upstream decay_rate 1.0 the oldest token scores exp(-1) = 0.37: no token drops
     below 0.3 or 0.1, so nothing is evicted or forced to min_bits; eviction starts at
     decay_rate > ln 10 = 2.30 (the oldest 1 - ln 10 / decay_rate of the tokens).
+    Reads: a one-token step, where the base's codecs have a fused decode attention on the
+    cache's device (the CPU's numba kernel, Triton), reads the segments as stored, every width in
+    one call; else they are decoded, neighbours at one width together.
     Counters (summed over layers): tokens_evicted; tokens_requantized (each re-encoding counts:
     a token taken 4 -> 3 -> 2 bits counts twice).
 
